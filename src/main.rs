@@ -1,0 +1,103 @@
+use std::io::Read;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use base64::Engine;
+use clap::Parser;
+use kube::CustomResourceExt;
+
+use balancer::api::Balancer;
+use balancer::check;
+use balancer::cli::{CertsArgs, CheckArgs, Cli, Command};
+use balancer::run;
+use balancer::telemetry::{LogFormat, init_logging};
+use balancer::tls;
+
+fn main() -> ExitCode {
+    // One process-wide crypto provider (ring) for every rustls user, servers and clients alike.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Run(args) => run_server(args),
+        Command::Certs(args) => certs(&args),
+        Command::Crd => crd(),
+        Command::Check(args) => check_files(&args),
+    }
+}
+
+fn run_server(args: balancer::cli::RunArgs) -> ExitCode {
+    init_logging(args.log_format, &args.log_level);
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(rt) => rt,
+        Err(e) => return fail(&format!("cannot start the async runtime: {e}")),
+    };
+    match runtime.block_on(run::run(args)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!(error = %e, "balancer stopped");
+            fail(&e.to_string())
+        }
+    }
+}
+
+fn certs(args: &CertsArgs) -> ExitCode {
+    init_logging(LogFormat::Text, "warn");
+    let validity = Duration::from_secs(args.validity_days * 24 * 3600);
+    let generated = match tls::generate(&args.dns_names, validity) {
+        Ok(g) => g,
+        Err(e) => return fail(&e.to_string()),
+    };
+    if let Err(e) = generated.write_to(&args.out) {
+        return fail(&e.to_string());
+    }
+    eprintln!(
+        "wrote {0}/{1}, {0}/{2} and {0}/{3}; the caBundle for the webhook configurations is:",
+        args.out.display(),
+        tls::CA_FILE,
+        tls::CERT_FILE,
+        tls::KEY_FILE
+    );
+    println!("{}", base64::engine::general_purpose::STANDARD.encode(generated.ca_pem));
+    ExitCode::SUCCESS
+}
+
+fn crd() -> ExitCode {
+    match serde_saphyr::to_string(&Balancer::crd()) {
+        Ok(yaml) => {
+            print!("{yaml}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => fail(&format!("cannot encode the CRD: {e}")),
+    }
+}
+
+fn check_files(args: &CheckArgs) -> ExitCode {
+    let mut invalid = false;
+    for path in &args.files {
+        let (name, text) = if path.as_os_str() == "-" {
+            let mut text = String::new();
+            if let Err(e) = std::io::stdin().read_to_string(&mut text) {
+                return fail(&format!("cannot read standard input: {e}"));
+            }
+            ("<stdin>".to_string(), text)
+        } else {
+            match std::fs::read_to_string(path) {
+                Ok(text) => (path.display().to_string(), text),
+                Err(e) => return fail(&format!("cannot read {}: {e}", path.display())),
+            }
+        };
+        match check::check_yaml(&name, &text) {
+            Ok(findings) => {
+                invalid |= findings.iter().any(|f| !f.report.is_valid());
+                print!("{}", check::render(&name, &findings));
+            }
+            Err(e) => return fail(&e.to_string()),
+        }
+    }
+    if invalid { ExitCode::FAILURE } else { ExitCode::SUCCESS }
+}
+
+fn fail(message: &str) -> ExitCode {
+    eprintln!("error: {message}");
+    ExitCode::from(2)
+}

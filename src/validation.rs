@@ -1,0 +1,377 @@
+//! The Balancer admission rules, as pure functions.
+//!
+//! Every violation is collected (never just the first), each as
+//! `<field path>: <problem>`, the way the API server reports field errors.
+//! Rules see the object *after* defaulting, as the validating webhook does.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+
+use crate::api::{self, BalancerSpec, MAX_BACKENDS, MAX_PORTS, MAX_WEIGHT, PROTOCOLS};
+
+/// Longest DNS-1123 / DNS-1035 label, and so longest Service name.
+pub const MAX_LABEL_LEN: usize = 63;
+/// Longest DNS-1123 subdomain.
+pub const MAX_SUBDOMAIN_LEN: usize = 253;
+/// Longest IANA service name (a named `targetPort`).
+pub const MAX_IANA_SVC_NAME_LEN: usize = 15;
+/// Longest Balancer name: the shortest backend Service name `<name>-x-backend` must fit 63 characters.
+pub const MAX_BALANCER_NAME_LEN: usize = MAX_LABEL_LEN - 2 - api::BACKEND_SERVICE_SUFFIX.len();
+/// Characters `generateName` gets appended by the API server.
+const GENERATED_SUFFIX_LEN: usize = 5;
+
+/// One rule violation at one field.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FieldError {
+    /// Path of the offending field, e.g. `spec.backends[1].weight`.
+    pub field: String,
+    /// What is wrong with it.
+    pub detail: String,
+}
+
+impl fmt::Display for FieldError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.field, self.detail)
+    }
+}
+
+/// The verdict on one Balancer: hard errors and legal-but-suspicious warnings.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Report {
+    pub errors: Vec<FieldError>,
+    pub warnings: Vec<String>,
+}
+
+impl Report {
+    pub fn is_valid(&self) -> bool {
+        self.errors.is_empty()
+    }
+
+    fn error(&mut self, field: impl Into<String>, detail: impl Into<String>) {
+        self.errors.push(FieldError {
+            field: field.into(),
+            detail: detail.into(),
+        });
+    }
+}
+
+/// The Balancer's name as the validating webhook sees it: `metadata.name`,
+/// or `metadata.generateName` plus the suffix the API server will add.
+#[derive(Debug, Clone, Copy)]
+pub enum ObjectName<'a> {
+    Name(&'a str),
+    GenerateName(&'a str),
+    Unknown,
+}
+
+impl<'a> ObjectName<'a> {
+    pub fn from_meta(name: Option<&'a str>, generate_name: Option<&'a str>) -> Self {
+        match (name.filter(|n| !n.is_empty()), generate_name.filter(|n| !n.is_empty())) {
+            (Some(name), _) => ObjectName::Name(name),
+            (None, Some(prefix)) => ObjectName::GenerateName(prefix),
+            (None, None) => ObjectName::Unknown,
+        }
+    }
+
+    /// Length of the final name, when it can be known.
+    fn len(&self) -> Option<usize> {
+        match self {
+            ObjectName::Name(n) => Some(n.len()),
+            ObjectName::GenerateName(p) => Some(p.len() + GENERATED_SUFFIX_LEN),
+            ObjectName::Unknown => None,
+        }
+    }
+}
+
+/// Checks a Balancer (already defaulted) against every rule.
+pub fn validate(name: ObjectName<'_>, spec: &BalancerSpec) -> Report {
+    let mut report = Report::default();
+    validate_name(name, &mut report);
+    validate_ports(spec, &mut report);
+    validate_selector("spec.selector", spec.selector.as_ref(), &mut report);
+    validate_backends(name, spec, &mut report);
+    report
+}
+
+fn validate_name(name: ObjectName<'_>, report: &mut Report) {
+    let (field, shown) = match name {
+        ObjectName::Name(n) => ("metadata.name", n),
+        ObjectName::GenerateName(p) => ("metadata.generateName", p),
+        ObjectName::Unknown => return,
+    };
+    // The name is the front-end Service's name, which must be a DNS-1035 label;
+    // a generateName prefix may end in '-' because a suffix follows it.
+    let candidate = match name {
+        ObjectName::GenerateName(p) => format!("{p}x"),
+        _ => shown.to_string(),
+    };
+    if !is_dns1035_label(&candidate) {
+        report.error(
+            field,
+            format!(
+                "must be a DNS-1035 label because it names the front-end Service \
+                 (lowercase letters, digits and '-', starting with a letter and ending with a letter or digit), got {shown:?}"
+            ),
+        );
+    }
+    if let Some(len) = name.len().filter(|&l| l > MAX_BALANCER_NAME_LEN) {
+        report.error(
+            field,
+            format!(
+                "must be at most {MAX_BALANCER_NAME_LEN} characters so that child names \
+                 (\"<name>-<backend>-backend\") fit in {MAX_LABEL_LEN}, got {len}"
+            ),
+        );
+    }
+}
+
+fn validate_ports(spec: &BalancerSpec, report: &mut Report) {
+    let ports = &spec.ports;
+    if ports.is_empty() {
+        report.error("spec.ports", "must have at least one port");
+    }
+    if ports.len() > MAX_PORTS {
+        report.error(
+            "spec.ports",
+            format!("must have at most {MAX_PORTS} ports, got {}", ports.len()),
+        );
+    }
+    let mut names: HashMap<&str, usize> = HashMap::new();
+    let mut pairs: HashMap<(i32, &str), usize> = HashMap::new();
+    for (i, port) in ports.iter().enumerate() {
+        let at = format!("spec.ports[{i}]");
+        if !(1..=65535).contains(&port.port) {
+            report.error(
+                format!("{at}.port"),
+                format!("must be between 1 and 65535, got {}", port.port),
+            );
+        }
+        let protocol = port.effective_protocol();
+        if !PROTOCOLS.contains(&protocol) {
+            report.error(
+                format!("{at}.protocol"),
+                format!("must be TCP or UDP, got {protocol:?}"),
+            );
+        }
+        match port.name.as_deref().filter(|n| !n.is_empty()) {
+            None if ports.len() > 1 => {
+                report.error(format!("{at}.name"), "is required when there is more than one port")
+            }
+            None => {}
+            Some(name) => {
+                if !is_dns1123_label(name) {
+                    report.error(format!("{at}.name"), dns1123_label_problem(name));
+                }
+                if let Some(first) = names.insert(name, i) {
+                    report.error(
+                        format!("{at}.name"),
+                        format!("duplicate port name {name:?} (also spec.ports[{first}].name)"),
+                    );
+                }
+            }
+        }
+        if let Some(first) = pairs.insert((port.port, protocol), i) {
+            report.error(
+                at.clone(),
+                format!("duplicate port {}/{protocol} (also spec.ports[{first}])", port.port),
+            );
+        }
+        validate_target_port(&at, port.target_port.as_ref(), report);
+    }
+}
+
+fn validate_target_port(at: &str, target: Option<&IntOrString>, report: &mut Report) {
+    match target {
+        Some(IntOrString::Int(n)) if !(1..=65535).contains(n) => {
+            report.error(
+                format!("{at}.targetPort"),
+                format!("must be between 1 and 65535, got {n}"),
+            );
+        }
+        Some(IntOrString::String(s)) if !is_iana_svc_name(s) => {
+            report.error(
+                format!("{at}.targetPort"),
+                format!(
+                    "must be a port number or an IANA service name (at most {MAX_IANA_SVC_NAME_LEN} \
+                     lowercase letters, digits and '-', with at least one letter), got {s:?}"
+                ),
+            );
+        }
+        _ => {}
+    }
+}
+
+fn validate_backends(name: ObjectName<'_>, spec: &BalancerSpec, report: &mut Report) {
+    let backends = &spec.backends;
+    if backends.is_empty() {
+        report.error("spec.backends", "must have at least one backend");
+    }
+    if backends.len() > MAX_BACKENDS {
+        report.error(
+            "spec.backends",
+            format!("must have at most {MAX_BACKENDS} backends, got {}", backends.len()),
+        );
+    }
+    let mut names: HashMap<&str, usize> = HashMap::new();
+    let mut selectors: Vec<(usize, BTreeMap<String, String>)> = Vec::with_capacity(backends.len());
+    for (i, backend) in backends.iter().enumerate() {
+        let at = format!("spec.backends[{i}]");
+        if !is_dns1123_label(&backend.name) {
+            report.error(format!("{at}.name"), dns1123_label_problem(&backend.name));
+        }
+        if let Some(first) = names.insert(&backend.name, i) {
+            report.error(
+                format!("{at}.name"),
+                format!(
+                    "duplicate backend name {:?} (also spec.backends[{first}].name)",
+                    backend.name
+                ),
+            );
+        }
+        if let ObjectName::Name(balancer) = name {
+            let service = api::backend_service_name(balancer, &backend.name);
+            if service.len() > MAX_LABEL_LEN {
+                report.error(
+                    format!("{at}.name"),
+                    format!(
+                        "the derived Service name {service:?} must be at most {MAX_LABEL_LEN} characters, got {}",
+                        service.len()
+                    ),
+                );
+            }
+        }
+        let weight = backend.effective_weight();
+        if !(0..=MAX_WEIGHT).contains(&weight) {
+            report.error(
+                format!("{at}.weight"),
+                format!("must be between 0 and {MAX_WEIGHT}, got {weight}"),
+            );
+        } else if weight == 0 {
+            report.warnings.push(format!(
+                "{at}.weight: weight 0 drains backend {:?}: it receives no traffic",
+                backend.name
+            ));
+        }
+        validate_selector(&format!("{at}.selector"), backend.selector.as_ref(), report);
+        let merged = spec.merged_selector(backend);
+        if merged.is_empty() {
+            report.error(
+                format!("{at}.selector"),
+                "the merged selector (spec.selector and this backend's selector) must not be empty, \
+                 or the backend would select every pod in the namespace",
+            );
+        } else if let Some((first, _)) = selectors.iter().find(|(_, s)| *s == merged) {
+            report.warnings.push(format!(
+                "{at}.selector: selects the same pods as spec.backends[{first}], so both backends share them"
+            ));
+        }
+        selectors.push((i, merged));
+    }
+    let weights_valid = backends
+        .iter()
+        .all(|b| (0..=MAX_WEIGHT).contains(&b.effective_weight()));
+    if !backends.is_empty() && weights_valid && backends.iter().all(|b| b.effective_weight() == 0) {
+        report.error("spec.backends", "the sum of weights must be greater than 0, got 0");
+    }
+}
+
+fn validate_selector(at: &str, selector: Option<&BTreeMap<String, String>>, report: &mut Report) {
+    for (key, value) in selector.into_iter().flatten() {
+        if let Err(problem) = check_label_key(key) {
+            report.error(at, format!("invalid label key {key:?}: {problem}"));
+        }
+        if let Err(problem) = check_label_value(value) {
+            report.error(
+                format!("{at}[{key}]"),
+                format!("invalid label value {value:?}: {problem}"),
+            );
+        }
+    }
+}
+
+fn dns1123_label_problem(name: &str) -> String {
+    format!(
+        "must be a DNS-1123 label (at most {MAX_LABEL_LEN} lowercase letters, digits and '-', \
+         starting and ending with a letter or digit), got {name:?}"
+    )
+}
+
+fn is_lower_alnum(c: u8) -> bool {
+    c.is_ascii_lowercase() || c.is_ascii_digit()
+}
+
+/// `[a-z0-9]([-a-z0-9]*[a-z0-9])?`, at most 63 characters.
+pub fn is_dns1123_label(s: &str) -> bool {
+    let b = s.as_bytes();
+    !b.is_empty()
+        && b.len() <= MAX_LABEL_LEN
+        && is_lower_alnum(b[0])
+        && is_lower_alnum(b[b.len() - 1])
+        && b.iter().all(|&c| is_lower_alnum(c) || c == b'-')
+}
+
+/// `[a-z]([-a-z0-9]*[a-z0-9])?`, at most 63 characters: what Service names must be.
+pub fn is_dns1035_label(s: &str) -> bool {
+    is_dns1123_label(s) && s.as_bytes()[0].is_ascii_lowercase()
+}
+
+/// Dot-separated DNS-1123 labels, at most 253 characters.
+pub fn is_dns1123_subdomain(s: &str) -> bool {
+    !s.is_empty() && s.len() <= MAX_SUBDOMAIN_LEN && s.split('.').all(is_dns1123_label)
+}
+
+/// An IANA service name as Kubernetes accepts it for a named port.
+pub fn is_iana_svc_name(s: &str) -> bool {
+    let b = s.as_bytes();
+    !b.is_empty()
+        && b.len() <= MAX_IANA_SVC_NAME_LEN
+        && b.iter().all(|&c| is_lower_alnum(c) || c == b'-')
+        && b.iter().any(|c| c.is_ascii_lowercase())
+        && b[0] != b'-'
+        && b[b.len() - 1] != b'-'
+        && !s.contains("--")
+}
+
+/// `([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]`, at most 63 characters: a label name or value.
+fn is_qualified_name_part(s: &str) -> bool {
+    let b = s.as_bytes();
+    let alnum = |c: u8| c.is_ascii_alphanumeric();
+    !b.is_empty()
+        && b.len() <= MAX_LABEL_LEN
+        && alnum(b[0])
+        && alnum(b[b.len() - 1])
+        && b.iter().all(|&c| alnum(c) || matches!(c, b'-' | b'_' | b'.'))
+}
+
+const NAME_PART_RULE: &str = "at most 63 alphanumeric characters, '-', '_' or '.', \
+                              starting and ending with an alphanumeric character";
+
+/// A label key: an optional DNS-1123 subdomain prefix and '/', then a name.
+pub fn check_label_key(key: &str) -> Result<(), String> {
+    let (prefix, name) = match key.split_once('/') {
+        Some((prefix, name)) => (Some(prefix), name),
+        None => (None, key),
+    };
+    if let Some(prefix) = prefix {
+        if !is_dns1123_subdomain(prefix) {
+            return Err(format!(
+                "the prefix must be a DNS-1123 subdomain of at most {MAX_SUBDOMAIN_LEN} characters"
+            ));
+        }
+    }
+    if !is_qualified_name_part(name) {
+        return Err(format!("the name must be {NAME_PART_RULE}"));
+    }
+    Ok(())
+}
+
+/// A label value: empty, or a name part.
+pub fn check_label_value(value: &str) -> Result<(), String> {
+    if value.is_empty() || is_qualified_name_part(value) {
+        Ok(())
+    } else {
+        Err(format!("must be empty or {NAME_PART_RULE}"))
+    }
+}
