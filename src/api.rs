@@ -41,6 +41,8 @@ pub const PROXY_DEPLOYMENT_SUFFIX: &str = "-proxy";
 pub const PROXY_CONFIGMAP_SUFFIX: &str = "-proxy-configmap";
 
 /// A weighted TCP/UDP load balancer in front of a set of backends.
+// Several printcolumns share a `type_`, which clippy mistakes for a repeated attribute.
+#[allow(clippy::duplicated_attributes)]
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[kube(
     group = "exposer.hliangzhao.io",

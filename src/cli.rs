@@ -58,7 +58,7 @@ pub struct RunArgs {
     #[arg(long, env = "BALANCER_LOG_FORMAT", value_enum, default_value = "text")]
     pub log_format: LogFormat,
     /// Log filter when RUST_LOG is unset (e.g. info, balancer=debug).
-    #[arg(long, env = "BALANCER_LOG_LEVEL", default_value = "info")]
+    #[arg(long, env = "BALANCER_LOG_LEVEL", default_value = "info,rustls=error")]
     pub log_level: String,
 }
 

@@ -1,4 +1,4 @@
-use std::io::Read;
+use std::io::{Read, Write};
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -50,23 +50,23 @@ fn certs(args: &CertsArgs) -> ExitCode {
     if let Err(e) = generated.write_to(&args.out) {
         return fail(&e.to_string());
     }
-    eprintln!(
-        "wrote {0}/{1}, {0}/{2} and {0}/{3}; the caBundle for the webhook configurations is:",
-        args.out.display(),
+    let dir = args.out.display();
+    let _ = writeln!(
+        std::io::stderr(),
+        "wrote {dir}/{}, {dir}/{} and {dir}/{}; the caBundle for the webhook configurations is:",
         tls::CA_FILE,
         tls::CERT_FILE,
         tls::KEY_FILE
     );
-    println!("{}", base64::engine::general_purpose::STANDARD.encode(generated.ca_pem));
-    ExitCode::SUCCESS
+    out(&format!(
+        "{}\n",
+        base64::engine::general_purpose::STANDARD.encode(generated.ca_pem)
+    ))
 }
 
 fn crd() -> ExitCode {
     match serde_saphyr::to_string(&Balancer::crd()) {
-        Ok(yaml) => {
-            print!("{yaml}");
-            ExitCode::SUCCESS
-        }
+        Ok(yaml) => out(&yaml),
         Err(e) => fail(&format!("cannot encode the CRD: {e}")),
     }
 }
@@ -89,7 +89,7 @@ fn check_files(args: &CheckArgs) -> ExitCode {
         match check::check_yaml(&name, &text) {
             Ok(findings) => {
                 invalid |= findings.iter().any(|f| !f.report.is_valid());
-                print!("{}", check::render(&name, &findings));
+                let _ = std::io::stdout().write_all(check::render(&name, &findings).as_bytes());
             }
             Err(e) => return fail(&e.to_string()),
         }
@@ -97,7 +97,16 @@ fn check_files(args: &CheckArgs) -> ExitCode {
     if invalid { ExitCode::FAILURE } else { ExitCode::SUCCESS }
 }
 
+/// Writes to stdout; a closed pipe (`balancer crd | head`) is not an error worth a panic.
+fn out(text: &str) -> ExitCode {
+    match std::io::stdout().write_all(text.as_bytes()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,
+        Err(e) => fail(&format!("cannot write to standard output: {e}")),
+    }
+}
+
 fn fail(message: &str) -> ExitCode {
-    eprintln!("error: {message}");
+    let _ = writeln!(std::io::stderr(), "error: {message}");
     ExitCode::from(2)
 }

@@ -48,6 +48,7 @@ fn cert_paths(args: &RunArgs) -> Result<CertPaths, TlsError> {
 /// and the returned task finishes when they have drained.
 pub async fn start(
     args: &RunArgs,
+    limits: Limits,
     shutdown: CancellationToken,
 ) -> Result<(Bound, tokio::task::JoinHandle<()>), RunError> {
     let metrics = Arc::new(Metrics::default());
@@ -55,10 +56,7 @@ pub async fn start(
     let tls_config = Arc::new(tls::server_config(resolver)?);
     let readiness = Readiness::default();
     readiness.certificate.store(true, Ordering::Release);
-    let limits = Arc::new(Limits {
-        max_body_bytes: args.max_body_bytes,
-        ..Limits::default()
-    });
+    let limits = Arc::new(limits);
     let state = AppState {
         metrics,
         readiness,
@@ -99,7 +97,11 @@ pub async fn start(
 /// Runs until SIGTERM or SIGINT, then shuts down gracefully.
 pub async fn run(args: RunArgs) -> Result<(), RunError> {
     let shutdown = CancellationToken::new();
-    let (_, servers) = start(&args, shutdown.clone()).await?;
+    let limits = Limits {
+        max_body_bytes: args.max_body_bytes,
+        ..Limits::default()
+    };
+    let (_, servers) = start(&args, limits, shutdown.clone()).await?;
     wait_for_signal().await?;
     tracing::info!("shutting down: no new connections, finishing in-flight requests");
     shutdown.cancel();

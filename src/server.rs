@@ -82,10 +82,10 @@ impl Readiness {
         if !self.certificate.load(Ordering::Acquire) {
             problems.push("serving certificate not loaded");
         }
-        if let Some(synced) = &self.controller {
-            if !synced.load(Ordering::Acquire) {
-                problems.push("controller caches not synced");
-            }
+        if let Some(synced) = &self.controller
+            && !synced.load(Ordering::Acquire)
+        {
+            problems.push("controller caches not synced");
         }
         problems
     }

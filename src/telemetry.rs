@@ -154,7 +154,9 @@ pub fn init_logging(format: LogFormat, default_level: &str) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_level));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+        .with_writer(std::io::stderr)
+        // Its fallback report of a failed write uses eprintln!, which panics when stderr is gone.
+        .log_internal_errors(false);
     // try_init: a second call (tests) keeps the first subscriber instead of panicking.
     let _ = match format {
         LogFormat::Text => builder.try_init(),

@@ -354,12 +354,12 @@ pub fn check_label_key(key: &str) -> Result<(), String> {
         Some((prefix, name)) => (Some(prefix), name),
         None => (None, key),
     };
-    if let Some(prefix) = prefix {
-        if !is_dns1123_subdomain(prefix) {
-            return Err(format!(
-                "the prefix must be a DNS-1123 subdomain of at most {MAX_SUBDOMAIN_LEN} characters"
-            ));
-        }
+    if let Some(prefix) = prefix
+        && !is_dns1123_subdomain(prefix)
+    {
+        return Err(format!(
+            "the prefix must be a DNS-1123 subdomain of at most {MAX_SUBDOMAIN_LEN} characters"
+        ));
     }
     if !is_qualified_name_part(name) {
         return Err(format!("the name must be {NAME_PART_RULE}"));

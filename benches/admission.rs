@@ -1,0 +1,96 @@
+//! Cost of answering one AdmissionReview, end to end (parse, rules, encode),
+//! next to a baseline measured in the same run: parsing the same body into a
+//! `serde_json::Value`. Compare the ratio, not the absolute numbers.
+
+use std::hint::black_box;
+
+use balancer::admission::parse_spec;
+use balancer::admission::{Webhook, review};
+use balancer::defaulting::defaults_patch;
+use balancer::validation::{ObjectName, validate};
+use criterion::{Criterion, criterion_group, criterion_main};
+use serde_json::{Value, json};
+
+fn sample_review(defaulted: bool) -> Vec<u8> {
+    let port = if defaulted {
+        json!({"name": "http", "protocol": "TCP", "port": 80, "targetPort": 5678})
+    } else {
+        json!({"name": "http", "port": 80})
+    };
+    json!({
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": "705ab4f5-6393-11e8-b7cc-42010a800002",
+            "kind": {"group": "exposer.hliangzhao.io", "version": "v1alpha1", "kind": "Balancer"},
+            "resource": {"group": "exposer.hliangzhao.io", "version": "v1alpha1", "resource": "balancers"},
+            "name": "example-balancer",
+            "namespace": "default",
+            "operation": "CREATE",
+            "userInfo": {"username": "kubernetes-admin", "groups": ["system:masters"]},
+            "object": {
+                "apiVersion": "exposer.hliangzhao.io/v1alpha1",
+                "kind": "Balancer",
+                "metadata": {"name": "example-balancer", "namespace": "default"},
+                "spec": {
+                    "ports": [port],
+                    "selector": {"app": "test"},
+                    "backends": [
+                        {"name": "v1", "weight": 40, "selector": {"version": "v1"}},
+                        {"name": "v2", "weight": 20, "selector": {"version": "v2"}},
+                        {"name": "v3", "weight": 40, "selector": {"version": "v3"}}
+                    ]
+                }
+            },
+            "dryRun": false
+        }
+    })
+    .to_string()
+    .into_bytes()
+}
+
+fn bench(c: &mut Criterion) {
+    let defaulted = sample_review(true);
+    let undefaulted = sample_review(false);
+    let object: Value = serde_json::from_slice::<Value>(&defaulted).unwrap()["request"]["object"].clone();
+    let spec = parse_spec(&object).unwrap();
+
+    let mut group = c.benchmark_group("admission");
+    group.bench_function("baseline: parse body as serde_json::Value", |b| {
+        b.iter(|| serde_json::from_slice::<Value>(black_box(&defaulted)).unwrap())
+    });
+    group.bench_function("validate review (sample, allowed)", |b| {
+        b.iter(|| {
+            review(Webhook::Validate, black_box(&defaulted))
+                .unwrap()
+                .to_json()
+                .unwrap()
+        })
+    });
+    group.bench_function("mutate review (no patch)", |b| {
+        b.iter(|| {
+            review(Webhook::Mutate, black_box(&defaulted))
+                .unwrap()
+                .to_json()
+                .unwrap()
+        })
+    });
+    group.bench_function("mutate review (patched)", |b| {
+        b.iter(|| {
+            review(Webhook::Mutate, black_box(&undefaulted))
+                .unwrap()
+                .to_json()
+                .unwrap()
+        })
+    });
+    group.bench_function("rules only: validation::validate", |b| {
+        b.iter(|| validate(ObjectName::Name("example-balancer"), black_box(&spec)))
+    });
+    group.bench_function("rules only: defaults_patch", |b| {
+        b.iter(|| defaults_patch(black_box(&spec)))
+    });
+    group.finish();
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);

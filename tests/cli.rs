@@ -1,0 +1,250 @@
+//! The `balancer` binary itself: `crd`, `check`, `certs` and `run`.
+
+mod support;
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use base64::Engine;
+
+fn balancer() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_balancer"))
+}
+
+fn repo(path: &str) -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(path)
+}
+
+/// Like `verify-codegen`: the committed CRD must be exactly what the binary prints.
+#[test]
+fn deploy_crd_yaml_is_the_output_of_balancer_crd() {
+    let output = balancer().arg("crd").output().unwrap();
+    assert!(output.status.success());
+    let committed = std::fs::read_to_string(repo("deploy/crd.yaml")).unwrap();
+    assert!(
+        committed == String::from_utf8(output.stdout).unwrap(),
+        "deploy/crd.yaml is stale: run `cargo run -- crd > deploy/crd.yaml`"
+    );
+}
+
+#[test]
+fn the_original_sample_passes_check() {
+    let output = balancer()
+        .arg("check")
+        .arg(repo("deploy/samples/balancer.yaml"))
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(stdout.contains("(Balancer \"example-balancer\"): valid"), "{stdout}");
+}
+
+#[test]
+fn the_invalid_sample_fails_check_with_field_errors() {
+    let output = balancer()
+        .arg("check")
+        .arg(repo("deploy/samples/invalid-balancer.yaml"))
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(1));
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    for expected in [
+        "error: spec.ports[1].name: duplicate port name \"http\" (also spec.ports[0].name)",
+        "error: spec.backends[1].name: must be a DNS-1123 label",
+        "error: spec.backends[1].weight: must be between 0 and 100, got 150",
+    ] {
+        assert!(stdout.contains(expected), "missing {expected:?} in\n{stdout}");
+    }
+}
+
+#[test]
+fn check_reads_multi_document_stdin_and_applies_defaults_first() {
+    let yaml = "\
+apiVersion: v1
+kind: ConfigMap
+metadata: {name: ignored}
+---
+apiVersion: exposer.hliangzhao.io/v1alpha1
+kind: Balancer
+metadata: {name: defaults}
+spec:
+  ports: [{port: 53, protocol: UDP}]
+  backends: [{name: a, selector: {app: dns}}]
+---
+apiVersion: exposer.hliangzhao.io/v1alpha1
+kind: Balancer
+metadata: {name: wrong-shape}
+spec:
+  ports: [{port: \"eighty\"}]
+  backends: []
+";
+    let mut child = balancer()
+        .args(["check", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(yaml.as_bytes()).unwrap();
+    let output = child.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(output.status.code(), Some(1), "{stdout}");
+    assert!(
+        stdout.contains("<stdin>: document 2 (Balancer \"defaults\"): valid"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("<stdin>: document 3 (Balancer \"wrong-shape\"): invalid"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("error: spec.ports[0].port: invalid type: string \"eighty\""),
+        "{stdout}"
+    );
+    assert!(!stdout.contains("ignored"), "{stdout}");
+}
+
+#[test]
+fn check_names_unreadable_and_unparseable_files() {
+    let output = balancer()
+        .args(["check", "/nonexistent/balancer.yaml"])
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("cannot read /nonexistent/balancer.yaml"));
+
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("bad.yaml");
+    std::fs::write(&file, "kind: Balancer\nspec: [unclosed\n").unwrap();
+    let output = balancer().arg("check").arg(&file).output().unwrap();
+    assert_eq!(output.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains(&format!("{}: not valid YAML", file.display())),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn certs_writes_a_ca_signed_pair_and_prints_the_ca_bundle() {
+    let dir = tempfile::tempdir().unwrap();
+    let output = balancer()
+        .args(["certs", "--out"])
+        .arg(dir.path())
+        .args([
+            "--dns-name",
+            "balancer-webhook.balancer-system.svc",
+            "--dns-name",
+            "10.0.0.1",
+        ])
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let bundle = String::from_utf8(output.stdout).unwrap();
+    let ca = base64::engine::general_purpose::STANDARD.decode(bundle.trim()).unwrap();
+    assert_eq!(ca, std::fs::read(dir.path().join("ca.crt")).unwrap());
+    let paths = balancer::tls::CertPaths {
+        cert: dir.path().join("tls.crt"),
+        key: dir.path().join("tls.key"),
+    };
+    assert!(balancer::tls::load_certified_key(&paths).is_ok());
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(&paths.key).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600, "the private key must be owner-only");
+}
+
+/// Starts `balancer run` in `dir` on ephemeral ports; returns the child and the webhook port.
+fn start_run(dir: &Path) -> (std::process::Child, u16) {
+    let mut child = balancer()
+        .args([
+            "run",
+            "--webhook-addr",
+            "127.0.0.1:0",
+            "--probe-addr",
+            "127.0.0.1:0",
+            "--log-format",
+            "json",
+        ])
+        .current_dir(dir)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = BufReader::new(child.stderr.take().unwrap());
+    let port = stderr.lines().map_while(Result::ok).find_map(|line| {
+        let log: serde_json::Value = serde_json::from_str(&line).unwrap_or_default();
+        log["fields"]["webhook"].as_str()?.rsplit(':').next()?.parse().ok()
+    });
+    match port {
+        Some(port) => (child, port),
+        None => {
+            let _ = child.kill();
+            let status = child.wait();
+            panic!("balancer run exited before serving: {status:?}");
+        }
+    }
+}
+
+fn terminate(mut child: std::process::Child) {
+    let _ = Command::new("kill").args(["-TERM", &child.id().to_string()]).status();
+    let status = child.wait().unwrap();
+    assert!(
+        status.success(),
+        "balancer run did not exit cleanly on SIGTERM: {status}"
+    );
+}
+
+/// The README's run command: dev certificates in certs/, created once and reused.
+#[tokio::test]
+async fn run_creates_dev_certificates_once_and_serves_them() {
+    support::install_crypto_provider();
+    let dir = tempfile::tempdir().unwrap();
+    let (child, port) = start_run(dir.path());
+    let ca = dir.path().join("certs/ca.crt");
+    let first_ca = std::fs::read(&ca).unwrap();
+    let client = reqwest::Client::builder()
+        .tls_backend_preconfigured(support::client_config(&ca))
+        .timeout(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    for host in ["localhost", "127.0.0.1"] {
+        let body = client
+            .get(format!("https://{host}:{port}/healthz"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        assert_eq!(body, "ok");
+    }
+    terminate(child);
+
+    let (child, _) = start_run(dir.path());
+    assert_eq!(
+        std::fs::read(&ca).unwrap(),
+        first_ca,
+        "dev CA was regenerated instead of reused"
+    );
+    terminate(child);
+}
+
+#[test]
+fn run_reports_a_missing_certificate_file_by_name() {
+    let output = balancer()
+        .args([
+            "run",
+            "--tls-cert",
+            "/nonexistent/tls.crt",
+            "--tls-key",
+            "/nonexistent/tls.key",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("cannot read /nonexistent/tls.crt"));
+}

@@ -1,0 +1,782 @@
+//! Property tests of the admission rules, the defaults and the AdmissionReview handling.
+//!
+//! (a) validation and defaulting never panic on arbitrary specs;
+//! (b) mutation is idempotent: after the defaults patch is applied, a second one is empty;
+//! (c) the JSON-patched spec is exactly `with_defaults(spec)`;
+//! (d) a valid Balancer with its optional fields dropped is still valid once mutated;
+//! (e) `admission::review` never panics and never fails server-side, whatever the body,
+//!     and echoes the request's uid whenever it answers.
+
+use std::collections::BTreeMap;
+
+use balancer::admission::{self, Answer, BadRequest, Outcome, Webhook};
+use balancer::api::{BackendSpec, Balancer, BalancerPort, BalancerSpec};
+use balancer::defaulting::{defaults_patch, with_defaults};
+use balancer::validation::{self, ObjectName, Report};
+use base64::Engine as _;
+use json_patch::{Patch, PatchOperation};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use proptest::collection::{btree_map, btree_set, vec};
+use proptest::option;
+use proptest::prelude::*;
+use proptest::sample::{Index, select};
+use serde_json::{Value, json};
+
+const CASES: u32 = 256;
+
+// ---------------------------------------------------------------------------
+// Strategies: arbitrary specs
+// ---------------------------------------------------------------------------
+
+/// Strings that are sometimes valid names, often not, sometimes not even ASCII.
+fn arb_text() -> BoxedStrategy<String> {
+    // Built from characters rather than regexes: regex generation dominates the run time in debug builds.
+    let label_chars = select(&b"abcxyz0189-"[..]).prop_map(char::from);
+    let ascii = (b' '..=b'~').prop_map(char::from);
+    prop_oneof![
+        vec(label_chars, 0..12).prop_map(String::from_iter),
+        vec(ascii, 0..70).prop_map(String::from_iter), // long enough to break the 63-character limits
+        vec(any::<char>(), 0..16).prop_map(String::from_iter),
+        Just(String::new()),
+        Just("TCP".to_string()),
+    ]
+    .boxed()
+}
+
+/// Ports and weights: anything, near the bounds, or in range.
+fn arb_number() -> BoxedStrategy<i32> {
+    prop_oneof![any::<i32>(), -2i32..=70_000, 0i32..=101].boxed()
+}
+
+fn arb_labels(max: usize) -> BoxedStrategy<BTreeMap<String, String>> {
+    btree_map(arb_text(), arb_text(), 0..max).boxed()
+}
+
+fn arb_port() -> impl Strategy<Value = BalancerPort> {
+    (
+        option::of(arb_text()),
+        option::of(prop_oneof![
+            Just("TCP".to_string()),
+            Just("UDP".to_string()),
+            arb_text()
+        ]),
+        arb_number(),
+        option::of(prop_oneof![
+            arb_number().prop_map(IntOrString::Int),
+            arb_text().prop_map(IntOrString::String),
+        ]),
+    )
+        .prop_map(|(name, protocol, port, target_port)| BalancerPort {
+            name,
+            protocol,
+            port,
+            target_port,
+        })
+}
+
+fn arb_backend() -> impl Strategy<Value = BackendSpec> {
+    (arb_text(), option::of(arb_number()), option::of(arb_labels(4))).prop_map(|(name, weight, selector)| BackendSpec {
+        name,
+        weight,
+        selector,
+    })
+}
+
+/// Specs of up to 40 ports and 70 backends (past both limits), mostly small ones to keep the run short.
+fn arb_spec() -> impl Strategy<Value = BalancerSpec> {
+    let ports = prop_oneof![3 => vec(arb_port(), 0..4), 1 => vec(arb_port(), 0..40)];
+    let backends = prop_oneof![3 => vec(arb_backend(), 0..4), 1 => vec(arb_backend(), 0..70)];
+    (ports, option::of(arb_labels(5)), backends).prop_map(|(ports, selector, backends)| BalancerSpec {
+        ports,
+        selector,
+        backends,
+    })
+}
+
+// ---------------------------------------------------------------------------
+// Strategies: valid specs
+// ---------------------------------------------------------------------------
+
+/// A Balancer that breaks no rule, with every optional field set.
+#[derive(Clone, Debug)]
+struct ValidBalancer {
+    name: String,
+    spec: BalancerSpec,
+}
+
+fn valid_label_key() -> &'static str {
+    "([a-z0-9]{1,8}(\\.[a-z0-9]([a-z0-9-]{0,6}[a-z0-9])?){0,2}/)?[A-Za-z0-9]([A-Za-z0-9_.-]{0,10}[A-Za-z0-9])?"
+}
+
+fn valid_label_value() -> &'static str {
+    "([A-Za-z0-9]([A-Za-z0-9_.-]{0,10}[A-Za-z0-9])?)?"
+}
+
+fn valid_selector() -> BoxedStrategy<BTreeMap<String, String>> {
+    btree_map(valid_label_key(), valid_label_value(), 0..4).boxed()
+}
+
+fn valid_ports() -> impl Strategy<Value = Vec<BalancerPort>> {
+    let extras = (
+        "[a-z][a-z0-9]{0,8}",
+        select(&["TCP", "UDP"][..]),
+        prop_oneof![
+            (1i32..=65535).prop_map(IntOrString::Int),
+            // IANA service names: a letter, no leading, trailing or double dash, at most 14 characters.
+            "[a-z][a-z0-9]{0,3}(-[a-z0-9]{1,4}){0,2}".prop_map(IntOrString::String),
+        ],
+    );
+    (1usize..6)
+        .prop_flat_map(move |n| (btree_set(1i32..=65535, n), vec(extras.clone(), n)))
+        .prop_map(|(numbers, extras)| {
+            numbers
+                .into_iter()
+                .zip(extras)
+                .enumerate()
+                .map(|(i, (port, (name, protocol, target)))| BalancerPort {
+                    // The "-<index>" suffix keeps names unique (the base has no dash).
+                    name: Some(format!("{name}-{i}")),
+                    protocol: Some(protocol.to_string()),
+                    port,
+                    target_port: Some(target),
+                })
+                .collect()
+        })
+}
+
+fn valid_balancer() -> impl Strategy<Value = ValidBalancer> {
+    (
+        "[a-z]([a-z0-9-]{0,20}[a-z0-9])?",
+        valid_ports(),
+        option::of(valid_selector()),
+        vec(("[a-z0-9]{1,8}", 0i32..=100, option::of(valid_selector())), 1..8),
+    )
+        .prop_map(|(name, ports, selector, backends)| {
+            let mut spec = BalancerSpec {
+                ports,
+                selector,
+                backends: backends
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, (name, weight, selector))| BackendSpec {
+                        name: format!("{name}-{i}"),
+                        weight: Some(weight),
+                        selector,
+                    })
+                    .collect(),
+            };
+            if spec.backends.iter().all(|b| b.weight == Some(0)) {
+                spec.backends[0].weight = Some(1);
+            }
+            for i in 0..spec.backends.len() {
+                if spec.merged_selector(&spec.backends[i]).is_empty() {
+                    let own = BTreeMap::from([("backend".to_string(), spec.backends[i].name.clone())]);
+                    spec.backends[i].selector = Some(own);
+                }
+            }
+            ValidBalancer { name, spec }
+        })
+}
+
+/// How to drop one port's optional fields: 0 keep, 1 remove, 2 set empty.
+#[derive(Clone, Copy, Debug)]
+struct PortDrop {
+    protocol: u8,
+    target_port: u8,
+}
+
+fn drop_optional_fields(
+    spec: &BalancerSpec,
+    ports: &[PortDrop],
+    weights: &[bool],
+    single_port_name: bool,
+) -> BalancerSpec {
+    let mut spec = spec.clone();
+    for (port, how) in spec.ports.iter_mut().zip(ports) {
+        match how.protocol {
+            1 => port.protocol = None,
+            2 => port.protocol = Some(String::new()),
+            _ => {}
+        }
+        match how.target_port {
+            1 => port.target_port = None,
+            2 => port.target_port = Some(IntOrString::String(String::new())),
+            _ => {}
+        }
+    }
+    if single_port_name && spec.ports.len() == 1 {
+        spec.ports[0].name = None;
+    }
+    for (backend, drop) in spec.backends.iter_mut().zip(weights) {
+        if *drop {
+            backend.weight = None;
+        }
+    }
+    spec
+}
+
+// ---------------------------------------------------------------------------
+// Strategies: arbitrary JSON
+// ---------------------------------------------------------------------------
+
+/// A float as JSON, if it is finite and serde_json reads its text back as the same
+/// number (without the `float_roundtrip` feature some are off by one ulp, which would
+/// make the body the server parses differ from the `Value` the test reasons about).
+fn json_float(f: f64) -> Option<Value> {
+    let number = serde_json::Number::from_f64(f)?;
+    let text = number.to_string();
+    (serde_json::from_str::<f64>(&text).ok()? == f).then_some(Value::Number(number))
+}
+
+const KEYS: &[&str] = &[
+    "apiVersion",
+    "kind",
+    "metadata",
+    "name",
+    "generateName",
+    "spec",
+    "ports",
+    "port",
+    "protocol",
+    "targetPort",
+    "selector",
+    "backends",
+    "weight",
+    "request",
+    "uid",
+    "object",
+    "operation",
+    "subResource",
+];
+
+fn arb_key() -> BoxedStrategy<String> {
+    prop_oneof![select(KEYS).prop_map(str::to_string), ".{0,8}"].boxed()
+}
+
+fn arb_json() -> impl Strategy<Value = Value> {
+    let leaf = prop_oneof![
+        Just(Value::Null),
+        any::<bool>().prop_map(Value::Bool),
+        any::<i64>().prop_map(Value::from),
+        any::<u64>().prop_map(Value::from),
+        (-3i64..70_000).prop_map(Value::from),
+        any::<f64>().prop_filter_map("finite and read back exactly", json_float),
+        arb_key().prop_map(Value::String),
+    ];
+    leaf.prop_recursive(4, 48, 6, |inner| {
+        prop_oneof![
+            vec(inner.clone(), 0..6).prop_map(Value::Array),
+            btree_map(arb_key(), inner, 0..6).prop_map(|m| Value::Object(m.into_iter().collect())),
+        ]
+    })
+}
+
+/// Every JSON pointer into `value`, the root ("") included.
+fn pointers(value: &Value) -> Vec<String> {
+    fn walk(value: &Value, at: String, out: &mut Vec<String>) {
+        match value {
+            Value::Object(map) => {
+                for (key, child) in map {
+                    walk(
+                        child,
+                        format!("{at}/{}", key.replace('~', "~0").replace('/', "~1")),
+                        out,
+                    );
+                }
+            }
+            Value::Array(items) => {
+                for (i, child) in items.iter().enumerate() {
+                    walk(child, format!("{at}/{i}"), out);
+                }
+            }
+            _ => {}
+        }
+        out.push(at);
+    }
+    let mut out = Vec::new();
+    walk(value, String::new(), &mut out);
+    out
+}
+
+/// `value` with the subtree chosen by `which` replaced by `with`.
+fn replace_somewhere(mut value: Value, which: Index, with: Value) -> Value {
+    let all = pointers(&value);
+    let pointer = which.get(&all).clone();
+    *value.pointer_mut(&pointer).expect("the pointer was just collected") = with;
+    value
+}
+
+// ---------------------------------------------------------------------------
+// AdmissionReview helpers
+// ---------------------------------------------------------------------------
+
+fn object(name: &str, spec: &BalancerSpec) -> Value {
+    serde_json::to_value(Balancer::new(name, spec.clone())).expect("a Balancer serializes")
+}
+
+fn envelope(uid: &str, operation: &str, object: Value) -> Value {
+    json!({
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": uid,
+            "kind": {"group": "exposer.hliangzhao.io", "version": "v1alpha1", "kind": "Balancer"},
+            "resource": {"group": "exposer.hliangzhao.io", "version": "v1alpha1", "resource": "balancers"},
+            "name": object.pointer("/metadata/name").cloned().unwrap_or(json!("")),
+            "namespace": "default",
+            "operation": operation,
+            "userInfo": {"username": "proptest"},
+            "object": object,
+            "oldObject": null,
+            "dryRun": false
+        }
+    })
+}
+
+fn review(webhook: Webhook, body: &Value) -> Result<Answer, BadRequest> {
+    admission::review(webhook, &serde_json::to_vec(body).expect("JSON serializes"))
+}
+
+/// Checks an answer the way the server would send it: it encodes (else the
+/// server answers 500), its status is not a server error, and its outcome
+/// agrees with the response it carries. Returns the wire form.
+fn check_answer(answer: &Answer) -> Result<Value, TestCaseError> {
+    let bytes = answer
+        .to_json()
+        .map_err(|e| TestCaseError::fail(format!("the answer does not encode: {e}")))?;
+    let wire: Value = serde_json::from_slice(&bytes).expect("to_json produces JSON");
+    let response = answer
+        .review
+        .response
+        .as_ref()
+        .ok_or_else(|| TestCaseError::fail("an answer without a response"))?;
+    prop_assert!(response.result.code < 500, "status code {}", response.result.code);
+    prop_assert!(
+        !response.result.message.contains("internal error"),
+        "{}",
+        response.result.message
+    );
+    prop_assert_eq!(wire.pointer("/response/uid"), Some(&json!(response.uid)));
+    match answer.outcome {
+        Outcome::Allowed => {
+            prop_assert!(response.allowed);
+            prop_assert!(response.patch.is_none());
+        }
+        Outcome::Patched => {
+            prop_assert!(response.allowed);
+            let encoded = wire
+                .pointer("/response/patch")
+                .and_then(Value::as_str)
+                .ok_or_else(|| TestCaseError::fail("a patch that is not a base64 string"))?;
+            let decoded = base64::engine::general_purpose::STANDARD
+                .decode(encoded)
+                .map_err(|e| TestCaseError::fail(format!("patch is not base64: {e}")))?;
+            let ops: Vec<PatchOperation> = serde_json::from_slice(&decoded)
+                .map_err(|e| TestCaseError::fail(format!("patch is not a JSON Patch: {e}")))?;
+            prop_assert!(!ops.is_empty());
+        }
+        Outcome::Denied => {
+            prop_assert!(!response.allowed);
+            prop_assert_eq!(response.result.code, 422);
+            prop_assert_eq!(&response.result.reason, "Invalid");
+            prop_assert!(
+                response.result.message.starts_with("Balancer "),
+                "{}",
+                response.result.message
+            );
+        }
+        Outcome::BadRequest => prop_assert!(false, "an answered review cannot be a bad request"),
+    }
+    Ok(wire)
+}
+
+/// The JSON Patch carried by a wire-form answer, or an empty one.
+fn wire_patch(wire: &Value) -> Patch {
+    match wire.pointer("/response/patch").and_then(Value::as_str) {
+        None => Patch(vec![]),
+        Some(encoded) => {
+            let bytes = base64::engine::general_purpose::STANDARD
+                .decode(encoded)
+                .expect("base64");
+            serde_json::from_slice(&bytes).expect("a JSON Patch")
+        }
+    }
+}
+
+fn spec_of(doc: &Value) -> BalancerSpec {
+    serde_json::from_value(doc["spec"].clone()).expect("the spec still parses")
+}
+
+fn names(name: &Option<String>, generate_name: &Option<String>) -> (Option<String>, Option<String>) {
+    (name.clone(), generate_name.clone())
+}
+
+fn validate_as(meta: &(Option<String>, Option<String>), spec: &BalancerSpec) -> Report {
+    validation::validate(ObjectName::from_meta(meta.0.as_deref(), meta.1.as_deref()), spec)
+}
+
+// ---------------------------------------------------------------------------
+// (a) no panics on arbitrary specs
+// ---------------------------------------------------------------------------
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(CASES))]
+
+    #[test]
+    fn validation_and_defaulting_never_panic(
+        name in option::of(arb_text()),
+        generate_name in option::of(arb_text()),
+        spec in arb_spec(),
+    ) {
+        let meta = names(&name, &generate_name);
+        let report = validate_as(&meta, &spec);
+        prop_assert_eq!(report.is_valid(), report.errors.is_empty());
+        prop_assert_eq!(&validate_as(&meta, &spec), &report, "validation is deterministic");
+        for error in &report.errors {
+            prop_assert!(
+                error.field.starts_with("metadata.") || error.field.starts_with("spec."),
+                "unexpected field path {:?}", error.field
+            );
+            prop_assert!(!error.detail.is_empty());
+        }
+        let defaulted = with_defaults(&spec);
+        let _ = validate_as(&meta, &defaulted);
+        let patch = defaults_patch(&spec);
+        prop_assert!(patch.0.len() <= 2 * spec.ports.len() + spec.backends.len());
+        prop_assert!(defaults_patch(&defaulted).0.is_empty(), "with_defaults leaves nothing to default");
+    }
+}
+
+// ---------------------------------------------------------------------------
+// (b) and (c): the patch, applied, is with_defaults and leaves nothing to do
+// ---------------------------------------------------------------------------
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(CASES))]
+
+    #[test]
+    fn defaults_patch_applies_matches_with_defaults_and_is_idempotent(spec in arb_spec()) {
+        let original = object("p", &spec);
+        prop_assert_eq!(&spec_of(&original), &spec, "the spec survives a JSON round trip");
+
+        let mut doc = original.clone();
+        let patch = defaults_patch(&spec);
+        json_patch::patch(&mut doc, &patch.0)
+            .map_err(|e| TestCaseError::fail(format!("the defaults patch does not apply: {e}")))?;
+        let patched = spec_of(&doc);
+        prop_assert_eq!(&patched, &with_defaults(&spec));
+        prop_assert!(defaults_patch(&patched).0.is_empty(), "second patch: {:?}", defaults_patch(&patched));
+
+        // The patch only touches the spec.
+        prop_assert_eq!(&doc["metadata"], &original["metadata"]);
+        prop_assert_eq!(&doc["apiVersion"], &original["apiVersion"]);
+        prop_assert_eq!(&doc["kind"], &original["kind"]);
+    }
+
+    #[test]
+    fn the_mutating_webhook_is_idempotent(spec in arb_spec()) {
+        let original = object("p", &spec);
+        let first = review(Webhook::Mutate, &envelope("uid-1", "CREATE", original.clone()))
+            .map_err(|e| TestCaseError::fail(format!("refused as a bad request: {e}")))?;
+        let wire = check_answer(&first)?;
+        let patch = wire_patch(&wire);
+        prop_assert_eq!(first.outcome == Outcome::Patched, !patch.0.is_empty());
+        let mut doc = original;
+        json_patch::patch(&mut doc, &patch.0)
+            .map_err(|e| TestCaseError::fail(format!("the webhook's patch does not apply: {e}")))?;
+        prop_assert_eq!(&spec_of(&doc), &with_defaults(&spec));
+
+        let second = review(Webhook::Mutate, &envelope("uid-2", "UPDATE", doc))
+            .map_err(|e| TestCaseError::fail(format!("refused as a bad request: {e}")))?;
+        let wire = check_answer(&second)?;
+        prop_assert_eq!(second.outcome, Outcome::Allowed);
+        prop_assert!(wire.pointer("/response/patch").is_none());
+    }
+}
+
+// ---------------------------------------------------------------------------
+// (d) valid stays valid
+// ---------------------------------------------------------------------------
+
+fn port_drops() -> impl Strategy<Value = Vec<PortDrop>> {
+    vec(
+        (0u8..3, 0u8..3).prop_map(|(protocol, target_port)| PortDrop { protocol, target_port }),
+        8,
+    )
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(CASES))]
+
+    #[test]
+    fn valid_balancers_are_valid(valid in valid_balancer()) {
+        let report = validation::validate(ObjectName::Name(&valid.name), &valid.spec);
+        prop_assert!(report.is_valid(), "{:#?}", report.errors);
+        prop_assert!(defaults_patch(&valid.spec).0.is_empty(), "every optional field is set");
+    }
+
+    #[test]
+    fn a_mutated_valid_balancer_stays_valid(
+        valid in valid_balancer(),
+        ports in port_drops(),
+        weights in vec(any::<bool>(), 8),
+        single_port_name in any::<bool>(),
+    ) {
+        let dropped = drop_optional_fields(&valid.spec, &ports, &weights, single_port_name);
+        let defaulted = with_defaults(&dropped);
+        let report = validation::validate(ObjectName::Name(&valid.name), &defaulted);
+        prop_assert!(report.is_valid(), "{:#?}", report.errors);
+
+        // The same through both webhooks, in the order the API server calls them.
+        let mut doc = object(&valid.name, &dropped);
+        let mutated = review(Webhook::Mutate, &envelope("uid-m", "CREATE", doc.clone()))
+            .map_err(|e| TestCaseError::fail(format!("refused as a bad request: {e}")))?;
+        let wire = check_answer(&mutated)?;
+        json_patch::patch(&mut doc, &wire_patch(&wire).0)
+            .map_err(|e| TestCaseError::fail(format!("the webhook's patch does not apply: {e}")))?;
+        prop_assert_eq!(&spec_of(&doc), &defaulted);
+        let validated = review(Webhook::Validate, &envelope("uid-v", "CREATE", doc))
+            .map_err(|e| TestCaseError::fail(format!("refused as a bad request: {e}")))?;
+        check_answer(&validated)?;
+        prop_assert_eq!(validated.outcome, Outcome::Allowed);
+    }
+}
+
+// ---------------------------------------------------------------------------
+// (e) the AdmissionReview handling
+// ---------------------------------------------------------------------------
+
+fn any_webhook() -> impl Strategy<Value = Webhook> {
+    prop_oneof![Just(Webhook::Validate), Just(Webhook::Mutate)]
+}
+
+fn any_operation() -> impl Strategy<Value = &'static str> {
+    select(&["CREATE", "UPDATE", "DELETE", "CONNECT"][..])
+}
+
+/// Spec-shaped JSON: an arbitrary spec's JSON with one subtree replaced by arbitrary JSON.
+fn spec_like_json() -> impl Strategy<Value = Value> {
+    (arb_spec(), any::<Index>(), arb_json(), any::<bool>()).prop_map(|(spec, which, with, replace)| {
+        let value = serde_json::to_value(&spec).expect("a spec serializes");
+        if replace {
+            replace_somewhere(value, which, with)
+        } else {
+            value
+        }
+    })
+}
+
+fn checked(result: Result<Answer, BadRequest>) -> Result<Option<Value>, TestCaseError> {
+    match result {
+        Ok(answer) => check_answer(&answer).map(Some),
+        Err(_) => Ok(None),
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(CASES))]
+
+    #[test]
+    fn review_survives_arbitrary_bytes(webhook in any_webhook(), body in vec(any::<u8>(), 0..512)) {
+        checked(admission::review(webhook, &body))?;
+    }
+
+    #[test]
+    fn review_survives_arbitrary_json_bodies(webhook in any_webhook(), body in arb_json()) {
+        checked(review(webhook, &body))?;
+    }
+
+    /// Any spec, well-formed or not, in a well-formed review is answered, never refused as a bad request.
+    #[test]
+    fn review_answers_any_spec_and_echoes_the_uid(
+        webhook in any_webhook(),
+        uid in prop_oneof!["[ -~]{1,36}", ".{1,8}"],
+        operation in any_operation(),
+        name in "[a-z][a-z0-9-]{0,10}",
+        spec in prop_oneof![arb_json(), spec_like_json()],
+    ) {
+        let object = json!({
+            "apiVersion": "exposer.hliangzhao.io/v1alpha1",
+            "kind": "Balancer",
+            "metadata": {"name": name, "namespace": "default"},
+            "spec": spec,
+        });
+        let answer = review(webhook, &envelope(&uid, operation, object.clone()))
+            .map_err(|e| TestCaseError::fail(format!("refused as a bad request: {e}")))?;
+        let wire = check_answer(&answer)?;
+        prop_assert_eq!(wire.pointer("/response/uid"), Some(&json!(uid)));
+
+        let writes = matches!(operation, "CREATE" | "UPDATE");
+        match admission::parse_spec(&object) {
+            _ if !writes => prop_assert_eq!(answer.outcome, Outcome::Allowed),
+            Err(error) => {
+                prop_assert_eq!(answer.outcome, Outcome::Denied);
+                let message = &answer.review.response.as_ref().unwrap().result.message;
+                prop_assert_eq!(message, &admission::denial_message(&name, &[error]));
+            }
+            Ok(parsed) => match webhook {
+                Webhook::Validate => {
+                    let report = validation::validate(ObjectName::Name(&name), &parsed);
+                    let expected = if report.is_valid() { Outcome::Allowed } else { Outcome::Denied };
+                    prop_assert_eq!(answer.outcome, expected);
+                    let warnings = answer.review.response.as_ref().unwrap().warnings.clone();
+                    prop_assert_eq!(warnings.unwrap_or_default(), report.warnings);
+                }
+                Webhook::Mutate => {
+                    let patch = defaults_patch(&parsed);
+                    let expected = if patch.0.is_empty() { Outcome::Allowed } else { Outcome::Patched };
+                    prop_assert_eq!(answer.outcome, expected);
+                    prop_assert_eq!(wire_patch(&wire), patch);
+                }
+            },
+        }
+    }
+
+    /// A well-formed review with any one part replaced by arbitrary JSON: answered or refused,
+    /// never a panic or a server error, and an answer carries the uid the request had.
+    #[test]
+    fn review_survives_any_part_of_the_envelope_replaced(
+        webhook in any_webhook(),
+        operation in any_operation(),
+        spec in arb_spec(),
+        which in any::<Index>(),
+        with in arb_json(),
+    ) {
+        let body = replace_somewhere(envelope("uid-x", operation, object("p", &spec)), which, with);
+        if let Some(wire) = checked(review(webhook, &body))? {
+            let uid = body.pointer("/request/uid").and_then(Value::as_str);
+            prop_assert!(uid.is_some_and(|u| !u.is_empty()), "answered without a usable uid: {}", body);
+            prop_assert_eq!(wire.pointer("/response/uid").and_then(Value::as_str), uid);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Fixed cases the generators are unlikely to reach
+// ---------------------------------------------------------------------------
+
+fn sample_object() -> Value {
+    json!({
+        "apiVersion": "exposer.hliangzhao.io/v1alpha1",
+        "kind": "Balancer",
+        "metadata": {"name": "example-balancer"},
+        "spec": {
+            "ports": [{"name": "http", "port": 80}],
+            "selector": {"app": "test"},
+            "backends": [{"name": "v1", "selector": {"version": "v1"}}]
+        }
+    })
+}
+
+#[test]
+fn an_envelope_without_a_uid_is_a_bad_request() {
+    for webhook in [Webhook::Validate, Webhook::Mutate] {
+        let result = review(webhook, &envelope("", "CREATE", sample_object()));
+        assert_eq!(result.err(), Some(BadRequest::MissingUid));
+    }
+}
+
+#[test]
+fn deeply_nested_specs_are_answered_or_refused_without_overflowing() {
+    // serde_json stops at 128 levels; both sides of that limit must be handled.
+    for depth in [100, 120, 123, 124, 125, 130, 1_000, 100_000] {
+        let mut spec = "[".repeat(depth);
+        spec.push_str(&"]".repeat(depth));
+        let body = serde_json::to_string(&envelope("uid-deep", "CREATE", json!({"metadata": {"name": "deep"}})))
+            .expect("serializes")
+            .replace("\"metadata\":", &format!("\"spec\":{spec},\"metadata\":"));
+        for webhook in [Webhook::Validate, Webhook::Mutate] {
+            match admission::review(webhook, body.as_bytes()) {
+                Ok(answer) => {
+                    assert_eq!(answer.outcome, Outcome::Denied, "depth {depth}");
+                    let response = answer.review.response.as_ref().expect("a response");
+                    assert_eq!(response.uid, "uid-deep");
+                    assert!(answer.to_json().is_ok());
+                }
+                Err(BadRequest::Malformed(_)) => {}
+                Err(other) => panic!("depth {depth}: unexpected {other:?}"),
+            }
+        }
+    }
+}
+
+/// The CRD schema declares `spec`, every port and every backend as objects, but
+/// serde's derived `Deserialize` also reads a struct from an array of its fields
+/// in declaration order. So `parse_spec`, and with it both webhooks and
+/// `balancer check`, accepts `spec: [[{name: http, port: 80}], {app: test}, [...]]`
+/// as a valid Balancer, and the mutating webhook patches `/spec/ports/0/...`
+/// paths that do not exist in such an object.
+#[test]
+#[ignore = "bug: parse_spec accepts a spec, port or backend written as a JSON array (serde's sequence form of a struct)"]
+fn specs_ports_and_backends_must_be_objects() {
+    let spec_as_array = json!({"spec": [
+        [{"name": "http", "port": 80}],
+        {"app": "test"},
+        [{"name": "v1", "selector": {"version": "v1"}}]
+    ]});
+    let port_as_array = json!({"spec": {
+        "ports": [["http", "TCP", 80]],
+        "selector": {"app": "test"},
+        "backends": [{"name": "v1"}]
+    }});
+    let backend_as_array = json!({"spec": {
+        "ports": [{"name": "http", "port": 80}],
+        "selector": {"app": "test"},
+        "backends": [["v1", 1, {"version": "v1"}]]
+    }});
+    for (data, field) in [
+        (spec_as_array, "spec"),
+        (port_as_array, "spec.ports[0]"),
+        (backend_as_array, "spec.backends[0]"),
+    ] {
+        match admission::parse_spec(&data) {
+            Ok(spec) => panic!("{data} was read as {spec:?}"),
+            Err(error) => assert!(error.field.starts_with(field), "{field}: {error}"),
+        }
+    }
+}
+
+#[test]
+fn unreadable_specs_are_denied_naming_the_field() {
+    let mut missing = sample_object();
+    missing.as_object_mut().unwrap().remove("spec");
+    let mut mistyped = sample_object();
+    mistyped["spec"]["ports"][0]["port"] = json!("80");
+    for (object, message) in [
+        (missing, "Balancer \"example-balancer\" is invalid: spec: is required"),
+        (
+            mistyped,
+            "Balancer \"example-balancer\" is invalid: spec.ports[0].port: invalid type: string \"80\", expected i32",
+        ),
+    ] {
+        for webhook in [Webhook::Validate, Webhook::Mutate] {
+            let answer = review(webhook, &envelope("uid-bad", "CREATE", object.clone())).expect("answered");
+            assert_eq!(answer.outcome, Outcome::Denied);
+            let response = answer.review.response.as_ref().expect("a response");
+            assert_eq!(response.uid, "uid-bad");
+            assert_eq!(response.result.message, message);
+            assert_eq!(response.result.code, 422);
+        }
+    }
+}
+
+#[test]
+fn the_sample_is_patched_then_allowed() {
+    let mutated = review(Webhook::Mutate, &envelope("uid-s", "CREATE", sample_object())).expect("answered");
+    assert_eq!(mutated.outcome, Outcome::Patched);
+    let wire: Value = serde_json::from_slice(&mutated.to_json().expect("encodes")).expect("JSON");
+    let patch: Value = serde_json::to_value(wire_patch(&wire)).expect("serializes");
+    assert_eq!(
+        patch,
+        json!([
+            {"op": "add", "path": "/spec/ports/0/protocol", "value": "TCP"},
+            {"op": "add", "path": "/spec/ports/0/targetPort", "value": 80},
+            {"op": "add", "path": "/spec/backends/0/weight", "value": 1}
+        ])
+    );
+    let mut doc = sample_object();
+    json_patch::patch(&mut doc, &wire_patch(&wire).0).expect("applies");
+    let validated = review(Webhook::Validate, &envelope("uid-s", "CREATE", doc)).expect("answered");
+    assert_eq!(validated.outcome, Outcome::Allowed);
+    assert!(validated.review.response.as_ref().expect("a response").allowed);
+}

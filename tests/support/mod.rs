@@ -1,0 +1,216 @@
+//! Shared test support: a real balancer server on ephemeral loopback ports, with
+//! certificates made by `balancer::tls::generate`, and clients that trust them.
+#![allow(dead_code)]
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use balancer::cli::RunArgs;
+use balancer::run;
+use balancer::server::Limits;
+use balancer::telemetry::LogFormat;
+use balancer::tls;
+use rustls::pki_types::CertificateDer;
+use rustls::pki_types::pem::PemObject;
+use serde_json::{Value, json};
+use tempfile::TempDir;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+/// Certificate reload interval used by test servers, so rotation tests stay fast.
+pub const RELOAD_INTERVAL: Duration = Duration::from_millis(100);
+
+pub fn install_crypto_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
+/// A running server and the files it serves from.
+pub struct TestServer {
+    pub webhook: SocketAddr,
+    pub probe: SocketAddr,
+    pub dir: TempDir,
+    shutdown: CancellationToken,
+    task: JoinHandle<()>,
+}
+
+/// Limits with short timeouts so timeout behaviour can be observed quickly.
+pub fn test_limits() -> Limits {
+    Limits {
+        header_timeout: Duration::from_secs(1),
+        body_timeout: Duration::from_secs(1),
+        handshake_timeout: Duration::from_secs(1),
+        max_body_bytes: 64 * 1024,
+        ..Limits::default()
+    }
+}
+
+impl TestServer {
+    pub async fn start() -> Self {
+        Self::start_with(test_limits()).await
+    }
+
+    pub async fn start_with(limits: Limits) -> Self {
+        install_crypto_provider();
+        let dir = TempDir::new().expect("temp dir");
+        write_certs(&dir, &["localhost", "127.0.0.1"]);
+        let args = RunArgs {
+            webhook_addr: "127.0.0.1:0".parse().expect("addr"),
+            probe_addr: "127.0.0.1:0".parse().expect("addr"),
+            tls_cert: Some(dir.path().join(tls::CERT_FILE)),
+            tls_key: Some(dir.path().join(tls::KEY_FILE)),
+            dev_cert_dir: dir.path().join("unused"),
+            tls_reload_interval: RELOAD_INTERVAL,
+            max_body_bytes: limits.max_body_bytes,
+            log_format: LogFormat::Text,
+            log_level: "warn".into(),
+        };
+        let shutdown = CancellationToken::new();
+        let (bound, task) = run::start(&args, limits, shutdown.clone())
+            .await
+            .expect("server starts");
+        TestServer {
+            webhook: bound.webhook,
+            probe: bound.probe,
+            dir,
+            shutdown,
+            task,
+        }
+    }
+
+    pub fn ca_path(&self) -> PathBuf {
+        self.dir.path().join(tls::CA_FILE)
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("https://127.0.0.1:{}{path}", self.webhook.port())
+    }
+
+    pub fn probe_url(&self, path: &str) -> String {
+        format!("http://127.0.0.1:{}{path}", self.probe.port())
+    }
+
+    /// A reqwest client trusting this server's CA only.
+    pub fn client(&self) -> reqwest::Client {
+        reqwest::Client::builder()
+            .tls_backend_preconfigured(client_config(&self.ca_path()))
+            .timeout(Duration::from_secs(10))
+            .build()
+            .expect("client")
+    }
+
+    /// Signals shutdown and waits for the servers to drain.
+    pub async fn stop(self) {
+        self.shutdown.cancel();
+        tokio::time::timeout(Duration::from_secs(30), self.task)
+            .await
+            .expect("server stops in time")
+            .expect("server task");
+    }
+
+    pub fn shutdown_token(&self) -> CancellationToken {
+        self.shutdown.clone()
+    }
+
+    pub async fn metrics(&self) -> String {
+        reqwest::get(self.probe_url("/metrics"))
+            .await
+            .expect("scrape")
+            .text()
+            .await
+            .expect("body")
+    }
+}
+
+/// Writes a fresh CA, certificate and key for `names` into `dir`, returning the CA PEM.
+pub fn write_certs(dir: &TempDir, names: &[&str]) -> String {
+    let names: Vec<String> = names.iter().map(|n| n.to_string()).collect();
+    let certs = tls::generate(&names, Duration::from_secs(3600)).expect("generate");
+    certs.write_to(dir.path()).expect("write");
+    certs.ca_pem
+}
+
+/// A rustls client config trusting the CA in `ca_file`.
+pub fn client_config(ca_file: &std::path::Path) -> rustls::ClientConfig {
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_file_iter(ca_file).expect("read CA") {
+        roots.add(cert.expect("CA cert")).expect("add CA");
+    }
+    rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+        .with_safe_default_protocol_versions()
+        .expect("versions")
+        .with_root_certificates(roots)
+        .with_no_client_auth()
+}
+
+/// The original project's sample Balancer as JSON.
+pub fn sample_balancer() -> Value {
+    json!({
+        "apiVersion": "exposer.hliangzhao.io/v1alpha1",
+        "kind": "Balancer",
+        "metadata": {"name": "example-balancer", "namespace": "default"},
+        "spec": {
+            "ports": [{"name": "http", "protocol": "TCP", "port": 80, "targetPort": 5678}],
+            "selector": {"app": "test"},
+            "backends": [
+                {"name": "v1", "weight": 40, "selector": {"version": "v1"}},
+                {"name": "v2", "weight": 20, "selector": {"version": "v2"}},
+                {"name": "v3", "weight": 40, "selector": {"version": "v3"}}
+            ]
+        }
+    })
+}
+
+pub const UID: &str = "705ab4f5-6393-11e8-b7cc-42010a800002";
+
+/// An `admission.k8s.io/v1` AdmissionReview around `object`, as the API server sends it.
+pub fn review(operation: &str, object: Value) -> Value {
+    let name = object.pointer("/metadata/name").cloned().unwrap_or(json!(""));
+    let kind = object
+        .get("kind")
+        .and_then(Value::as_str)
+        .unwrap_or("Balancer")
+        .to_string();
+    let (group, version, resource) = if kind == "Balancer" {
+        ("exposer.hliangzhao.io", "v1alpha1", "balancers")
+    } else {
+        ("", "v1", "configmaps")
+    };
+    json!({
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": UID,
+            "kind": {"group": group, "version": version, "kind": kind},
+            "resource": {"group": group, "version": version, "resource": resource},
+            "requestKind": {"group": group, "version": version, "kind": kind},
+            "requestResource": {"group": group, "version": version, "resource": resource},
+            "name": name,
+            "namespace": "default",
+            "operation": operation,
+            "userInfo": {"username": "kubernetes-admin", "groups": ["system:masters", "system:authenticated"]},
+            "object": object,
+            "oldObject": null,
+            "dryRun": false,
+            "options": {"kind": "CreateOptions", "apiVersion": "meta.k8s.io/v1"}
+        }
+    })
+}
+
+/// Whether `curl` is on PATH; tests that need it fail loudly in CI when it is not.
+pub fn have_tool(tool: &str) -> bool {
+    let found = std::process::Command::new("sh")
+        .args(["-c", &format!("command -v {tool}")])
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false);
+    if !found {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "{tool} is required in CI but is not installed"
+        );
+        eprintln!("SKIPPED: {tool} is not installed; install it to run this test");
+    }
+    found
+}

@@ -1,0 +1,495 @@
+//! The real TLS webhook server over real sockets: reqwest, curl, raw TCP and raw TLS.
+
+mod support;
+
+use std::time::Duration;
+
+use base64::Engine;
+use serde_json::{Value, json};
+use support::{TestServer, UID, review, sample_balancer};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+async fn post_json(server: &TestServer, path: &str, body: &Value) -> (u16, Value) {
+    let response = server
+        .client()
+        .post(server.url(path))
+        .json(body)
+        .send()
+        .await
+        .expect("request");
+    let status = response.status().as_u16();
+    let body = response.json::<Value>().await.expect("JSON body");
+    (status, body)
+}
+
+fn decoded_patch(review: &Value) -> Value {
+    let b64 = review["response"]["patch"].as_str().expect("patch is a base64 string");
+    let bytes = base64::engine::general_purpose::STANDARD.decode(b64).expect("base64");
+    serde_json::from_slice(&bytes).expect("patch is JSON")
+}
+
+#[tokio::test]
+async fn the_sample_is_allowed_with_the_request_uid() {
+    let server = TestServer::start().await;
+    let (status, body) = post_json(&server, "/validate", &review("CREATE", sample_balancer())).await;
+    assert_eq!(status, 200);
+    assert_eq!(body["apiVersion"], "admission.k8s.io/v1");
+    assert_eq!(body["kind"], "AdmissionReview");
+    assert_eq!(body["response"]["uid"], UID);
+    assert_eq!(body["response"]["allowed"], true);
+    assert!(body["response"].get("warnings").is_none(), "{body}");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_bad_balancer_is_denied_with_every_field_error() {
+    let server = TestServer::start().await;
+    let mut object = sample_balancer();
+    object["spec"]["backends"][1]["weight"] = json!(150);
+    object["spec"]["ports"] = json!([{"name": "http", "port": 80}, {"name": "http", "port": 81}]);
+    let (status, body) = post_json(&server, "/validate", &review("UPDATE", object)).await;
+    assert_eq!(status, 200);
+    let response = &body["response"];
+    assert_eq!(response["uid"], UID);
+    assert_eq!(response["allowed"], false);
+    assert_eq!(response["status"]["code"], 422);
+    assert_eq!(response["status"]["reason"], "Invalid");
+    assert_eq!(
+        response["status"]["message"],
+        "Balancer \"example-balancer\" is invalid: [spec.ports[1].name: duplicate port name \"http\" \
+         (also spec.ports[0].name), spec.backends[1].weight: must be between 0 and 100, got 150]"
+    );
+    let fields: Vec<&str> = response["status"]["details"]["causes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["field"].as_str().unwrap())
+        .collect();
+    assert_eq!(fields, ["spec.ports[1].name", "spec.backends[1].weight"]);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn suspicious_specs_are_allowed_with_warnings() {
+    let server = TestServer::start().await;
+    let mut object = sample_balancer();
+    object["spec"]["backends"][1]["weight"] = json!(0);
+    let (_, body) = post_json(&server, "/validate", &review("CREATE", object)).await;
+    assert_eq!(body["response"]["allowed"], true);
+    assert_eq!(
+        body["response"]["warnings"],
+        json!(["spec.backends[1].weight: weight 0 drains backend \"v2\": it receives no traffic"])
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn mutation_adds_the_defaults_as_a_json_patch() {
+    let server = TestServer::start().await;
+    let mut object = sample_balancer();
+    object["spec"]["ports"] = json!([{"name": "http", "port": 80}]);
+    object["spec"]["backends"][2].as_object_mut().unwrap().remove("weight");
+    let (status, body) = post_json(&server, "/mutate", &review("CREATE", object)).await;
+    assert_eq!(status, 200);
+    assert_eq!(body["response"]["allowed"], true);
+    assert_eq!(body["response"]["patchType"], "JSONPatch");
+    assert_eq!(
+        decoded_patch(&body),
+        json!([
+            {"op": "add", "path": "/spec/ports/0/protocol", "value": "TCP"},
+            {"op": "add", "path": "/spec/ports/0/targetPort", "value": 80},
+            {"op": "add", "path": "/spec/backends/2/weight", "value": 1}
+        ])
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn mutating_a_defaulted_object_returns_no_patch() {
+    let server = TestServer::start().await;
+    let (_, body) = post_json(&server, "/mutate", &review("CREATE", sample_balancer())).await;
+    assert_eq!(body["response"]["allowed"], true);
+    assert!(body["response"].get("patch").is_none(), "{body}");
+    assert!(body["response"].get("patchType").is_none(), "{body}");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn other_kinds_and_deletes_are_allowed_untouched() {
+    let server = TestServer::start().await;
+    let config_map = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "x"}, "data": {"a": "b"}});
+    for path in ["/validate", "/mutate"] {
+        let (_, body) = post_json(&server, path, &review("CREATE", config_map.clone())).await;
+        assert_eq!(body["response"]["allowed"], true);
+        assert!(body["response"].get("patch").is_none());
+    }
+    let mut delete = review("DELETE", json!(null));
+    delete["request"]["oldObject"] = sample_balancer();
+    let (_, body) = post_json(&server, "/validate", &delete).await;
+    assert_eq!(body["response"]["allowed"], true);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn an_object_that_is_not_a_balancer_is_denied_not_a_bad_request() {
+    let server = TestServer::start().await;
+    let mut object = sample_balancer();
+    object["spec"]["ports"][0]["port"] = json!("eighty");
+    for path in ["/validate", "/mutate"] {
+        let (status, body) = post_json(&server, path, &review("CREATE", object.clone())).await;
+        assert_eq!(status, 200);
+        assert_eq!(body["response"]["uid"], UID);
+        assert_eq!(body["response"]["allowed"], false);
+        let message = body["response"]["status"]["message"].as_str().unwrap();
+        assert!(
+            message.starts_with(
+                "Balancer \"example-balancer\" is invalid: spec.ports[0].port: invalid type: string \"eighty\""
+            ),
+            "{message}"
+        );
+    }
+    let mut no_spec = sample_balancer();
+    no_spec.as_object_mut().unwrap().remove("spec");
+    let (_, body) = post_json(&server, "/validate", &review("CREATE", no_spec)).await;
+    assert_eq!(
+        body["response"]["status"]["message"],
+        "Balancer \"example-balancer\" is invalid: spec: is required"
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn unusable_requests_get_4xx_with_a_json_error() {
+    let server = TestServer::start().await;
+    let client = server.client();
+    let send = |body: &'static str, content_type: &'static str| {
+        client
+            .post(server.url("/validate"))
+            .header("content-type", content_type)
+            .body(body)
+            .send()
+    };
+    let cases = [
+        ("{", "application/json", 400, "the body is not an AdmissionReview"),
+        (
+            r#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview"}"#,
+            "application/json",
+            400,
+            "the AdmissionReview has no request",
+        ),
+        (
+            r#"{"apiVersion":"admission.k8s.io/v1beta1","kind":"AdmissionReview"}"#,
+            "application/json",
+            400,
+            "unsupported AdmissionReview apiVersion",
+        ),
+        ("{}", "text/plain", 415, "Content-Type must be application/json"),
+    ];
+    for (body, content_type, status, message) in cases {
+        let response = send(body, content_type).await.expect("request");
+        assert_eq!(response.status().as_u16(), status, "{body}");
+        let json: Value = response.json().await.expect("JSON error");
+        assert!(json["error"].as_str().unwrap().starts_with(message), "{json}");
+    }
+    let mut no_uid = review("CREATE", sample_balancer());
+    no_uid["request"]["uid"] = json!("");
+    let (status, body) = post_json(&server, "/validate", &no_uid).await;
+    assert_eq!(
+        (status, body["error"].as_str()),
+        (400, Some("request.uid must not be empty"))
+    );
+
+    let response = client.get(server.url("/validate")).send().await.expect("request");
+    assert_eq!(response.status().as_u16(), 405);
+    let response = client.post(server.url("/nope")).send().await.expect("request");
+    assert_eq!(response.status().as_u16(), 404);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn oversized_bodies_get_413_whether_declared_or_streamed() {
+    let server = TestServer::start().await;
+    let big = vec![b' '; 65 * 1024];
+    let response = server
+        .client()
+        .post(server.url("/validate"))
+        .header("content-type", "application/json")
+        .body(big.clone())
+        .send()
+        .await
+        .expect("request");
+    assert_eq!(response.status().as_u16(), 413);
+
+    // Chunked, so no Content-Length announces the size.
+    let stream = futures::stream::iter(
+        big.chunks(8 * 1024)
+            .map(|c| Ok::<_, std::io::Error>(c.to_vec()))
+            .collect::<Vec<_>>(),
+    );
+    let response = server
+        .client()
+        .post(server.url("/validate"))
+        .header("content-type", "application/json")
+        .body(reqwest::Body::wrap_stream(stream))
+        .send()
+        .await
+        .expect("request");
+    assert_eq!(response.status().as_u16(), 413);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn health_readiness_and_metrics() {
+    let server = TestServer::start().await;
+    for url in [server.url("/healthz"), server.url("/readyz")] {
+        assert_eq!(
+            server.client().get(&url).send().await.unwrap().text().await.unwrap(),
+            "ok"
+        );
+    }
+    for path in ["/healthz", "/readyz"] {
+        assert_eq!(
+            reqwest::get(server.probe_url(path))
+                .await
+                .unwrap()
+                .text()
+                .await
+                .unwrap(),
+            "ok"
+        );
+    }
+    post_json(&server, "/validate", &review("CREATE", sample_balancer())).await;
+    post_json(&server, "/validate", &review("CREATE", sample_balancer())).await;
+    post_json(&server, "/mutate", &review("CREATE", json!({"apiVersion":"exposer.hliangzhao.io/v1alpha1","kind":"Balancer","metadata":{"name":"m"},"spec":{"ports":[{"port":1}],"backends":[{"name":"a","selector":{"a":"b"}}]}}))).await;
+    let _ = server
+        .client()
+        .post(server.url("/mutate"))
+        .header("content-type", "application/json")
+        .body("[")
+        .send()
+        .await;
+    let text = server.metrics().await;
+    for line in [
+        "balancer_admission_requests_total{webhook=\"validate\",outcome=\"allowed\"} 2",
+        "balancer_admission_requests_total{webhook=\"mutate\",outcome=\"patched\"} 1",
+        "balancer_admission_requests_total{webhook=\"mutate\",outcome=\"bad_request\"} 1",
+        "balancer_admission_duration_seconds_count{webhook=\"validate\"} 2",
+        "balancer_admission_in_flight_requests{webhook=\"validate\"} 0",
+    ] {
+        assert!(text.lines().any(|l| l == line), "missing {line:?} in\n{text}");
+    }
+    server.stop().await;
+}
+
+/// The way users test webhooks by hand: curl with the CA file.
+#[tokio::test]
+async fn curl_with_cacert_gets_real_answers() {
+    if !support::have_tool("curl") {
+        return;
+    }
+    let server = TestServer::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut bad = sample_balancer();
+    bad["spec"]["backends"][0]["weight"] = json!(101);
+    let mut undefaulted = sample_balancer();
+    undefaulted["spec"]["ports"][0]
+        .as_object_mut()
+        .unwrap()
+        .remove("protocol");
+    let cases = [
+        ("/validate", review("CREATE", sample_balancer()), json!(true)),
+        ("/validate", review("CREATE", bad), json!(false)),
+        ("/mutate", review("CREATE", undefaulted), json!(true)),
+    ];
+    for (i, (path, body, allowed)) in cases.into_iter().enumerate() {
+        let file = dir.path().join(format!("review-{i}.json"));
+        std::fs::write(&file, body.to_string()).unwrap();
+        let output = tokio::process::Command::new("curl")
+            .args(["-sS", "--fail-with-body", "--cacert"])
+            .arg(server.ca_path())
+            .args(["-H", "Content-Type: application/json", "--data-binary"])
+            .arg(format!("@{}", file.display()))
+            .arg(server.url(path))
+            .output()
+            .await
+            .expect("curl runs");
+        assert!(
+            output.status.success(),
+            "curl failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let answer: Value = serde_json::from_slice(&output.stdout).expect("JSON answer");
+        assert_eq!(answer["response"]["uid"], UID);
+        assert_eq!(answer["response"]["allowed"], allowed, "{answer}");
+        if path == "/mutate" {
+            assert_eq!(
+                decoded_patch(&answer),
+                json!([{"op": "add", "path": "/spec/ports/0/protocol", "value": "TCP"}])
+            );
+        }
+    }
+    // And curl without the CA refuses the dev certificate, as it should.
+    let output = tokio::process::Command::new("curl")
+        .args(["-sS", &server.url("/healthz")])
+        .output()
+        .await
+        .unwrap();
+    assert!(!output.status.success());
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_client_that_does_not_finish_its_headers_is_disconnected() {
+    let server = TestServer::start().await;
+    let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(support::client_config(&server.ca_path())));
+    let tcp = TcpStream::connect(server.webhook).await.unwrap();
+    let mut tls = connector
+        .connect("127.0.0.1".try_into().unwrap(), tcp)
+        .await
+        .expect("handshake");
+    tls.write_all(b"POST /validate HTTP/1.1\r\nHost: x\r\n").await.unwrap();
+    let mut buf = Vec::new();
+    // test_limits() allows 1 s for headers; the server must hang up well before 5 s.
+    let read = tokio::time::timeout(Duration::from_secs(5), tls.read_to_end(&mut buf)).await;
+    assert!(read.is_ok(), "the connection was still open after 5 s");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn idle_keep_alive_connections_are_closed() {
+    let server = TestServer::start().await;
+    let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(support::client_config(&server.ca_path())));
+    let tcp = TcpStream::connect(server.webhook).await.unwrap();
+    let mut tls = connector
+        .connect("127.0.0.1".try_into().unwrap(), tcp)
+        .await
+        .expect("handshake");
+    tls.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let mut first = [0u8; 17];
+    tls.read_exact(&mut first).await.unwrap();
+    assert_eq!(&first, b"HTTP/1.1 200 OK\r\n");
+    let mut rest = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(5), tls.read_to_end(&mut rest)).await;
+    assert!(read.is_ok(), "the idle keep-alive connection was still open after 5 s");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn plain_http_on_the_webhook_port_is_refused() {
+    let server = TestServer::start().await;
+    let plain = reqwest::Client::new()
+        .get(format!("http://127.0.0.1:{}/healthz", server.webhook.port()))
+        .send()
+        .await;
+    assert!(plain.is_err(), "plain HTTP got an answer: {plain:?}");
+
+    let mut tcp = TcpStream::connect(server.webhook).await.unwrap();
+    tcp.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let mut buf = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(5), tcp.read_to_end(&mut buf)).await;
+    assert!(
+        !buf.starts_with(b"HTTP/"),
+        "answered plain HTTP: {:?}",
+        String::from_utf8_lossy(&buf)
+    );
+    server.stop().await;
+}
+
+/// A minimal ClientHello offering only `version` (no supported_versions extension).
+fn client_hello(version: [u8; 2]) -> Vec<u8> {
+    let mut ext = Vec::new();
+    // supported_groups: x25519, secp256r1
+    ext.extend_from_slice(&[0x00, 0x0a, 0x00, 0x06, 0x00, 0x04, 0x00, 0x1d, 0x00, 0x17]);
+    // ec_point_formats: uncompressed
+    ext.extend_from_slice(&[0x00, 0x0b, 0x00, 0x02, 0x01, 0x00]);
+    // signature_algorithms: ecdsa_secp256r1_sha256, rsa_pss_rsae_sha256, rsa_pkcs1_sha256
+    ext.extend_from_slice(&[0x00, 0x0d, 0x00, 0x08, 0x00, 0x06, 0x04, 0x03, 0x08, 0x04, 0x04, 0x01]);
+    let mut body = Vec::new();
+    body.extend_from_slice(&version);
+    body.extend_from_slice(&[7u8; 32]); // random
+    body.push(0); // session id
+    // ECDHE-ECDSA/RSA AES-128-GCM-SHA256 (TLS 1.2) and two TLS 1.0/1.1 CBC suites.
+    body.extend_from_slice(&[0x00, 0x08, 0xc0, 0x2b, 0xc0, 0x2f, 0xc0, 0x09, 0xc0, 0x13]);
+    body.extend_from_slice(&[0x01, 0x00]); // compression: null
+    body.extend_from_slice(&(ext.len() as u16).to_be_bytes());
+    body.extend_from_slice(&ext);
+    let mut handshake = vec![0x01];
+    handshake.extend_from_slice(&(body.len() as u32).to_be_bytes()[1..]);
+    handshake.extend_from_slice(&body);
+    let mut record = vec![0x16, 0x03, 0x01];
+    record.extend_from_slice(&(handshake.len() as u16).to_be_bytes());
+    record.extend_from_slice(&handshake);
+    record
+}
+
+async fn first_record(server: &TestServer, hello: &[u8]) -> Vec<u8> {
+    let mut tcp = TcpStream::connect(server.webhook).await.unwrap();
+    tcp.write_all(hello).await.unwrap();
+    let mut header = vec![0u8; 7];
+    tokio::time::timeout(Duration::from_secs(5), tcp.read_exact(&mut header))
+        .await
+        .expect("answer in time")
+        .expect("read");
+    header
+}
+
+#[tokio::test]
+async fn tls_1_1_is_refused_and_tls_1_2_accepted() {
+    let server = TestServer::start().await;
+    // TLS 1.1: an alert record (0x15), fatal (2), protocol_version (70).
+    let answer = first_record(&server, &client_hello([0x03, 0x02])).await;
+    assert_eq!((answer[0], answer[5], answer[6]), (0x15, 2, 70), "{answer:?}");
+    // The same hello at TLS 1.2 gets a handshake record holding a ServerHello (type 2).
+    let answer = first_record(&server, &client_hello([0x03, 0x03])).await;
+    assert_eq!((answer[0], answer[5]), (0x16, 0x02), "{answer:?}");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn shutdown_lets_in_flight_requests_finish_and_stops_accepting() {
+    let server = TestServer::start_with(balancer::server::Limits {
+        body_timeout: Duration::from_secs(10),
+        ..support::test_limits()
+    })
+    .await;
+    let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(support::client_config(&server.ca_path())));
+    let tcp = TcpStream::connect(server.webhook).await.unwrap();
+    let mut tls = connector
+        .connect("127.0.0.1".try_into().unwrap(), tcp)
+        .await
+        .expect("handshake");
+    let body = review("CREATE", sample_balancer()).to_string();
+    let head = format!(
+        "POST /validate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    tls.write_all(head.as_bytes()).await.unwrap();
+    tls.write_all(&body.as_bytes()[..10]).await.unwrap();
+    tls.flush().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+
+    let token = server.shutdown_token();
+    let webhook = server.webhook;
+    token.cancel();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(
+        TcpStream::connect(webhook).await.is_err(),
+        "still accepting after shutdown"
+    );
+
+    tls.write_all(&body.as_bytes()[10..]).await.unwrap();
+    let mut response = Vec::new();
+    tokio::time::timeout(Duration::from_secs(5), tls.read_to_end(&mut response))
+        .await
+        .expect("answered")
+        .unwrap();
+    let text = String::from_utf8_lossy(&response);
+    assert!(text.starts_with("HTTP/1.1 200 OK"), "{text}");
+    assert!(text.contains(UID), "{text}");
+    server.stop().await;
+}
