@@ -167,6 +167,7 @@ pub fn parse_spec(data: &Value) -> Result<BalancerSpec, FieldError> {
         None | Some(Value::Null) => return Err(field_error("spec", "is required")),
         Some(spec) => spec,
     };
+    require_objects(spec)?;
     serde_path_to_error::deserialize(spec).map_err(|e| {
         let path = e.path().to_string();
         let field = if path == "." {
@@ -176,6 +177,41 @@ pub fn parse_spec(data: &Value) -> Result<BalancerSpec, FieldError> {
         };
         field_error(&field, &e.into_inner().to_string())
     })
+}
+
+/// serde's derived structs also read a JSON array of their fields in order;
+/// the API (and the CRD schema) only has objects, so arrays are refused up front.
+fn require_objects(spec: &Value) -> Result<(), FieldError> {
+    let not_object = |field: String, value: &Value| {
+        Err(field_error(
+            &field,
+            &format!("must be an object, got {}", json_type(value)),
+        ))
+    };
+    let Value::Object(fields) = spec else {
+        return not_object("spec".into(), spec);
+    };
+    for list in ["ports", "backends"] {
+        if let Some(Value::Array(items)) = fields.get(list) {
+            for (i, item) in items.iter().enumerate() {
+                if !item.is_object() {
+                    return not_object(format!("spec.{list}[{i}]"), item);
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+fn json_type(value: &Value) -> &'static str {
+    match value {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
 }
 
 fn field_error(field: &str, detail: &str) -> FieldError {

@@ -4,6 +4,7 @@
 //! `<field path>: <problem>`, the way the API server reports field errors.
 //! Rules see the object *after* defaulting, as the validating webhook does.
 
+use std::collections::hash_map::Entry;
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 
@@ -72,6 +73,15 @@ impl<'a> ObjectName<'a> {
             (Some(name), _) => ObjectName::Name(name),
             (None, Some(prefix)) => ObjectName::GenerateName(prefix),
             (None, None) => ObjectName::Unknown,
+        }
+    }
+
+    /// The final name for messages; generated characters show as `?`.
+    fn display(&self) -> String {
+        match self {
+            ObjectName::Name(n) => n.to_string(),
+            ObjectName::GenerateName(p) => format!("{p}{}", "?".repeat(GENERATED_SUFFIX_LEN)),
+            ObjectName::Unknown => String::new(),
         }
     }
 
@@ -164,7 +174,7 @@ fn validate_ports(spec: &BalancerSpec, report: &mut Report) {
                 if !is_dns1123_label(name) {
                     report.error(format!("{at}.name"), dns1123_label_problem(name));
                 }
-                if let Some(first) = names.insert(name, i) {
+                if let Some(first) = first_seen(&mut names, name, i) {
                     report.error(
                         format!("{at}.name"),
                         format!("duplicate port name {name:?} (also spec.ports[{first}].name)"),
@@ -172,7 +182,7 @@ fn validate_ports(spec: &BalancerSpec, report: &mut Report) {
                 }
             }
         }
-        if let Some(first) = pairs.insert((port.port, protocol), i) {
+        if let Some(first) = first_seen(&mut pairs, (port.port, protocol), i) {
             report.error(
                 at.clone(),
                 format!("duplicate port {}/{protocol} (also spec.ports[{first}])", port.port),
@@ -221,7 +231,7 @@ fn validate_backends(name: ObjectName<'_>, spec: &BalancerSpec, report: &mut Rep
         if !is_dns1123_label(&backend.name) {
             report.error(format!("{at}.name"), dns1123_label_problem(&backend.name));
         }
-        if let Some(first) = names.insert(&backend.name, i) {
+        if let Some(first) = first_seen(&mut names, backend.name.as_str(), i) {
             report.error(
                 format!("{at}.name"),
                 format!(
@@ -230,14 +240,14 @@ fn validate_backends(name: ObjectName<'_>, spec: &BalancerSpec, report: &mut Rep
                 ),
             );
         }
-        if let ObjectName::Name(balancer) = name {
-            let service = api::backend_service_name(balancer, &backend.name);
-            if service.len() > MAX_LABEL_LEN {
+        if let Some(len) = name.len() {
+            let service_len = len + 1 + backend.name.len() + api::BACKEND_SERVICE_SUFFIX.len();
+            if service_len > MAX_LABEL_LEN {
+                let service = api::backend_service_name(&name.display(), &backend.name);
                 report.error(
                     format!("{at}.name"),
                     format!(
-                        "the derived Service name {service:?} must be at most {MAX_LABEL_LEN} characters, got {}",
-                        service.len()
+                        "the derived Service name {service:?} must be at most {MAX_LABEL_LEN} characters, got {service_len}"
                     ),
                 );
             }
@@ -274,6 +284,17 @@ fn validate_backends(name: ObjectName<'_>, spec: &BalancerSpec, report: &mut Rep
         .all(|b| (0..=MAX_WEIGHT).contains(&b.effective_weight()));
     if !backends.is_empty() && weights_valid && backends.iter().all(|b| b.effective_weight() == 0) {
         report.error("spec.backends", "the sum of weights must be greater than 0, got 0");
+    }
+}
+
+/// Records `key` at `index`; returns where it was first seen if this is a repeat.
+fn first_seen<K: std::hash::Hash + Eq>(seen: &mut HashMap<K, usize>, key: K, index: usize) -> Option<usize> {
+    match seen.entry(key) {
+        Entry::Occupied(first) => Some(*first.get()),
+        Entry::Vacant(slot) => {
+            slot.insert(index);
+            None
+        }
     }
 }
 

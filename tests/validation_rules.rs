@@ -353,7 +353,16 @@ fn metadata_name_rules() {
                     b.name = n.into();
                 }
             },
-            strings![name_too_long("metadata.generateName", 54)],
+            {
+                // The final name shows its 5 generated characters as `?`.
+                let name = format!("{}-?????", "a".repeat(48));
+                strings![
+                    name_too_long("metadata.generateName", 54),
+                    derived_too_long(0, &name, "x"),
+                    derived_too_long(1, &name, "y"),
+                    derived_too_long(2, &name, "z"),
+                ]
+            },
             vec![],
         ),
         case(
@@ -1108,7 +1117,6 @@ fn the_invalid_sample_reports_every_problem() {
 /// a 48-character prefix makes a 53-character name, and `v1` then derives a
 /// 64-character Service name that the API server will refuse at reconcile time.
 #[test]
-#[ignore = "bug: derived backend Service names are not length-checked when the Balancer uses generateName"]
 fn generate_name_derived_service_names_are_length_checked() {
     let mut subject = sample();
     subject.name = None;
