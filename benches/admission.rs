@@ -60,35 +60,18 @@ fn bench(c: &mut Criterion) {
         b.iter(|| serde_json::from_slice::<Value>(black_box(&defaulted)).unwrap())
     });
     group.bench_function("validate review (sample, allowed)", |b| {
-        b.iter(|| {
-            review(Webhook::Validate, black_box(&defaulted))
-                .unwrap()
-                .to_json()
-                .unwrap()
-        })
+        b.iter(|| review(Webhook::Validate, black_box(&defaulted)).unwrap().to_json().unwrap())
     });
     group.bench_function("mutate review (no patch)", |b| {
-        b.iter(|| {
-            review(Webhook::Mutate, black_box(&defaulted))
-                .unwrap()
-                .to_json()
-                .unwrap()
-        })
+        b.iter(|| review(Webhook::Mutate, black_box(&defaulted)).unwrap().to_json().unwrap())
     });
     group.bench_function("mutate review (patched)", |b| {
-        b.iter(|| {
-            review(Webhook::Mutate, black_box(&undefaulted))
-                .unwrap()
-                .to_json()
-                .unwrap()
-        })
+        b.iter(|| review(Webhook::Mutate, black_box(&undefaulted)).unwrap().to_json().unwrap())
     });
     group.bench_function("rules only: validation::validate", |b| {
         b.iter(|| validate(ObjectName::Name("example-balancer"), black_box(&spec)))
     });
-    group.bench_function("rules only: defaults_patch", |b| {
-        b.iter(|| defaults_patch(black_box(&spec)))
-    });
+    group.bench_function("rules only: defaults_patch", |b| b.iter(|| defaults_patch(black_box(&spec))));
     group.finish();
 }
 

@@ -121,10 +121,7 @@ pub fn review(webhook: Webhook, body: &[u8]) -> Result<Answer, BadRequest> {
             Webhook::Mutate => mutate(response, &spec),
         },
     };
-    Ok(Answer {
-        review: response.into_review(),
-        outcome,
-    })
+    Ok(Answer { review: response.into_review(), outcome })
 }
 
 fn parse_request(body: &[u8]) -> Result<AdmissionRequest<DynamicObject>, BadRequest> {
@@ -153,10 +150,7 @@ fn balancer_in(request: &AdmissionRequest<DynamicObject>) -> Option<Result<Balan
         return None;
     }
     let Some(object) = &request.object else {
-        return Some(Err(NotABalancer(vec![field_error(
-            "request.object",
-            "is required for CREATE and UPDATE",
-        )])));
+        return Some(Err(NotABalancer(vec![field_error("request.object", "is required for CREATE and UPDATE")])));
     };
     Some(parse_spec(&object.data).map_err(|e| NotABalancer(vec![e])))
 }
@@ -170,11 +164,7 @@ pub fn parse_spec(data: &Value) -> Result<BalancerSpec, FieldError> {
     require_objects(spec)?;
     serde_path_to_error::deserialize(spec).map_err(|e| {
         let path = e.path().to_string();
-        let field = if path == "." {
-            "spec".to_string()
-        } else {
-            format!("spec.{path}")
-        };
+        let field = if path == "." { "spec".to_string() } else { format!("spec.{path}") };
         field_error(&field, &e.into_inner().to_string())
     })
 }
@@ -183,10 +173,7 @@ pub fn parse_spec(data: &Value) -> Result<BalancerSpec, FieldError> {
 /// the API (and the CRD schema) only has objects, so arrays are refused up front.
 fn require_objects(spec: &Value) -> Result<(), FieldError> {
     let not_object = |field: String, value: &Value| {
-        Err(field_error(
-            &field,
-            &format!("must be an object, got {}", json_type(value)),
-        ))
+        Err(field_error(&field, &format!("must be an object, got {}", json_type(value))))
     };
     let Value::Object(fields) = spec else {
         return not_object("spec".into(), spec);
@@ -215,10 +202,7 @@ fn json_type(value: &Value) -> &'static str {
 }
 
 fn field_error(field: &str, detail: &str) -> FieldError {
-    FieldError {
-        field: field.to_string(),
-        detail: detail.to_string(),
-    }
+    FieldError { field: field.to_string(), detail: detail.to_string() }
 }
 
 fn path_error(e: &serde_path_to_error::Error<serde_json::Error>) -> String {
@@ -241,19 +225,11 @@ fn validate(
     spec: &BalancerSpec,
 ) -> (AdmissionResponse, Outcome) {
     let report = validation::validate(object_name(request), spec);
-    let mut response = if report.is_valid() {
-        response
-    } else {
-        deny(response, request, NotABalancer(report.errors))
-    };
+    let mut response = if report.is_valid() { response } else { deny(response, request, NotABalancer(report.errors)) };
     if !report.warnings.is_empty() {
         response.warnings = Some(report.warnings);
     }
-    let outcome = if response.allowed {
-        Outcome::Allowed
-    } else {
-        Outcome::Denied
-    };
+    let outcome = if response.allowed { Outcome::Allowed } else { Outcome::Denied };
     (response, outcome)
 }
 
@@ -266,10 +242,7 @@ fn mutate(response: AdmissionResponse, spec: &BalancerSpec) -> (AdmissionRespons
         Ok(patched) => (patched, Outcome::Patched),
         // Serializing a patch of strings and numbers cannot fail; if it ever did,
         // refusing is safer than letting an undefaulted object through.
-        Err(e) => (
-            response.deny(format!("internal error: cannot encode the defaults patch: {e}")),
-            Outcome::Denied,
-        ),
+        Err(e) => (response.deny(format!("internal error: cannot encode the defaults patch: {e}")), Outcome::Denied),
     }
 }
 
@@ -285,11 +258,7 @@ fn deny(
     let message = denial_message(&request.name, &errors);
     let causes = errors
         .iter()
-        .map(|e| StatusCause {
-            reason: "FieldValueInvalid".into(),
-            message: e.to_string(),
-            field: e.field.clone(),
-        })
+        .map(|e| StatusCause { reason: "FieldValueInvalid".into(), message: e.to_string(), field: e.field.clone() })
         .collect();
     let details = StatusDetails {
         name: request.name.clone(),
@@ -300,9 +269,7 @@ fn deny(
         retry_after_seconds: 0,
     };
     let mut response = response.deny(&message);
-    response.result = Status::failure(&message, "Invalid")
-        .with_code(422)
-        .with_details(details);
+    response.result = Status::failure(&message, "Invalid").with_code(422).with_details(details);
     response
 }
 

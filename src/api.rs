@@ -52,12 +52,7 @@ pub const PROXY_CONFIGMAP_SUFFIX: &str = "-proxy-configmap";
     shortname = "bal",
     namespaced,
     status = "BalancerStatus",
-    printcolumn(
-        name = "Ports",
-        type_ = "string",
-        json_path = ".spec.ports[*].port",
-        description = "Front-end ports"
-    ),
+    printcolumn(name = "Ports", type_ = "string", json_path = ".spec.ports[*].port", description = "Front-end ports"),
     printcolumn(
         name = "Backends",
         type_ = "string",
@@ -202,23 +197,14 @@ mod tests {
         assert_eq!(crd.spec.names.kind, KIND);
         assert_eq!(crd.spec.names.short_names, Some(vec!["bal".to_string()]));
         assert_eq!(crd.spec.versions[0].name, VERSION);
-        assert!(
-            crd.spec.versions[0]
-                .subresources
-                .as_ref()
-                .and_then(|s| s.status.as_ref())
-                .is_some()
-        );
+        assert!(crd.spec.versions[0].subresources.as_ref().and_then(|s| s.status.as_ref()).is_some());
     }
 
     #[test]
     fn merged_selector_lets_the_backend_win() {
         let spec = BalancerSpec {
             ports: vec![],
-            selector: Some(BTreeMap::from([
-                ("app".into(), "a".into()),
-                ("tier".into(), "x".into()),
-            ])),
+            selector: Some(BTreeMap::from([("app".into(), "a".into()), ("tier".into(), "x".into())])),
             backends: vec![],
         };
         let backend = BackendSpec {

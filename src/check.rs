@@ -25,25 +25,28 @@ pub struct YamlError {
     pub reason: String,
 }
 
-/// Checks every Balancer in a (multi-document) YAML text; other kinds are skipped.
-pub fn check_yaml(source_name: &str, text: &str) -> Result<Vec<Finding>, YamlError> {
-    let documents: Vec<Value> = serde_saphyr::from_multiple(text).map_err(|e| YamlError {
-        source_name: source_name.to_string(),
-        reason: e.to_string(),
-    })?;
+/// The Balancer documents of a (multi-document) YAML text, with their 1-based positions.
+pub fn balancer_documents(source_name: &str, text: &str) -> Result<Vec<(usize, Value)>, YamlError> {
+    let documents: Vec<Value> = serde_saphyr::from_multiple(text)
+        .map_err(|e| YamlError { source_name: source_name.to_string(), reason: e.to_string() })?;
     Ok(documents
-        .iter()
+        .into_iter()
         .enumerate()
         .filter(|(_, doc)| doc.get("kind").and_then(Value::as_str) == Some(KIND))
-        .map(|(i, doc)| Finding {
-            document: i + 1,
-            name: doc_name(doc),
-            report: check_document(doc),
-        })
+        .map(|(i, doc)| (i + 1, doc))
         .collect())
 }
 
-fn doc_name(doc: &Value) -> String {
+/// Checks every Balancer in a (multi-document) YAML text; other kinds are skipped.
+pub fn check_yaml(source_name: &str, text: &str) -> Result<Vec<Finding>, YamlError> {
+    Ok(balancer_documents(source_name, text)?
+        .into_iter()
+        .map(|(document, doc)| Finding { document, name: doc_name(&doc), report: check_document(&doc) })
+        .collect())
+}
+
+/// `metadata.name`, or `generateName*`, or empty.
+pub fn doc_name(doc: &Value) -> String {
     let meta = doc.get("metadata");
     let field = |f: &str| meta.and_then(|m| m.get(f)).and_then(Value::as_str).unwrap_or("");
     match (field("name"), field("generateName")) {
@@ -54,7 +57,7 @@ fn doc_name(doc: &Value) -> String {
 }
 
 /// Defaults then validates one document, exactly as the two webhooks would in sequence.
-fn check_document(doc: &Value) -> Report {
+pub fn check_document(doc: &Value) -> Report {
     let expected = format!("{GROUP}/{VERSION}");
     let api_version = doc.get("apiVersion").and_then(Value::as_str).unwrap_or("");
     if api_version != expected {
@@ -73,10 +76,7 @@ fn check_document(doc: &Value) -> Report {
 }
 
 fn invalid(error: FieldError) -> Report {
-    Report {
-        errors: vec![error],
-        warnings: vec![],
-    }
+    Report { errors: vec![error], warnings: vec![] }
 }
 
 /// Human-readable lines for one file's findings, as `balancer check` prints them.
@@ -86,10 +86,7 @@ pub fn render(source_name: &str, findings: &[Finding]) -> String {
         let _ = writeln!(out, "{source_name}: no Balancer found");
     }
     for finding in findings {
-        let what = format!(
-            "{source_name}: document {} (Balancer {:?})",
-            finding.document, finding.name
-        );
+        let what = format!("{source_name}: document {} (Balancer {:?})", finding.document, finding.name);
         if finding.report.is_valid() {
             let _ = writeln!(out, "{what}: valid");
         } else {

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 
+use crate::children::ProxySettings;
 use crate::telemetry::LogFormat;
 
 #[derive(Debug, Parser)]
@@ -22,13 +23,15 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Serve the admission webhooks over HTTPS, plus health and metrics over HTTP.
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Generate a CA and a serving certificate (for clusters without cert-manager); prints the base64 caBundle.
     Certs(CertsArgs),
     /// Print the Balancer CustomResourceDefinition as YAML.
     Crd,
     /// Validate Balancer YAML files offline with exactly the webhook's rules.
     Check(CheckArgs),
+    /// Print, as YAML, every object the controller would apply for the Balancers in FILE (a dry run).
+    Render(RenderArgs),
 }
 
 #[derive(Debug, Args)]
@@ -54,12 +57,66 @@ pub struct RunArgs {
     /// Largest AdmissionReview body accepted, in bytes.
     #[arg(long, env = "BALANCER_MAX_BODY_BYTES", default_value_t = 3 * 1024 * 1024)]
     pub max_body_bytes: usize,
+    #[command(flatten)]
+    pub controller: ControllerArgs,
     /// Log format.
     #[arg(long, env = "BALANCER_LOG_FORMAT", value_enum, default_value = "text")]
     pub log_format: LogFormat,
     /// Log filter when RUST_LOG is unset (e.g. info, balancer=debug).
     #[arg(long, env = "BALANCER_LOG_LEVEL", default_value = "info,rustls=error")]
     pub log_level: String,
+}
+
+/// How the reconcile loop runs and what it builds.
+#[derive(Debug, Clone, Args)]
+pub struct ControllerArgs {
+    /// Fail at start when no cluster is reachable, instead of serving the webhooks with the controller off.
+    #[arg(long, env = "BALANCER_REQUIRE_CONTROLLER")]
+    pub require_controller: bool,
+    /// Do not run the controller at all (webhooks only).
+    #[arg(long, env = "BALANCER_DISABLE_CONTROLLER", conflicts_with = "require_controller")]
+    pub disable_controller: bool,
+    /// Watch Balancers in this namespace only (default: all namespaces).
+    #[arg(long, env = "BALANCER_NAMESPACE")]
+    pub namespace: Option<String>,
+    /// Elect a leader through a coordination.k8s.io Lease; only the leader reconciles.
+    #[arg(long, env = "BALANCER_LEADER_ELECT")]
+    pub leader_elect: bool,
+    /// Name of the leader election Lease.
+    #[arg(long, env = "BALANCER_LEADER_ELECTION_ID", default_value = "balancer-leader")]
+    pub leader_election_id: String,
+    /// Namespace of the leader election Lease (default: POD_NAMESPACE, else the client's namespace).
+    #[arg(long, env = "BALANCER_LEADER_ELECTION_NAMESPACE")]
+    pub leader_election_namespace: Option<String>,
+    /// How long a leader's Lease lasts without renewal, in seconds.
+    #[arg(long, env = "BALANCER_LEASE_DURATION", default_value_t = 15, value_parser = clap::value_parser!(u64).range(2..=300))]
+    pub lease_duration: u64,
+    #[command(flatten)]
+    pub proxy: ProxyArgs,
+}
+
+/// How proxy Deployments are built (shared by `run` and `render`).
+#[derive(Debug, Clone, Args)]
+pub struct ProxyArgs {
+    /// nginx image for the proxy Deployments (needs the stream module and a non-root user, uid 101).
+    #[arg(long, env = "BALANCER_PROXY_IMAGE", default_value = "nginxinc/nginx-unprivileged:1.28.0-alpine")]
+    pub proxy_image: String,
+    /// Proxy pods per Balancer.
+    #[arg(long, env = "BALANCER_PROXY_REPLICAS", default_value_t = 1, value_parser = clap::value_parser!(i32).range(1..=100))]
+    pub proxy_replicas: i32,
+    /// The cluster's DNS domain, for backend Service addresses in nginx.conf.
+    #[arg(long, env = "BALANCER_CLUSTER_DOMAIN", default_value = "cluster.local")]
+    pub cluster_domain: String,
+}
+
+impl ProxyArgs {
+    pub fn settings(&self) -> ProxySettings {
+        ProxySettings {
+            image: self.proxy_image.clone(),
+            replicas: self.proxy_replicas,
+            cluster_domain: self.cluster_domain.clone(),
+        }
+    }
 }
 
 #[derive(Debug, Args)]
@@ -73,6 +130,17 @@ pub struct CertsArgs {
     /// Validity of both certificates, in days.
     #[arg(long, default_value_t = 365, value_parser = clap::value_parser!(u64).range(1..=3650))]
     pub validity_days: u64,
+}
+
+#[derive(Debug, Args)]
+pub struct RenderArgs {
+    /// YAML file with Balancers (multi-document allowed); `-` reads standard input.
+    pub file: PathBuf,
+    /// Namespace for Balancers that do not name one.
+    #[arg(long, default_value = "default")]
+    pub namespace: String,
+    #[command(flatten)]
+    pub proxy: ProxyArgs,
 }
 
 #[derive(Debug, Args)]

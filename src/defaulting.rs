@@ -15,10 +15,7 @@ pub fn defaults_patch(spec: &BalancerSpec) -> Patch {
     let mut ops = Vec::new();
     for (i, port) in spec.ports.iter().enumerate() {
         if protocol_missing(&port.protocol) {
-            ops.push(add(
-                ["spec", "ports", &i.to_string(), "protocol"],
-                json!(DEFAULT_PROTOCOL),
-            ));
+            ops.push(add(["spec", "ports", &i.to_string(), "protocol"], json!(DEFAULT_PROTOCOL)));
         }
         if target_port_missing(&port.target_port) {
             ops.push(add(["spec", "ports", &i.to_string(), "targetPort"], json!(port.port)));
@@ -26,10 +23,7 @@ pub fn defaults_patch(spec: &BalancerSpec) -> Patch {
     }
     for (i, backend) in spec.backends.iter().enumerate() {
         if backend.weight.is_none() {
-            ops.push(add(
-                ["spec", "backends", &i.to_string(), "weight"],
-                json!(DEFAULT_WEIGHT),
-            ));
+            ops.push(add(["spec", "backends", &i.to_string(), "weight"], json!(DEFAULT_WEIGHT)));
         }
     }
     Patch(ops)
@@ -51,10 +45,7 @@ fn target_port_missing(target: &Option<IntOrString>) -> bool {
 
 /// `add` replaces a member that exists (e.g. an explicit `null`) and creates one that does not.
 fn add<const N: usize>(tokens: [&str; N], value: Value) -> PatchOperation {
-    PatchOperation::Add(AddOperation {
-        path: PointerBuf::from_tokens(tokens),
-        value,
-    })
+    PatchOperation::Add(AddOperation { path: PointerBuf::from_tokens(tokens), value })
 }
 
 /// The spec with its defaults filled in, the way the API server stores it after mutation.

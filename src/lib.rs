@@ -1,13 +1,18 @@
 //! balancer: a Kubernetes operator for weighted TCP/UDP load balancers.
 //!
 //! One binary serves the admission webhooks for the `Balancer` resource over
-//! TLS; see the README for the user's guide.
+//! TLS and runs the controller that turns Balancers into nginx proxies; see
+//! the README for the user's guide.
 
 pub mod admission;
 pub mod api;
 pub mod check;
+pub mod children;
 pub mod cli;
+pub mod controller;
 pub mod defaulting;
+pub mod nginx;
+pub mod render;
 pub mod run;
 pub mod server;
 pub mod telemetry;

@@ -1,4 +1,5 @@
 use std::io::{Read, Write};
+use std::path::Path;
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -8,7 +9,7 @@ use kube::CustomResourceExt;
 
 use balancer::api::Balancer;
 use balancer::check;
-use balancer::cli::{CertsArgs, CheckArgs, Cli, Command};
+use balancer::cli::{CertsArgs, CheckArgs, Cli, Command, RenderArgs};
 use balancer::run;
 use balancer::telemetry::{LogFormat, init_logging};
 use balancer::tls;
@@ -18,10 +19,11 @@ fn main() -> ExitCode {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let cli = Cli::parse();
     match cli.command {
-        Command::Run(args) => run_server(args),
+        Command::Run(args) => run_server(*args),
         Command::Certs(args) => certs(&args),
         Command::Crd => crd(),
         Command::Check(args) => check_files(&args),
+        Command::Render(args) => render(&args),
     }
 }
 
@@ -58,10 +60,7 @@ fn certs(args: &CertsArgs) -> ExitCode {
         tls::CERT_FILE,
         tls::KEY_FILE
     );
-    out(&format!(
-        "{}\n",
-        base64::engine::general_purpose::STANDARD.encode(generated.ca_pem)
-    ))
+    out(&format!("{}\n", base64::engine::general_purpose::STANDARD.encode(generated.ca_pem)))
 }
 
 fn crd() -> ExitCode {
@@ -74,17 +73,9 @@ fn crd() -> ExitCode {
 fn check_files(args: &CheckArgs) -> ExitCode {
     let mut invalid = false;
     for path in &args.files {
-        let (name, text) = if path.as_os_str() == "-" {
-            let mut text = String::new();
-            if let Err(e) = std::io::stdin().read_to_string(&mut text) {
-                return fail(&format!("cannot read standard input: {e}"));
-            }
-            ("<stdin>".to_string(), text)
-        } else {
-            match std::fs::read_to_string(path) {
-                Ok(text) => (path.display().to_string(), text),
-                Err(e) => return fail(&format!("cannot read {}: {e}", path.display())),
-            }
+        let (name, text) = match read_input(path) {
+            Ok(input) => input,
+            Err(message) => return fail(&message),
         };
         match check::check_yaml(&name, &text) {
             Ok(findings) => {
@@ -95,6 +86,28 @@ fn check_files(args: &CheckArgs) -> ExitCode {
         }
     }
     if invalid { ExitCode::FAILURE } else { ExitCode::SUCCESS }
+}
+
+fn render(args: &RenderArgs) -> ExitCode {
+    let (name, text) = match read_input(&args.file) {
+        Ok(input) => input,
+        Err(message) => return fail(&message),
+    };
+    match balancer::render::render_yaml(&name, &text, &args.namespace, &args.proxy.settings()) {
+        Ok(yaml) => out(&yaml),
+        Err(e) => fail(&e.to_string()),
+    }
+}
+
+/// A file's name and text; `-` is standard input.
+fn read_input(path: &Path) -> Result<(String, String), String> {
+    if path.as_os_str() == "-" {
+        let mut text = String::new();
+        std::io::stdin().read_to_string(&mut text).map_err(|e| format!("cannot read standard input: {e}"))?;
+        return Ok(("<stdin>".to_string(), text));
+    }
+    let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    Ok((path.display().to_string(), text))
 }
 
 /// Writes to stdout; a closed pipe (`balancer crd | head`) is not an error worth a panic.

@@ -1,12 +1,18 @@
-//! `balancer run`: wires the certificate watcher, the webhook server and the probe server together.
+//! `balancer run`: wires the certificate watcher, the webhook and probe servers, and
+//! (when a cluster is reachable) the controller, through leader election if asked.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use kube::Client;
+use kube_lease_manager::LeaseManagerBuilder;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::cli::RunArgs;
+use crate::cli::{ControllerArgs, RunArgs};
+use crate::controller::{self, Scope};
 use crate::server::{self, AppState, Limits, Readiness};
 use crate::telemetry::Metrics;
 use crate::tls::{self, CA_FILE, CertPaths, CertWatcher, TlsError};
@@ -17,6 +23,8 @@ pub enum RunError {
     Tls(#[from] TlsError),
     #[error(transparent)]
     Io(#[from] std::io::Error),
+    #[error("--require-controller: {0}")]
+    NoCluster(String),
 }
 
 /// Addresses the servers actually listen on (useful when binding port 0).
@@ -29,10 +37,7 @@ pub struct Bound {
 /// Picks the serving certificate: the given files, or dev certificates in `--dev-cert-dir`.
 fn cert_paths(args: &RunArgs) -> Result<CertPaths, TlsError> {
     if let (Some(cert), Some(key)) = (&args.tls_cert, &args.tls_key) {
-        return Ok(CertPaths {
-            cert: cert.clone(),
-            key: key.clone(),
-        });
+        return Ok(CertPaths { cert: cert.clone(), key: key.clone() });
     }
     let (paths, created) = tls::ensure_dev_certs(&args.dev_cert_dir)?;
     let ca = args.dev_cert_dir.join(CA_FILE);
@@ -54,21 +59,23 @@ pub async fn start(
     let metrics = Arc::new(Metrics::default());
     let (watcher, resolver) = CertWatcher::start(cert_paths(args)?, metrics.clone())?;
     let tls_config = Arc::new(tls::server_config(resolver)?);
-    let readiness = Readiness::default();
+    let mut readiness = Readiness::default();
     readiness.certificate.store(true, Ordering::Release);
-    let limits = Arc::new(limits);
-    let state = AppState {
-        metrics,
-        readiness,
-        limits: limits.clone(),
+    let controller = match connect(&args.controller).await? {
+        Some(client) => {
+            let synced = Arc::new(AtomicBool::new(false));
+            readiness.controller = Some(synced.clone());
+            let task = supervise(client, args.controller.clone(), metrics.clone(), synced, shutdown.clone());
+            Some(tokio::spawn(task))
+        }
+        None => None,
     };
+    let limits = Arc::new(limits);
+    let state = AppState { metrics, readiness, limits: limits.clone() };
 
     let webhook_listener = server::bind(args.webhook_addr, "the webhook").await?;
     let probe_listener = server::bind(args.probe_addr, "probes and metrics").await?;
-    let bound = Bound {
-        webhook: webhook_listener.local_addr()?,
-        probe: probe_listener.local_addr()?,
-    };
+    let bound = Bound { webhook: webhook_listener.local_addr()?, probe: probe_listener.local_addr()? };
     tracing::info!(webhook = %bound.webhook, probe = %bound.probe, "serving");
 
     let reload = tokio::spawn(watcher.run(args.tls_reload_interval, shutdown.clone()));
@@ -79,17 +86,16 @@ pub async fn start(
         limits,
         shutdown.clone(),
     ));
-    let probe = tokio::spawn(server::serve_plain(
-        probe_listener,
-        server::probe_router(state),
-        shutdown,
-    ));
+    let probe = tokio::spawn(server::serve_plain(probe_listener, server::probe_router(state), shutdown));
     let all = tokio::spawn(async move {
         let _ = webhook.await;
         if let Ok(Err(e)) = probe.await {
             tracing::error!(error = %e, "probe server failed");
         }
         let _ = reload.await;
+        if let Some(controller) = controller {
+            let _ = controller.await;
+        }
     });
     Ok((bound, all))
 }
@@ -97,16 +103,138 @@ pub async fn start(
 /// Runs until SIGTERM or SIGINT, then shuts down gracefully.
 pub async fn run(args: RunArgs) -> Result<(), RunError> {
     let shutdown = CancellationToken::new();
-    let limits = Limits {
-        max_body_bytes: args.max_body_bytes,
-        ..Limits::default()
-    };
+    let limits = Limits { max_body_bytes: args.max_body_bytes, ..Limits::default() };
     let (_, servers) = start(&args, limits, shutdown.clone()).await?;
     wait_for_signal().await?;
     tracing::info!("shutting down: no new connections, finishing in-flight requests");
     shutdown.cancel();
     let _ = servers.await;
     Ok(())
+}
+
+/// A client for the cluster, or `None` (controller off) when there is none to reach.
+async fn connect(args: &ControllerArgs) -> Result<Option<Client>, RunError> {
+    if args.disable_controller {
+        tracing::info!("controller disabled (--disable-controller): serving the webhooks only");
+        return Ok(None);
+    }
+    let off = |reason: String| {
+        if args.require_controller {
+            return Err(RunError::NoCluster(reason));
+        }
+        tracing::warn!("controller is OFF, serving the webhooks only: {reason}");
+        Ok(None)
+    };
+    let config = match kube::Config::infer().await {
+        Ok(config) => config,
+        Err(e) => return off(format!("no Kubernetes configuration (in-cluster, KUBECONFIG or ~/.kube/config): {e}")),
+    };
+    let url = config.cluster_url.clone();
+    let client = match Client::try_from(config) {
+        Ok(client) => client,
+        Err(e) => return off(format!("cannot build a client for {url}: {e}")),
+    };
+    match tokio::time::timeout(Duration::from_secs(10), client.apiserver_version()).await {
+        Ok(Ok(version)) => {
+            tracing::info!(%url, version = %version.git_version, "connected to the cluster; starting the controller");
+            Ok(Some(client))
+        }
+        Ok(Err(e)) => off(format!("cluster {url} is not reachable: {e}")),
+        Err(_) => off(format!("cluster {url} did not answer within 10 s")),
+    }
+}
+
+/// Runs the controller, through leader election when asked, until `shutdown`.
+async fn supervise(
+    client: Client,
+    args: ControllerArgs,
+    metrics: Arc<Metrics>,
+    synced: Arc<AtomicBool>,
+    shutdown: CancellationToken,
+) {
+    let scope = match &args.namespace {
+        Some(ns) => Scope::Namespace(ns.clone()),
+        None => Scope::All,
+    };
+    let settings = args.proxy.settings();
+    if !args.leader_elect {
+        metrics.set_leader(true);
+        controller::run(client, scope, settings, metrics.clone(), synced, shutdown).await;
+        metrics.set_leader(false);
+        return;
+    }
+    let Some(mut leading) = elect(&client, &args, &shutdown).await else { return };
+    // A standby replica is ready: it serves the webhooks, and has no caches to sync.
+    synced.store(true, Ordering::Release);
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => break,
+            became = leading.wait_for(|leader| *leader) => if became.is_err() { break },
+        }
+        tracing::info!("became the leader: starting reconciles");
+        metrics.set_leader(true);
+        synced.store(false, Ordering::Release);
+        let stop = shutdown.child_token();
+        let mut lost = leading.clone();
+        let on_loss = stop.clone();
+        let watch_loss = tokio::spawn(async move {
+            let _ = lost.wait_for(|leader| !*leader).await;
+            tracing::warn!("lost leadership: stopping reconciles");
+            on_loss.cancel();
+        });
+        controller::run(client.clone(), scope.clone(), settings.clone(), metrics.clone(), synced.clone(), stop).await;
+        watch_loss.abort();
+        metrics.set_leader(false);
+        synced.store(true, Ordering::Release);
+    }
+    // Dropping the receiver makes the lease manager release the Lease for a fast hand-over.
+    drop(leading);
+}
+
+/// Joins the leader election; `None` when shutdown came first.
+async fn elect(
+    client: &Client,
+    args: &ControllerArgs,
+    shutdown: &CancellationToken,
+) -> Option<tokio::sync::watch::Receiver<bool>> {
+    let namespace = args
+        .leader_election_namespace
+        .clone()
+        .or_else(|| std::env::var("POD_NAMESPACE").ok())
+        .unwrap_or_else(|| client.default_namespace().to_string());
+    let identity = identity();
+    let duration = args.lease_duration;
+    // Renew well before expiry: a third of the lease, at least a second.
+    let grace = (duration / 3).max(1);
+    tracing::info!(lease = %args.leader_election_id, %namespace, %identity, "joining leader election");
+    let mut retry = Duration::from_secs(1);
+    loop {
+        let built = LeaseManagerBuilder::new(client.clone(), &args.leader_election_id)
+            .with_namespace(&namespace)
+            .with_identity(&identity)
+            .with_duration(duration)
+            .with_grace(grace)
+            .with_field_manager(format!("{}-{identity}", controller::FIELD_MANAGER))
+            .build()
+            .await;
+        match built {
+            Ok(manager) => return Some(manager.watch().await.0),
+            Err(e) => tracing::error!(error = %e, "cannot set up leader election; retrying in {retry:?}"),
+        }
+        tokio::select! {
+            _ = shutdown.cancelled() => return None,
+            _ = tokio::time::sleep(retry) => retry = (retry * 2).min(Duration::from_secs(30)),
+        }
+    }
+}
+
+/// This replica's name in the Lease: the pod name (or host name) and the process id.
+fn identity() -> String {
+    let host = std::env::var("POD_NAME")
+        .or_else(|_| std::env::var("HOSTNAME"))
+        .or_else(|_| std::fs::read_to_string("/proc/sys/kernel/hostname").map(|h| h.trim().to_string()))
+        .unwrap_or_else(|_| "balancer".into());
+    format!("{host}_{}", std::process::id())
 }
 
 async fn wait_for_signal() -> std::io::Result<()> {

@@ -131,10 +131,7 @@ async fn admit(state: &AppState, webhook: Webhook, request: Request) -> Response
                 Ok(body) => (answer.outcome, json_bytes(StatusCode::OK, body)),
                 Err(e) => (
                     answer.outcome,
-                    error(
-                        StatusCode::INTERNAL_SERVER_ERROR,
-                        &format!("cannot encode the review: {e}"),
-                    ),
+                    error(StatusCode::INTERNAL_SERVER_ERROR, &format!("cannot encode the review: {e}")),
                 ),
             },
         },
@@ -150,22 +147,11 @@ async fn admit(state: &AppState, webhook: Webhook, request: Request) -> Response
 async fn read_review_body(state: &AppState, request: Request) -> Result<Bytes, Response> {
     let (parts, body) = request.into_parts();
     if !is_json(&parts.headers) {
-        return Err(error(
-            StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            "Content-Type must be application/json",
-        ));
+        return Err(error(StatusCode::UNSUPPORTED_MEDIA_TYPE, "Content-Type must be application/json"));
     }
     let limit = state.limits.max_body_bytes;
-    let too_large = || {
-        error(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            &format!("the body exceeds the limit of {limit} bytes"),
-        )
-    };
-    let declared = parts
-        .headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    let too_large = || error(StatusCode::PAYLOAD_TOO_LARGE, &format!("the body exceeds the limit of {limit} bytes"));
+    let declared = parts.headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
     if declared.is_some_and(|len| len > limit as u64) {
         return Err(too_large());
     }
@@ -223,13 +209,7 @@ async fn readyz(State(state): State<AppState>) -> Response {
 
 async fn metrics(State(state): State<AppState>) -> Response {
     match state.metrics.encode() {
-        Ok(text) => (
-            [(
-                header::CONTENT_TYPE,
-                "application/openmetrics-text; version=1.0.0; charset=utf-8",
-            )],
-            text,
-        )
+        Ok(text) => ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], text)
             .into_response(),
         Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, format!("cannot encode metrics: {e}")).into_response(),
     }
@@ -276,10 +256,7 @@ pub async fn serve_tls(
             };
             let service = TowerToHyperService::new(router);
             let mut builder = hyper::server::conn::http1::Builder::new();
-            builder
-                .timer(TokioTimer::new())
-                .header_read_timeout(limits.header_timeout)
-                .keep_alive(true);
+            builder.timer(TokioTimer::new()).header_read_timeout(limits.header_timeout).keep_alive(true);
             let conn = builder.serve_connection(TokioIo::new(tls_stream), service);
             if let Err(e) = watcher.watch(conn).await {
                 tracing::debug!(%peer, error = %e, "connection ended with an error");
@@ -287,19 +264,14 @@ pub async fn serve_tls(
         });
     }
     drop(listener);
-    if tokio::time::timeout(limits.shutdown_grace, graceful.shutdown())
-        .await
-        .is_err()
-    {
+    if tokio::time::timeout(limits.shutdown_grace, graceful.shutdown()).await.is_err() {
         tracing::warn!("in-flight webhook requests did not finish within the grace period");
     }
 }
 
 /// Serves `router` over plain HTTP until `shutdown`.
 pub async fn serve_plain(listener: TcpListener, router: Router, shutdown: CancellationToken) -> std::io::Result<()> {
-    axum::serve(listener, router)
-        .with_graceful_shutdown(shutdown.cancelled_owned())
-        .await
+    axum::serve(listener, router).with_graceful_shutdown(shutdown.cancelled_owned()).await
 }
 
 /// Binds a TCP listener, naming the address on failure.

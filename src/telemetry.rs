@@ -32,6 +32,38 @@ impl EncodeLabelValue for ReloadResult {
     }
 }
 
+/// How a reconcile ended.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+pub enum ReconcileResult {
+    Success,
+    Error,
+}
+
+impl EncodeLabelValue for ReconcileResult {
+    fn encode(&self, encoder: &mut LabelValueEncoder) -> std::fmt::Result {
+        match self {
+            ReconcileResult::Success => "success",
+            ReconcileResult::Error => "error",
+        }
+        .encode(encoder)
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReconcileLabels {
+    result: ReconcileResult,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ErrorLabels {
+    kind: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct KindLabels {
+    kind: String,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct AdmissionLabels {
     webhook: Webhook,
@@ -50,9 +82,7 @@ struct ReloadLabels {
 
 /// Latency buckets from 50µs to ~0.8s: admission is sub-millisecond when healthy.
 fn latency_histogram() -> Histogram {
-    Histogram::new([
-        0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
-    ])
+    Histogram::new([0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0])
 }
 
 /// The operator's metrics and the registry that exposes them.
@@ -62,6 +92,13 @@ pub struct Metrics {
     admission_duration: Family<WebhookLabels, Histogram>,
     admission_in_flight: Family<WebhookLabels, Gauge>,
     tls_reloads: Family<ReloadLabels, Counter>,
+    reconciles: Family<ReconcileLabels, Counter>,
+    reconcile_errors: Family<ErrorLabels, Counter>,
+    reconcile_duration: Histogram,
+    reconciles_in_flight: Gauge,
+    children_applied: Family<KindLabels, Counter>,
+    children_deleted: Family<KindLabels, Counter>,
+    leader: Gauge,
 }
 
 impl Default for Metrics {
@@ -92,12 +129,41 @@ impl Default for Metrics {
             "Attempts to load a changed serving certificate, by result",
             tls_reloads.clone(),
         );
+        let reconciles = Family::<ReconcileLabels, Counter>::default();
+        let reconcile_errors = Family::<ErrorLabels, Counter>::default();
+        let reconcile_duration = Histogram::new([0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0]);
+        let reconciles_in_flight = Gauge::default();
+        let children_applied = Family::<KindLabels, Counter>::default();
+        let children_deleted = Family::<KindLabels, Counter>::default();
+        let leader = Gauge::default();
+        registry.register("reconciles", "Balancer reconciles, by result", reconciles.clone());
+        registry.register("reconcile_errors", "Failed reconciles, by error kind", reconcile_errors.clone());
+        registry.register("reconcile_duration_seconds", "Time one reconcile takes", reconcile_duration.clone());
+        registry.register(
+            "reconciles_in_flight",
+            "Reconciles running now (the controller's work in progress)",
+            reconciles_in_flight.clone(),
+        );
+        registry.register("children_applied", "Child objects created or updated, by kind", children_applied.clone());
+        registry.register("children_deleted", "Child objects deleted, by kind", children_deleted.clone());
+        registry.register(
+            "controller_leader",
+            "1 while this replica runs the reconcile loop (leader, or leader election off), else 0",
+            leader.clone(),
+        );
         Metrics {
             registry,
             admission_requests,
             admission_duration,
             admission_in_flight,
             tls_reloads,
+            reconciles,
+            reconcile_errors,
+            reconcile_duration,
+            reconciles_in_flight,
+            children_applied,
+            children_deleted,
+            leader,
         }
     }
 }
@@ -111,16 +177,38 @@ impl Metrics {
     }
 
     pub fn admission_finished(&self, webhook: Webhook, outcome: Outcome, elapsed: Duration) {
-        self.admission_requests
-            .get_or_create(&AdmissionLabels { webhook, outcome })
-            .inc();
-        self.admission_duration
-            .get_or_create(&WebhookLabels { webhook })
-            .observe(elapsed.as_secs_f64());
+        self.admission_requests.get_or_create(&AdmissionLabels { webhook, outcome }).inc();
+        self.admission_duration.get_or_create(&WebhookLabels { webhook }).observe(elapsed.as_secs_f64());
     }
 
     pub fn tls_reloaded(&self, result: ReloadResult) {
         self.tls_reloads.get_or_create(&ReloadLabels { result }).inc();
+    }
+
+    /// Marks a reconcile as started; the guard counts it out when dropped.
+    pub fn reconcile_started(&self) -> InFlight {
+        self.reconciles_in_flight.inc();
+        InFlight(self.reconciles_in_flight.clone())
+    }
+
+    pub fn reconciled(&self, result: ReconcileResult, error_kind: Option<&str>, elapsed: Duration) {
+        self.reconciles.get_or_create(&ReconcileLabels { result }).inc();
+        if let Some(kind) = error_kind {
+            self.reconcile_errors.get_or_create(&ErrorLabels { kind: kind.to_string() }).inc();
+        }
+        self.reconcile_duration.observe(elapsed.as_secs_f64());
+    }
+
+    pub fn child_applied(&self, kind: &str) {
+        self.children_applied.get_or_create(&KindLabels { kind: kind.to_string() }).inc();
+    }
+
+    pub fn child_deleted(&self, kind: &str) {
+        self.children_deleted.get_or_create(&KindLabels { kind: kind.to_string() }).inc();
+    }
+
+    pub fn set_leader(&self, leading: bool) {
+        self.leader.set(i64::from(leading));
     }
 
     /// The OpenMetrics text exposition of every metric.

@@ -41,11 +41,7 @@ pub enum TlsError {
     #[error("{path} is not a PEM private key: {reason}")]
     BadKey { path: PathBuf, reason: String },
     #[error("{key} does not belong to the certificate in {cert}: {reason}")]
-    Mismatch {
-        cert: PathBuf,
-        key: PathBuf,
-        reason: String,
-    },
+    Mismatch { cert: PathBuf, key: PathBuf, reason: String },
     #[error("cannot generate a certificate: {0}")]
     Generate(#[from] rcgen::Error),
     #[error("cannot configure TLS: {0}")]
@@ -72,35 +68,22 @@ pub fn load_certified_key(paths: &CertPaths) -> Result<CertifiedKey, TlsError> {
 }
 
 fn read(path: &Path) -> Result<Vec<u8>, TlsError> {
-    std::fs::read(path).map_err(|source| TlsError::Read {
-        path: path.to_path_buf(),
-        source,
-    })
+    std::fs::read(path).map_err(|source| TlsError::Read { path: path.to_path_buf(), source })
 }
 
 fn certified_key_from_pem(paths: &CertPaths, cert_pem: &[u8], key_pem: &[u8]) -> Result<CertifiedKey, TlsError> {
     let chain = CertificateDer::pem_slice_iter(cert_pem)
         .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| TlsError::BadCertificate {
-            path: paths.cert.clone(),
-            reason: e.to_string(),
-        })?;
+        .map_err(|e| TlsError::BadCertificate { path: paths.cert.clone(), reason: e.to_string() })?;
     if chain.is_empty() {
-        return Err(TlsError::NoCertificate {
-            path: paths.cert.clone(),
-        });
+        return Err(TlsError::NoCertificate { path: paths.cert.clone() });
     }
-    let key = PrivateKeyDer::from_pem_slice(key_pem).map_err(|e| TlsError::BadKey {
-        path: paths.key.clone(),
-        reason: e.to_string(),
-    })?;
+    let key = PrivateKeyDer::from_pem_slice(key_pem)
+        .map_err(|e| TlsError::BadKey { path: paths.key.clone(), reason: e.to_string() })?;
     let signing_key = provider()
         .key_provider
         .load_private_key(key)
-        .map_err(|e| TlsError::BadKey {
-            path: paths.key.clone(),
-            reason: e.to_string(),
-        })?;
+        .map_err(|e| TlsError::BadKey { path: paths.key.clone(), reason: e.to_string() })?;
     let certified = CertifiedKey::new(chain, signing_key);
     certified.keys_match().map_err(|e| TlsError::Mismatch {
         cert: paths.cert.clone(),
@@ -118,9 +101,7 @@ pub struct CertResolver {
 
 impl CertResolver {
     pub fn new(initial: CertifiedKey) -> Self {
-        CertResolver {
-            current: RwLock::new(Arc::new(initial)),
-        }
+        CertResolver { current: RwLock::new(Arc::new(initial)) }
     }
 
     fn replace(&self, key: CertifiedKey) {
@@ -166,12 +147,7 @@ impl CertWatcher {
         let key_pem = read(&paths.key)?;
         let key = certified_key_from_pem(&paths, &cert_pem, &key_pem)?;
         let resolver = Arc::new(CertResolver::new(key));
-        let watcher = CertWatcher {
-            paths,
-            resolver: resolver.clone(),
-            metrics,
-            last_seen: (cert_pem, key_pem),
-        };
+        let watcher = CertWatcher { paths, resolver: resolver.clone(), metrics, last_seen: (cert_pem, key_pem) };
         Ok((watcher, resolver))
     }
 
@@ -246,11 +222,7 @@ pub fn generate(names: &[String], validity: Duration) -> Result<GeneratedCerts, 
     params.not_after = not_after;
     let key = KeyPair::generate()?;
     let cert = params.signed_by(&key, &ca)?;
-    Ok(GeneratedCerts {
-        ca_pem: ca.pem(),
-        cert_pem: cert.pem(),
-        key_pem: key.serialize_pem(),
-    })
+    Ok(GeneratedCerts { ca_pem: ca.pem(), cert_pem: cert.pem(), key_pem: key.serialize_pem() })
 }
 
 fn distinguished_name(common_name: &str) -> DistinguishedName {
@@ -263,10 +235,7 @@ fn distinguished_name(common_name: &str) -> DistinguishedName {
 impl GeneratedCerts {
     /// Writes `ca.crt`, `tls.crt` and `tls.key` (owner-only) into `dir`.
     pub fn write_to(&self, dir: &Path) -> Result<(), TlsError> {
-        std::fs::create_dir_all(dir).map_err(|source| TlsError::Write {
-            path: dir.to_path_buf(),
-            source,
-        })?;
+        std::fs::create_dir_all(dir).map_err(|source| TlsError::Write { path: dir.to_path_buf(), source })?;
         write_file(&dir.join(CA_FILE), &self.ca_pem, 0o644)?;
         write_file(&dir.join(CERT_FILE), &self.cert_pem, 0o644)?;
         write_file(&dir.join(KEY_FILE), &self.key_pem, 0o600)
@@ -276,17 +245,9 @@ impl GeneratedCerts {
 fn write_file(path: &Path, contents: &str, mode: u32) -> Result<(), TlsError> {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
-    let err = |source| TlsError::Write {
-        path: path.to_path_buf(),
-        source,
-    };
-    let mut file = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(mode)
-        .open(path)
-        .map_err(err)?;
+    let err = |source| TlsError::Write { path: path.to_path_buf(), source };
+    let mut file =
+        std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(mode).open(path).map_err(err)?;
     file.write_all(contents.as_bytes()).map_err(err)
 }
 
@@ -298,10 +259,7 @@ pub fn dev_names() -> Vec<String> {
 /// Dev certificates in `dir`: reused when present, created (valid for
 /// localhost, 127.0.0.1 and ::1, one year) when `tls.crt` or `tls.key` is missing.
 pub fn ensure_dev_certs(dir: &Path) -> Result<(CertPaths, bool), TlsError> {
-    let paths = CertPaths {
-        cert: dir.join(CERT_FILE),
-        key: dir.join(KEY_FILE),
-    };
+    let paths = CertPaths { cert: dir.join(CERT_FILE), key: dir.join(KEY_FILE) };
     if paths.cert.exists() && paths.key.exists() {
         return Ok((paths, false));
     }

@@ -51,10 +51,7 @@ impl Report {
     }
 
     fn error(&mut self, field: impl Into<String>, detail: impl Into<String>) {
-        self.errors.push(FieldError {
-            field: field.into(),
-            detail: detail.into(),
-        });
+        self.errors.push(FieldError { field: field.into(), detail: detail.into() });
     }
 }
 
@@ -143,27 +140,18 @@ fn validate_ports(spec: &BalancerSpec, report: &mut Report) {
         report.error("spec.ports", "must have at least one port");
     }
     if ports.len() > MAX_PORTS {
-        report.error(
-            "spec.ports",
-            format!("must have at most {MAX_PORTS} ports, got {}", ports.len()),
-        );
+        report.error("spec.ports", format!("must have at most {MAX_PORTS} ports, got {}", ports.len()));
     }
     let mut names: HashMap<&str, usize> = HashMap::new();
     let mut pairs: HashMap<(i32, &str), usize> = HashMap::new();
     for (i, port) in ports.iter().enumerate() {
         let at = format!("spec.ports[{i}]");
         if !(1..=65535).contains(&port.port) {
-            report.error(
-                format!("{at}.port"),
-                format!("must be between 1 and 65535, got {}", port.port),
-            );
+            report.error(format!("{at}.port"), format!("must be between 1 and 65535, got {}", port.port));
         }
         let protocol = port.effective_protocol();
         if !PROTOCOLS.contains(&protocol) {
-            report.error(
-                format!("{at}.protocol"),
-                format!("must be TCP or UDP, got {protocol:?}"),
-            );
+            report.error(format!("{at}.protocol"), format!("must be TCP or UDP, got {protocol:?}"));
         }
         match port.name.as_deref().filter(|n| !n.is_empty()) {
             None if ports.len() > 1 => {
@@ -183,10 +171,7 @@ fn validate_ports(spec: &BalancerSpec, report: &mut Report) {
             }
         }
         if let Some(first) = first_seen(&mut pairs, (port.port, protocol), i) {
-            report.error(
-                at.clone(),
-                format!("duplicate port {}/{protocol} (also spec.ports[{first}])", port.port),
-            );
+            report.error(at.clone(), format!("duplicate port {}/{protocol} (also spec.ports[{first}])", port.port));
         }
         validate_target_port(&at, port.target_port.as_ref(), report);
     }
@@ -195,10 +180,7 @@ fn validate_ports(spec: &BalancerSpec, report: &mut Report) {
 fn validate_target_port(at: &str, target: Option<&IntOrString>, report: &mut Report) {
     match target {
         Some(IntOrString::Int(n)) if !(1..=65535).contains(n) => {
-            report.error(
-                format!("{at}.targetPort"),
-                format!("must be between 1 and 65535, got {n}"),
-            );
+            report.error(format!("{at}.targetPort"), format!("must be between 1 and 65535, got {n}"));
         }
         Some(IntOrString::String(s)) if !is_iana_svc_name(s) => {
             report.error(
@@ -219,10 +201,7 @@ fn validate_backends(name: ObjectName<'_>, spec: &BalancerSpec, report: &mut Rep
         report.error("spec.backends", "must have at least one backend");
     }
     if backends.len() > MAX_BACKENDS {
-        report.error(
-            "spec.backends",
-            format!("must have at most {MAX_BACKENDS} backends, got {}", backends.len()),
-        );
+        report.error("spec.backends", format!("must have at most {MAX_BACKENDS} backends, got {}", backends.len()));
     }
     let mut names: HashMap<&str, usize> = HashMap::new();
     let mut selectors: Vec<(usize, BTreeMap<String, String>)> = Vec::with_capacity(backends.len());
@@ -234,10 +213,7 @@ fn validate_backends(name: ObjectName<'_>, spec: &BalancerSpec, report: &mut Rep
         if let Some(first) = first_seen(&mut names, backend.name.as_str(), i) {
             report.error(
                 format!("{at}.name"),
-                format!(
-                    "duplicate backend name {:?} (also spec.backends[{first}].name)",
-                    backend.name
-                ),
+                format!("duplicate backend name {:?} (also spec.backends[{first}].name)", backend.name),
             );
         }
         if let Some(len) = name.len() {
@@ -254,15 +230,11 @@ fn validate_backends(name: ObjectName<'_>, spec: &BalancerSpec, report: &mut Rep
         }
         let weight = backend.effective_weight();
         if !(0..=MAX_WEIGHT).contains(&weight) {
-            report.error(
-                format!("{at}.weight"),
-                format!("must be between 0 and {MAX_WEIGHT}, got {weight}"),
-            );
+            report.error(format!("{at}.weight"), format!("must be between 0 and {MAX_WEIGHT}, got {weight}"));
         } else if weight == 0 {
-            report.warnings.push(format!(
-                "{at}.weight: weight 0 drains backend {:?}: it receives no traffic",
-                backend.name
-            ));
+            report
+                .warnings
+                .push(format!("{at}.weight: weight 0 drains backend {:?}: it receives no traffic", backend.name));
         }
         validate_selector(&format!("{at}.selector"), backend.selector.as_ref(), report);
         let merged = spec.merged_selector(backend);
@@ -279,9 +251,7 @@ fn validate_backends(name: ObjectName<'_>, spec: &BalancerSpec, report: &mut Rep
         }
         selectors.push((i, merged));
     }
-    let weights_valid = backends
-        .iter()
-        .all(|b| (0..=MAX_WEIGHT).contains(&b.effective_weight()));
+    let weights_valid = backends.iter().all(|b| (0..=MAX_WEIGHT).contains(&b.effective_weight()));
     if !backends.is_empty() && weights_valid && backends.iter().all(|b| b.effective_weight() == 0) {
         report.error("spec.backends", "the sum of weights must be greater than 0, got 0");
     }
@@ -304,10 +274,7 @@ fn validate_selector(at: &str, selector: Option<&BTreeMap<String, String>>, repo
             report.error(at, format!("invalid label key {key:?}: {problem}"));
         }
         if let Err(problem) = check_label_value(value) {
-            report.error(
-                format!("{at}[{key}]"),
-                format!("invalid label value {value:?}: {problem}"),
-            );
+            report.error(format!("{at}[{key}]"), format!("invalid label value {value:?}: {problem}"));
         }
     }
 }
@@ -378,9 +345,7 @@ pub fn check_label_key(key: &str) -> Result<(), String> {
     if let Some(prefix) = prefix
         && !is_dns1123_subdomain(prefix)
     {
-        return Err(format!(
-            "the prefix must be a DNS-1123 subdomain of at most {MAX_SUBDOMAIN_LEN} characters"
-        ));
+        return Err(format!("the prefix must be a DNS-1123 subdomain of at most {MAX_SUBDOMAIN_LEN} characters"));
     }
     if !is_qualified_name_part(name) {
         return Err(format!("the name must be {NAME_PART_RULE}"));

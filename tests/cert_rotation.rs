@@ -8,9 +8,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use balancer::cli::RunArgs;
 use balancer::run;
-use balancer::telemetry::LogFormat;
 use balancer::tls;
 use rustls::pki_types::CertificateDer;
 use rustls::pki_types::pem::PemObject;
@@ -43,9 +41,7 @@ fn names() -> Vec<String> {
 /// The leaf certificate the server presents to a client trusting `ca_pem`, or the handshake error.
 async fn presented_cert(addr: std::net::SocketAddr, ca_pem: &str) -> Result<Vec<u8>, String> {
     let mut roots = rustls::RootCertStore::empty();
-    roots
-        .add(CertificateDer::from_pem_slice(ca_pem.as_bytes()).unwrap())
-        .unwrap();
+    roots.add(CertificateDer::from_pem_slice(ca_pem.as_bytes()).unwrap()).unwrap();
     let config = rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
         .with_safe_default_protocol_versions()
         .unwrap()
@@ -65,12 +61,7 @@ fn der(pem: &str) -> Vec<u8> {
 }
 
 async fn scrape(probe: std::net::SocketAddr) -> String {
-    reqwest::get(format!("http://{probe}/metrics"))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap()
+    reqwest::get(format!("http://{probe}/metrics")).await.unwrap().text().await.unwrap()
 }
 
 #[tokio::test]
@@ -79,25 +70,10 @@ async fn rotated_certificates_are_served_without_restart_and_broken_ones_are_ign
     let mount = TempDir::new().unwrap();
     let first = tls::generate(&names(), Duration::from_secs(3600)).unwrap();
     mount_secret(mount.path(), &first);
-    let args = RunArgs {
-        webhook_addr: "127.0.0.1:0".parse().unwrap(),
-        probe_addr: "127.0.0.1:0".parse().unwrap(),
-        tls_cert: Some(mount.path().join(tls::CERT_FILE)),
-        tls_key: Some(mount.path().join(tls::KEY_FILE)),
-        dev_cert_dir: mount.path().join("unused"),
-        tls_reload_interval: support::RELOAD_INTERVAL,
-        max_body_bytes: 1 << 20,
-        log_format: LogFormat::Text,
-        log_level: "warn".into(),
-    };
+    let args = support::run_args(&mount.path().join(tls::CERT_FILE), &mount.path().join(tls::KEY_FILE), 1 << 20);
     let shutdown = CancellationToken::new();
-    let (bound, task) = run::start(&args, support::test_limits(), shutdown.clone())
-        .await
-        .unwrap();
-    assert_eq!(
-        presented_cert(bound.webhook, &first.ca_pem).await.unwrap(),
-        der(&first.cert_pem)
-    );
+    let (bound, task) = run::start(&args, support::test_limits(), shutdown.clone()).await.unwrap();
+    assert_eq!(presented_cert(bound.webhook, &first.ca_pem).await.unwrap(), der(&first.cert_pem));
 
     // Rotation to a certificate from a new CA: new handshakes get it, no restart.
     let second = tls::generate(&names(), Duration::from_secs(3600)).unwrap();
@@ -108,16 +84,10 @@ async fn rotated_certificates_are_served_without_restart_and_broken_ones_are_ign
             assert_eq!(cert, der(&second.cert_pem));
             break;
         }
-        assert!(
-            Instant::now() < deadline,
-            "the rotated certificate was not served within 5 s"
-        );
+        assert!(Instant::now() < deadline, "the rotated certificate was not served within 5 s");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    assert!(
-        presented_cert(bound.webhook, &first.ca_pem).await.is_err(),
-        "still serving the old certificate"
-    );
+    assert!(presented_cert(bound.webhook, &first.ca_pem).await.is_err(), "still serving the old certificate");
 
     // A broken rotation (garbage certificate) and a mismatched one (key of another pair)
     // both leave the working certificate in place.
@@ -131,10 +101,7 @@ async fn rotated_certificates_are_served_without_restart_and_broken_ones_are_ign
     let third = tls::generate(&names(), Duration::from_secs(3600)).unwrap();
     publish(mount.path(), "..v4", &third.cert_pem, &first.key_pem);
     tokio::time::sleep(support::RELOAD_INTERVAL * 5).await;
-    assert_eq!(
-        presented_cert(bound.webhook, &second.ca_pem).await.unwrap(),
-        der(&second.cert_pem)
-    );
+    assert_eq!(presented_cert(bound.webhook, &second.ca_pem).await.unwrap(), der(&second.cert_pem));
 
     let metrics = scrape(bound.probe).await;
     for line in [
@@ -150,15 +117,9 @@ async fn rotated_certificates_are_served_without_restart_and_broken_ones_are_ign
 #[test]
 fn bad_certificate_files_are_reported_by_name() {
     let dir = TempDir::new().unwrap();
-    let paths = tls::CertPaths {
-        cert: dir.path().join("tls.crt"),
-        key: dir.path().join("tls.key"),
-    };
+    let paths = tls::CertPaths { cert: dir.path().join("tls.crt"), key: dir.path().join("tls.key") };
     let err = tls::load_certified_key(&paths).unwrap_err().to_string();
-    assert!(
-        err.starts_with(&format!("cannot read {}", paths.cert.display())),
-        "{err}"
-    );
+    assert!(err.starts_with(&format!("cannot read {}", paths.cert.display())), "{err}");
 
     std::fs::write(&paths.cert, "hello").unwrap();
     std::fs::write(&paths.key, "hello").unwrap();
@@ -169,10 +130,7 @@ fn bad_certificate_files_are_reported_by_name() {
     let b = tls::generate(&names(), Duration::from_secs(60)).unwrap();
     std::fs::write(&paths.cert, &a.cert_pem).unwrap();
     let err = tls::load_certified_key(&paths).unwrap_err().to_string();
-    assert!(
-        err.starts_with(&format!("{} is not a PEM private key", paths.key.display())),
-        "{err}"
-    );
+    assert!(err.starts_with(&format!("{} is not a PEM private key", paths.key.display())), "{err}");
 
     std::fs::write(&paths.key, &b.key_pem).unwrap();
     let err = tls::load_certified_key(&paths).unwrap_err().to_string();

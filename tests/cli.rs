@@ -31,27 +31,15 @@ fn deploy_crd_yaml_is_the_output_of_balancer_crd() {
 
 #[test]
 fn the_original_sample_passes_check() {
-    let output = balancer()
-        .arg("check")
-        .arg(repo("deploy/samples/balancer.yaml"))
-        .output()
-        .unwrap();
+    let output = balancer().arg("check").arg(repo("deploy/samples/balancer.yaml")).output().unwrap();
     let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(
-        output.status.success(),
-        "{stdout}{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
+    assert!(output.status.success(), "{stdout}{}", String::from_utf8_lossy(&output.stderr));
     assert!(stdout.contains("(Balancer \"example-balancer\"): valid"), "{stdout}");
 }
 
 #[test]
 fn the_invalid_sample_fails_check_with_field_errors() {
-    let output = balancer()
-        .arg("check")
-        .arg(repo("deploy/samples/invalid-balancer.yaml"))
-        .output()
-        .unwrap();
+    let output = balancer().arg("check").arg(repo("deploy/samples/invalid-balancer.yaml")).output().unwrap();
     assert_eq!(output.status.code(), Some(1));
     let stdout = String::from_utf8_lossy(&output.stdout);
     for expected in [
@@ -84,37 +72,20 @@ spec:
   ports: [{port: \"eighty\"}]
   backends: []
 ";
-    let mut child = balancer()
-        .args(["check", "-"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = balancer().args(["check", "-"]).stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().unwrap();
     child.stdin.take().unwrap().write_all(yaml.as_bytes()).unwrap();
     let output = child.wait_with_output().unwrap();
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert_eq!(output.status.code(), Some(1), "{stdout}");
-    assert!(
-        stdout.contains("<stdin>: document 2 (Balancer \"defaults\"): valid"),
-        "{stdout}"
-    );
-    assert!(
-        stdout.contains("<stdin>: document 3 (Balancer \"wrong-shape\"): invalid"),
-        "{stdout}"
-    );
-    assert!(
-        stdout.contains("error: spec.ports[0].port: invalid type: string \"eighty\""),
-        "{stdout}"
-    );
+    assert!(stdout.contains("<stdin>: document 2 (Balancer \"defaults\"): valid"), "{stdout}");
+    assert!(stdout.contains("<stdin>: document 3 (Balancer \"wrong-shape\"): invalid"), "{stdout}");
+    assert!(stdout.contains("error: spec.ports[0].port: invalid type: string \"eighty\""), "{stdout}");
     assert!(!stdout.contains("ignored"), "{stdout}");
 }
 
 #[test]
 fn check_names_unreadable_and_unparseable_files() {
-    let output = balancer()
-        .args(["check", "/nonexistent/balancer.yaml"])
-        .output()
-        .unwrap();
+    let output = balancer().args(["check", "/nonexistent/balancer.yaml"]).output().unwrap();
     assert_eq!(output.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&output.stderr).contains("cannot read /nonexistent/balancer.yaml"));
 
@@ -124,10 +95,7 @@ fn check_names_unreadable_and_unparseable_files() {
     let output = balancer().arg("check").arg(&file).output().unwrap();
     assert_eq!(output.status.code(), Some(2));
     let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        stderr.contains(&format!("{}: not valid YAML", file.display())),
-        "{stderr}"
-    );
+    assert!(stderr.contains(&format!("{}: not valid YAML", file.display())), "{stderr}");
 }
 
 #[test]
@@ -136,22 +104,14 @@ fn certs_writes_a_ca_signed_pair_and_prints_the_ca_bundle() {
     let output = balancer()
         .args(["certs", "--out"])
         .arg(dir.path())
-        .args([
-            "--dns-name",
-            "balancer-webhook.balancer-system.svc",
-            "--dns-name",
-            "10.0.0.1",
-        ])
+        .args(["--dns-name", "balancer-webhook.balancer-system.svc", "--dns-name", "10.0.0.1"])
         .output()
         .unwrap();
     assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
     let bundle = String::from_utf8(output.stdout).unwrap();
     let ca = base64::engine::general_purpose::STANDARD.decode(bundle.trim()).unwrap();
     assert_eq!(ca, std::fs::read(dir.path().join("ca.crt")).unwrap());
-    let paths = balancer::tls::CertPaths {
-        cert: dir.path().join("tls.crt"),
-        key: dir.path().join("tls.key"),
-    };
+    let paths = balancer::tls::CertPaths { cert: dir.path().join("tls.crt"), key: dir.path().join("tls.key") };
     assert!(balancer::tls::load_certified_key(&paths).is_ok());
     use std::os::unix::fs::PermissionsExt;
     let mode = std::fs::metadata(&paths.key).unwrap().permissions().mode() & 0o777;
@@ -161,15 +121,7 @@ fn certs_writes_a_ca_signed_pair_and_prints_the_ca_bundle() {
 /// Starts `balancer run` in `dir` on ephemeral ports; returns the child and the webhook port.
 fn start_run(dir: &Path) -> (std::process::Child, u16) {
     let mut child = balancer()
-        .args([
-            "run",
-            "--webhook-addr",
-            "127.0.0.1:0",
-            "--probe-addr",
-            "127.0.0.1:0",
-            "--log-format",
-            "json",
-        ])
+        .args(["run", "--webhook-addr", "127.0.0.1:0", "--probe-addr", "127.0.0.1:0", "--log-format", "json"])
         .current_dir(dir)
         .stderr(Stdio::piped())
         .spawn()
@@ -192,10 +144,7 @@ fn start_run(dir: &Path) -> (std::process::Child, u16) {
 fn terminate(mut child: std::process::Child) {
     let _ = Command::new("kill").args(["-TERM", &child.id().to_string()]).status();
     let status = child.wait().unwrap();
-    assert!(
-        status.success(),
-        "balancer run did not exit cleanly on SIGTERM: {status}"
-    );
+    assert!(status.success(), "balancer run did not exit cleanly on SIGTERM: {status}");
 }
 
 /// The README's run command: dev certificates in certs/, created once and reused.
@@ -212,37 +161,20 @@ async fn run_creates_dev_certificates_once_and_serves_them() {
         .build()
         .unwrap();
     for host in ["localhost", "127.0.0.1"] {
-        let body = client
-            .get(format!("https://{host}:{port}/healthz"))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
+        let body = client.get(format!("https://{host}:{port}/healthz")).send().await.unwrap().text().await.unwrap();
         assert_eq!(body, "ok");
     }
     terminate(child);
 
     let (child, _) = start_run(dir.path());
-    assert_eq!(
-        std::fs::read(&ca).unwrap(),
-        first_ca,
-        "dev CA was regenerated instead of reused"
-    );
+    assert_eq!(std::fs::read(&ca).unwrap(), first_ca, "dev CA was regenerated instead of reused");
     terminate(child);
 }
 
 #[test]
 fn run_reports_a_missing_certificate_file_by_name() {
     let output = balancer()
-        .args([
-            "run",
-            "--tls-cert",
-            "/nonexistent/tls.crt",
-            "--tls-key",
-            "/nonexistent/tls.key",
-        ])
+        .args(["run", "--tls-cert", "/nonexistent/tls.crt", "--tls-key", "/nonexistent/tls.key"])
         .output()
         .unwrap();
     assert_eq!(output.status.code(), Some(2));

@@ -54,23 +54,11 @@ fn arb_labels(max: usize) -> BoxedStrategy<BTreeMap<String, String>> {
 fn arb_port() -> impl Strategy<Value = BalancerPort> {
     (
         option::of(arb_text()),
-        option::of(prop_oneof![
-            Just("TCP".to_string()),
-            Just("UDP".to_string()),
-            arb_text()
-        ]),
+        option::of(prop_oneof![Just("TCP".to_string()), Just("UDP".to_string()), arb_text()]),
         arb_number(),
-        option::of(prop_oneof![
-            arb_number().prop_map(IntOrString::Int),
-            arb_text().prop_map(IntOrString::String),
-        ]),
+        option::of(prop_oneof![arb_number().prop_map(IntOrString::Int), arb_text().prop_map(IntOrString::String),]),
     )
-        .prop_map(|(name, protocol, port, target_port)| BalancerPort {
-            name,
-            protocol,
-            port,
-            target_port,
-        })
+        .prop_map(|(name, protocol, port, target_port)| BalancerPort { name, protocol, port, target_port })
 }
 
 fn arb_backend() -> impl Strategy<Value = BackendSpec> {
@@ -125,9 +113,8 @@ fn valid_ports() -> impl Strategy<Value = Vec<BalancerPort>> {
             "[a-z][a-z0-9]{0,3}(-[a-z0-9]{1,4}){0,2}".prop_map(IntOrString::String),
         ],
     );
-    (1usize..6)
-        .prop_flat_map(move |n| (btree_set(1i32..=65535, n), vec(extras.clone(), n)))
-        .prop_map(|(numbers, extras)| {
+    (1usize..6).prop_flat_map(move |n| (btree_set(1i32..=65535, n), vec(extras.clone(), n))).prop_map(
+        |(numbers, extras)| {
             numbers
                 .into_iter()
                 .zip(extras)
@@ -140,7 +127,8 @@ fn valid_ports() -> impl Strategy<Value = Vec<BalancerPort>> {
                     target_port: Some(target),
                 })
                 .collect()
-        })
+        },
+    )
 }
 
 fn valid_balancer() -> impl Strategy<Value = ValidBalancer> {
@@ -276,11 +264,7 @@ fn pointers(value: &Value) -> Vec<String> {
         match value {
             Value::Object(map) => {
                 for (key, child) in map {
-                    walk(
-                        child,
-                        format!("{at}/{}", key.replace('~', "~0").replace('/', "~1")),
-                        out,
-                    );
+                    walk(child, format!("{at}/{}", key.replace('~', "~0").replace('/', "~1")), out);
                 }
             }
             Value::Array(items) => {
@@ -340,21 +324,12 @@ fn review(webhook: Webhook, body: &Value) -> Result<Answer, BadRequest> {
 /// server answers 500), its status is not a server error, and its outcome
 /// agrees with the response it carries. Returns the wire form.
 fn check_answer(answer: &Answer) -> Result<Value, TestCaseError> {
-    let bytes = answer
-        .to_json()
-        .map_err(|e| TestCaseError::fail(format!("the answer does not encode: {e}")))?;
+    let bytes = answer.to_json().map_err(|e| TestCaseError::fail(format!("the answer does not encode: {e}")))?;
     let wire: Value = serde_json::from_slice(&bytes).expect("to_json produces JSON");
-    let response = answer
-        .review
-        .response
-        .as_ref()
-        .ok_or_else(|| TestCaseError::fail("an answer without a response"))?;
+    let response =
+        answer.review.response.as_ref().ok_or_else(|| TestCaseError::fail("an answer without a response"))?;
     prop_assert!(response.result.code < 500, "status code {}", response.result.code);
-    prop_assert!(
-        !response.result.message.contains("internal error"),
-        "{}",
-        response.result.message
-    );
+    prop_assert!(!response.result.message.contains("internal error"), "{}", response.result.message);
     prop_assert_eq!(wire.pointer("/response/uid"), Some(&json!(response.uid)));
     match answer.outcome {
         Outcome::Allowed => {
@@ -378,11 +353,7 @@ fn check_answer(answer: &Answer) -> Result<Value, TestCaseError> {
             prop_assert!(!response.allowed);
             prop_assert_eq!(response.result.code, 422);
             prop_assert_eq!(&response.result.reason, "Invalid");
-            prop_assert!(
-                response.result.message.starts_with("Balancer "),
-                "{}",
-                response.result.message
-            );
+            prop_assert!(response.result.message.starts_with("Balancer "), "{}", response.result.message);
         }
         Outcome::BadRequest => prop_assert!(false, "an answered review cannot be a bad request"),
     }
@@ -394,9 +365,7 @@ fn wire_patch(wire: &Value) -> Patch {
     match wire.pointer("/response/patch").and_then(Value::as_str) {
         None => Patch(vec![]),
         Some(encoded) => {
-            let bytes = base64::engine::general_purpose::STANDARD
-                .decode(encoded)
-                .expect("base64");
+            let bytes = base64::engine::general_purpose::STANDARD.decode(encoded).expect("base64");
             serde_json::from_slice(&bytes).expect("a JSON Patch")
         }
     }
@@ -494,10 +463,7 @@ proptest! {
 // ---------------------------------------------------------------------------
 
 fn port_drops() -> impl Strategy<Value = Vec<PortDrop>> {
-    vec(
-        (0u8..3, 0u8..3).prop_map(|(protocol, target_port)| PortDrop { protocol, target_port }),
-        8,
-    )
+    vec((0u8..3, 0u8..3).prop_map(|(protocol, target_port)| PortDrop { protocol, target_port }), 8)
 }
 
 proptest! {
@@ -553,11 +519,7 @@ fn any_operation() -> impl Strategy<Value = &'static str> {
 fn spec_like_json() -> impl Strategy<Value = Value> {
     (arb_spec(), any::<Index>(), arb_json(), any::<bool>()).prop_map(|(spec, which, with, replace)| {
         let value = serde_json::to_value(&spec).expect("a spec serializes");
-        if replace {
-            replace_somewhere(value, which, with)
-        } else {
-            value
-        }
+        if replace { replace_somewhere(value, which, with) } else { value }
     })
 }
 
@@ -718,11 +680,9 @@ fn specs_ports_and_backends_must_be_objects() {
         "selector": {"app": "test"},
         "backends": [["v1", 1, {"version": "v1"}]]
     }});
-    for (data, field) in [
-        (spec_as_array, "spec"),
-        (port_as_array, "spec.ports[0]"),
-        (backend_as_array, "spec.backends[0]"),
-    ] {
+    for (data, field) in
+        [(spec_as_array, "spec"), (port_as_array, "spec.ports[0]"), (backend_as_array, "spec.backends[0]")]
+    {
         match admission::parse_spec(&data) {
             Ok(spec) => panic!("{data} was read as {spec:?}"),
             Err(error) => assert!(error.field.starts_with(field), "{field}: {error}"),

@@ -31,10 +31,7 @@ struct Subject {
 
 impl Subject {
     fn report(&self) -> Report {
-        validate(
-            ObjectName::from_meta(self.name.as_deref(), self.generate_name.as_deref()),
-            &self.spec,
-        )
+        validate(ObjectName::from_meta(self.name.as_deref(), self.generate_name.as_deref()), &self.spec)
     }
 }
 
@@ -43,12 +40,7 @@ fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
 }
 
 fn port(name: Option<&str>, protocol: Option<&str>, port: i32, target: Option<IntOrString>) -> BalancerPort {
-    BalancerPort {
-        name: name.map(str::to_string),
-        protocol: protocol.map(str::to_string),
-        port,
-        target_port: target,
-    }
+    BalancerPort { name: name.map(str::to_string), protocol: protocol.map(str::to_string), port, target_port: target }
 }
 
 /// A named port with an explicit protocol and no targetPort.
@@ -57,11 +49,7 @@ fn named(name: &str, protocol: &str, number: i32) -> BalancerPort {
 }
 
 fn backend(name: &str, weight: Option<i32>, selector: Option<&[(&str, &str)]>) -> BackendSpec {
-    BackendSpec {
-        name: name.to_string(),
-        weight,
-        selector: selector.map(labels),
-    }
+    BackendSpec { name: name.to_string(), weight, selector: selector.map(labels) }
 }
 
 /// deploy/samples/balancer.yaml: valid, without warnings.
@@ -181,12 +169,7 @@ struct Case {
 }
 
 fn case(what: &'static str, mutate: fn(&mut Subject), errors: Vec<String>, warnings: Vec<String>) -> Case {
-    Case {
-        what,
-        mutate,
-        errors,
-        warnings,
-    }
+    Case { what, mutate, errors, warnings }
 }
 
 macro_rules! strings {
@@ -202,12 +185,7 @@ fn run(cases: Vec<Case>) {
         (c.mutate)(&mut subject);
         let report = subject.report();
         let errors: Vec<String> = report.errors.iter().map(ToString::to_string).collect();
-        assert_eq!(
-            report.is_valid(),
-            errors.is_empty(),
-            "{}: is_valid disagrees with errors",
-            c.what
-        );
+        assert_eq!(report.is_valid(), errors.is_empty(), "{}: is_valid disagrees with errors", c.what);
         if errors != c.errors || report.warnings != c.warnings {
             failures.push(format!(
                 "case {:?}\n  expected errors:   {:#?}\n  actual errors:     {:#?}\n  expected warnings: {:#?}\n  actual warnings:   {:#?}",
@@ -215,12 +193,7 @@ fn run(cases: Vec<Case>) {
             ));
         }
     }
-    assert!(
-        failures.is_empty(),
-        "{} of {total} cases failed:\n{}",
-        failures.len(),
-        failures.join("\n")
-    );
+    assert!(failures.is_empty(), "{} of {total} cases failed:\n{}", failures.len(), failures.join("\n"));
 }
 
 // ---------------------------------------------------------------------------
@@ -365,12 +338,7 @@ fn metadata_name_rules() {
             },
             vec![],
         ),
-        case(
-            "metadata.name wins over generateName",
-            |s| s.generate_name = Some("Not A Prefix".into()),
-            vec![],
-            vec![],
-        ),
+        case("metadata.name wins over generateName", |s| s.generate_name = Some("Not A Prefix".into()), vec![], vec![]),
         case(
             "an empty metadata.name falls back to generateName",
             |s| {
@@ -396,12 +364,7 @@ fn metadata_name_rules() {
 #[test]
 fn port_rules() {
     run(vec![
-        case(
-            "no ports",
-            |s| s.spec.ports.clear(),
-            strings!["spec.ports: must have at least one port"],
-            vec![],
-        ),
+        case("no ports", |s| s.spec.ports.clear(), strings!["spec.ports: must have at least one port"], vec![]),
         case(
             "32 ports is the maximum",
             |s| s.spec.ports = (0..32).map(|i| named(&format!("p{i}"), "TCP", 1000 + i)).collect(),
@@ -450,24 +413,9 @@ fn port_rules() {
             strings!["spec.ports[0].protocol: must be TCP or UDP, got \"tcp\""],
             vec![],
         ),
-        case(
-            "protocol UDP",
-            |s| s.spec.ports[0].protocol = Some("UDP".into()),
-            vec![],
-            vec![],
-        ),
-        case(
-            "unset protocol is TCP",
-            |s| s.spec.ports[0].protocol = None,
-            vec![],
-            vec![],
-        ),
-        case(
-            "a single port needs no name",
-            |s| s.spec.ports[0].name = None,
-            vec![],
-            vec![],
-        ),
+        case("protocol UDP", |s| s.spec.ports[0].protocol = Some("UDP".into()), vec![], vec![]),
+        case("unset protocol is TCP", |s| s.spec.ports[0].protocol = None, vec![], vec![]),
+        case("a single port needs no name", |s| s.spec.ports[0].name = None, vec![], vec![]),
         case(
             "second of two ports has no name",
             |s| s.spec.ports.push(port(None, Some("TCP"), 8080, None)),
@@ -664,14 +612,7 @@ fn target_port_rules() {
         ),
         case(
             "targetPort is checked on every port",
-            |s| {
-                s.spec.ports.push(port(
-                    Some("admin"),
-                    Some("TCP"),
-                    8080,
-                    Some(IntOrString::String("Admin".into())),
-                ))
-            },
+            |s| s.spec.ports.push(port(Some("admin"), Some("TCP"), 8080, Some(IntOrString::String("Admin".into())))),
             strings![not_iana("spec.ports[1].targetPort", "Admin")],
             vec![],
         ),
@@ -787,12 +728,7 @@ fn backend_rules() {
             vec![],
             vec![],
         ),
-        case(
-            "weight 0 drains a backend",
-            |s| s.spec.backends[1].weight = Some(0),
-            vec![],
-            strings![drains(1, "v2")],
-        ),
+        case("weight 0 drains a backend", |s| s.spec.backends[1].weight = Some(0), vec![], strings![drains(1, "v2")]),
         case(
             "all weights 0",
             |s| {
@@ -822,12 +758,7 @@ fn backend_rules() {
             strings!["spec.backends[1].weight: must be between 0 and 100, got 101"],
             strings![drains(0, "v1"), drains(2, "v3")],
         ),
-        case(
-            "backend selectors alone suffice",
-            |s| s.spec.selector = None,
-            vec![],
-            vec![],
-        ),
+        case("backend selectors alone suffice", |s| s.spec.selector = None, vec![], vec![]),
         case(
             "empty merged selector",
             |s| {
@@ -845,11 +776,7 @@ fn backend_rules() {
                     b.selector = Some(BTreeMap::new());
                 }
             },
-            strings![
-                empty_merged_selector(0),
-                empty_merged_selector(1),
-                empty_merged_selector(2)
-            ],
+            strings![empty_merged_selector(0), empty_merged_selector(1), empty_merged_selector(2)],
             vec![],
         ),
         case(
@@ -887,11 +814,7 @@ fn selector_rules() {
         case(
             "label key with an uppercase prefix",
             |s| {
-                s.spec
-                    .selector
-                    .as_mut()
-                    .unwrap()
-                    .insert("Example.com/app".into(), "x".into());
+                s.spec.selector.as_mut().unwrap().insert("Example.com/app".into(), "x".into());
             },
             strings![bad_key_prefix("spec.selector", "Example.com/app")],
             vec![],
@@ -907,11 +830,7 @@ fn selector_rules() {
         case(
             "label key with a 254-character prefix",
             |s| {
-                s.spec
-                    .selector
-                    .as_mut()
-                    .unwrap()
-                    .insert(format!("{}/app", subdomain(254)), "x".into());
+                s.spec.selector.as_mut().unwrap().insert(format!("{}/app", subdomain(254)), "x".into());
             },
             strings![bad_key_prefix("spec.selector", &format!("{}/app", subdomain(254)))],
             vec![],
@@ -919,11 +838,7 @@ fn selector_rules() {
         case(
             "label key with a 253-character prefix",
             |s| {
-                s.spec
-                    .selector
-                    .as_mut()
-                    .unwrap()
-                    .insert(format!("{}/app", subdomain(253)), "x".into());
+                s.spec.selector.as_mut().unwrap().insert(format!("{}/app", subdomain(253)), "x".into());
             },
             vec![],
             vec![],
@@ -947,11 +862,7 @@ fn selector_rules() {
         case(
             "label key with two slashes",
             |s| {
-                s.spec
-                    .selector
-                    .as_mut()
-                    .unwrap()
-                    .insert("example.com/a/b".into(), "x".into());
+                s.spec.selector.as_mut().unwrap().insert("example.com/a/b".into(), "x".into());
             },
             strings![bad_key_name("spec.selector", "example.com/a/b")],
             vec![],
@@ -959,11 +870,7 @@ fn selector_rules() {
         case(
             "label key with an empty name after the prefix",
             |s| {
-                s.spec
-                    .selector
-                    .as_mut()
-                    .unwrap()
-                    .insert("example.com/".into(), "x".into());
+                s.spec.selector.as_mut().unwrap().insert("example.com/".into(), "x".into());
             },
             strings![bad_key_name("spec.selector", "example.com/")],
             vec![],
@@ -1023,26 +930,15 @@ fn selector_rules() {
         case(
             "bad key and bad value on the same label",
             |s| {
-                s.spec
-                    .selector
-                    .as_mut()
-                    .unwrap()
-                    .insert("bad key".into(), "bad value".into());
+                s.spec.selector.as_mut().unwrap().insert("bad key".into(), "bad value".into());
             },
-            strings![
-                bad_key_name("spec.selector", "bad key"),
-                bad_value("spec.selector", "bad key", "bad value"),
-            ],
+            strings![bad_key_name("spec.selector", "bad key"), bad_value("spec.selector", "bad key", "bad value"),],
             vec![],
         ),
         case(
             "invalid label key in a backend selector",
             |s| {
-                s.spec.backends[1]
-                    .selector
-                    .as_mut()
-                    .unwrap()
-                    .insert("_tier".into(), "web".into());
+                s.spec.backends[1].selector.as_mut().unwrap().insert("_tier".into(), "web".into());
             },
             strings![bad_key_name("spec.backends[1].selector", "_tier")],
             vec![],
@@ -1050,11 +946,7 @@ fn selector_rules() {
         case(
             "invalid label value in a backend selector",
             |s| {
-                s.spec.backends[2]
-                    .selector
-                    .as_mut()
-                    .unwrap()
-                    .insert("version".into(), "v 3".into());
+                s.spec.backends[2].selector.as_mut().unwrap().insert("version".into(), "v 3".into());
             },
             strings![bad_value("spec.backends[2].selector", "version", "v 3")],
             vec![],
@@ -1068,12 +960,7 @@ fn every_violation_is_reported_at_once() {
         "one broken Balancer",
         |s| {
             s.name = Some("Broken".into());
-            s.spec.ports.push(port(
-                Some("http"),
-                Some("SCTP"),
-                0,
-                Some(IntOrString::String("HTTP".into())),
-            ));
+            s.spec.ports.push(port(Some("http"), Some("SCTP"), 0, Some(IntOrString::String("HTTP".into()))));
             s.spec.selector.as_mut().unwrap().insert("bad/key/x".into(), "v".into());
             s.spec.backends[1].name = "V2".into();
             s.spec.backends[1].weight = Some(150);
@@ -1125,11 +1012,7 @@ fn generate_name_derived_service_names_are_length_checked() {
     let fields: Vec<&str> = report.errors.iter().map(|e| e.field.as_str()).collect();
     assert_eq!(
         fields,
-        [
-            "spec.backends[0].name",
-            "spec.backends[1].name",
-            "spec.backends[2].name"
-        ],
+        ["spec.backends[0].name", "spec.backends[1].name", "spec.backends[2].name"],
         "got {:#?}",
         report.errors
     );
@@ -1156,9 +1039,7 @@ fn dns1123_labels() {
         "is_dns1123_label",
         is_dns1123_label,
         &["a", "0", "a0", "0a", "a-b", "a--b", "abc-123", &max],
-        &[
-            "", "-", "-a", "a-", "A", "aB", "a_b", "a.b", "a b", "a\n", "é", "aé", &too_long,
-        ],
+        &["", "-", "-a", "a-", "A", "aB", "a_b", "a.b", "a b", "a\n", "é", "aé", &too_long],
     );
 }
 
@@ -1181,17 +1062,7 @@ fn dns1123_subdomains() {
         "is_dns1123_subdomain",
         is_dns1123_subdomain,
         &["a", "example.com", "a.b.c", "0.1", &max],
-        &[
-            "",
-            ".",
-            "a.",
-            ".a",
-            "a..b",
-            "Example.com",
-            "a_b.com",
-            "-a.com",
-            &too_long,
-        ],
+        &["", ".", "a.", ".a", "a..b", "Example.com", "a_b.com", "-a.com", &too_long],
     );
 }
 
@@ -1288,19 +1159,10 @@ fn label_values() {
 
 #[test]
 fn object_name_from_meta() {
-    assert!(matches!(
-        ObjectName::from_meta(Some("a"), Some("b-")),
-        ObjectName::Name("a")
-    ));
+    assert!(matches!(ObjectName::from_meta(Some("a"), Some("b-")), ObjectName::Name("a")));
     assert!(matches!(ObjectName::from_meta(Some("a"), None), ObjectName::Name("a")));
-    assert!(matches!(
-        ObjectName::from_meta(Some(""), Some("b-")),
-        ObjectName::GenerateName("b-")
-    ));
-    assert!(matches!(
-        ObjectName::from_meta(None, Some("b-")),
-        ObjectName::GenerateName("b-")
-    ));
+    assert!(matches!(ObjectName::from_meta(Some(""), Some("b-")), ObjectName::GenerateName("b-")));
+    assert!(matches!(ObjectName::from_meta(None, Some("b-")), ObjectName::GenerateName("b-")));
     assert!(matches!(ObjectName::from_meta(Some(""), Some("")), ObjectName::Unknown));
     assert!(matches!(ObjectName::from_meta(None, None), ObjectName::Unknown));
 }
@@ -1310,10 +1172,7 @@ fn object_name_from_meta() {
 // ---------------------------------------------------------------------------
 
 fn field_error(field: &str, detail: &str) -> FieldError {
-    FieldError {
-        field: field.into(),
-        detail: detail.into(),
-    }
+    FieldError { field: field.into(), detail: detail.into() }
 }
 
 #[test]
@@ -1327,10 +1186,7 @@ fn field_errors_render_as_path_colon_problem() {
 #[test]
 fn denial_message_with_one_error_has_no_brackets() {
     assert_eq!(
-        denial_message(
-            "example-balancer",
-            &[field_error("spec.ports", "must have at least one port")]
-        ),
+        denial_message("example-balancer", &[field_error("spec.ports", "must have at least one port")]),
         "Balancer \"example-balancer\" is invalid: spec.ports: must have at least one port"
     );
 }
@@ -1341,10 +1197,7 @@ fn denial_message_with_several_errors_lists_them_in_brackets() {
         denial_message(
             "example-balancer",
             &[
-                field_error(
-                    "spec.ports[1].name",
-                    "duplicate port name \"http\" (also spec.ports[0].name)"
-                ),
+                field_error("spec.ports[1].name", "duplicate port name \"http\" (also spec.ports[0].name)"),
                 field_error("spec.backends[1].weight", "must be between 0 and 100, got 150"),
                 field_error("spec.backends", "must have at least one backend"),
             ]
@@ -1357,10 +1210,7 @@ fn denial_message_with_several_errors_lists_them_in_brackets() {
 
 #[test]
 fn denial_message_without_a_name_omits_it() {
-    assert_eq!(
-        denial_message("", &[field_error("spec", "is required")]),
-        "Balancer is invalid: spec: is required"
-    );
+    assert_eq!(denial_message("", &[field_error("spec", "is required")]), "Balancer is invalid: spec: is required");
     assert_eq!(
         denial_message("", &[field_error("a", "b"), field_error("c", "d")]),
         "Balancer is invalid: [a: b, c: d]"

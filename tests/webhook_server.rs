@@ -11,13 +11,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 async fn post_json(server: &TestServer, path: &str, body: &Value) -> (u16, Value) {
-    let response = server
-        .client()
-        .post(server.url(path))
-        .json(body)
-        .send()
-        .await
-        .expect("request");
+    let response = server.client().post(server.url(path)).json(body).send().await.expect("request");
     let status = response.status().as_u16();
     let body = response.json::<Value>().await.expect("JSON body");
     (status, body)
@@ -152,10 +146,7 @@ async fn an_object_that_is_not_a_balancer_is_denied_not_a_bad_request() {
     let mut no_spec = sample_balancer();
     no_spec.as_object_mut().unwrap().remove("spec");
     let (_, body) = post_json(&server, "/validate", &review("CREATE", no_spec)).await;
-    assert_eq!(
-        body["response"]["status"]["message"],
-        "Balancer \"example-balancer\" is invalid: spec: is required"
-    );
+    assert_eq!(body["response"]["status"]["message"], "Balancer \"example-balancer\" is invalid: spec: is required");
     server.stop().await;
 }
 
@@ -164,11 +155,7 @@ async fn unusable_requests_get_4xx_with_a_json_error() {
     let server = TestServer::start().await;
     let client = server.client();
     let send = |body: &'static str, content_type: &'static str| {
-        client
-            .post(server.url("/validate"))
-            .header("content-type", content_type)
-            .body(body)
-            .send()
+        client.post(server.url("/validate")).header("content-type", content_type).body(body).send()
     };
     let cases = [
         ("{", "application/json", 400, "the body is not an AdmissionReview"),
@@ -195,10 +182,7 @@ async fn unusable_requests_get_4xx_with_a_json_error() {
     let mut no_uid = review("CREATE", sample_balancer());
     no_uid["request"]["uid"] = json!("");
     let (status, body) = post_json(&server, "/validate", &no_uid).await;
-    assert_eq!(
-        (status, body["error"].as_str()),
-        (400, Some("request.uid must not be empty"))
-    );
+    assert_eq!((status, body["error"].as_str()), (400, Some("request.uid must not be empty")));
 
     let response = client.get(server.url("/validate")).send().await.expect("request");
     assert_eq!(response.status().as_u16(), 405);
@@ -222,11 +206,8 @@ async fn oversized_bodies_get_413_whether_declared_or_streamed() {
     assert_eq!(response.status().as_u16(), 413);
 
     // Chunked, so no Content-Length announces the size.
-    let stream = futures::stream::iter(
-        big.chunks(8 * 1024)
-            .map(|c| Ok::<_, std::io::Error>(c.to_vec()))
-            .collect::<Vec<_>>(),
-    );
+    let stream =
+        futures::stream::iter(big.chunks(8 * 1024).map(|c| Ok::<_, std::io::Error>(c.to_vec())).collect::<Vec<_>>());
     let response = server
         .client()
         .post(server.url("/validate"))
@@ -243,32 +224,16 @@ async fn oversized_bodies_get_413_whether_declared_or_streamed() {
 async fn health_readiness_and_metrics() {
     let server = TestServer::start().await;
     for url in [server.url("/healthz"), server.url("/readyz")] {
-        assert_eq!(
-            server.client().get(&url).send().await.unwrap().text().await.unwrap(),
-            "ok"
-        );
+        assert_eq!(server.client().get(&url).send().await.unwrap().text().await.unwrap(), "ok");
     }
     for path in ["/healthz", "/readyz"] {
-        assert_eq!(
-            reqwest::get(server.probe_url(path))
-                .await
-                .unwrap()
-                .text()
-                .await
-                .unwrap(),
-            "ok"
-        );
+        assert_eq!(reqwest::get(server.probe_url(path)).await.unwrap().text().await.unwrap(), "ok");
     }
     post_json(&server, "/validate", &review("CREATE", sample_balancer())).await;
     post_json(&server, "/validate", &review("CREATE", sample_balancer())).await;
     post_json(&server, "/mutate", &review("CREATE", json!({"apiVersion":"exposer.hliangzhao.io/v1alpha1","kind":"Balancer","metadata":{"name":"m"},"spec":{"ports":[{"port":1}],"backends":[{"name":"a","selector":{"a":"b"}}]}}))).await;
-    let _ = server
-        .client()
-        .post(server.url("/mutate"))
-        .header("content-type", "application/json")
-        .body("[")
-        .send()
-        .await;
+    let _ =
+        server.client().post(server.url("/mutate")).header("content-type", "application/json").body("[").send().await;
     let text = server.metrics().await;
     for line in [
         "balancer_admission_requests_total{webhook=\"validate\",outcome=\"allowed\"} 2",
@@ -293,10 +258,7 @@ async fn curl_with_cacert_gets_real_answers() {
     let mut bad = sample_balancer();
     bad["spec"]["backends"][0]["weight"] = json!(101);
     let mut undefaulted = sample_balancer();
-    undefaulted["spec"]["ports"][0]
-        .as_object_mut()
-        .unwrap()
-        .remove("protocol");
+    undefaulted["spec"]["ports"][0].as_object_mut().unwrap().remove("protocol");
     let cases = [
         ("/validate", review("CREATE", sample_balancer()), json!(true)),
         ("/validate", review("CREATE", bad), json!(false)),
@@ -314,11 +276,7 @@ async fn curl_with_cacert_gets_real_answers() {
             .output()
             .await
             .expect("curl runs");
-        assert!(
-            output.status.success(),
-            "curl failed: {}",
-            String::from_utf8_lossy(&output.stderr)
-        );
+        assert!(output.status.success(), "curl failed: {}", String::from_utf8_lossy(&output.stderr));
         let answer: Value = serde_json::from_slice(&output.stdout).expect("JSON answer");
         assert_eq!(answer["response"]["uid"], UID);
         assert_eq!(answer["response"]["allowed"], allowed, "{answer}");
@@ -330,11 +288,7 @@ async fn curl_with_cacert_gets_real_answers() {
         }
     }
     // And curl without the CA refuses the dev certificate, as it should.
-    let output = tokio::process::Command::new("curl")
-        .args(["-sS", &server.url("/healthz")])
-        .output()
-        .await
-        .unwrap();
+    let output = tokio::process::Command::new("curl").args(["-sS", &server.url("/healthz")]).output().await.unwrap();
     assert!(!output.status.success());
     server.stop().await;
 }
@@ -344,10 +298,7 @@ async fn a_client_that_does_not_finish_its_headers_is_disconnected() {
     let server = TestServer::start().await;
     let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(support::client_config(&server.ca_path())));
     let tcp = TcpStream::connect(server.webhook).await.unwrap();
-    let mut tls = connector
-        .connect("127.0.0.1".try_into().unwrap(), tcp)
-        .await
-        .expect("handshake");
+    let mut tls = connector.connect("127.0.0.1".try_into().unwrap(), tcp).await.expect("handshake");
     tls.write_all(b"POST /validate HTTP/1.1\r\nHost: x\r\n").await.unwrap();
     let mut buf = Vec::new();
     // test_limits() allows 1 s for headers; the server must hang up well before 5 s.
@@ -361,13 +312,8 @@ async fn idle_keep_alive_connections_are_closed() {
     let server = TestServer::start().await;
     let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(support::client_config(&server.ca_path())));
     let tcp = TcpStream::connect(server.webhook).await.unwrap();
-    let mut tls = connector
-        .connect("127.0.0.1".try_into().unwrap(), tcp)
-        .await
-        .expect("handshake");
-    tls.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
-        .await
-        .unwrap();
+    let mut tls = connector.connect("127.0.0.1".try_into().unwrap(), tcp).await.expect("handshake");
+    tls.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n").await.unwrap();
     let mut first = [0u8; 17];
     tls.read_exact(&mut first).await.unwrap();
     assert_eq!(&first, b"HTTP/1.1 200 OK\r\n");
@@ -380,23 +326,14 @@ async fn idle_keep_alive_connections_are_closed() {
 #[tokio::test]
 async fn plain_http_on_the_webhook_port_is_refused() {
     let server = TestServer::start().await;
-    let plain = reqwest::Client::new()
-        .get(format!("http://127.0.0.1:{}/healthz", server.webhook.port()))
-        .send()
-        .await;
+    let plain = reqwest::Client::new().get(format!("http://127.0.0.1:{}/healthz", server.webhook.port())).send().await;
     assert!(plain.is_err(), "plain HTTP got an answer: {plain:?}");
 
     let mut tcp = TcpStream::connect(server.webhook).await.unwrap();
-    tcp.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
-        .await
-        .unwrap();
+    tcp.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n").await.unwrap();
     let mut buf = Vec::new();
     let _ = tokio::time::timeout(Duration::from_secs(5), tcp.read_to_end(&mut buf)).await;
-    assert!(
-        !buf.starts_with(b"HTTP/"),
-        "answered plain HTTP: {:?}",
-        String::from_utf8_lossy(&buf)
-    );
+    assert!(!buf.starts_with(b"HTTP/"), "answered plain HTTP: {:?}", String::from_utf8_lossy(&buf));
     server.stop().await;
 }
 
@@ -459,10 +396,7 @@ async fn shutdown_lets_in_flight_requests_finish_and_stops_accepting() {
     .await;
     let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(support::client_config(&server.ca_path())));
     let tcp = TcpStream::connect(server.webhook).await.unwrap();
-    let mut tls = connector
-        .connect("127.0.0.1".try_into().unwrap(), tcp)
-        .await
-        .expect("handshake");
+    let mut tls = connector.connect("127.0.0.1".try_into().unwrap(), tcp).await.expect("handshake");
     let body = review("CREATE", sample_balancer()).to_string();
     let head = format!(
         "POST /validate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
@@ -477,17 +411,11 @@ async fn shutdown_lets_in_flight_requests_finish_and_stops_accepting() {
     let webhook = server.webhook;
     token.cancel();
     tokio::time::sleep(Duration::from_millis(200)).await;
-    assert!(
-        TcpStream::connect(webhook).await.is_err(),
-        "still accepting after shutdown"
-    );
+    assert!(TcpStream::connect(webhook).await.is_err(), "still accepting after shutdown");
 
     tls.write_all(&body.as_bytes()[10..]).await.unwrap();
     let mut response = Vec::new();
-    tokio::time::timeout(Duration::from_secs(5), tls.read_to_end(&mut response))
-        .await
-        .expect("answered")
-        .unwrap();
+    tokio::time::timeout(Duration::from_secs(5), tls.read_to_end(&mut response)).await.expect("answered").unwrap();
     let text = String::from_utf8_lossy(&response);
     assert!(text.starts_with("HTTP/1.1 200 OK"), "{text}");
     assert!(text.contains(UID), "{text}");

@@ -7,11 +7,11 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use balancer::cli::RunArgs;
+use balancer::cli::{Cli, Command, RunArgs};
 use balancer::run;
 use balancer::server::Limits;
-use balancer::telemetry::LogFormat;
 use balancer::tls;
+use clap::Parser;
 use rustls::pki_types::CertificateDer;
 use rustls::pki_types::pem::PemObject;
 use serde_json::{Value, json};
@@ -55,28 +55,12 @@ impl TestServer {
         install_crypto_provider();
         let dir = TempDir::new().expect("temp dir");
         write_certs(&dir, &["localhost", "127.0.0.1"]);
-        let args = RunArgs {
-            webhook_addr: "127.0.0.1:0".parse().expect("addr"),
-            probe_addr: "127.0.0.1:0".parse().expect("addr"),
-            tls_cert: Some(dir.path().join(tls::CERT_FILE)),
-            tls_key: Some(dir.path().join(tls::KEY_FILE)),
-            dev_cert_dir: dir.path().join("unused"),
-            tls_reload_interval: RELOAD_INTERVAL,
-            max_body_bytes: limits.max_body_bytes,
-            log_format: LogFormat::Text,
-            log_level: "warn".into(),
-        };
+        let cert = dir.path().join(tls::CERT_FILE);
+        let key = dir.path().join(tls::KEY_FILE);
+        let args = run_args(&cert, &key, limits.max_body_bytes);
         let shutdown = CancellationToken::new();
-        let (bound, task) = run::start(&args, limits, shutdown.clone())
-            .await
-            .expect("server starts");
-        TestServer {
-            webhook: bound.webhook,
-            probe: bound.probe,
-            dir,
-            shutdown,
-            task,
-        }
+        let (bound, task) = run::start(&args, limits, shutdown.clone()).await.expect("server starts");
+        TestServer { webhook: bound.webhook, probe: bound.probe, dir, shutdown, task }
     }
 
     pub fn ca_path(&self) -> PathBuf {
@@ -114,12 +98,37 @@ impl TestServer {
     }
 
     pub async fn metrics(&self) -> String {
-        reqwest::get(self.probe_url("/metrics"))
-            .await
-            .expect("scrape")
-            .text()
-            .await
-            .expect("body")
+        reqwest::get(self.probe_url("/metrics")).await.expect("scrape").text().await.expect("body")
+    }
+}
+
+/// `balancer run` arguments for a test server on ephemeral loopback ports, webhooks only,
+/// parsed exactly as the command line would be.
+pub fn run_args(cert: &std::path::Path, key: &std::path::Path, max_body_bytes: usize) -> RunArgs {
+    let reload = format!("{}ms", RELOAD_INTERVAL.as_millis());
+    let max_body = max_body_bytes.to_string();
+    let argv = [
+        "balancer",
+        "run",
+        "--webhook-addr",
+        "127.0.0.1:0",
+        "--probe-addr",
+        "127.0.0.1:0",
+        "--tls-cert",
+        cert.to_str().expect("utf-8 path"),
+        "--tls-key",
+        key.to_str().expect("utf-8 path"),
+        "--tls-reload-interval",
+        &reload,
+        "--max-body-bytes",
+        &max_body,
+        "--disable-controller",
+        "--log-level",
+        "warn",
+    ];
+    match Cli::try_parse_from(argv).expect("valid arguments").command {
+        Command::Run(args) => *args,
+        other => panic!("parsed as {other:?}"),
     }
 }
 
@@ -167,16 +176,9 @@ pub const UID: &str = "705ab4f5-6393-11e8-b7cc-42010a800002";
 /// An `admission.k8s.io/v1` AdmissionReview around `object`, as the API server sends it.
 pub fn review(operation: &str, object: Value) -> Value {
     let name = object.pointer("/metadata/name").cloned().unwrap_or(json!(""));
-    let kind = object
-        .get("kind")
-        .and_then(Value::as_str)
-        .unwrap_or("Balancer")
-        .to_string();
-    let (group, version, resource) = if kind == "Balancer" {
-        ("exposer.hliangzhao.io", "v1alpha1", "balancers")
-    } else {
-        ("", "v1", "configmaps")
-    };
+    let kind = object.get("kind").and_then(Value::as_str).unwrap_or("Balancer").to_string();
+    let (group, version, resource) =
+        if kind == "Balancer" { ("exposer.hliangzhao.io", "v1alpha1", "balancers") } else { ("", "v1", "configmaps") };
     json!({
         "apiVersion": "admission.k8s.io/v1",
         "kind": "AdmissionReview",
@@ -206,10 +208,7 @@ pub fn have_tool(tool: &str) -> bool {
         .map(|o| o.status.success())
         .unwrap_or(false);
     if !found {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "{tool} is required in CI but is not installed"
-        );
+        assert!(std::env::var_os("CI").is_none(), "{tool} is required in CI but is not installed");
         eprintln!("SKIPPED: {tool} is not installed; install it to run this test");
     }
     found

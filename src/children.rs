@@ -1,0 +1,330 @@
+//! The objects a Balancer owns, built as pure functions of the Balancer.
+//!
+//! Each builder returns exactly the fields balancer manages (server-side apply
+//! semantics): the controller applies them as they are and compares them with
+//! the cached objects as a subset, so server-populated fields never look like drift.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
+use k8s_openapi::api::core::v1::{
+    Capabilities, ConfigMap, ConfigMapVolumeSource, Container, ContainerPort, EmptyDirVolumeSource, ExecAction,
+    PodSecurityContext, PodSpec, PodTemplateSpec, Probe, ResourceRequirements, SeccompProfile, SecurityContext,
+    Service, ServicePort, ServiceSpec, Sysctl, TCPSocketAction, Volume, VolumeMount,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use kube::Resource;
+
+use crate::api::{self, BackendSpec, Balancer, BalancerPort, BalancerSpec};
+use crate::nginx::{self, CONFIG_FILE};
+
+/// Label every child carries: who manages it.
+pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
+pub const MANAGED_BY: &str = "balancer";
+/// Label every child carries: which Balancer owns it.
+pub const BALANCER_NAME_LABEL: &str = "balancer.exposer.hliangzhao.io/balancer-name";
+/// Label telling children apart: `backend`, `proxy` or `frontend`.
+pub const COMPONENT_LABEL: &str = "app.kubernetes.io/component";
+/// Label on backend Services: the backend's name.
+pub const BACKEND_LABEL: &str = "balancer.exposer.hliangzhao.io/backend";
+/// Pod template annotation: hash of `nginx.conf`, so a config change rolls the proxy pods.
+pub const CONFIG_HASH_ANNOTATION: &str = "balancer.exposer.hliangzhao.io/config-hash";
+
+pub const COMPONENT_BACKEND: &str = "backend";
+pub const COMPONENT_PROXY: &str = "proxy";
+pub const COMPONENT_FRONTEND: &str = "frontend";
+
+/// Where the proxy's files live inside its container.
+const CONFIG_DIR: &str = "/etc/balancer";
+/// nginx-unprivileged's user and group.
+const PROXY_UID: i64 = 101;
+
+/// How proxy Deployments are built; set from the command line.
+#[derive(Debug, Clone)]
+pub struct ProxySettings {
+    /// nginx image with the stream module, running as a non-root user.
+    pub image: String,
+    /// Proxy pods per Balancer.
+    pub replicas: i32,
+    /// DNS domain of the cluster, for backend Service names in `nginx.conf`.
+    pub cluster_domain: String,
+}
+
+/// The identity children point back to.
+#[derive(Debug, Clone)]
+pub struct Owner {
+    pub name: String,
+    pub namespace: String,
+    pub reference: OwnerReference,
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum OwnerError {
+    #[error("the Balancer has no metadata.name")]
+    MissingName,
+    #[error("the Balancer has no metadata.namespace")]
+    MissingNamespace,
+    #[error("the Balancer has no metadata.uid (it has not been stored by the API server)")]
+    MissingUid,
+}
+
+impl Owner {
+    /// The controller owner reference of a stored Balancer (`controller` and `blockOwnerDeletion` set).
+    pub fn of(balancer: &Balancer) -> Result<Owner, OwnerError> {
+        let name = balancer.metadata.name.clone().ok_or(OwnerError::MissingName)?;
+        let namespace = balancer.metadata.namespace.clone().ok_or(OwnerError::MissingNamespace)?;
+        let reference = balancer.controller_owner_ref(&()).ok_or(OwnerError::MissingUid)?;
+        Ok(Owner { name, namespace, reference })
+    }
+}
+
+/// Everything a Balancer should own, in apply order: backend Services first,
+/// because nginx resolves their names when it starts.
+#[derive(Debug, Clone)]
+pub struct Desired {
+    pub backend_services: Vec<Service>,
+    pub config_map: ConfigMap,
+    pub deployment: Deployment,
+    pub front_service: Service,
+    /// The rendered `nginx.conf` (also inside `config_map`).
+    pub nginx_conf: String,
+}
+
+/// Builds every child of a defaulted, valid spec.
+pub fn desired(owner: &Owner, spec: &BalancerSpec, settings: &ProxySettings) -> Desired {
+    let domain = &settings.cluster_domain;
+    let address = |backend: &BackendSpec, port: &BalancerPort| {
+        let service = api::backend_service_name(&owner.name, &backend.name);
+        format!("{service}.{}.svc.{domain}:{}", owner.namespace, port.port)
+    };
+    let nginx_conf = nginx::render(&owner.name, spec, &address);
+    Desired {
+        backend_services: spec.backends.iter().map(|b| backend_service(owner, spec, b)).collect(),
+        config_map: proxy_config_map(owner, &nginx_conf),
+        deployment: proxy_deployment(owner, spec, settings, &nginx::config_hash(&nginx_conf)),
+        front_service: front_service(owner, spec),
+        nginx_conf,
+    }
+}
+
+/// The labels every child of `balancer` carries, plus its component.
+pub fn labels(balancer: &str, component: &str) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        (MANAGED_BY_LABEL.to_string(), MANAGED_BY.to_string()),
+        (BALANCER_NAME_LABEL.to_string(), balancer.to_string()),
+        (COMPONENT_LABEL.to_string(), component.to_string()),
+    ])
+}
+
+/// Selects the proxy pods of one Balancer; also the Deployment's (immutable) selector.
+pub fn proxy_selector(balancer: &str) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        (BALANCER_NAME_LABEL.to_string(), balancer.to_string()),
+        (COMPONENT_LABEL.to_string(), COMPONENT_PROXY.to_string()),
+    ])
+}
+
+fn metadata(owner: &Owner, name: String, labels: BTreeMap<String, String>) -> ObjectMeta {
+    ObjectMeta {
+        name: Some(name),
+        namespace: Some(owner.namespace.clone()),
+        labels: Some(labels),
+        owner_references: Some(vec![owner.reference.clone()]),
+        ..ObjectMeta::default()
+    }
+}
+
+/// `<balancer>-<backend>-backend`: ClusterIP, the merged selector, one port per Balancer port.
+pub fn backend_service(owner: &Owner, spec: &BalancerSpec, backend: &BackendSpec) -> Service {
+    let mut labels = labels(&owner.name, COMPONENT_BACKEND);
+    labels.insert(BACKEND_LABEL.to_string(), backend.name.clone());
+    let ports = spec
+        .ports
+        .iter()
+        .map(|p| ServicePort {
+            name: p.name.clone().filter(|n| !n.is_empty()),
+            protocol: Some(p.effective_protocol().to_string()),
+            port: p.port,
+            target_port: Some(p.effective_target_port()),
+            ..ServicePort::default()
+        })
+        .collect();
+    Service {
+        metadata: metadata(owner, api::backend_service_name(&owner.name, &backend.name), labels),
+        spec: Some(ServiceSpec {
+            type_: Some("ClusterIP".into()),
+            selector: Some(spec.merged_selector(backend)),
+            ports: Some(ports),
+            ..ServiceSpec::default()
+        }),
+        status: None,
+    }
+}
+
+/// `<balancer>`: ClusterIP in front of the proxy pods, every Balancer port.
+pub fn front_service(owner: &Owner, spec: &BalancerSpec) -> Service {
+    let ports = spec
+        .ports
+        .iter()
+        .map(|p| ServicePort {
+            name: p.name.clone().filter(|n| !n.is_empty()),
+            protocol: Some(p.effective_protocol().to_string()),
+            port: p.port,
+            target_port: Some(IntOrString::Int(p.port)),
+            ..ServicePort::default()
+        })
+        .collect();
+    Service {
+        metadata: metadata(owner, owner.name.clone(), labels(&owner.name, COMPONENT_FRONTEND)),
+        spec: Some(ServiceSpec {
+            type_: Some("ClusterIP".into()),
+            selector: Some(proxy_selector(&owner.name)),
+            ports: Some(ports),
+            ..ServiceSpec::default()
+        }),
+        status: None,
+    }
+}
+
+/// `<balancer>-proxy-configmap` holding `nginx.conf`.
+pub fn proxy_config_map(owner: &Owner, nginx_conf: &str) -> ConfigMap {
+    ConfigMap {
+        metadata: metadata(owner, api::proxy_configmap_name(&owner.name), labels(&owner.name, COMPONENT_PROXY)),
+        data: Some(BTreeMap::from([(CONFIG_FILE.to_string(), nginx_conf.to_string())])),
+        ..ConfigMap::default()
+    }
+}
+
+/// `<balancer>-proxy`: unprivileged nginx reading the ConfigMap, rolled when `config_hash` changes.
+pub fn proxy_deployment(owner: &Owner, spec: &BalancerSpec, settings: &ProxySettings, config_hash: &str) -> Deployment {
+    let mut pod_labels = labels(&owner.name, COMPONENT_PROXY);
+    pod_labels.extend(proxy_selector(&owner.name));
+    let template = PodTemplateSpec {
+        metadata: Some(ObjectMeta {
+            labels: Some(pod_labels),
+            annotations: Some(BTreeMap::from([(CONFIG_HASH_ANNOTATION.to_string(), config_hash.to_string())])),
+            ..ObjectMeta::default()
+        }),
+        spec: Some(proxy_pod_spec(owner, spec, settings)),
+    };
+    Deployment {
+        metadata: metadata(owner, api::proxy_deployment_name(&owner.name), labels(&owner.name, COMPONENT_PROXY)),
+        spec: Some(DeploymentSpec {
+            replicas: Some(settings.replicas),
+            selector: LabelSelector { match_labels: Some(proxy_selector(&owner.name)), match_expressions: None },
+            template,
+            ..DeploymentSpec::default()
+        }),
+        status: None,
+    }
+}
+
+fn proxy_pod_spec(owner: &Owner, spec: &BalancerSpec, settings: &ProxySettings) -> PodSpec {
+    let config_volume = "nginx-conf";
+    let tmp_volume = "tmp";
+    // Ports below 1024 need the (namespaced, safe since Kubernetes 1.22) sysctl for a non-root nginx.
+    let sysctls = spec
+        .ports
+        .iter()
+        .any(|p| p.port < 1024)
+        .then(|| vec![Sysctl { name: "net.ipv4.ip_unprivileged_port_start".into(), value: "0".into() }]);
+    let container = Container {
+        name: "nginx".into(),
+        image: Some(settings.image.clone()),
+        image_pull_policy: Some("IfNotPresent".into()),
+        command: Some(vec!["nginx".into()]),
+        args: Some(nginx_args()),
+        ports: Some(
+            spec.ports
+                .iter()
+                .map(|p| ContainerPort {
+                    container_port: p.port,
+                    protocol: Some(p.effective_protocol().to_string()),
+                    ..ContainerPort::default()
+                })
+                .collect(),
+        ),
+        readiness_probe: Some(readiness_probe(spec)),
+        resources: Some(ResourceRequirements {
+            requests: Some(BTreeMap::from([
+                ("cpu".to_string(), Quantity("50m".into())),
+                ("memory".to_string(), Quantity("32Mi".into())),
+            ])),
+            limits: Some(BTreeMap::from([("memory".to_string(), Quantity("128Mi".into()))])),
+            ..ResourceRequirements::default()
+        }),
+        security_context: Some(SecurityContext {
+            allow_privilege_escalation: Some(false),
+            read_only_root_filesystem: Some(true),
+            run_as_non_root: Some(true),
+            capabilities: Some(Capabilities { drop: Some(vec!["ALL".into()]), add: None }),
+            ..SecurityContext::default()
+        }),
+        volume_mounts: Some(vec![
+            VolumeMount {
+                name: config_volume.into(),
+                mount_path: CONFIG_DIR.into(),
+                read_only: Some(true),
+                ..VolumeMount::default()
+            },
+            VolumeMount { name: tmp_volume.into(), mount_path: "/tmp".into(), ..VolumeMount::default() },
+        ]),
+        ..Container::default()
+    };
+    PodSpec {
+        automount_service_account_token: Some(false),
+        security_context: Some(PodSecurityContext {
+            run_as_non_root: Some(true),
+            run_as_user: Some(PROXY_UID),
+            run_as_group: Some(PROXY_UID),
+            seccomp_profile: Some(SeccompProfile { type_: "RuntimeDefault".into(), localhost_profile: None }),
+            sysctls,
+            ..PodSecurityContext::default()
+        }),
+        containers: vec![container],
+        volumes: Some(vec![
+            Volume {
+                name: config_volume.into(),
+                config_map: Some(ConfigMapVolumeSource {
+                    name: api::proxy_configmap_name(&owner.name),
+                    ..ConfigMapVolumeSource::default()
+                }),
+                ..Volume::default()
+            },
+            Volume { name: tmp_volume.into(), empty_dir: Some(EmptyDirVolumeSource::default()), ..Volume::default() },
+        ]),
+        ..PodSpec::default()
+    }
+}
+
+/// nginx in the foreground, reading the mounted file, logging to stderr, pid file on the writable /tmp.
+pub fn nginx_args() -> Vec<String> {
+    vec![
+        "-c".into(),
+        format!("{CONFIG_DIR}/{CONFIG_FILE}"),
+        "-e".into(),
+        "stderr".into(),
+        "-g".into(),
+        "daemon off; pid /tmp/nginx.pid;".into(),
+    ]
+}
+
+/// Ready when the first TCP port accepts connections; a UDP-only proxy is
+/// ready when nginx accepts its configuration (UDP has no connection to probe).
+fn readiness_probe(spec: &BalancerSpec) -> Probe {
+    let tcp_port = spec.ports.iter().find(|p| p.effective_protocol() == "TCP").map(|p| p.port);
+    let mut probe = Probe { period_seconds: Some(5), failure_threshold: Some(3), ..Probe::default() };
+    match tcp_port {
+        Some(port) => {
+            probe.tcp_socket = Some(TCPSocketAction { port: IntOrString::Int(port), host: None });
+        }
+        None => {
+            let mut command = vec!["nginx".to_string(), "-t".into(), "-q".into()];
+            command.extend(nginx_args().into_iter().take(4));
+            probe.exec = Some(ExecAction { command: Some(command) });
+        }
+    }
+    probe
+}

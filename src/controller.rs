@@ -1,0 +1,465 @@
+//! The reconcile loop: every Balancer becomes its children (see [`crate::children`]) and a status.
+//!
+//! Level-based and cheap on the API server: desired objects are compared with
+//! the watch caches of the children, and only what differs is written (with
+//! server-side apply, one field manager, forced). A converged Balancer costs no
+//! writes, status included.
+
+use std::collections::HashMap;
+use std::fmt::Debug;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use k8s_openapi::NamespaceResourceScope;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{ConfigMap, Service};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{DeleteParams, Patch, PatchParams, Preconditions};
+use kube::runtime::controller::{self, Action};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{Controller, WatchStreamExt, predicates, watcher};
+use kube::{Api, Client, Resource, ResourceExt};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+use crate::admission::denial_message;
+use crate::api::{Balancer, BalancerStatus};
+use crate::children::{self, BALANCER_NAME_LABEL, COMPONENT_BACKEND, COMPONENT_LABEL, MANAGED_BY, MANAGED_BY_LABEL};
+use crate::children::{Desired, Owner, OwnerError, ProxySettings};
+use crate::defaulting::with_defaults;
+use crate::telemetry::{Metrics, ReconcileResult};
+use crate::validation::{ObjectName, validate};
+
+/// The field manager of every write, and the events' reporting controller.
+pub const FIELD_MANAGER: &str = "balancer";
+/// How often a converged Balancer is checked again for drift the watches could have missed.
+pub const RESYNC: Duration = Duration::from_secs(300);
+/// The `Ready` condition type.
+pub const READY: &str = "Ready";
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("cannot {verb} {kind} {name}: {source}")]
+    Api { verb: &'static str, kind: String, name: String, source: kube::Error },
+    #[error(transparent)]
+    Owner(#[from] OwnerError),
+}
+
+impl Error {
+    /// A short machine-readable kind, for metrics and the condition reason.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Error::Api { .. } => "ApiError",
+            Error::Owner(_) => "InvalidObject",
+        }
+    }
+}
+
+/// What reconciles share: the client, the children's caches and the settings.
+pub struct Context {
+    pub client: Client,
+    pub recorder: Recorder,
+    pub services: Store<Service>,
+    pub config_maps: Store<ConfigMap>,
+    pub deployments: Store<Deployment>,
+    pub settings: ProxySettings,
+    pub metrics: Arc<Metrics>,
+    /// Consecutive failures per Balancer, for exponential backoff.
+    failures: Mutex<HashMap<ObjectRef<Balancer>, u32>>,
+}
+
+impl Context {
+    pub fn new(
+        client: Client,
+        stores: (Store<Service>, Store<ConfigMap>, Store<Deployment>),
+        settings: ProxySettings,
+        metrics: Arc<Metrics>,
+    ) -> Self {
+        let recorder = Recorder::new(client.clone(), Reporter::from(FIELD_MANAGER));
+        Context {
+            client,
+            recorder,
+            services: stores.0,
+            config_maps: stores.1,
+            deployments: stores.2,
+            settings,
+            metrics,
+            failures: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Waits for the first full list of every child cache; immediate once they have synced.
+    async fn caches_ready(&self) {
+        let _ = self.services.wait_until_ready().await;
+        let _ = self.config_maps.wait_until_ready().await;
+        let _ = self.deployments.wait_until_ready().await;
+    }
+
+    fn failures(&self) -> std::sync::MutexGuard<'_, HashMap<ObjectRef<Balancer>, u32>> {
+        self.failures.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// Reconciles one Balancer, recording metrics and, on failure, the error in its status.
+pub async fn reconcile(balancer: Arc<Balancer>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let _in_flight = ctx.metrics.reconcile_started();
+    let started = Instant::now();
+    let result = converge(&balancer, &ctx).await;
+    let outcome = match &result {
+        Ok(_) => {
+            ctx.failures().remove(&ObjectRef::from_obj(balancer.as_ref()));
+            ReconcileResult::Success
+        }
+        Err(e) => {
+            tracing::warn!(balancer = %ObjectRef::from_obj(balancer.as_ref()), error = %e, "reconcile failed");
+            report_failure(&balancer, &ctx, e).await;
+            ReconcileResult::Error
+        }
+    };
+    ctx.metrics.reconciled(outcome, result.as_ref().err().map(Error::kind), started.elapsed());
+    result
+}
+
+/// Requeues a failed Balancer with exponential backoff: 1 s, 2 s, 4 s … up to 5 minutes.
+pub fn error_policy(balancer: Arc<Balancer>, _error: &Error, ctx: Arc<Context>) -> Action {
+    let mut failures = ctx.failures();
+    let count = failures.entry(ObjectRef::from_obj(balancer.as_ref())).or_insert(0);
+    *count = count.saturating_add(1);
+    Action::requeue(backoff(*count))
+}
+
+/// `2^(failures-1)` seconds, capped at [`RESYNC`].
+pub fn backoff(failures: u32) -> Duration {
+    let secs = 1u64.checked_shl(failures.saturating_sub(1)).unwrap_or(u64::MAX);
+    Duration::from_secs(secs).min(RESYNC)
+}
+
+async fn converge(balancer: &Balancer, ctx: &Context) -> Result<Action, Error> {
+    ctx.caches_ready().await;
+    if balancer.meta().deletion_timestamp.is_some() {
+        // Garbage collection removes the children through their ownerReferences.
+        return Ok(Action::await_change());
+    }
+    let owner = Owner::of(balancer)?;
+    let spec = with_defaults(&balancer.spec);
+    let report = validate(ObjectName::Name(&owner.name), &spec);
+    if !report.is_valid() {
+        // The webhook normally stops this; without it (or with a stale one), refuse to build children.
+        let message = denial_message(&owner.name, &report.errors);
+        let counts = counts_from_cache(balancer, ctx);
+        let ready = condition(balancer, false, "InvalidSpec", &message);
+        write_status(balancer, ctx, counts, ready).await?;
+        return Ok(Action::await_change());
+    }
+
+    let desired = children::desired(&owner, &spec, &ctx.settings);
+    for service in &desired.backend_services {
+        ensure(balancer, ctx, &ctx.services, service).await?;
+    }
+    let obsolete = delete_obsolete_backends(balancer, ctx, &owner, &desired).await?;
+    ensure(balancer, ctx, &ctx.config_maps, &desired.config_map).await?;
+    let deployment = ensure(balancer, ctx, &ctx.deployments, &desired.deployment).await?;
+    ensure(balancer, ctx, &ctx.services, &desired.front_service).await?;
+
+    let counts = Counts { active: desired.backend_services.len(), obsolete };
+    let ready = proxy_condition(balancer, &deployment, counts.active);
+    write_status(balancer, ctx, counts, ready).await?;
+    Ok(Action::requeue(RESYNC))
+}
+
+/// Applies `desired` unless the cached object already holds every field it sets.
+/// Returns the object as the API server has it (cached or just applied).
+async fn ensure<K>(balancer: &Balancer, ctx: &Context, cache: &Store<K>, desired: &K) -> Result<Arc<K>, Error>
+where
+    K: Resource<DynamicType = (), Scope = NamespaceResourceScope> + Clone + Debug + Serialize + DeserializeOwned,
+{
+    let name = desired.name_any();
+    let namespace = desired.namespace().unwrap_or_default();
+    let cached = cache.get(&ObjectRef::new(&name).within(&namespace));
+    if let Some(cached) = &cached
+        && is_subset(desired, cached.as_ref())
+    {
+        return Ok(cached.clone());
+    }
+    let api: Api<K> = Api::namespaced(ctx.client.clone(), &namespace);
+    let params = PatchParams::apply(FIELD_MANAGER).force();
+    let applied = api.patch(&name, &params, &Patch::Apply(desired)).await.map_err(|source| Error::Api {
+        verb: "apply",
+        kind: K::kind(&()).into_owned(),
+        name: name.clone(),
+        source,
+    })?;
+    let (reason, verb) = if cached.is_some() { ("Updated", "updated") } else { ("Created", "created") };
+    ctx.metrics.child_applied(&K::kind(&()));
+    publish(balancer, ctx, EventType::Normal, reason, format!("{verb} {} {name}", K::kind(&()))).await;
+    Ok(Arc::new(applied))
+}
+
+/// Whether every field set in `desired` has the same value in `actual`: the
+/// server-side-apply view of "nothing to change". Lists must match in length
+/// and element by element, so a removed port or backend is noticed.
+pub fn is_subset(desired: &impl Serialize, actual: &impl Serialize) -> bool {
+    match (serde_json::to_value(desired), serde_json::to_value(actual)) {
+        (Ok(d), Ok(a)) => value_subset(&d, &a),
+        _ => false,
+    }
+}
+
+fn value_subset(desired: &Value, actual: &Value) -> bool {
+    match (desired, actual) {
+        (Value::Object(d), Value::Object(a)) => {
+            d.iter().all(|(k, dv)| dv.is_null() || a.get(k).is_some_and(|av| value_subset(dv, av)))
+        }
+        (Value::Array(d), Value::Array(a)) => d.len() == a.len() && d.iter().zip(a).all(|(x, y)| value_subset(x, y)),
+        _ => desired == actual,
+    }
+}
+
+/// Deletes backend Services this Balancer owns but no longer names; returns how many are still present.
+async fn delete_obsolete_backends(
+    balancer: &Balancer,
+    ctx: &Context,
+    owner: &Owner,
+    desired: &Desired,
+) -> Result<usize, Error> {
+    let wanted: Vec<String> = desired.backend_services.iter().map(ResourceExt::name_any).collect();
+    let obsolete: Vec<Arc<Service>> =
+        owned_backend_services(&ctx.services, owner).into_iter().filter(|s| !wanted.contains(&s.name_any())).collect();
+    let api: Api<Service> = Api::namespaced(ctx.client.clone(), &owner.namespace);
+    for service in &obsolete {
+        let name = service.name_any();
+        // Delete exactly the object seen, never a namesake created since.
+        let params = DeleteParams {
+            preconditions: Some(Preconditions { uid: service.uid(), resource_version: None }),
+            ..DeleteParams::default()
+        };
+        match api.delete(&name, &params).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(status)) if status.code == 404 => {}
+            Err(source) => return Err(Error::Api { verb: "delete", kind: "Service".into(), name, source }),
+        }
+        ctx.metrics.child_deleted("Service");
+        publish(balancer, ctx, EventType::Normal, "Deleted", format!("deleted obsolete backend Service {name}")).await;
+    }
+    Ok(0)
+}
+
+/// Backend Services in the cache that `owner` controls.
+fn owned_backend_services(cache: &Store<Service>, owner: &Owner) -> Vec<Arc<Service>> {
+    cache
+        .state()
+        .into_iter()
+        .filter(|s| s.namespace().as_deref() == Some(owner.namespace.as_str()))
+        .filter(|s| {
+            let labels = s.labels();
+            labels.get(COMPONENT_LABEL).map(String::as_str) == Some(COMPONENT_BACKEND)
+                && labels.get(BALANCER_NAME_LABEL) == Some(&owner.name)
+                && labels.get(MANAGED_BY_LABEL).map(String::as_str) == Some(MANAGED_BY)
+        })
+        .filter(|s| s.owner_references().iter().any(|r| r.uid == owner.reference.uid && r.controller == Some(true)))
+        .collect()
+}
+
+/// The numbers in the status.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Counts {
+    active: usize,
+    obsolete: usize,
+}
+
+/// Counts from the cache alone (when a reconcile could not finish): owned backend
+/// Services the spec names, and those it no longer names.
+fn counts_from_cache(balancer: &Balancer, ctx: &Context) -> Counts {
+    let Ok(owner) = Owner::of(balancer) else { return Counts { active: 0, obsolete: 0 } };
+    let named: Vec<String> =
+        balancer.spec.backends.iter().map(|b| crate::api::backend_service_name(&owner.name, &b.name)).collect();
+    let (active, obsolete): (Vec<_>, Vec<_>) =
+        owned_backend_services(&ctx.services, &owner).into_iter().partition(|s| named.contains(&s.name_any()));
+    Counts { active: active.len(), obsolete: obsolete.len() }
+}
+
+/// `Ready` from the proxy Deployment: rolled out and available.
+fn proxy_condition(balancer: &Balancer, deployment: &Deployment, active: usize) -> Condition {
+    let name = deployment.name_any();
+    let want = deployment.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
+    let status = deployment.status.clone().unwrap_or_default();
+    let observed = status.observed_generation.unwrap_or(0) >= deployment.metadata.generation.unwrap_or(0);
+    let updated = status.updated_replicas.unwrap_or(0);
+    let available = status.available_replicas.unwrap_or(0);
+    if observed && updated >= want && available >= want {
+        let message = format!("proxy Deployment {name} is available ({available}/{want}); {active} backends active");
+        condition(balancer, true, "ProxyAvailable", &message)
+    } else {
+        let message = format!(
+            "waiting for proxy Deployment {name} to become available ({available}/{want} available, {updated}/{want} updated)"
+        );
+        condition(balancer, false, "ProxyNotAvailable", &message)
+    }
+}
+
+/// A `Ready` condition, keeping the previous transition time when the status has not flipped.
+fn condition(balancer: &Balancer, ready: bool, reason: &str, message: &str) -> Condition {
+    let status = if ready { "True" } else { "False" };
+    let previous = balancer
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.iter().find(|c| c.type_ == READY))
+        .filter(|c| c.status == status);
+    Condition {
+        type_: READY.into(),
+        status: status.into(),
+        reason: reason.into(),
+        message: message.into(),
+        observed_generation: balancer.metadata.generation,
+        last_transition_time: previous.map(|c| c.last_transition_time.clone()).unwrap_or(Time(Timestamp::now())),
+    }
+}
+
+/// The status a reconcile arrives at.
+fn next_status(balancer: &Balancer, counts: Counts, ready: Condition) -> BalancerStatus {
+    let mut conditions: Vec<Condition> = balancer
+        .status
+        .as_ref()
+        .map(|s| s.conditions.iter().filter(|c| c.type_ != READY).cloned().collect())
+        .unwrap_or_default();
+    conditions.push(ready);
+    BalancerStatus {
+        active_backends_num: i32::try_from(counts.active).unwrap_or(i32::MAX),
+        obsolete_backends_num: i32::try_from(counts.obsolete).unwrap_or(i32::MAX),
+        observed_generation: balancer.metadata.generation,
+        conditions,
+    }
+}
+
+/// Patches the status subresource only when it changes; announces Ready flips as events.
+async fn write_status(balancer: &Balancer, ctx: &Context, counts: Counts, ready: Condition) -> Result<(), Error> {
+    let status = next_status(balancer, counts, ready.clone());
+    if balancer.status.as_ref() == Some(&status) {
+        return Ok(());
+    }
+    let name = balancer.name_any();
+    let api: Api<Balancer> = Api::namespaced(ctx.client.clone(), &balancer.namespace().unwrap_or_default());
+    let patch = Patch::Merge(json!({ "status": status }));
+    api.patch_status(&name, &PatchParams::default(), &patch).await.map_err(|source| Error::Api {
+        verb: "update status of",
+        kind: "Balancer".into(),
+        name: name.clone(),
+        source,
+    })?;
+    let was = balancer.status.as_ref().and_then(|s| s.conditions.iter().find(|c| c.type_ == READY));
+    if was.is_none_or(|c| c.status != ready.status || c.reason != ready.reason) {
+        let type_ = if ready.status == "True" { EventType::Normal } else { EventType::Warning };
+        publish(balancer, ctx, type_, &ready.reason, ready.message.clone()).await;
+    }
+    Ok(())
+}
+
+/// After a failed reconcile: best effort to show the error in the status and as an event.
+async fn report_failure(balancer: &Balancer, ctx: &Context, error: &Error) {
+    let counts = counts_from_cache(balancer, ctx);
+    let ready = condition(balancer, false, "ReconcileError", &error.to_string());
+    if let Err(e) = write_status(balancer, ctx, counts, ready).await {
+        tracing::debug!(error = %e, "could not record the failure in the status");
+    }
+}
+
+/// Events are for people; failing to record one must not fail the reconcile.
+async fn publish(balancer: &Balancer, ctx: &Context, type_: EventType, reason: &str, note: String) {
+    let event = Event { type_, reason: reason.into(), note: Some(note), action: "Reconcile".into(), secondary: None };
+    if let Err(e) = ctx.recorder.publish(&event, &balancer.object_ref(&())).await {
+        tracing::debug!(error = %e, reason, "could not record an event");
+    }
+}
+
+/// Which namespaces the controller watches.
+#[derive(Debug, Clone)]
+pub enum Scope {
+    All,
+    Namespace(String),
+}
+
+fn api<K>(client: &Client, scope: &Scope) -> Api<K>
+where
+    K: Resource<Scope = NamespaceResourceScope, DynamicType = ()>,
+{
+    match scope {
+        Scope::All => Api::all(client.clone()),
+        Scope::Namespace(ns) => Api::namespaced(client.clone(), ns),
+    }
+}
+
+/// Runs the controller until `stop` is cancelled; sets `synced` once every cache has listed.
+pub async fn run(
+    client: Client,
+    scope: Scope,
+    settings: ProxySettings,
+    metrics: Arc<Metrics>,
+    synced: Arc<AtomicBool>,
+    stop: CancellationToken,
+) {
+    // Only balancer's own children are cached, selected by label.
+    let children = watcher::Config::default().labels(&format!("{MANAGED_BY_LABEL}={MANAGED_BY}"));
+    let (services, services_writer) = reflector::store::<Service>();
+    let (config_maps, config_maps_writer) = reflector::store::<ConfigMap>();
+    let (deployments, deployments_writer) = reflector::store::<Deployment>();
+    let service_events =
+        watcher(api(&client, &scope), children.clone()).default_backoff().reflect(services_writer).touched_objects();
+    let config_map_events =
+        watcher(api(&client, &scope), children.clone()).default_backoff().reflect(config_maps_writer).touched_objects();
+    let deployment_events =
+        watcher(api(&client, &scope), children).default_backoff().reflect(deployments_writer).touched_objects();
+
+    // Status-only updates do not change the generation: filtering on it keeps our own status writes
+    // from triggering another reconcile.
+    let (balancers, balancers_writer) = reflector::store::<Balancer>();
+    let balancer_events = watcher(api::<Balancer>(&client, &scope), watcher::Config::default())
+        .default_backoff()
+        .reflect(balancers_writer)
+        .applied_objects()
+        .predicate_filter(predicates::generation, Default::default());
+
+    let stores = (services.clone(), config_maps.clone(), deployments.clone());
+    let ctx = Arc::new(Context::new(client, stores, settings, metrics.clone()));
+    let readiness = {
+        let balancers = balancers.clone();
+        async move {
+            // Each resolves with an error instead if the controller stops first.
+            let all_synced = balancers.wait_until_ready().await.is_ok()
+                && services.wait_until_ready().await.is_ok()
+                && config_maps.wait_until_ready().await.is_ok()
+                && deployments.wait_until_ready().await.is_ok();
+            if all_synced {
+                synced.store(true, Ordering::Release);
+                tracing::info!("controller caches synced");
+            }
+        }
+    };
+    let controller = Controller::for_stream(balancer_events, balancers)
+        .owns_stream(service_events)
+        .owns_stream(config_map_events)
+        .owns_stream(deployment_events)
+        .with_config(controller::Config::default().debounce(Duration::from_millis(200)))
+        .graceful_shutdown_on(stop.cancelled_owned())
+        .run(reconcile, error_policy, ctx)
+        .for_each(|result| {
+            if let Err(e) = result {
+                log_controller_error(&e);
+            }
+            std::future::ready(())
+        });
+    tokio::join!(controller, readiness);
+}
+
+fn log_controller_error(error: &controller::Error<Error, watcher::Error>) {
+    match error {
+        // Reconcile errors are logged where they happen; a vanished object is routine.
+        controller::Error::ReconcilerFailed(..) | controller::Error::ObjectNotFound(_) => {}
+        other => tracing::warn!(error = %other, "controller error"),
+    }
+}

@@ -1,0 +1,74 @@
+//! `balancer render`: the children the controller would apply, offline, as YAML.
+
+use std::fmt::Write as _;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use serde_json::Value;
+
+use crate::admission::{denial_message, parse_spec};
+use crate::api::{GROUP, KIND, VERSION};
+use crate::check::{YamlError, balancer_documents, check_document, doc_name};
+use crate::children::{Owner, ProxySettings, desired};
+use crate::defaulting::with_defaults;
+
+/// Stands in for the uid the API server assigns, which a file does not have.
+pub const PLACEHOLDER_UID: &str = "00000000-0000-0000-0000-000000000000";
+
+#[derive(Debug, thiserror::Error)]
+pub enum RenderError {
+    #[error(transparent)]
+    Yaml(#[from] YamlError),
+    #[error("{source_name}: document {document}: {message}")]
+    Invalid { source_name: String, document: usize, message: String },
+    #[error("cannot encode YAML: {0}")]
+    Encode(String),
+}
+
+/// Every child object of every Balancer in `text`, as multi-document YAML, in apply order.
+pub fn render_yaml(
+    source_name: &str,
+    text: &str,
+    namespace: &str,
+    settings: &ProxySettings,
+) -> Result<String, RenderError> {
+    let mut out = String::new();
+    for (document, doc) in balancer_documents(source_name, text)? {
+        let name = doc_name(&doc);
+        let invalid = |message: String| RenderError::Invalid { source_name: source_name.into(), document, message };
+        let report = check_document(&doc);
+        if !report.is_valid() {
+            return Err(invalid(denial_message(&name, &report.errors)));
+        }
+        let spec = with_defaults(&parse_spec(&doc).map_err(|e| invalid(e.to_string()))?);
+        let namespace = doc.pointer("/metadata/namespace").and_then(Value::as_str).unwrap_or(namespace);
+        let owner = Owner {
+            name: name.clone(),
+            namespace: namespace.to_string(),
+            reference: OwnerReference {
+                api_version: format!("{GROUP}/{VERSION}"),
+                kind: KIND.into(),
+                name: name.clone(),
+                uid: PLACEHOLDER_UID.into(),
+                controller: Some(true),
+                block_owner_deletion: Some(true),
+            },
+        };
+        let children = desired(&owner, &spec, settings);
+        let _ = writeln!(out, "# Balancer {namespace}/{name} ({source_name}, document {document})");
+        let _ = writeln!(out, "# ownerReferences carry a placeholder uid; the API server assigns the real one.");
+        for service in &children.backend_services {
+            push_document(&mut out, service)?;
+        }
+        push_document(&mut out, &children.config_map)?;
+        push_document(&mut out, &children.deployment)?;
+        push_document(&mut out, &children.front_service)?;
+    }
+    Ok(out)
+}
+
+fn push_document(out: &mut String, object: &impl serde::Serialize) -> Result<(), RenderError> {
+    let yaml = serde_saphyr::to_string(object).map_err(|e| RenderError::Encode(e.to_string()))?;
+    out.push_str("---\n");
+    out.push_str(&yaml);
+    Ok(())
+}
