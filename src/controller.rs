@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{ConfigMap, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, ObjectReference, Service};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{DeleteParams, Patch, PatchParams, Preconditions};
@@ -197,7 +197,8 @@ where
     })?;
     let (reason, verb) = if cached.is_some() { ("Updated", "updated") } else { ("Created", "created") };
     ctx.metrics.child_applied(&K::kind(&()));
-    publish(balancer, ctx, EventType::Normal, reason, format!("{verb} {} {name}", K::kind(&()))).await;
+    let note = format!("{verb} {} {name}", K::kind(&()));
+    publish(balancer, ctx, EventType::Normal, reason, note, Some(desired.object_ref(&()))).await;
     Ok(Arc::new(applied))
 }
 
@@ -245,7 +246,8 @@ async fn delete_obsolete_backends(
             Err(source) => return Err(Error::Api { verb: "delete", kind: "Service".into(), name, source }),
         }
         ctx.metrics.child_deleted("Service");
-        publish(balancer, ctx, EventType::Normal, "Deleted", format!("deleted obsolete backend Service {name}")).await;
+        let note = format!("deleted obsolete backend Service {name}");
+        publish(balancer, ctx, EventType::Normal, "Deleted", note, Some(service.object_ref(&()))).await;
     }
     Ok(0)
 }
@@ -355,7 +357,7 @@ async fn write_status(balancer: &Balancer, ctx: &Context, counts: Counts, ready:
     let was = balancer.status.as_ref().and_then(|s| s.conditions.iter().find(|c| c.type_ == READY));
     if was.is_none_or(|c| c.status != ready.status || c.reason != ready.reason) {
         let type_ = if ready.status == "True" { EventType::Normal } else { EventType::Warning };
-        publish(balancer, ctx, type_, &ready.reason, ready.message.clone()).await;
+        publish(balancer, ctx, type_, &ready.reason, ready.message.clone(), None).await;
     }
     Ok(())
 }
@@ -370,8 +372,18 @@ async fn report_failure(balancer: &Balancer, ctx: &Context, error: &Error) {
 }
 
 /// Events are for people; failing to record one must not fail the reconcile.
-async fn publish(balancer: &Balancer, ctx: &Context, type_: EventType, reason: &str, note: String) {
-    let event = Event { type_, reason: reason.into(), note: Some(note), action: "Reconcile".into(), secondary: None };
+/// `related` names the child concerned, which also keeps the recorder from
+/// folding events about different children into one series.
+async fn publish(
+    balancer: &Balancer,
+    ctx: &Context,
+    type_: EventType,
+    reason: &str,
+    note: String,
+    related: Option<ObjectReference>,
+) {
+    let event =
+        Event { type_, reason: reason.into(), note: Some(note), action: "Reconcile".into(), secondary: related };
     if let Err(e) = ctx.recorder.publish(&event, &balancer.object_ref(&())).await {
         tracing::debug!(error = %e, reason, "could not record an event");
     }

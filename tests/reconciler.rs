@@ -1,0 +1,366 @@
+//! The reconciler against kube's `Client` over a tower-test mock API server:
+//! every request the controller makes is asserted, in order (the controller-rs pattern).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::http::{Method, Request, Response, StatusCode};
+use balancer::api::{BackendSpec, Balancer, BalancerPort, BalancerSpec};
+use balancer::children::{self, Owner, ProxySettings};
+use balancer::controller::{self, Context, backoff, error_policy, is_subset, reconcile};
+use balancer::defaulting::with_defaults;
+use balancer::telemetry::Metrics;
+use k8s_openapi::api::apps::v1::{Deployment, DeploymentStatus};
+use k8s_openapi::api::core::v1::{ConfigMap, Service};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use kube::client::Body;
+use kube::runtime::controller::Action;
+use kube::runtime::reflector::{self, store::Writer};
+use kube::runtime::watcher;
+use kube::{Client, Resource};
+use serde_json::{Value, json};
+use tower_test::mock::{self, Handle};
+
+const NS: &str = "ns";
+const NAME: &str = "example-balancer";
+const UID: &str = "6a1c5e2e-0f2a-4d8c-9c57-6c1f4b5e8d11";
+const SSA: &str = "?&force=true&fieldManager=balancer";
+const EVENTS: &str = "/apis/events.k8s.io/v1/namespaces/ns/events?";
+const STATUS: &str = "/apis/exposer.hliangzhao.io/v1alpha1/namespaces/ns/balancers/example-balancer/status?";
+
+type ApiServer = Handle<Request<Body>, Response<Body>>;
+
+fn settings() -> ProxySettings {
+    ProxySettings { image: "nginx-test:1".into(), replicas: 1, cluster_domain: "cluster.local".into() }
+}
+
+fn sample() -> Balancer {
+    let backend = |name: &str, weight| BackendSpec {
+        name: name.into(),
+        weight: Some(weight),
+        selector: Some(BTreeMap::from([("version".into(), name.into())])),
+    };
+    let mut balancer = Balancer::new(
+        NAME,
+        BalancerSpec {
+            ports: vec![BalancerPort {
+                name: Some("http".into()),
+                protocol: Some("TCP".into()),
+                port: 80,
+                target_port: Some(IntOrString::Int(5678)),
+            }],
+            selector: Some(BTreeMap::from([("app".into(), "test".into())])),
+            backends: vec![backend("v1", 40), backend("v2", 20), backend("v3", 40)],
+        },
+    );
+    balancer.metadata.namespace = Some(NS.into());
+    balancer.metadata.uid = Some(UID.into());
+    balancer.metadata.generation = Some(1);
+    balancer
+}
+
+struct Caches {
+    services: Writer<Service>,
+    config_maps: Writer<ConfigMap>,
+    deployments: Writer<Deployment>,
+}
+
+/// A context whose client talks to the returned mock, with synced (empty) caches.
+fn context() -> (Arc<Context>, ApiServer, Caches) {
+    let (service, handle) = mock::pair::<Request<Body>, Response<Body>>();
+    let client = Client::new(service, "default");
+    let (services, mut services_writer) = reflector::store::<Service>();
+    let (config_maps, mut config_maps_writer) = reflector::store::<ConfigMap>();
+    let (deployments, mut deployments_writer) = reflector::store::<Deployment>();
+    services_writer.apply_watcher_event(&watcher::Event::InitDone);
+    config_maps_writer.apply_watcher_event(&watcher::Event::InitDone);
+    deployments_writer.apply_watcher_event(&watcher::Event::InitDone);
+    let ctx = Context::new(client, (services, config_maps, deployments), settings(), Arc::new(Metrics::default()));
+    let caches = Caches { services: services_writer, config_maps: config_maps_writer, deployments: deployments_writer };
+    (Arc::new(ctx), handle, caches)
+}
+
+/// Fills the caches with the children as the API server would hold them, the proxy available.
+fn converged(caches: &mut Caches, balancer: &Balancer) {
+    let owner = Owner::of(balancer).unwrap();
+    let desired = children::desired(&owner, &with_defaults(&balancer.spec), &settings());
+    let stored = |mut value: Value| {
+        value["metadata"]["uid"] = json!("child-uid");
+        value["metadata"]["resourceVersion"] = json!("42");
+        value["metadata"]["generation"] = json!(1);
+        value["metadata"]["managedFields"] = json!([{"manager": "balancer", "operation": "Apply"}]);
+        value
+    };
+    for service in desired.backend_services.iter().chain([&desired.front_service]) {
+        let mut value = stored(serde_json::to_value(service).unwrap());
+        value["spec"]["clusterIP"] = json!("10.96.0.10");
+        value["spec"]["sessionAffinity"] = json!("None");
+        value["spec"]["ports"][0]["nodePort"] = Value::Null;
+        caches.services.apply_watcher_event(&watcher::Event::Apply(serde_json::from_value(value).unwrap()));
+    }
+    let config_map = stored(serde_json::to_value(&desired.config_map).unwrap());
+    caches.config_maps.apply_watcher_event(&watcher::Event::Apply(serde_json::from_value(config_map).unwrap()));
+    let mut deployment: Deployment =
+        serde_json::from_value(stored(serde_json::to_value(&desired.deployment).unwrap())).unwrap();
+    deployment.spec.as_mut().unwrap().template.spec.as_mut().unwrap().dns_policy = Some("ClusterFirst".into());
+    deployment.status = Some(DeploymentStatus {
+        observed_generation: Some(1),
+        replicas: Some(1),
+        updated_replicas: Some(1),
+        ready_replicas: Some(1),
+        available_replicas: Some(1),
+        ..DeploymentStatus::default()
+    });
+    caches.deployments.apply_watcher_event(&watcher::Event::Apply(deployment));
+}
+
+/// Takes the next request, checks its method and URI, and returns its JSON body and the responder.
+async fn expect(
+    server: &mut ApiServer,
+    method: Method,
+    uri: &str,
+) -> (Value, tower_test::mock::SendResponse<Response<Body>>) {
+    let (request, respond) = tokio::time::timeout(Duration::from_secs(5), server.next_request())
+        .await
+        .unwrap_or_else(|_| panic!("no request arrived; expected {method} {uri}"))
+        .expect("the client is gone");
+    assert_eq!((request.method(), request.uri().to_string().as_str()), (&method, uri));
+    let bytes = request.into_body().collect_bytes().await.unwrap();
+    let body = if bytes.is_empty() { Value::Null } else { serde_json::from_slice(&bytes).unwrap() };
+    (body, respond)
+}
+
+fn ok(respond: tower_test::mock::SendResponse<Response<Body>>, body: &Value) {
+    respond.send_response(Response::builder().body(Body::from(serde_json::to_vec(body).unwrap())).unwrap());
+}
+
+/// Answers an apply with the applied object and the event that follows with itself.
+async fn expect_apply(server: &mut ApiServer, path: &str, kind: &str) -> Value {
+    let (body, respond) = expect(server, Method::PATCH, &format!("{path}{SSA}")).await;
+    assert_eq!(body["kind"], kind);
+    ok(respond, &body);
+    let (event, respond) = expect(server, Method::POST, EVENTS).await;
+    assert_eq!(event["reason"], "Created", "{event}");
+    assert_eq!(event["related"]["kind"], kind, "{event}");
+    ok(respond, &event);
+    body
+}
+
+async fn expect_status(server: &mut ApiServer, balancer: &Balancer) -> Value {
+    let (body, respond) = expect(server, Method::PATCH, STATUS).await;
+    let mut stored = serde_json::to_value(balancer).unwrap();
+    stored["status"] = body["status"].clone();
+    ok(respond, &stored);
+    body["status"].clone()
+}
+
+async fn expect_event(server: &mut ApiServer, reason: &str) -> Value {
+    let (event, respond) = expect(server, Method::POST, EVENTS).await;
+    assert_eq!(event["reason"], reason, "{event}");
+    ok(respond, &event);
+    event
+}
+
+#[tokio::test]
+async fn first_reconcile_applies_every_child_in_order_then_the_status() {
+    let (ctx, mut server, _caches) = context();
+    let balancer = sample();
+    let verifier = tokio::spawn(async move {
+        for backend in ["v1", "v2", "v3"] {
+            let service = expect_apply(
+                &mut server,
+                &format!("/api/v1/namespaces/ns/services/example-balancer-{backend}-backend"),
+                "Service",
+            )
+            .await;
+            assert_eq!(service["spec"]["selector"], json!({"app": "test", "version": backend}));
+            assert_eq!(service["metadata"]["ownerReferences"][0]["uid"], UID);
+        }
+        let config_map =
+            expect_apply(&mut server, "/api/v1/namespaces/ns/configmaps/example-balancer-proxy-configmap", "ConfigMap")
+                .await;
+        assert!(config_map["data"]["nginx.conf"].as_str().unwrap().contains("weight=20;"));
+        expect_apply(&mut server, "/apis/apps/v1/namespaces/ns/deployments/example-balancer-proxy", "Deployment").await;
+        expect_apply(&mut server, "/api/v1/namespaces/ns/services/example-balancer", "Service").await;
+        let status = expect_status(&mut server, &sample()).await;
+        assert_eq!(status["activeBackendsNum"], 3);
+        assert_eq!(status["obsoleteBackendsNum"], 0);
+        assert_eq!(status["observedGeneration"], 1);
+        assert_eq!(status["conditions"][0]["type"], "Ready");
+        assert_eq!(status["conditions"][0]["status"], "False");
+        assert_eq!(status["conditions"][0]["reason"], "ProxyNotAvailable");
+        let event = expect_event(&mut server, "ProxyNotAvailable").await;
+        assert_eq!(event["type"], "Warning");
+    });
+    let action = reconcile(Arc::new(balancer), ctx).await.expect("reconcile succeeds");
+    assert_eq!(action, Action::requeue(controller::RESYNC));
+    verifier.await.expect("the API server saw exactly the expected requests");
+}
+
+#[tokio::test]
+async fn a_converged_balancer_costs_one_status_write_then_nothing() {
+    let (ctx, mut server, mut caches) = context();
+    let balancer = sample();
+    converged(&mut caches, &balancer);
+
+    // Children match the caches: the only write is the status, now Ready.
+    let verifier = tokio::spawn(async move {
+        let status = expect_status(&mut server, &sample()).await;
+        assert_eq!(status["conditions"][0]["status"], "True", "{status}");
+        assert_eq!(status["conditions"][0]["reason"], "ProxyAvailable");
+        expect_event(&mut server, "ProxyAvailable").await;
+        (status, server)
+    });
+    reconcile(Arc::new(balancer.clone()), ctx.clone()).await.expect("reconcile succeeds");
+    let (status, mut server) = verifier.await.unwrap();
+
+    // With that status stored, a second reconcile sends no request at all: any request
+    // would block the reconcile until answered, and nothing answers now.
+    let mut settled = balancer;
+    settled.status = Some(serde_json::from_value(status).unwrap());
+    let action = tokio::time::timeout(Duration::from_secs(5), reconcile(Arc::new(settled), ctx))
+        .await
+        .expect("a steady-state reconcile made an API request")
+        .expect("reconcile succeeds");
+    assert_eq!(action, Action::requeue(controller::RESYNC));
+    // The client is gone with the context, so the mock reports no request at all (None).
+    let next = tokio::time::timeout(Duration::from_millis(50), server.next_request()).await;
+    assert!(!matches!(next, Ok(Some(_))), "a request was sent after all");
+}
+
+#[tokio::test]
+async fn a_hand_edited_config_map_is_reapplied() {
+    let (ctx, mut server, mut caches) = context();
+    let balancer = sample();
+    converged(&mut caches, &balancer);
+    let mut edited: ConfigMap = ctx.config_maps.state()[0].as_ref().clone();
+    edited.data.as_mut().unwrap().insert("nginx.conf".into(), "events {}\n".into());
+    caches.config_maps.apply_watcher_event(&watcher::Event::Apply(edited));
+    let verifier = tokio::spawn(async move {
+        let (body, respond) = expect(
+            &mut server,
+            Method::PATCH,
+            &format!("/api/v1/namespaces/ns/configmaps/example-balancer-proxy-configmap{SSA}"),
+        )
+        .await;
+        assert!(body["data"]["nginx.conf"].as_str().unwrap().contains("upstream port_80_tcp"));
+        ok(respond, &body);
+        let event = expect_event(&mut server, "Updated").await;
+        assert_eq!(event["note"], "updated ConfigMap example-balancer-proxy-configmap");
+        expect_status(&mut server, &sample()).await;
+        expect_event(&mut server, "ProxyAvailable").await;
+    });
+    reconcile(Arc::new(balancer), ctx).await.expect("reconcile succeeds");
+    verifier.await.unwrap();
+}
+
+#[tokio::test]
+async fn an_obsolete_backend_service_is_deleted() {
+    let (ctx, mut server, mut caches) = context();
+    let balancer = sample();
+    converged(&mut caches, &balancer);
+    // A Service for a backend "old" that the spec no longer names.
+    let owner = Owner::of(&balancer).unwrap();
+    let mut old_spec = with_defaults(&balancer.spec);
+    old_spec.backends[0].name = "old".into();
+    let mut old = children::backend_service(&owner, &old_spec, &old_spec.backends[0]);
+    old.metadata.uid = Some("old-uid".into());
+    caches.services.apply_watcher_event(&watcher::Event::Apply(old));
+
+    let verifier = tokio::spawn(async move {
+        let (body, respond) =
+            expect(&mut server, Method::DELETE, "/api/v1/namespaces/ns/services/example-balancer-old-backend?").await;
+        assert_eq!(body["preconditions"]["uid"], "old-uid", "deletes only the object it saw: {body}");
+        ok(respond, &json!({"kind": "Status", "apiVersion": "v1", "status": "Success", "metadata": {}}));
+        let event = expect_event(&mut server, "Deleted").await;
+        assert_eq!(event["related"]["name"], "example-balancer-old-backend");
+        let status = expect_status(&mut server, &sample()).await;
+        assert_eq!((status["activeBackendsNum"].clone(), status["obsoleteBackendsNum"].clone()), (json!(3), json!(0)));
+        expect_event(&mut server, "ProxyAvailable").await;
+    });
+    reconcile(Arc::new(balancer), ctx).await.expect("reconcile succeeds");
+    verifier.await.unwrap();
+}
+
+#[tokio::test]
+async fn an_api_error_fails_the_reconcile_and_backs_off() {
+    let (ctx, mut server, _caches) = context();
+    let verifier = tokio::spawn(async move {
+        let (_, respond) = expect(
+            &mut server,
+            Method::PATCH,
+            &format!("/api/v1/namespaces/ns/services/example-balancer-v1-backend{SSA}"),
+        )
+        .await;
+        let forbidden = json!({
+            "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+            "message": "services is forbidden: User \"balancer\" cannot patch resource \"services\"",
+            "reason": "Forbidden", "code": 403
+        });
+        respond.send_response(
+            Response::builder()
+                .status(StatusCode::FORBIDDEN)
+                .body(Body::from(serde_json::to_vec(&forbidden).unwrap()))
+                .unwrap(),
+        );
+        // The failure is recorded in the status, best effort.
+        let status = expect_status(&mut server, &sample()).await;
+        assert_eq!(status["conditions"][0]["reason"], "ReconcileError");
+        let message = status["conditions"][0]["message"].as_str().unwrap();
+        assert!(message.starts_with("cannot apply Service example-balancer-v1-backend"), "{message}");
+        expect_event(&mut server, "ReconcileError").await;
+    });
+    let balancer = Arc::new(sample());
+    let error = reconcile(balancer.clone(), ctx.clone()).await.expect_err("reconcile fails");
+    assert_eq!(error.kind(), "ApiError");
+    verifier.await.unwrap();
+    assert_eq!(error_policy(balancer.clone(), &error, ctx.clone()), Action::requeue(Duration::from_secs(1)));
+    assert_eq!(error_policy(balancer.clone(), &error, ctx.clone()), Action::requeue(Duration::from_secs(2)));
+    assert_eq!(error_policy(balancer, &error, ctx), Action::requeue(Duration::from_secs(4)));
+}
+
+#[tokio::test]
+async fn an_invalid_spec_is_reported_and_builds_nothing() {
+    let (ctx, mut server, _caches) = context();
+    let mut balancer = sample();
+    balancer.spec.backends[1].weight = Some(150);
+    let verifier = tokio::spawn(async move {
+        let status = expect_status(&mut server, &sample()).await;
+        assert_eq!(status["conditions"][0]["reason"], "InvalidSpec");
+        assert_eq!(
+            status["conditions"][0]["message"],
+            "Balancer \"example-balancer\" is invalid: spec.backends[1].weight: must be between 0 and 100, got 150"
+        );
+        expect_event(&mut server, "InvalidSpec").await;
+    });
+    let action = reconcile(Arc::new(balancer), ctx).await.expect("an invalid spec is not a reconcile error");
+    assert_eq!(action, Action::await_change());
+    verifier.await.unwrap();
+}
+
+#[test]
+fn backoff_doubles_up_to_the_resync_period() {
+    let secs: Vec<u64> = [1, 2, 3, 4, 9, 10, 64, u32::MAX].iter().map(|&n| backoff(n).as_secs()).collect();
+    assert_eq!(secs, [1, 2, 4, 8, 256, 300, 300, 300]);
+}
+
+#[test]
+fn subset_comparison_ignores_server_fields_but_not_ours() {
+    let desired = json!({"spec": {"ports": [{"port": 80, "protocol": "TCP"}], "type": "ClusterIP"}});
+    let mut actual = json!({"spec": {"ports": [{"port": 80, "protocol": "TCP", "nodePort": null}], "type": "ClusterIP", "clusterIP": "10.0.0.1"}});
+    assert!(is_subset(&desired, &actual));
+    actual["spec"]["ports"][0]["port"] = json!(81);
+    assert!(!is_subset(&desired, &actual));
+    actual["spec"]["ports"] = json!([{"port": 80, "protocol": "TCP"}, {"port": 81, "protocol": "TCP"}]);
+    assert!(!is_subset(&desired, &actual), "a port we no longer declare must be removed");
+    assert!(!is_subset(&desired, &json!({"spec": {}})));
+}
+
+#[test]
+fn the_object_ref_of_children_points_at_the_balancer() {
+    let balancer = sample();
+    let reference = balancer.controller_owner_ref(&()).unwrap();
+    assert_eq!(reference.uid, UID);
+    assert_eq!(reference.controller, Some(true));
+}
