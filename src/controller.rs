@@ -43,6 +43,24 @@ pub const RESYNC: Duration = Duration::from_secs(300);
 /// The `Ready` condition type.
 pub const READY: &str = "Ready";
 
+/// One RBAC grant: API group, resource, verbs.
+pub type Permission = (&'static str, &'static str, &'static [&'static str]);
+
+/// Every cluster-wide permission the controller uses; `deploy/rbac.yaml` grants exactly these.
+/// Reads come from watch caches (list, watch); server-side apply may create, so it needs create and patch.
+pub const CLUSTER_PERMISSIONS: &[Permission] = &[
+    ("exposer.hliangzhao.io", "balancers", &["list", "watch"]),
+    ("exposer.hliangzhao.io", "balancers/status", &["patch"]),
+    ("", "services", &["list", "watch", "create", "patch", "delete"]),
+    ("", "configmaps", &["list", "watch", "create", "patch"]),
+    ("apps", "deployments", &["list", "watch", "create", "patch"]),
+    ("events.k8s.io", "events", &["create", "patch"]),
+];
+
+/// Leader election's permissions, in the operator's own namespace.
+pub const LEADER_ELECTION_PERMISSIONS: &[Permission] =
+    &[("coordination.k8s.io", "leases", &["get", "create", "patch"])];
+
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error("cannot {verb} {kind} {name}: {source}")]

@@ -126,9 +126,43 @@ async fn expect(
         .unwrap_or_else(|_| panic!("no request arrived; expected {method} {uri}"))
         .expect("the client is gone");
     assert_eq!((request.method(), request.uri().to_string().as_str()), (&method, uri));
+    assert_granted(&method, request.uri().path(), request.uri().query().unwrap_or(""));
     let bytes = request.into_body().collect_bytes().await.unwrap();
     let body = if bytes.is_empty() { Value::Null } else { serde_json::from_slice(&bytes).unwrap() };
     (body, respond)
+}
+
+/// The request is covered by the permissions the controller declares (and deploy/rbac.yaml grants).
+fn assert_granted(method: &Method, path: &str, query: &str) {
+    let parts: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+    let (group, rest) = match parts.as_slice() {
+        ["api", _version, rest @ ..] => ("", rest),
+        ["apis", group, _version, rest @ ..] => (*group, rest),
+        _ => panic!("unexpected path {path}"),
+    };
+    let (resource, named) = match rest {
+        ["namespaces", _, resource] => (resource.to_string(), false),
+        ["namespaces", _, resource, _name] => (resource.to_string(), true),
+        ["namespaces", _, resource, _name, sub] => (format!("{resource}/{sub}"), true),
+        _ => panic!("unexpected path {path}"),
+    };
+    let mut verbs = match *method {
+        Method::GET if named => vec!["get"],
+        Method::GET => vec!["list"],
+        Method::POST => vec!["create"],
+        Method::PATCH => vec!["patch"],
+        Method::DELETE => vec!["delete"],
+        _ => panic!("unexpected method {method}"),
+    };
+    if query.contains("fieldManager=") && *method == Method::PATCH {
+        verbs.push("create"); // server-side apply creates what is missing
+    }
+    for verb in verbs {
+        let granted = controller::CLUSTER_PERMISSIONS
+            .iter()
+            .any(|(g, r, vs)| *g == group && *r == resource && vs.contains(&verb));
+        assert!(granted, "{method} {path}: {verb} on {group}/{resource} is not in CLUSTER_PERMISSIONS");
+    }
 }
 
 fn ok(respond: tower_test::mock::SendResponse<Response<Body>>, body: &Value) {
