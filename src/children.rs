@@ -75,7 +75,10 @@ impl Owner {
     pub fn of(balancer: &Balancer) -> Result<Owner, OwnerError> {
         let name = balancer.metadata.name.clone().ok_or(OwnerError::MissingName)?;
         let namespace = balancer.metadata.namespace.clone().ok_or(OwnerError::MissingNamespace)?;
-        let reference = balancer.controller_owner_ref(&()).ok_or(OwnerError::MissingUid)?;
+        let mut reference = balancer.controller_owner_ref(&()).ok_or(OwnerError::MissingUid)?;
+        // kube sets only `controller`; blocking owner deletion lets foreground deletion of a
+        // Balancer wait for its children.
+        reference.block_owner_deletion = Some(true);
         Ok(Owner { name, namespace, reference })
     }
 }

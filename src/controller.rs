@@ -51,6 +51,9 @@ pub type Permission = (&'static str, &'static str, &'static [&'static str]);
 pub const CLUSTER_PERMISSIONS: &[Permission] = &[
     ("exposer.hliangzhao.io", "balancers", &["list", "watch"]),
     ("exposer.hliangzhao.io", "balancers/status", &["patch"]),
+    // Never called: clusters enforcing OwnerReferencesPermissionEnforcement require it to set
+    // blockOwnerDeletion on the children's ownerReferences.
+    ("exposer.hliangzhao.io", "balancers/finalizers", &["update"]),
     ("", "services", &["list", "watch", "create", "patch", "delete"]),
     ("", "configmaps", &["list", "watch", "create", "patch"]),
     ("apps", "deployments", &["list", "watch", "create", "patch"]),
