@@ -258,12 +258,14 @@ fn deny(
     let message = denial_message(&request.name, &errors);
     let causes = errors
         .iter()
-        .map(|e| StatusCause { reason: "FieldValueInvalid".into(), message: e.to_string(), field: e.field.clone() })
+        // As the API server's own: the field in `field`, the problem alone in `message`
+        // (kubectl prints them as `* <field>: <message>`).
+        .map(|e| StatusCause { reason: "FieldValueInvalid".into(), message: e.detail.clone(), field: e.field.clone() })
         .collect();
     let details = StatusDetails {
         name: request.name.clone(),
         group: GROUP.into(),
-        kind: "balancers".into(),
+        kind: KIND.into(),
         uid: String::new(),
         causes,
         retry_after_seconds: 0,

@@ -61,6 +61,9 @@ async fn a_bad_balancer_is_denied_with_every_field_error() {
         .map(|c| c["field"].as_str().unwrap())
         .collect();
     assert_eq!(fields, ["spec.ports[1].name", "spec.backends[1].weight"]);
+    let cause = &response["status"]["details"]["causes"][1];
+    assert_eq!(cause["message"], "must be between 0 and 100, got 150");
+    assert_eq!(response["status"]["details"]["kind"], "Balancer");
     server.stop().await;
 }
 

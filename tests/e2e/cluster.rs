@@ -1,0 +1,263 @@
+//! A throwaway control plane on loopback: etcd, kube-apiserver (token auth,
+//! RBAC, audit log) and kube-controller-manager (garbage collection,
+//! Deployments), with generated certificates and kubeconfigs. Every process is
+//! killed when the `ControlPlane` is dropped, also when a scenario panics.
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Client, Config};
+use tempfile::TempDir;
+
+/// Token users the API server knows (`--token-auth-file`).
+pub const ADMIN_TOKEN: &str = "e2e-admin-token";
+pub const OPERATOR_TOKEN: &str = "e2e-operator-token";
+pub const OPERATOR_USER: &str = "balancer-operator";
+/// A user with no RBAC grants at all.
+#[allow(dead_code)]
+pub const NOBODY_TOKEN: &str = "e2e-nobody-token";
+
+/// A child process killed (and reaped) on drop.
+pub struct Proc {
+    pub name: String,
+    pub child: Child,
+}
+
+impl Proc {
+    pub fn spawn(name: &str, command: &mut Command, log: &Path) -> Proc {
+        let out = std::fs::File::create(log).expect("log file");
+        let err = out.try_clone().expect("log file");
+        let child = command
+            .stdin(Stdio::null())
+            .stdout(Stdio::from(out))
+            .stderr(Stdio::from(err))
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {name}: {e}"));
+        Proc { name: name.into(), child }
+    }
+
+    /// SIGTERM, then SIGKILL after `grace`.
+    pub fn stop(&mut self, grace: Duration) {
+        let _ = Command::new("kill").args(["-TERM", &self.child.id().to_string()]).stderr(Stdio::null()).status();
+        let deadline = Instant::now() + grace;
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.stop(Duration::from_secs(5));
+    }
+}
+
+/// A free port on 127.0.0.1 (bound and released; the OS will not hand it out again at once).
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("free port")
+}
+
+pub struct ControlPlane {
+    pub dir: TempDir,
+    pub url: String,
+    pub ca_pem: String,
+    pub audit_log: PathBuf,
+    // Declared after `dir` is dropped last (fields drop in order): processes go first.
+    processes: Vec<Proc>,
+}
+
+impl Drop for ControlPlane {
+    fn drop(&mut self) {
+        // Controller manager, then API server, then etcd.
+        while let Some(mut p) = self.processes.pop() {
+            p.stop(Duration::from_secs(5));
+        }
+    }
+}
+
+impl ControlPlane {
+    /// Starts etcd, kube-apiserver and (when present) kube-controller-manager from `assets`.
+    pub async fn start(assets: &Path) -> ControlPlane {
+        let dir = TempDir::new().expect("temp dir");
+        let d = dir.path();
+        let certs = balancer::tls::generate(&["127.0.0.1".into(), "localhost".into()], Duration::from_secs(86400))
+            .expect("certificates");
+        certs.write_to(&d.join("pki")).expect("write certificates");
+        let sa_key = rcgen::KeyPair::generate().expect("service account key");
+        std::fs::write(d.join("pki/sa.key"), sa_key.serialize_pem()).unwrap();
+        std::fs::write(d.join("pki/sa.pub"), sa_key.public_key_pem()).unwrap();
+        std::fs::write(
+            d.join("tokens.csv"),
+            format!(
+                "{ADMIN_TOKEN},e2e-admin,1,\"system:masters\"\n\
+                 {OPERATOR_TOKEN},{OPERATOR_USER},2\n\
+                 {NOBODY_TOKEN},nobody,3\n"
+            ),
+        )
+        .unwrap();
+        std::fs::write(
+            d.join("audit-policy.yaml"),
+            "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [RequestReceived]\nrules:\n  - level: Metadata\n",
+        )
+        .unwrap();
+
+        let mut processes = Vec::new();
+        let etcd_port = free_port();
+        let peer_port = free_port();
+        let etcd_url = format!("http://127.0.0.1:{etcd_port}");
+        let peer_url = format!("http://127.0.0.1:{peer_port}");
+        processes.push(Proc::spawn(
+            "etcd",
+            Command::new(assets.join("etcd"))
+                .arg(format!("--data-dir={}", d.join("etcd").display()))
+                .arg(format!("--listen-client-urls={etcd_url}"))
+                .arg(format!("--advertise-client-urls={etcd_url}"))
+                .arg(format!("--listen-peer-urls={peer_url}"))
+                .arg(format!("--initial-advertise-peer-urls={peer_url}"))
+                .arg(format!("--initial-cluster=default={peer_url}"))
+                .arg("--name=default"),
+            &d.join("etcd.log"),
+        ));
+
+        let port = free_port();
+        let pki = d.join("pki");
+        let audit_log = d.join("audit.log");
+        processes.push(Proc::spawn(
+            "kube-apiserver",
+            Command::new(assets.join("kube-apiserver"))
+                .arg(format!("--etcd-servers={etcd_url}"))
+                .arg("--bind-address=127.0.0.1")
+                .arg("--advertise-address=127.0.0.1")
+                .arg(format!("--secure-port={port}"))
+                .arg(format!("--cert-dir={}", pki.display()))
+                .arg(format!("--tls-cert-file={}", pki.join("tls.crt").display()))
+                .arg(format!("--tls-private-key-file={}", pki.join("tls.key").display()))
+                .arg(format!("--token-auth-file={}", d.join("tokens.csv").display()))
+                .arg("--authorization-mode=RBAC")
+                .arg("--service-account-issuer=https://kubernetes.default.svc.cluster.local")
+                .arg(format!("--service-account-key-file={}", pki.join("sa.pub").display()))
+                .arg(format!("--service-account-signing-key-file={}", pki.join("sa.key").display()))
+                .arg("--service-cluster-ip-range=10.0.0.0/24")
+                .arg(format!("--audit-policy-file={}", d.join("audit-policy.yaml").display()))
+                .arg(format!("--audit-log-path={}", audit_log.display()))
+                .arg("--disable-admission-plugins=ServiceAccount")
+                .arg("--enable-priority-and-fairness=false")
+                .arg("--allow-privileged=true")
+                .arg("--insecure-port=0"),
+            &d.join("kube-apiserver.log"),
+        ));
+        let url = format!("https://127.0.0.1:{port}");
+        let plane = ControlPlane { dir, url, ca_pem: certs.ca_pem, audit_log, processes };
+        plane.write_kubeconfig("admin", ADMIN_TOKEN);
+        plane.write_kubeconfig("operator", OPERATOR_TOKEN);
+        plane.wait_ready().await;
+
+        let kcm = assets.join("kube-controller-manager");
+        let mut plane = plane;
+        if kcm.exists() {
+            let log = plane.dir.path().join("kube-controller-manager.log");
+            plane.processes.push(Proc::spawn(
+                "kube-controller-manager",
+                Command::new(kcm)
+                    .arg(format!("--kubeconfig={}", plane.kubeconfig("admin").display()))
+                    .arg("--leader-elect=false")
+                    .arg("--port=0")
+                    .arg("--secure-port=0")
+                    .arg("--controllers=garbagecollector,deployment,replicaset,namespace")
+                    .arg("--use-service-account-credentials=false"),
+                &log,
+            ));
+        } else {
+            eprintln!("e2e: no kube-controller-manager in {}: garbage collection is not exercised", assets.display());
+        }
+        plane
+    }
+
+    pub fn kubeconfig(&self, user: &str) -> PathBuf {
+        self.dir.path().join(format!("{user}.kubeconfig"))
+    }
+
+    fn write_kubeconfig(&self, user: &str, token: &str) {
+        let ca = self.dir.path().join("pki/ca.crt");
+        let text = format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: e2e\n  cluster:\n    server: {}\n    certificate-authority: {}\n\
+             users:\n- name: {user}\n  user:\n    token: {token}\ncontexts:\n- name: {user}\n  context:\n    cluster: e2e\n    user: {user}\n    namespace: default\n\
+             current-context: {user}\n",
+            self.url,
+            ca.display()
+        );
+        std::fs::write(self.kubeconfig(user), text).unwrap();
+    }
+
+    pub async fn client(&self, user: &str) -> Client {
+        let kubeconfig = Kubeconfig::read_from(self.kubeconfig(user)).expect("kubeconfig");
+        let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await.expect("config");
+        Client::try_from(config).expect("client")
+    }
+
+    async fn wait_ready(&self) {
+        let client = crate::http_client(&self.ca_pem);
+        let deadline = Instant::now() + Duration::from_secs(90);
+        loop {
+            let ready = client
+                .get(format!("{}/readyz", self.url))
+                .bearer_auth(ADMIN_TOKEN)
+                .send()
+                .await
+                .map(|r| r.status().is_success())
+                .unwrap_or(false);
+            if ready {
+                return;
+            }
+            if Instant::now() > deadline {
+                let log = std::fs::read_to_string(self.dir.path().join("kube-apiserver.log")).unwrap_or_default();
+                let tail: Vec<&str> = log.lines().rev().take(30).collect();
+                panic!(
+                    "kube-apiserver not ready after 90 s; log tail:\n{}",
+                    tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+
+    /// `kubectl` as `user`, with optional standard input; returns (success, stdout, stderr).
+    pub fn kubectl(&self, user: &str, args: &[&str], stdin: Option<&str>) -> (bool, String, String) {
+        use std::io::Write;
+        let mut child = Command::new("kubectl")
+            .arg(format!("--kubeconfig={}", self.kubeconfig(user).display()))
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("kubectl runs");
+        if let Some(input) = stdin {
+            child.stdin.take().unwrap().write_all(input.as_bytes()).unwrap();
+        }
+        drop(child.stdin.take());
+        let out = child.wait_with_output().unwrap();
+        (out.status.success(), String::from_utf8_lossy(&out.stdout).into(), String::from_utf8_lossy(&out.stderr).into())
+    }
+
+    /// Audit events (JSON lines) so far.
+    pub fn audit_events(&self) -> Vec<serde_json::Value> {
+        std::fs::read_to_string(&self.audit_log)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect()
+    }
+
+    pub fn has_controller_manager(&self) -> bool {
+        self.processes.iter().any(|p| p.name == "kube-controller-manager")
+    }
+}

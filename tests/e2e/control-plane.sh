@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# Makes kube-apiserver, kube-controller-manager and etcd available for the e2e
+# tests and prints the directory that holds them (envtest convention).
+#
+# 1. $KUBEBUILDER_ASSETS, if it holds kube-apiserver and etcd (what setup-envtest
+#    installs; any recent version). kube-controller-manager is optional there:
+#    without it the tests that need garbage collection or Deployment status say so.
+# 2. Otherwise Kubernetes v1.20.2 built from Debian bookworm's own `kubernetes`
+#    source package (which vendors every dependency, so it builds offline) and
+#    etcd from Debian's `etcd-server`, cached in ~/.cache/balancer/envtest/v1.20.2
+#    (override with BALANCER_ENVTEST_CACHE) and reused on later runs.
+#
+# Needs root for apt-get in case 2. Takes 4-6 minutes on 2 cores the first time.
+set -euo pipefail
+
+log() { echo "control-plane: $*" >&2; }
+
+if [ -n "${KUBEBUILDER_ASSETS:-}" ] && [ -x "$KUBEBUILDER_ASSETS/kube-apiserver" ] && [ -x "$KUBEBUILDER_ASSETS/etcd" ]; then
+  echo "$KUBEBUILDER_ASSETS"
+  exit 0
+fi
+
+version=v1.20.2
+cache="${BALANCER_ENVTEST_CACHE:-$HOME/.cache/balancer/envtest/$version}"
+if [ -x "$cache/kube-apiserver" ] && [ -x "$cache/kube-controller-manager" ] && [ -x "$cache/etcd" ]; then
+  echo "$cache"
+  exit 0
+fi
+
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+export DEBIAN_FRONTEND=noninteractive
+
+log "installing the Go toolchain and build tools from Debian"
+apt-get install -y -qq --no-install-recommends golang-go rsync make dpkg-dev \
+  golang-github-modern-go-reflect2-dev >/dev/null
+
+# Source packages through a private list derived from the system's own
+# sources, so the machine's apt configuration stays untouched.
+log "fetching the kubernetes and etcd-server packages"
+mkdir -p "$work/sources.list.d" "$work/lists/partial"
+for f in /etc/apt/sources.list.d/*.sources; do
+  sed 's/^Types: deb$/Types: deb-src/' "$f" > "$work/sources.list.d/$(basename "$f")"
+done
+apt_src=(-o Dir::Etc::SourceList=/dev/null -o "Dir::Etc::SourceParts=$work/sources.list.d" -o "Dir::State::Lists=$work/lists")
+apt-get "${apt_src[@]}" update -qq >/dev/null
+(cd "$work" && apt-get "${apt_src[@]}" source --download-only kubernetes >/dev/null)
+(cd "$work" && dpkg-source -x --no-check kubernetes_*.dsc src >/dev/null)
+(cd "$work" && apt-get download etcd-server >/dev/null && dpkg -x etcd-server_*.deb etcd)
+
+# The vendored modern-go/reflect2 1.0.1 breaks on Go >= 1.18; Debian's 1.0.2 works.
+rm -rf "$work/src/vendor/github.com/modern-go/reflect2"
+cp -r /usr/share/gocode/src/github.com/modern-go/reflect2 "$work/src/vendor/github.com/modern-go/reflect2"
+
+log "building kube-apiserver and kube-controller-manager $version (several minutes)"
+(cd "$work/src" && GOPROXY=off GOFLAGS= CGO_ENABLED=0 GO111MODULE=on \
+  make WHAT="cmd/kube-apiserver cmd/kube-controller-manager" \
+  KUBE_GIT_VERSION="$version" KUBE_GIT_TREE_STATE=clean >"$work/build.log" 2>&1) || {
+  tail -40 "$work/build.log" >&2
+  exit 1
+}
+
+mkdir -p "$cache"
+cp "$work/src/_output/bin/kube-apiserver" "$work/src/_output/bin/kube-controller-manager" "$cache/"
+cp "$work/etcd/usr/bin/etcd" "$cache/"
+log "ready in $cache"
+echo "$cache"

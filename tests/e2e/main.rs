@@ -1,0 +1,656 @@
+//! End-to-end against a real kube-apiserver, etcd and kube-controller-manager (envtest-style).
+//!
+//! One control plane serves every scenario, in order, each reported as a test.
+//! Binaries come from `tests/e2e/control-plane.sh` (KUBEBUILDER_ASSETS, or the
+//! Kubernetes v1.20.2 build cached under ~/.cache/balancer/envtest). Without
+//! them the suite is skipped with one line, unless BALANCER_E2E=1 (as in CI),
+//! which makes it mandatory.
+
+mod cluster;
+mod operator;
+
+use std::future::Future;
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use balancer::api::Balancer;
+use base64::Engine;
+use futures::FutureExt;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, Service};
+use k8s_openapi::api::events::v1::Event;
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::{Api, Client, ResourceExt};
+use serde_json::{Value, json};
+
+use cluster::{ControlPlane, OPERATOR_USER};
+use operator::Operator;
+
+const NS: &str = "default";
+const SAMPLE: &str = "example-balancer";
+
+/// A reqwest client trusting `ca_pem`.
+pub fn http_client(ca_pem: &str) -> reqwest::Client {
+    let mut roots = rustls::RootCertStore::empty();
+    use rustls::pki_types::pem::PemObject;
+    roots.add(rustls::pki_types::CertificateDer::from_pem_slice(ca_pem.as_bytes()).unwrap()).unwrap();
+    let config =
+        rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(rustls::crypto::ring::default_provider()))
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+    reqwest::Client::builder().tls_backend_preconfigured(config).timeout(Duration::from_secs(10)).build().unwrap()
+}
+
+/// Shared state the scenarios build on, in order.
+struct World {
+    plane: ControlPlane,
+    admin: Client,
+    operators: Vec<Operator>,
+}
+
+type Scenario = for<'a> fn(&'a mut World) -> Pin<Box<dyn Future<Output = ()> + 'a>>;
+
+macro_rules! scenarios {
+    ($($name:ident),* $(,)?) => { vec![$((stringify!($name), (|w| Box::pin($name(w))) as Scenario)),*] };
+}
+
+fn assets() -> Option<PathBuf> {
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/e2e/control-plane.sh");
+    let cached = |dir: PathBuf| (dir.join("kube-apiserver").exists() && dir.join("etcd").exists()).then_some(dir);
+    if let Some(dir) = std::env::var_os("KUBEBUILDER_ASSETS").map(PathBuf::from).and_then(cached) {
+        return Some(dir);
+    }
+    let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_default();
+    let default = std::env::var_os("BALANCER_ENVTEST_CACHE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| home.join(".cache/balancer/envtest/v1.20.2"));
+    if let Some(dir) = cached(default) {
+        return Some(dir);
+    }
+    if std::env::var("BALANCER_E2E").as_deref() == Ok("1") {
+        // Mandatory: build the control plane now rather than skip.
+        let out = std::process::Command::new("bash").arg(&script).output().expect("control-plane.sh runs");
+        assert!(out.status.success(), "control-plane.sh failed:\n{}", String::from_utf8_lossy(&out.stderr));
+        return Some(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()));
+    }
+    None
+}
+
+fn main() -> ExitCode {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let Some(assets) = assets() else {
+        println!(
+            "e2e: SKIPPED: no kube-apiserver/etcd found. Run `tests/e2e/control-plane.sh` (or set KUBEBUILDER_ASSETS), \
+             or set BALANCER_E2E=1 to build them and make the suite mandatory."
+        );
+        return ExitCode::SUCCESS;
+    };
+    if std::process::Command::new("kubectl").arg("version").arg("--client").output().is_err() {
+        println!("e2e: FAILED: kubectl is required");
+        return ExitCode::FAILURE;
+    }
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    runtime.block_on(async move {
+        let plane = ControlPlane::start(&assets).await;
+        let admin = plane.client("admin").await;
+        let mut world = World { plane, admin, operators: Vec::new() };
+        let all = scenarios![
+            crd_is_accepted_and_established,
+            operator_runs_with_only_the_shipped_rbac,
+            webhooks_are_called_by_the_api_server,
+            balancers_are_reconciled_into_children_and_status,
+            steady_state_makes_no_writes,
+            deleting_a_balancer_collects_its_children,
+            leader_election_hands_over,
+            webhook_down_blocks_writes_until_it_is_back,
+        ];
+        // A filter runs the scenarios up to the last one whose name matches: later ones build on earlier ones.
+        let filter = std::env::args().skip(1).find(|a| !a.starts_with('-'));
+        let last = match &filter {
+            Some(f) => all.iter().rposition(|(name, _)| name.contains(f.as_str())).map_or(0, |i| i + 1),
+            None => all.len(),
+        };
+        let (mut passed, mut failed) = (0, 0);
+        for (name, scenario) in all.into_iter().take(last) {
+            let started = Instant::now();
+            let result = std::panic::AssertUnwindSafe(scenario(&mut world)).catch_unwind().await;
+            match result {
+                Ok(()) => {
+                    passed += 1;
+                    println!("test {name} ... ok ({:.1} s)", started.elapsed().as_secs_f64());
+                }
+                Err(_) => {
+                    failed += 1;
+                    println!("test {name} ... FAILED");
+                    for op in &world.operators {
+                        let log = op.log(&world.plane);
+                        let tail: Vec<&str> = log.lines().rev().take(15).collect();
+                        println!(
+                            "--- last lines of {}:\n{}",
+                            op.name,
+                            tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+                        );
+                    }
+                    // Later scenarios build on earlier ones.
+                    break;
+                }
+            }
+        }
+        println!("e2e: {passed} passed, {failed} failed");
+        // Operators first, then the control plane.
+        world.operators.clear();
+        drop(world);
+        if failed == 0 { ExitCode::SUCCESS } else { ExitCode::FAILURE }
+    })
+}
+
+/// Polls `check` until it returns `Some`, or panics with `what` after `timeout`.
+async fn eventually<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(value) = check().await {
+            return value;
+        }
+        assert!(Instant::now() < deadline, "timed out after {timeout:?} waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+fn repo_file(path: &str) -> String {
+    std::fs::read_to_string(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(path)).expect("repository file")
+}
+
+fn yaml_docs(text: &str) -> Vec<Value> {
+    serde_saphyr::from_multiple::<Value>(text).expect("YAML").into_iter().filter(|d| !d.is_null()).collect()
+}
+
+fn as_list(items: Vec<Value>) -> String {
+    json!({"apiVersion": "v1", "kind": "List", "items": items}).to_string()
+}
+
+fn apply(world: &World, user: &str, json_or_yaml: &str) -> (bool, String) {
+    let (ok, out, err) = world.plane.kubectl(user, &["apply", "-f", "-"], Some(json_or_yaml));
+    (ok, format!("{out}{err}"))
+}
+
+fn balancer_yaml(name: &str, body: &str) -> String {
+    format!(
+        "apiVersion: exposer.hliangzhao.io/v1alpha1\nkind: Balancer\nmetadata:\n  name: {name}\n  namespace: {NS}\n{body}"
+    )
+}
+
+/// Points the webhook configurations of deploy/ at `operator`, with the test CA as caBundle.
+async fn register_webhooks(world: &World, operator: &Operator) {
+    let bundle = base64::engine::general_purpose::STANDARD.encode(&world.plane.ca_pem);
+    let mut items = Vec::new();
+    for mut doc in yaml_docs(&repo_file("deploy/webhook.yaml")) {
+        doc["metadata"].as_object_mut().unwrap().remove("annotations");
+        for hook in doc["webhooks"].as_array_mut().unwrap() {
+            let path = hook["clientConfig"]["service"]["path"].as_str().unwrap().to_string();
+            hook["clientConfig"] = json!({"url": operator.webhook_url(&path), "caBundle": bundle});
+        }
+        items.push(doc);
+    }
+    let (ok, out) = apply(world, "admin", &as_list(items));
+    assert!(ok, "registering the webhooks failed: {out}");
+}
+
+fn balancers(world: &World) -> Api<Balancer> {
+    Api::namespaced(world.admin.clone(), NS)
+}
+
+// ---------------------------------------------------------------------------
+// 1. The CRD
+// ---------------------------------------------------------------------------
+
+async fn crd_is_accepted_and_established(world: &mut World) {
+    let crd = std::process::Command::new(env!("CARGO_BIN_EXE_balancer")).arg("crd").output().unwrap();
+    let (ok, out) = apply(world, "admin", &String::from_utf8(crd.stdout).unwrap());
+    assert!(ok, "the API server refused `balancer crd`: {out}");
+    let (ok, out, err) = world.plane.kubectl(
+        "admin",
+        &["wait", "--for=condition=Established", "--timeout=30s", "crd/balancers.exposer.hliangzhao.io"],
+        None,
+    );
+    assert!(ok, "CRD not Established: {out}{err}");
+}
+
+// ---------------------------------------------------------------------------
+// 2. RBAC: the operator as a token user bound only to deploy/rbac.yaml
+// ---------------------------------------------------------------------------
+
+async fn operator_runs_with_only_the_shipped_rbac(world: &mut World) {
+    let mut items = vec![json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "balancer-system"}})];
+    for mut doc in yaml_docs(&repo_file("deploy/rbac.yaml")) {
+        let kind = doc["kind"].as_str().unwrap().to_string();
+        if ["ServiceAccount", "Role", "RoleBinding"].contains(&kind.as_str()) {
+            doc["metadata"]["namespace"] = json!("balancer-system");
+        }
+        if kind.ends_with("Binding") {
+            doc["subjects"] = json!([{"kind": "User", "name": OPERATOR_USER, "apiGroup": "rbac.authorization.k8s.io"}]);
+        }
+        items.push(doc);
+    }
+    let (ok, out) = apply(world, "admin", &as_list(items));
+    assert!(ok, "applying deploy/rbac.yaml failed: {out}");
+    // Ready means the caches synced: list and watch were allowed.
+    let operator = Operator::start(&world.plane, "operator-a", &[]).await;
+    world.operators.push(operator);
+    let (ok, out, _) = world.plane.kubectl("admin", &["auth", "can-i", "get", "secrets", "--as", OPERATOR_USER], None);
+    assert!(!ok && out.trim() == "no", "the operator must not read Secrets");
+}
+
+// ---------------------------------------------------------------------------
+// 3. Webhooks, called by the API server
+// ---------------------------------------------------------------------------
+
+async fn webhooks_are_called_by_the_api_server(world: &mut World) {
+    register_webhooks(world, &world.operators[0]).await;
+    let sample = repo_file("deploy/samples/balancer.yaml");
+    // The API server caches webhook configurations briefly: retry the first apply.
+    eventually("the sample to be accepted", Duration::from_secs(20), || async {
+        let (ok, out) = apply(world, "admin", &sample);
+        ok.then_some(()).or_else(|| {
+            eprintln!("retrying: {out}");
+            None
+        })
+    })
+    .await;
+
+    // Rules the schema cannot express reach our webhook, which reports them all with field paths.
+    let bad = balancer_yaml(
+        "bad",
+        "spec:\n  ports:\n  - {name: http, port: 80}\n  - {name: http, port: 81}\n  selector: {app: test}\n  \
+             backends:\n  - {name: v1, weight: 0, selector: {version: v1}}\n  - {name: V2, weight: 0, selector: {version: v2}}\n",
+    );
+    let (ok, out) = apply(world, "admin", &bad);
+    assert!(!ok, "an invalid Balancer was accepted");
+    // kubectl lists the causes of our denial one per line, as for the API server's own errors.
+    for expected in [
+        "The Balancer \"bad\" is invalid",
+        "* spec.ports[1].name: duplicate port name \"http\" (also spec.ports[0].name)\n",
+        "* spec.backends[1].name: must be a DNS-1123 label",
+        "* spec.backends: the sum of weights must be greater than 0, got 0\n",
+        "Warning: spec.backends[0].weight: weight 0 drains backend \"v1\"",
+    ] {
+        assert!(out.contains(expected), "missing {expected:?} in: {out}");
+    }
+    // A bad weight is already refused by the CRD schema, before any webhook, also with its field path.
+    let (ok, out) = apply(
+        world,
+        "admin",
+        &balancer_yaml(
+            "heavy",
+            "spec:\n  ports: [{port: 80}]\n  backends: [{name: a, weight: 150, selector: {app: a}}]\n",
+        ),
+    );
+    // (1.20's schema validation names the field without the list index.)
+    assert!(!ok && (out.contains("spec.backends[0].weight") || out.contains("spec.backends.weight")), "{out}");
+
+    // Defaults are stored.
+    let (ok, out) = apply(
+        world,
+        "admin",
+        &balancer_yaml(
+            "defaults",
+            "spec:\n  ports: [{name: dns, port: 53}]\n  backends: [{name: a, selector: {app: dns}}]\n",
+        ),
+    );
+    assert!(ok, "{out}");
+    let stored = balancers(world).get("defaults").await.unwrap();
+    let port = &stored.spec.ports[0];
+    assert_eq!(port.protocol.as_deref(), Some("TCP"));
+    assert_eq!(port.target_port, Some(k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(53)));
+    assert_eq!(stored.spec.backends[0].weight, Some(1));
+
+    // An UPDATE that breaks a rule is refused too.
+    let broken = balancer_yaml(
+        "defaults",
+        "spec:\n  ports: [{name: dns, port: 53}, {name: dns, port: 54}]\n  backends: [{name: a, selector: {app: dns}}]\n",
+    );
+    let (ok, out) = apply(world, "admin", &broken);
+    assert!(!ok && out.contains("duplicate port name"), "{out}");
+    balancers(world).delete("defaults", &DeleteParams::default()).await.unwrap();
+}
+
+// ---------------------------------------------------------------------------
+// 4. Reconcile
+// ---------------------------------------------------------------------------
+
+/// Plays the kubelet for the proxy pods of `name`: binds them to a node and reports them Ready.
+async fn run_proxy_pods(world: &World, name: &str) {
+    let pods: Api<Pod> = Api::namespaced(world.admin.clone(), NS);
+    let selector = format!("balancer.exposer.hliangzhao.io/balancer-name={name},app.kubernetes.io/component=proxy");
+    for pod in pods.list(&ListParams::default().labels(&selector)).await.unwrap() {
+        let pod_name = pod.name_any();
+        if pod.spec.as_ref().and_then(|s| s.node_name.clone()).is_none() {
+            let binding = json!({"apiVersion": "v1", "kind": "Binding", "metadata": {"name": pod_name},
+                                 "target": {"apiVersion": "v1", "kind": "Node", "name": "e2e-node"}});
+            let _ =
+                pods.create_subresource::<Value, Value>("binding", &pod_name, &PostParams::default(), &binding).await;
+        }
+        let now = k8s_openapi::jiff::Timestamp::now().to_string();
+        let ready = |t: &str| json!({"type": t, "status": "True", "lastTransitionTime": now});
+        let status = json!({"status": {"phase": "Running", "podIP": "10.244.0.10", "startTime": now,
+            "conditions": [ready("Initialized"), ready("Ready"), ready("ContainersReady"), ready("PodScheduled")]}});
+        let _ = pods.patch_status(&pod_name, &PatchParams::default(), &Patch::Merge(status)).await;
+    }
+}
+
+fn ready_condition(balancer: &Balancer) -> Option<(String, String)> {
+    let c = balancer.status.as_ref()?.conditions.iter().find(|c| c.type_ == "Ready")?;
+    Some((c.status.clone(), c.reason.clone()))
+}
+
+async fn balancers_are_reconciled_into_children_and_status(world: &mut World) {
+    let world: &World = world;
+    let services: Api<Service> = Api::namespaced(world.admin.clone(), NS);
+    let config_maps: Api<ConfigMap> = Api::namespaced(world.admin.clone(), NS);
+    let deployments: Api<Deployment> = Api::namespaced(world.admin.clone(), NS);
+    let uid = balancers(world).get(SAMPLE).await.unwrap().uid().unwrap();
+
+    let names = ["example-balancer-v1-backend", "example-balancer-v2-backend", "example-balancer-v3-backend", SAMPLE];
+    for name in names {
+        let service = eventually(&format!("Service {name}"), Duration::from_secs(30), || async {
+            services.get_opt(name).await.ok().flatten()
+        })
+        .await;
+        let owner = &service.owner_references()[0];
+        assert_eq!(
+            (owner.uid.as_str(), owner.controller, owner.block_owner_deletion),
+            (uid.as_str(), Some(true), Some(true))
+        );
+    }
+    let config = eventually("the ConfigMap", Duration::from_secs(30), || async {
+        config_maps.get_opt("example-balancer-proxy-configmap").await.ok().flatten()
+    })
+    .await;
+    let conf = config.data.unwrap()["nginx.conf"].clone();
+    assert!(conf.contains("example-balancer-v2-backend.default.svc.cluster.local:80 weight=20;"), "{conf}");
+    eventually("the Deployment", Duration::from_secs(30), || async {
+        deployments.get_opt("example-balancer-proxy").await.ok().flatten()
+    })
+    .await;
+
+    let status_reached = |want_ready: &'static str| {
+        let api = balancers(world);
+        move || {
+            let api = api.clone();
+            async move {
+                let b = api.get(SAMPLE).await.ok()?;
+                let s = b.status.as_ref()?;
+                let (status, _) = ready_condition(&b)?;
+                (s.active_backends_num == 3 && s.observed_generation == b.metadata.generation && status == want_ready)
+                    .then_some(b)
+            }
+        }
+    };
+    let waiting = eventually("status active=3, Ready=False", Duration::from_secs(30), status_reached("False")).await;
+    assert_eq!(ready_condition(&waiting).unwrap().1, "ProxyNotAvailable");
+    if world.plane.has_controller_manager() {
+        // With pods "running", the Deployment becomes available and the Balancer Ready.
+        let api = balancers(world);
+        eventually("Ready=True", Duration::from_secs(60), || {
+            let api = api.clone();
+            async move {
+                run_proxy_pods(world, SAMPLE).await;
+                let b = api.get(SAMPLE).await.ok()?;
+                (ready_condition(&b)?.0 == "True").then_some(())
+            }
+        })
+        .await;
+    }
+    let (ok, out, err) = world.plane.kubectl("admin", &["get", "bal", SAMPLE], None);
+    // Printer columns: 1.20 shows only the first value of a `[*]` path (v1, not v1,v2,v3).
+    let row: Vec<&str> = out.lines().nth(1).unwrap_or_default().split_whitespace().collect();
+    assert!(ok && row.len() == 6 && row[..5] == [SAMPLE, "80", "v1", "3", "0"], "printer columns: {out}{err}");
+
+    // Events were recorded on the Balancer.
+    let events: Api<Event> = Api::namespaced(world.admin.clone(), NS);
+    let recorded = eventually("Created events", Duration::from_secs(10), || async {
+        let list = events.list(&ListParams::default()).await.ok()?;
+        let mine: Vec<Event> = list
+            .items
+            .into_iter()
+            .filter(|e| e.regarding.as_ref().and_then(|r| r.uid.as_deref()) == Some(uid.as_str()))
+            .collect();
+        (mine.iter().filter(|e| e.reason.as_deref() == Some("Created")).count() >= 6).then_some(mine)
+    })
+    .await;
+    assert!(recorded.iter().all(|e| e.reporting_controller.as_deref() == Some("balancer")));
+
+    // Removing a backend deletes its Service and updates nginx.conf and the status.
+    let patch = json!({"spec": {"backends": [
+            {"name": "v1", "weight": 40, "selector": {"version": "v1"}},
+            {"name": "v3", "weight": 40, "selector": {"version": "v3"}}]}});
+    balancers(world).patch(SAMPLE, &PatchParams::default(), &Patch::Merge(patch)).await.unwrap();
+    eventually("v2's Service to go", Duration::from_secs(30), || async {
+        services.get_opt("example-balancer-v2-backend").await.ok()?.is_none().then_some(())
+    })
+    .await;
+    eventually("nginx.conf without v2", Duration::from_secs(30), || async {
+        let cm = config_maps.get("example-balancer-proxy-configmap").await.ok()?;
+        (!cm.data?["nginx.conf"].contains("v2-backend")).then_some(())
+    })
+    .await;
+    let api = balancers(world);
+    eventually("status active=2", Duration::from_secs(30), || {
+        let api = api.clone();
+        async move {
+            let b = api.get(SAMPLE).await.ok()?;
+            let s = b.status?;
+            (s.active_backends_num == 2
+                && s.obsolete_backends_num == 0
+                && s.observed_generation == b.metadata.generation)
+                .then_some(())
+        }
+    })
+    .await;
+
+    // A deleted child comes back; so does a hand-edited ConfigMap.
+    services.delete(SAMPLE, &DeleteParams::default()).await.unwrap();
+    eventually("the front Service restored", Duration::from_secs(30), || async {
+        services.get_opt(SAMPLE).await.ok().flatten().filter(|s| s.metadata.deletion_timestamp.is_none())
+    })
+    .await;
+    let edit = json!({"data": {"nginx.conf": "events {}\n"}});
+    config_maps.patch("example-balancer-proxy-configmap", &PatchParams::default(), &Patch::Merge(edit)).await.unwrap();
+    eventually("the ConfigMap restored", Duration::from_secs(30), || async {
+        let cm = config_maps.get("example-balancer-proxy-configmap").await.ok()?;
+        cm.data?["nginx.conf"].contains("upstream port_80_tcp").then_some(())
+    })
+    .await;
+}
+
+// ---------------------------------------------------------------------------
+// 5. Steady state
+// ---------------------------------------------------------------------------
+
+async fn steady_state_makes_no_writes(world: &mut World) {
+    // Let the previous scenario's changes settle, then watch a quiet window.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let before = world.plane.audit_events().len();
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    let events = world.plane.audit_events();
+    let window = &events[before..];
+    let operator: Vec<&Value> = window.iter().filter(|e| e["user"]["username"] == OPERATOR_USER).collect();
+    let writes: Vec<String> = operator
+        .iter()
+        .filter(|e| ["create", "update", "patch", "delete"].contains(&e["verb"].as_str().unwrap_or("")))
+        .map(|e| format!("{} {}", e["verb"], e["requestURI"]))
+        .collect();
+    assert!(writes.is_empty(), "the operator wrote during a quiet 30 s window: {writes:#?}");
+    // The filter does see the operator: it wrote plenty before the window.
+    let earlier_writes =
+        events[..before].iter().filter(|e| e["user"]["username"] == OPERATOR_USER && e["verb"] == "patch").count();
+    assert!(earlier_writes > 0, "no operator requests in the audit log at all: is the user name right?");
+    let forbidden: Vec<String> = events
+        .iter()
+        .filter(|e| e["user"]["username"] == OPERATOR_USER && e["responseStatus"]["code"] == 403)
+        .map(|e| format!("{} {}", e["verb"], e["requestURI"]))
+        .collect();
+    assert!(forbidden.is_empty(), "the shipped RBAC forbade: {forbidden:#?}");
+    println!("e2e: quiet window: {} requests from the operator, 0 writes", operator.len());
+}
+
+// ---------------------------------------------------------------------------
+// 6. Garbage collection
+// ---------------------------------------------------------------------------
+
+async fn deleting_a_balancer_collects_its_children(world: &mut World) {
+    if !world.plane.has_controller_manager() {
+        println!("e2e: no kube-controller-manager: garbage collection not checked");
+        return;
+    }
+    balancers(world).delete(SAMPLE, &DeleteParams::default()).await.unwrap();
+    let services: Api<Service> = Api::namespaced(world.admin.clone(), NS);
+    let config_maps: Api<ConfigMap> = Api::namespaced(world.admin.clone(), NS);
+    let deployments: Api<Deployment> = Api::namespaced(world.admin.clone(), NS);
+    let selector = format!("balancer.exposer.hliangzhao.io/balancer-name={SAMPLE}");
+    eventually("every child garbage-collected", Duration::from_secs(60), || async {
+        let lp = ListParams::default().labels(&selector);
+        let left = services.list(&lp).await.ok()?.items.len()
+            + config_maps.list(&lp).await.ok()?.items.len()
+            + deployments.list(&lp).await.ok()?.items.len();
+        (left == 0).then_some(())
+    })
+    .await;
+}
+
+// ---------------------------------------------------------------------------
+// 7. Leader election
+// ---------------------------------------------------------------------------
+
+async fn webhook_answers(world: &World, operator: &Operator) -> bool {
+    let review = json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+        "request": {"uid": "1", "kind": {"group": "", "version": "v1", "kind": "ConfigMap"},
+                    "resource": {"group": "", "version": "v1", "resource": "configmaps"},
+                    "operation": "CREATE", "userInfo": {}, "object": {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "x"}}}});
+    let client = http_client(&world.plane.ca_pem);
+    match client.post(operator.webhook_url("/validate")).json(&review).send().await {
+        Ok(r) => r.status().is_success(),
+        Err(_) => false,
+    }
+}
+
+async fn reconciled(world: &World, name: &str) {
+    let services: Api<Service> = Api::namespaced(world.admin.clone(), NS);
+    eventually(&format!("Balancer {name} reconciled"), Duration::from_secs(30), || async {
+        services.get_opt(name).await.ok().flatten()
+    })
+    .await;
+}
+
+async fn leader_election_hands_over(world: &mut World) {
+    for mut op in world.operators.drain(..) {
+        op.stop();
+    }
+    let lease_flags = ["--leader-elect", "--lease-duration=6"];
+    let b = Operator::start(&world.plane, "operator-b", &lease_flags).await;
+    let c = Operator::start(&world.plane, "operator-c", &lease_flags).await;
+    register_webhooks(world, &b).await;
+    world.operators = vec![b, c];
+
+    let leases: Api<Lease> = Api::namespaced(world.admin.clone(), "balancer-system");
+    let holder = eventually("a Lease holder", Duration::from_secs(30), || async {
+        leases.get_opt("balancer-leader").await.ok().flatten()?.spec?.holder_identity.filter(|h| !h.is_empty())
+    })
+    .await;
+    let mut leading = Vec::new();
+    for op in &world.operators {
+        leading.push(op.metric("balancer_controller_leader").await == Some(1.0));
+    }
+    assert_eq!(leading.iter().filter(|l| **l).count(), 1, "exactly one leader: {leading:?}");
+    let leader = leading.iter().position(|l| *l).unwrap();
+    assert!(
+        holder.starts_with(&world.operators[leader].name),
+        "Lease holder {holder} vs leader {}",
+        world.operators[leader].name
+    );
+    for op in &world.operators {
+        assert!(webhook_answers(world, op).await, "{} does not serve webhooks", op.name);
+    }
+    let (ok, out) = apply(
+        world,
+        "admin",
+        &balancer_yaml("first", "spec:\n  ports: [{port: 80}]\n  backends: [{name: a, selector: {app: a}}]\n"),
+    );
+    assert!(ok, "{out}");
+    reconciled(world, "first").await;
+    let follower = 1 - leader;
+    let follower_metrics = world.operators[follower].metrics().await;
+    assert!(!follower_metrics.contains("balancer_reconciles_total{"), "the follower reconciled:\n{follower_metrics}");
+    let leader_metrics = world.operators[leader].metrics().await;
+    assert!(leader_metrics.contains("balancer_reconciles_total{result=\"success\"}"), "{leader_metrics}");
+
+    // The leader stops (and releases the Lease): the other takes over within the lease duration.
+    world.operators[leader].stop();
+    if follower != 0 {
+        // The webhooks pointed at the stopped leader.
+        register_webhooks(world, &world.operators[follower]).await;
+    }
+    let api_started = Instant::now();
+    let follower_op = &world.operators[follower];
+    eventually("the follower to lead", Duration::from_secs(12), || async {
+        (follower_op.metric("balancer_controller_leader").await == Some(1.0)).then_some(())
+    })
+    .await;
+    println!("e2e: leadership handed over in {:.1} s", api_started.elapsed().as_secs_f64());
+    assert!(webhook_answers(world, follower_op).await);
+    let (ok, out) = eventually("the second Balancer accepted", Duration::from_secs(20), || async {
+        let (ok, out) = apply(
+            world,
+            "admin",
+            &balancer_yaml("second", "spec:\n  ports: [{port: 80}]\n  backends: [{name: a, selector: {app: a}}]\n"),
+        );
+        ok.then_some((ok, out))
+    })
+    .await;
+    assert!(ok, "{out}");
+    reconciled(world, "second").await;
+    let stopped = world.operators.remove(leader);
+    drop(stopped);
+}
+
+// ---------------------------------------------------------------------------
+// 8. Webhook down
+// ---------------------------------------------------------------------------
+
+async fn webhook_down_blocks_writes_until_it_is_back(world: &mut World) {
+    for mut op in world.operators.drain(..) {
+        op.stop();
+    }
+    let (ok, out) = apply(
+        world,
+        "admin",
+        &balancer_yaml("blocked", "spec:\n  ports: [{port: 80}]\n  backends: [{name: a, selector: {app: a}}]\n"),
+    );
+    assert!(!ok, "a Balancer write succeeded with the webhook down");
+    assert!(out.contains("failed calling webhook"), "unclear error: {out}");
+    // Other resources are never blocked.
+    let (ok, out) =
+        apply(world, "admin", "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: unaffected, namespace: default}\n");
+    assert!(ok, "{out}");
+
+    let back = Operator::start(&world.plane, "operator-d", &[]).await;
+    register_webhooks(world, &back).await;
+    world.operators.push(back);
+    eventually("writes to succeed again", Duration::from_secs(20), || async {
+        let (ok, _) = apply(
+            world,
+            "admin",
+            &balancer_yaml("blocked", "spec:\n  ports: [{port: 80}]\n  backends: [{name: a, selector: {app: a}}]\n"),
+        );
+        ok.then_some(())
+    })
+    .await;
+}

@@ -1,0 +1,82 @@
+//! The real `balancer` binary, run out of cluster against the test control plane
+//! as the token user bound only to deploy/'s RBAC.
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use crate::cluster::{ControlPlane, Proc, free_port};
+
+pub struct Operator {
+    pub name: String,
+    pub process: Proc,
+    pub webhook_port: u16,
+    pub probe_port: u16,
+}
+
+impl Operator {
+    /// Starts `balancer run` with the control plane's certificate (valid for 127.0.0.1) and `extra` flags.
+    pub async fn start(plane: &ControlPlane, name: &str, extra: &[&str]) -> Operator {
+        let webhook_port = free_port();
+        let probe_port = free_port();
+        let pki = plane.dir.path().join("pki");
+        let process = Proc::spawn(
+            name,
+            Command::new(env!("CARGO_BIN_EXE_balancer"))
+                .arg("run")
+                .arg(format!("--webhook-addr=127.0.0.1:{webhook_port}"))
+                .arg(format!("--probe-addr=127.0.0.1:{probe_port}"))
+                .arg(format!("--tls-cert={}", pki.join("tls.crt").display()))
+                .arg(format!("--tls-key={}", pki.join("tls.key").display()))
+                .arg("--require-controller")
+                .arg("--log-level=info,balancer=debug")
+                .args(extra)
+                .env("KUBECONFIG", plane.kubeconfig("operator"))
+                .env("POD_NAME", name)
+                .env("POD_NAMESPACE", "balancer-system")
+                .env_remove("RUST_LOG"),
+            &plane.dir.path().join(format!("{name}.log")),
+        );
+        let operator = Operator { name: name.into(), process, webhook_port, probe_port };
+        operator.wait_ready(plane).await;
+        operator
+    }
+
+    async fn wait_ready(&self, plane: &ControlPlane) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let url = format!("http://127.0.0.1:{}/readyz", self.probe_port);
+        while Instant::now() < deadline {
+            if let Ok(r) = reqwest::get(&url).await
+                && r.status().is_success()
+            {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        panic!("{} not ready within 60 s; log:\n{}", self.name, self.log(plane));
+    }
+
+    pub fn log(&self, plane: &ControlPlane) -> String {
+        std::fs::read_to_string(plane.dir.path().join(format!("{}.log", self.name))).unwrap_or_default()
+    }
+
+    pub fn webhook_url(&self, path: &str) -> String {
+        format!("https://127.0.0.1:{}{path}", self.webhook_port)
+    }
+
+    pub async fn metrics(&self) -> String {
+        match reqwest::get(format!("http://127.0.0.1:{}/metrics", self.probe_port)).await {
+            Ok(r) => r.text().await.unwrap_or_default(),
+            Err(_) => String::new(),
+        }
+    }
+
+    /// The value of an unlabelled metric sample, e.g. `balancer_controller_leader`.
+    pub async fn metric(&self, name: &str) -> Option<f64> {
+        let text = self.metrics().await;
+        text.lines().find_map(|l| l.strip_prefix(&format!("{name} ")).and_then(|v| v.trim().parse().ok()))
+    }
+
+    pub fn stop(&mut self) {
+        self.process.stop(Duration::from_secs(20));
+    }
+}
