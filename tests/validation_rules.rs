@@ -992,8 +992,11 @@ fn the_invalid_sample_reports_every_problem() {
         errors,
         strings![
             "spec.ports[1].name: duplicate port name \"http\" (also spec.ports[0].name)",
+            "spec.ports[1].targetPort: must be a port number or an IANA service name (at most 15 lowercase \
+             letters, digits and '-', with at least one letter), got \"Web_Port\"",
             not_dns1123("spec.backends[1].name", "V2"),
-            "spec.backends[1].weight: must be between 0 and 100, got 150",
+            "spec.backends[1].selector: the merged selector (spec.selector and this backend's selector) must \
+             not be empty, or the backend would select every pod in the namespace",
         ]
     );
     assert!(findings[0].report.warnings.is_empty());

@@ -284,6 +284,13 @@ async fn webhooks_are_called_by_the_api_server(world: &mut World) {
     ] {
         assert!(out.contains(expected), "missing {expected:?} in: {out}");
     }
+    // The invalid sample shows the webhook's messages through kubectl.
+    let (ok, out) = apply(world, "admin", &repo_file("deploy/samples/invalid-balancer.yaml"));
+    assert!(
+        !ok && out.contains("The Balancer \"broken-balancer\" is invalid")
+            && out.contains("* spec.ports[1].targetPort:"),
+        "{out}"
+    );
     // A bad weight is already refused by the CRD schema, before any webhook, also with its field path.
     let (ok, out) = apply(
         world,
