@@ -24,6 +24,8 @@ pub const KIND: &str = "Balancer";
 pub const MAX_PORTS: usize = 32;
 /// Most backends one Balancer may balance over.
 pub const MAX_BACKENDS: usize = 64;
+/// Most labels in one selector (`spec.selector` or a backend's).
+pub const MAX_SELECTOR_LABELS: usize = 32;
 /// Largest backend weight.
 pub const MAX_WEIGHT: i32 = 100;
 /// Weight given to a backend that does not set one.
@@ -80,6 +82,7 @@ pub struct BalancerSpec {
     pub ports: Vec<BalancerPort>,
     /// Labels common to the pods of every backend.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("maxProperties" = 32))]
     pub selector: Option<BTreeMap<String, String>>,
     /// The backends traffic is split across, by weight.
     #[schemars(length(min = 1, max = 64))]
@@ -117,6 +120,7 @@ pub struct BackendSpec {
     pub weight: Option<i32>,
     /// Labels selecting this backend's pods, merged over `spec.selector`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("maxProperties" = 32))]
     pub selector: Option<BTreeMap<String, String>>,
 }
 

@@ -52,10 +52,14 @@ pub struct RunArgs {
     #[arg(long, env = "BALANCER_DEV_CERT_DIR", default_value = "certs")]
     pub dev_cert_dir: PathBuf,
     /// How often the certificate files are checked for rotation (e.g. 10s, 500ms).
-    #[arg(long, env = "BALANCER_TLS_RELOAD_INTERVAL", default_value = "10s", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "BALANCER_TLS_RELOAD_INTERVAL", default_value = "10s", value_parser = positive_duration)]
     pub tls_reload_interval: Duration,
+    /// On SIGTERM, how long to keep serving while reporting not-ready, so the API server
+    /// stops sending reviews here before the listener closes.
+    #[arg(long, env = "BALANCER_SHUTDOWN_DELAY", default_value = "5s", value_parser = humantime::parse_duration)]
+    pub shutdown_delay: Duration,
     /// Largest AdmissionReview body accepted, in bytes.
-    #[arg(long, env = "BALANCER_MAX_BODY_BYTES", default_value_t = 3 * 1024 * 1024)]
+    #[arg(long, env = "BALANCER_MAX_BODY_BYTES", default_value_t = 1024 * 1024)]
     pub max_body_bytes: usize,
     #[command(flatten)]
     pub controller: ControllerArgs,
@@ -65,6 +69,15 @@ pub struct RunArgs {
     /// Log filter when RUST_LOG is unset (e.g. info, balancer=debug).
     #[arg(long, env = "BALANCER_LOG_LEVEL", default_value = "info,rustls=error")]
     pub log_level: String,
+}
+
+/// A duration greater than zero, such as `10s` or `500ms`.
+fn positive_duration(text: &str) -> Result<Duration, String> {
+    match humantime::parse_duration(text) {
+        Ok(d) if d.is_zero() => Err("must be greater than zero".into()),
+        Ok(d) => Ok(d),
+        Err(e) => Err(e.to_string()),
+    }
 }
 
 /// How the reconcile loop runs and what it builds.

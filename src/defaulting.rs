@@ -8,11 +8,14 @@ use json_patch::{AddOperation, Patch, PatchOperation};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use serde_json::{Value, json};
 
-use crate::api::{BalancerSpec, DEFAULT_PROTOCOL, DEFAULT_WEIGHT};
+use crate::api::{BalancerSpec, DEFAULT_PROTOCOL, DEFAULT_WEIGHT, MAX_BACKENDS, MAX_PORTS};
 
 /// The patch that sets protocol `TCP`, `targetPort` = `port` and weight 1 wherever they are missing.
 pub fn defaults_patch(spec: &BalancerSpec) -> Patch {
     let mut ops = Vec::new();
+    if !within_bounds(spec) {
+        return Patch(ops);
+    }
     for (i, port) in spec.ports.iter().enumerate() {
         if protocol_missing(&port.protocol) {
             ops.push(add(["spec", "ports", &i.to_string(), "protocol"], json!(DEFAULT_PROTOCOL)));
@@ -27,6 +30,11 @@ pub fn defaults_patch(spec: &BalancerSpec) -> Patch {
         }
     }
     Patch(ops)
+}
+
+/// Validation refuses longer lists; defaulting them would only cost memory.
+fn within_bounds(spec: &BalancerSpec) -> bool {
+    spec.ports.len() <= MAX_PORTS && spec.backends.len() <= MAX_BACKENDS
 }
 
 /// An empty protocol is as good as none: nginx and Services need one.
@@ -51,6 +59,9 @@ fn add<const N: usize>(tokens: [&str; N], value: Value) -> PatchOperation {
 /// The spec with its defaults filled in, the way the API server stores it after mutation.
 pub fn with_defaults(spec: &BalancerSpec) -> BalancerSpec {
     let mut spec = spec.clone();
+    if !within_bounds(&spec) {
+        return spec;
+    }
     for port in &mut spec.ports {
         if protocol_missing(&port.protocol) {
             port.protocol = Some(DEFAULT_PROTOCOL.to_string());

@@ -55,7 +55,7 @@ pub async fn start(
     args: &RunArgs,
     limits: Limits,
     shutdown: CancellationToken,
-) -> Result<(Bound, tokio::task::JoinHandle<()>), RunError> {
+) -> Result<(Bound, Readiness, tokio::task::JoinHandle<()>), RunError> {
     let metrics = Arc::new(Metrics::default());
     let (watcher, resolver) = CertWatcher::start(cert_paths(args)?, metrics.clone())?;
     let tls_config = Arc::new(tls::server_config(resolver)?);
@@ -71,7 +71,7 @@ pub async fn start(
         None => None,
     };
     let limits = Arc::new(limits);
-    let state = AppState { metrics, readiness, limits: limits.clone() };
+    let state = AppState { metrics, readiness: readiness.clone(), limits: limits.clone() };
 
     let webhook_listener = server::bind(args.webhook_addr, "the webhook").await?;
     let probe_listener = server::bind(args.probe_addr, "probes and metrics").await?;
@@ -79,34 +79,35 @@ pub async fn start(
     tracing::info!(webhook = %bound.webhook, probe = %bound.probe, "serving");
 
     let reload = tokio::spawn(watcher.run(args.tls_reload_interval, shutdown.clone()));
-    let webhook = tokio::spawn(server::serve_tls(
+    let webhook = tokio::spawn(server::serve(
         webhook_listener,
-        tls_config,
+        Some(tls_config),
         server::webhook_router(state.clone()),
-        limits,
+        limits.clone(),
         shutdown.clone(),
     ));
-    let probe = tokio::spawn(server::serve_plain(probe_listener, server::probe_router(state), shutdown));
+    let probe =
+        tokio::spawn(server::serve(probe_listener, None, server::probe_router(state), limits, shutdown.clone()));
     let all = tokio::spawn(async move {
         let _ = webhook.await;
-        if let Ok(Err(e)) = probe.await {
-            tracing::error!(error = %e, "probe server failed");
-        }
+        let _ = probe.await;
         let _ = reload.await;
         if let Some(controller) = controller {
             let _ = controller.await;
         }
     });
-    Ok((bound, all))
+    Ok((bound, readiness, all))
 }
 
 /// Runs until SIGTERM or SIGINT, then shuts down gracefully.
 pub async fn run(args: RunArgs) -> Result<(), RunError> {
     let shutdown = CancellationToken::new();
     let limits = Limits { max_body_bytes: args.max_body_bytes, ..Limits::default() };
-    let (_, servers) = start(&args, limits, shutdown.clone()).await?;
+    let (_, readiness, servers) = start(&args, limits, shutdown.clone()).await?;
     wait_for_signal().await?;
-    tracing::info!("shutting down: no new connections, finishing in-flight requests");
+    readiness.shutting_down.store(true, Ordering::Release);
+    tracing::info!(delay = ?args.shutdown_delay, "shutting down: reporting not-ready, then draining");
+    tokio::time::sleep(args.shutdown_delay).await;
     shutdown.cancel();
     let _ = servers.await;
     Ok(())

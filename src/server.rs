@@ -21,10 +21,12 @@ use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use rustls::ServerConfig;
 use serde_json::json;
-use tokio::net::TcpListener;
-use tokio::sync::Semaphore;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio_io_timeout::TimeoutStream;
 use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
+use tower::limit::GlobalConcurrencyLimitLayer;
 
 use crate::admission::{self, BadRequest, Outcome, Webhook};
 use crate::telemetry::Metrics;
@@ -42,6 +44,10 @@ pub struct Limits {
     pub body_timeout: Duration,
     /// Connections served at once; further clients wait in the listen backlog.
     pub max_connections: usize,
+    /// Time allowed for each write of a response; a client that stops reading is dropped.
+    pub write_timeout: Duration,
+    /// Admission reviews read and answered at once; more wait their turn before their body is read.
+    pub max_concurrent_reviews: usize,
     /// Time in-flight requests get to finish on shutdown.
     pub shutdown_grace: Duration,
 }
@@ -49,11 +55,13 @@ pub struct Limits {
 impl Default for Limits {
     fn default() -> Self {
         Limits {
-            max_body_bytes: 3 * 1024 * 1024,
+            max_body_bytes: 1024 * 1024,
             handshake_timeout: Duration::from_secs(10),
             header_timeout: Duration::from_secs(30),
             body_timeout: Duration::from_secs(10),
             max_connections: 1024,
+            write_timeout: Duration::from_secs(10),
+            max_concurrent_reviews: 32,
             shutdown_grace: Duration::from_secs(20),
         }
     }
@@ -74,11 +82,16 @@ pub struct Readiness {
     pub certificate: Arc<AtomicBool>,
     /// `None` when the controller is off; otherwise whether its caches have synced.
     pub controller: Option<Arc<AtomicBool>>,
+    /// Set on SIGTERM, so endpoints drop this replica before it stops listening.
+    pub shutting_down: Arc<AtomicBool>,
 }
 
 impl Readiness {
     fn problems(&self) -> Vec<&'static str> {
         let mut problems = Vec::new();
+        if self.shutting_down.load(Ordering::Acquire) {
+            problems.push("shutting down");
+        }
         if !self.certificate.load(Ordering::Acquire) {
             problems.push("serving certificate not loaded");
         }
@@ -93,9 +106,12 @@ impl Readiness {
 
 /// Routes of the TLS webhook port.
 pub fn webhook_router(state: AppState) -> Router {
+    // Bounds the memory and CPU that reviews can take at once, whatever the number of connections.
+    let reviews = GlobalConcurrencyLimitLayer::new(state.limits.max_concurrent_reviews);
     Router::new()
         .route("/validate", post(validate))
         .route("/mutate", post(mutate))
+        .route_layer(reviews)
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .fallback(not_found)
@@ -215,63 +231,74 @@ async fn metrics(State(state): State<AppState>) -> Response {
     }
 }
 
-/// Serves `router` over TLS on `listener` until `shutdown`, then lets in-flight requests finish.
-pub async fn serve_tls(
+/// Serves `router` on `listener` until `shutdown`, over TLS when `tls` is given,
+/// then lets in-flight requests finish. Both servers get the same client bounds.
+pub async fn serve(
     listener: TcpListener,
-    tls: Arc<ServerConfig>,
+    tls: Option<Arc<ServerConfig>>,
     router: Router,
     limits: Arc<Limits>,
     shutdown: CancellationToken,
 ) {
-    let acceptor = TlsAcceptor::from(tls);
+    let acceptor = tls.map(TlsAcceptor::from);
     let graceful = GracefulShutdown::new();
     let slots = Arc::new(Semaphore::new(limits.max_connections));
     loop {
-        let Ok(permit) = slots.clone().acquire_owned().await else {
-            break;
-        };
-        let (tcp, peer) = tokio::select! {
+        let accepted = tokio::select! {
             _ = shutdown.cancelled() => break,
-            accepted = listener.accept() => match accepted {
-                Ok(conn) => conn,
-                Err(e) => {
-                    // Usually EMFILE: back off instead of spinning.
-                    tracing::warn!(error = %e, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
+            accepted = accept(&listener, &slots) => accepted,
         };
-        let _ = tcp.set_nodelay(true);
+        let Some((tcp, peer, permit)) = accepted else { continue };
         let acceptor = acceptor.clone();
         let router = router.clone();
         let limits = limits.clone();
         let watcher = graceful.watcher();
         tokio::spawn(async move {
             let _permit = permit;
-            let tls_stream = match tokio::time::timeout(limits.handshake_timeout, acceptor.accept(tcp)).await {
-                Ok(Ok(stream)) => stream,
-                Ok(Err(e)) => return tracing::debug!(%peer, error = %e, "TLS handshake failed"),
-                Err(_) => return tracing::debug!(%peer, "TLS handshake timed out"),
-            };
+            // A client that stops reading its response must not hold the connection forever.
+            let mut io = TimeoutStream::new(tcp);
+            io.set_write_timeout(Some(limits.write_timeout));
+            let io = Box::pin(io);
             let service = TowerToHyperService::new(router);
             let mut builder = hyper::server::conn::http1::Builder::new();
             builder.timer(TokioTimer::new()).header_read_timeout(limits.header_timeout).keep_alive(true);
-            let conn = builder.serve_connection(TokioIo::new(tls_stream), service);
-            if let Err(e) = watcher.watch(conn).await {
+            let result = match acceptor {
+                None => watcher.watch(builder.serve_connection(TokioIo::new(io), service)).await,
+                Some(acceptor) => match tokio::time::timeout(limits.handshake_timeout, acceptor.accept(io)).await {
+                    Ok(Ok(stream)) => watcher.watch(builder.serve_connection(TokioIo::new(stream), service)).await,
+                    Ok(Err(e)) => return tracing::debug!(%peer, error = %e, "TLS handshake failed"),
+                    Err(_) => return tracing::debug!(%peer, "TLS handshake timed out"),
+                },
+            };
+            if let Err(e) = result {
                 tracing::debug!(%peer, error = %e, "connection ended with an error");
             }
         });
     }
     drop(listener);
     if tokio::time::timeout(limits.shutdown_grace, graceful.shutdown()).await.is_err() {
-        tracing::warn!("in-flight webhook requests did not finish within the grace period");
+        tracing::warn!("in-flight requests did not finish within the grace period");
     }
 }
 
-/// Serves `router` over plain HTTP until `shutdown`.
-pub async fn serve_plain(listener: TcpListener, router: Router, shutdown: CancellationToken) -> std::io::Result<()> {
-    axum::serve(listener, router).with_graceful_shutdown(shutdown.cancelled_owned()).await
+/// Waits for a connection slot, then a connection; `None` after a failed accept.
+async fn accept(
+    listener: &TcpListener,
+    slots: &Arc<Semaphore>,
+) -> Option<(TcpStream, SocketAddr, OwnedSemaphorePermit)> {
+    let permit = slots.clone().acquire_owned().await.ok()?;
+    match listener.accept().await {
+        Ok((tcp, peer)) => {
+            let _ = tcp.set_nodelay(true);
+            Some((tcp, peer, permit))
+        }
+        Err(e) => {
+            // Usually EMFILE: back off instead of spinning.
+            tracing::warn!(error = %e, "accept failed");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            None
+        }
+    }
 }
 
 /// Binds a TCP listener, naming the address on failure.

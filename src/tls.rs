@@ -244,10 +244,12 @@ impl GeneratedCerts {
 
 fn write_file(path: &Path, contents: &str, mode: u32) -> Result<(), TlsError> {
     use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
     let err = |source| TlsError::Write { path: path.to_path_buf(), source };
     let mut file =
         std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(mode).open(path).map_err(err)?;
+    // `mode` applies only when the file is created: tighten an existing one too.
+    file.set_permissions(std::fs::Permissions::from_mode(mode)).map_err(err)?;
     file.write_all(contents.as_bytes()).map_err(err)
 }
 

@@ -10,7 +10,7 @@ use std::fmt;
 
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
-use crate::api::{self, BalancerSpec, MAX_BACKENDS, MAX_PORTS, MAX_WEIGHT, PROTOCOLS};
+use crate::api::{self, BalancerSpec, MAX_BACKENDS, MAX_PORTS, MAX_SELECTOR_LABELS, MAX_WEIGHT, PROTOCOLS};
 
 /// Longest DNS-1123 / DNS-1035 label, and so longest Service name.
 pub const MAX_LABEL_LEN: usize = 63;
@@ -140,7 +140,9 @@ fn validate_ports(spec: &BalancerSpec, report: &mut Report) {
         report.error("spec.ports", "must have at least one port");
     }
     if ports.len() > MAX_PORTS {
+        // Checking each of an unbounded list would let one request cost unbounded time and memory.
         report.error("spec.ports", format!("must have at most {MAX_PORTS} ports, got {}", ports.len()));
+        return;
     }
     let mut names: HashMap<&str, usize> = HashMap::new();
     let mut pairs: HashMap<(i32, &str), usize> = HashMap::new();
@@ -202,7 +204,11 @@ fn validate_backends(name: ObjectName<'_>, spec: &BalancerSpec, report: &mut Rep
     }
     if backends.len() > MAX_BACKENDS {
         report.error("spec.backends", format!("must have at most {MAX_BACKENDS} backends, got {}", backends.len()));
+        return;
     }
+    // Merged selectors are only compared when every selector is within bounds.
+    let selectors_bounded = selector_len(spec.selector.as_ref()) <= MAX_SELECTOR_LABELS
+        && backends.iter().all(|b| selector_len(b.selector.as_ref()) <= MAX_SELECTOR_LABELS);
     let mut names: HashMap<&str, usize> = HashMap::new();
     let mut selectors: Vec<(usize, BTreeMap<String, String>)> = Vec::with_capacity(backends.len());
     for (i, backend) in backends.iter().enumerate() {
@@ -237,6 +243,9 @@ fn validate_backends(name: ObjectName<'_>, spec: &BalancerSpec, report: &mut Rep
                 .push(format!("{at}.weight: weight 0 drains backend {:?}: it receives no traffic", backend.name));
         }
         validate_selector(&format!("{at}.selector"), backend.selector.as_ref(), report);
+        if !selectors_bounded {
+            continue;
+        }
         let merged = spec.merged_selector(backend);
         if merged.is_empty() {
             report.error(
@@ -268,7 +277,16 @@ fn first_seen<K: std::hash::Hash + Eq>(seen: &mut HashMap<K, usize>, key: K, ind
     }
 }
 
+fn selector_len(selector: Option<&BTreeMap<String, String>>) -> usize {
+    selector.map_or(0, BTreeMap::len)
+}
+
 fn validate_selector(at: &str, selector: Option<&BTreeMap<String, String>>, report: &mut Report) {
+    let len = selector_len(selector);
+    if len > MAX_SELECTOR_LABELS {
+        report.error(at, format!("must have at most {MAX_SELECTOR_LABELS} labels, got {len}"));
+        return;
+    }
     for (key, value) in selector.into_iter().flatten() {
         if let Err(problem) = check_label_key(key) {
             report.error(at, format!("invalid label key {key:?}: {problem}"));

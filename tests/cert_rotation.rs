@@ -72,7 +72,7 @@ async fn rotated_certificates_are_served_without_restart_and_broken_ones_are_ign
     mount_secret(mount.path(), &first);
     let args = support::run_args(&mount.path().join(tls::CERT_FILE), &mount.path().join(tls::KEY_FILE), 1 << 20);
     let shutdown = CancellationToken::new();
-    let (bound, task) = run::start(&args, support::test_limits(), shutdown.clone()).await.unwrap();
+    let (bound, _, task) = run::start(&args, support::test_limits(), shutdown.clone()).await.unwrap();
     assert_eq!(presented_cert(bound.webhook, &first.ca_pem).await.unwrap(), der(&first.cert_pem));
 
     // Rotation to a certificate from a new CA: new handshakes get it, no restart.

@@ -119,21 +119,25 @@ fn certs_writes_a_ca_signed_pair_and_prints_the_ca_bundle() {
     assert_eq!(mode, 0o600, "the private key must be owner-only");
 }
 
-/// Starts `balancer run` in `dir` on ephemeral ports; returns the child and the webhook port.
-fn start_run(dir: &Path) -> (std::process::Child, u16) {
+/// Starts `balancer run` in `dir` on ephemeral ports; returns the child and the webhook and probe ports.
+fn start_run(dir: &Path) -> (std::process::Child, u16, u16) {
     let mut child = balancer()
         .args(["run", "--webhook-addr", "127.0.0.1:0", "--probe-addr", "127.0.0.1:0", "--log-format", "json"])
+        .args(["--shutdown-delay", "1s"])
         .current_dir(dir)
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
     let stderr = BufReader::new(child.stderr.take().unwrap());
-    let port = stderr.lines().map_while(Result::ok).find_map(|line| {
+    let port = |log: &serde_json::Value, field: &str| -> Option<u16> {
+        log["fields"][field].as_str()?.rsplit(':').next()?.parse().ok()
+    };
+    let ports = stderr.lines().map_while(Result::ok).find_map(|line| {
         let log: serde_json::Value = serde_json::from_str(&line).unwrap_or_default();
-        log["fields"]["webhook"].as_str()?.rsplit(':').next()?.parse().ok()
+        Some((port(&log, "webhook")?, port(&log, "probe")?))
     });
-    match port {
-        Some(port) => (child, port),
+    match ports {
+        Some((webhook, probe)) => (child, webhook, probe),
         None => {
             let _ = child.kill();
             let status = child.wait();
@@ -143,9 +147,13 @@ fn start_run(dir: &Path) -> (std::process::Child, u16) {
 }
 
 fn terminate(mut child: std::process::Child) {
-    let _ = Command::new("kill").args(["-TERM", &child.id().to_string()]).status();
+    signal_term(&child);
     let status = child.wait().unwrap();
     assert!(status.success(), "balancer run did not exit cleanly on SIGTERM: {status}");
+}
+
+fn signal_term(child: &std::process::Child) {
+    let _ = Command::new("kill").args(["-TERM", &child.id().to_string()]).status();
 }
 
 /// The README's run command: dev certificates in certs/, created once and reused.
@@ -153,7 +161,7 @@ fn terminate(mut child: std::process::Child) {
 async fn run_creates_dev_certificates_once_and_serves_them() {
     support::install_crypto_provider();
     let dir = tempfile::tempdir().unwrap();
-    let (child, port) = start_run(dir.path());
+    let (child, port, probe) = start_run(dir.path());
     let ca = dir.path().join("certs/ca.crt");
     let first_ca = std::fs::read(&ca).unwrap();
     let client = reqwest::Client::builder()
@@ -165,9 +173,17 @@ async fn run_creates_dev_certificates_once_and_serves_them() {
         let body = client.get(format!("https://{host}:{port}/healthz")).send().await.unwrap().text().await.unwrap();
         assert_eq!(body, "ok");
     }
+    // On SIGTERM it reports not-ready first, still serving, so endpoints drop it before it stops.
+    signal_term(&child);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let readyz = reqwest::get(format!("http://127.0.0.1:{probe}/readyz")).await.unwrap();
+    assert_eq!(readyz.status().as_u16(), 503);
+    assert_eq!(readyz.text().await.unwrap(), "shutting down");
+    let body = client.get(format!("https://127.0.0.1:{port}/healthz")).send().await.unwrap().text().await.unwrap();
+    assert_eq!(body, "ok", "still serving during the shutdown delay");
     terminate(child);
 
-    let (child, _) = start_run(dir.path());
+    let (child, _, _) = start_run(dir.path());
     assert_eq!(std::fs::read(&ca).unwrap(), first_ca, "dev CA was regenerated instead of reused");
     terminate(child);
 }

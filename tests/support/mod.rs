@@ -59,7 +59,7 @@ impl TestServer {
         let key = dir.path().join(tls::KEY_FILE);
         let args = run_args(&cert, &key, limits.max_body_bytes);
         let shutdown = CancellationToken::new();
-        let (bound, task) = run::start(&args, limits, shutdown.clone()).await.expect("server starts");
+        let (bound, _, task) = run::start(&args, limits, shutdown.clone()).await.expect("server starts");
         TestServer { webhook: bound.webhook, probe: bound.probe, dir, shutdown, task }
     }
 
