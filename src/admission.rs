@@ -117,6 +117,7 @@ pub fn review(webhook: Webhook, body: &[u8]) -> Result<Answer, BadRequest> {
         None => (response, Outcome::Allowed),
         Some(Err(invalid)) => (deny(response, &request, invalid), Outcome::Denied),
         Some(Ok(spec)) => match webhook {
+            Webhook::Validate if exempt_update(&request) => (response, Outcome::Allowed),
             Webhook::Validate => validate(response, &request, &spec),
             Webhook::Mutate => mutate(response, &spec),
         },
@@ -210,6 +211,17 @@ fn path_error(e: &serde_path_to_error::Error<serde_json::Error>) -> String {
         "." | "?" => e.inner().to_string(),
         path => format!("{path}: {}", e.inner()),
     }
+}
+
+/// An UPDATE that leaves the spec alone (labels, finalizers, deletion) is not judged again:
+/// a Balancer stored before the rules existed, or under looser ones, can still be
+/// relabelled and deleted.
+fn exempt_update(request: &AdmissionRequest<DynamicObject>) -> bool {
+    if request.operation != Operation::Update {
+        return false;
+    }
+    let (Some(new), Some(old)) = (&request.object, &request.old_object) else { return false };
+    new.metadata.deletion_timestamp.is_some() || new.data.get("spec") == old.data.get("spec")
 }
 
 fn object_name(request: &AdmissionRequest<DynamicObject>) -> ObjectName<'_> {

@@ -29,7 +29,8 @@ pub const BALANCER_NAME_LABEL: &str = "balancer.exposer.hliangzhao.io/balancer-n
 pub const COMPONENT_LABEL: &str = "app.kubernetes.io/component";
 /// Label on backend Services: the backend's name.
 pub const BACKEND_LABEL: &str = "balancer.exposer.hliangzhao.io/backend";
-/// Pod template annotation: hash of `nginx.conf`, so a config change rolls the proxy pods.
+/// Pod template annotation: hash of `nginx.conf` (and, once known, the backends' cluster IPs),
+/// so a config change rolls the proxy pods.
 pub const CONFIG_HASH_ANNOTATION: &str = "balancer.exposer.hliangzhao.io/config-hash";
 
 pub const COMPONENT_BACKEND: &str = "backend";
@@ -109,6 +110,20 @@ pub fn desired(owner: &Owner, spec: &BalancerSpec, settings: &ProxySettings) -> 
         deployment: proxy_deployment(owner, spec, settings, &nginx::config_hash(&nginx_conf)),
         front_service: front_service(owner, spec),
         nginx_conf,
+    }
+}
+
+/// What rolls the proxy pods when it changes: `nginx.conf` and the backend Services'
+/// cluster IPs (nginx resolves the names once, at start).
+pub fn rollout_hash(nginx_conf: &str, backend_cluster_ips: &[String]) -> String {
+    nginx::config_hash(&format!("{nginx_conf}\n# backends: {}", backend_cluster_ips.join(",")))
+}
+
+/// Sets the pod template annotation that rolls the proxy pods.
+pub fn set_rollout_hash(deployment: &mut Deployment, hash: &str) {
+    let template = deployment.spec.as_mut().map(|s| &mut s.template);
+    if let Some(meta) = template.and_then(|t| t.metadata.as_mut()) {
+        meta.annotations.get_or_insert_with(BTreeMap::new).insert(CONFIG_HASH_ANNOTATION.into(), hash.into());
     }
 }
 

@@ -47,16 +47,17 @@ pub const READY: &str = "Ready";
 pub type Permission = (&'static str, &'static str, &'static [&'static str]);
 
 /// Every cluster-wide permission the controller uses; `deploy/rbac.yaml` grants exactly these.
-/// Reads come from watch caches (list, watch); server-side apply may create, so it needs create and patch.
+/// Reads come from watch caches (list, watch), plus a get when a child is missing from the cache
+/// (to never adopt a namesake); server-side apply may create, so it needs create and patch.
 pub const CLUSTER_PERMISSIONS: &[Permission] = &[
     ("exposer.hliangzhao.io", "balancers", &["list", "watch"]),
     ("exposer.hliangzhao.io", "balancers/status", &["patch"]),
     // Never called: clusters enforcing OwnerReferencesPermissionEnforcement require it to set
     // blockOwnerDeletion on the children's ownerReferences.
     ("exposer.hliangzhao.io", "balancers/finalizers", &["update"]),
-    ("", "services", &["list", "watch", "create", "patch", "delete"]),
-    ("", "configmaps", &["list", "watch", "create", "patch"]),
-    ("apps", "deployments", &["list", "watch", "create", "patch"]),
+    ("", "services", &["get", "list", "watch", "create", "patch", "delete"]),
+    ("", "configmaps", &["get", "list", "watch", "create", "patch"]),
+    ("apps", "deployments", &["get", "list", "watch", "create", "patch"]),
     ("events.k8s.io", "events", &["create", "patch"]),
 ];
 
@@ -70,6 +71,8 @@ pub enum Error {
     Api { verb: &'static str, kind: String, name: String, source: kube::Error },
     #[error(transparent)]
     Owner(#[from] OwnerError),
+    #[error("{kind} {name} already exists and is not controlled by this Balancer; rename or remove it")]
+    Conflict { kind: String, name: String },
 }
 
 impl Error {
@@ -78,6 +81,7 @@ impl Error {
         match self {
             Error::Api { .. } => "ApiError",
             Error::Owner(_) => "InvalidObject",
+            Error::Conflict { .. } => "Conflict",
         }
     }
 }
@@ -91,8 +95,8 @@ pub struct Context {
     pub deployments: Store<Deployment>,
     pub settings: ProxySettings,
     pub metrics: Arc<Metrics>,
-    /// Consecutive failures per Balancer, for exponential backoff.
-    failures: Mutex<HashMap<ObjectRef<Balancer>, u32>>,
+    /// Consecutive failures per Balancer uid (a recreated namesake starts afresh), for backoff.
+    failures: Mutex<HashMap<String, u32>>,
 }
 
 impl Context {
@@ -122,7 +126,7 @@ impl Context {
         let _ = self.deployments.wait_until_ready().await;
     }
 
-    fn failures(&self) -> std::sync::MutexGuard<'_, HashMap<ObjectRef<Balancer>, u32>> {
+    fn failures(&self) -> std::sync::MutexGuard<'_, HashMap<String, u32>> {
         self.failures.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
@@ -134,7 +138,7 @@ pub async fn reconcile(balancer: Arc<Balancer>, ctx: Arc<Context>) -> Result<Act
     let result = converge(&balancer, &ctx).await;
     let outcome = match &result {
         Ok(_) => {
-            ctx.failures().remove(&ObjectRef::from_obj(balancer.as_ref()));
+            ctx.failures().remove(&balancer.uid().unwrap_or_default());
             ReconcileResult::Success
         }
         Err(e) => {
@@ -150,7 +154,7 @@ pub async fn reconcile(balancer: Arc<Balancer>, ctx: Arc<Context>) -> Result<Act
 /// Requeues a failed Balancer with exponential backoff: 1 s, 2 s, 4 s … up to 5 minutes.
 pub fn error_policy(balancer: Arc<Balancer>, _error: &Error, ctx: Arc<Context>) -> Action {
     let mut failures = ctx.failures();
-    let count = failures.entry(ObjectRef::from_obj(balancer.as_ref())).or_insert(0);
+    let count = failures.entry(balancer.uid().unwrap_or_default()).or_insert(0);
     *count = count.saturating_add(1);
     Action::requeue(backoff(*count))
 }
@@ -165,6 +169,7 @@ async fn converge(balancer: &Balancer, ctx: &Context) -> Result<Action, Error> {
     ctx.caches_ready().await;
     if balancer.meta().deletion_timestamp.is_some() {
         // Garbage collection removes the children through their ownerReferences.
+        ctx.failures().remove(&balancer.uid().unwrap_or_default());
         return Ok(Action::await_change());
     }
     let owner = Owner::of(balancer)?;
@@ -179,48 +184,84 @@ async fn converge(balancer: &Balancer, ctx: &Context) -> Result<Action, Error> {
         return Ok(Action::await_change());
     }
 
-    let desired = children::desired(&owner, &spec, &ctx.settings);
+    let mut desired = children::desired(&owner, &spec, &ctx.settings);
+    let mut cluster_ips = Vec::with_capacity(desired.backend_services.len());
     for service in &desired.backend_services {
-        ensure(balancer, ctx, &ctx.services, service).await?;
+        let applied = ensure(balancer, ctx, &owner, &ctx.services, service).await?;
+        cluster_ips.push(applied.spec.as_ref().and_then(|s| s.cluster_ip.clone()).unwrap_or_default());
     }
-    let obsolete = delete_obsolete_backends(balancer, ctx, &owner, &desired).await?;
-    ensure(balancer, ctx, &ctx.config_maps, &desired.config_map).await?;
-    let deployment = ensure(balancer, ctx, &ctx.deployments, &desired.deployment).await?;
-    ensure(balancer, ctx, &ctx.services, &desired.front_service).await?;
+    // nginx resolves the backend names when it starts: a backend Service recreated with a new
+    // ClusterIP must roll the proxy pods as surely as a new nginx.conf.
+    children::set_rollout_hash(&mut desired.deployment, &children::rollout_hash(&desired.nginx_conf, &cluster_ips));
+    ensure(balancer, ctx, &owner, &ctx.config_maps, &desired.config_map).await?;
+    let deployment = ensure(balancer, ctx, &owner, &ctx.deployments, &desired.deployment).await?;
+    ensure(balancer, ctx, &owner, &ctx.services, &desired.front_service).await?;
 
+    let ready = proxy_condition(balancer, &deployment, desired.backend_services.len());
+    // Obsolete backends keep serving the running proxy pods until the new ones have rolled out.
+    let obsolete = if ready.status == "True" {
+        delete_obsolete_backends(balancer, ctx, &owner, &desired).await?
+    } else {
+        obsolete_backends(ctx, &owner, &desired).len()
+    };
     let counts = Counts { active: desired.backend_services.len(), obsolete };
-    let ready = proxy_condition(balancer, &deployment, counts.active);
     write_status(balancer, ctx, counts, ready).await?;
     Ok(Action::requeue(RESYNC))
 }
 
 /// Applies `desired` unless the cached object already holds every field it sets.
 /// Returns the object as the API server has it (cached or just applied).
-async fn ensure<K>(balancer: &Balancer, ctx: &Context, cache: &Store<K>, desired: &K) -> Result<Arc<K>, Error>
+///
+/// Only objects this Balancer controls are ever written: a namesake that exists but is
+/// not in the cache (the cache holds labelled children only) or is controlled by
+/// another owner is a [`Error::Conflict`], never adopted.
+async fn ensure<K>(
+    balancer: &Balancer,
+    ctx: &Context,
+    owner: &Owner,
+    cache: &Store<K>,
+    desired: &K,
+) -> Result<Arc<K>, Error>
 where
     K: Resource<DynamicType = (), Scope = NamespaceResourceScope> + Clone + Debug + Serialize + DeserializeOwned,
 {
     let name = desired.name_any();
     let namespace = desired.namespace().unwrap_or_default();
-    let cached = cache.get(&ObjectRef::new(&name).within(&namespace));
-    if let Some(cached) = &cached
-        && is_subset(desired, cached.as_ref())
-    {
-        return Ok(cached.clone());
-    }
+    let kind = K::kind(&()).into_owned();
     let api: Api<K> = Api::namespaced(ctx.client.clone(), &namespace);
+    let existing = match cache.get(&ObjectRef::new(&name).within(&namespace)) {
+        Some(cached) => Some(cached),
+        None => api
+            .get_opt(&name)
+            .await
+            .map_err(|source| Error::Api { verb: "get", kind: kind.clone(), name: name.clone(), source })?
+            .map(Arc::new),
+    };
+    if let Some(existing) = &existing {
+        if !controlled_by(existing.as_ref(), owner) {
+            return Err(Error::Conflict { kind, name });
+        }
+        if is_subset(desired, existing.as_ref()) {
+            return Ok(existing.clone());
+        }
+    }
     let params = PatchParams::apply(FIELD_MANAGER).force();
     let applied = api.patch(&name, &params, &Patch::Apply(desired)).await.map_err(|source| Error::Api {
         verb: "apply",
-        kind: K::kind(&()).into_owned(),
+        kind: kind.clone(),
         name: name.clone(),
         source,
     })?;
-    let (reason, verb) = if cached.is_some() { ("Updated", "updated") } else { ("Created", "created") };
-    ctx.metrics.child_applied(&K::kind(&()));
-    let note = format!("{verb} {} {name}", K::kind(&()));
+    let (reason, verb) = if existing.is_some() { ("Updated", "updated") } else { ("Created", "created") };
+    ctx.metrics.child_applied(&kind);
+    let note = format!("{verb} {kind} {name}");
     publish(balancer, ctx, EventType::Normal, reason, note, Some(desired.object_ref(&()))).await;
     Ok(Arc::new(applied))
+}
+
+/// Whether `object`'s controller ownerReference is `owner`.
+fn controlled_by(object: &impl Resource, owner: &Owner) -> bool {
+    object.owner_references().iter().any(|r| r.controller == Some(true) && r.uid == owner.reference.uid)
 }
 
 /// Whether every field set in `desired` has the same value in `actual`: the
@@ -243,18 +284,21 @@ fn value_subset(desired: &Value, actual: &Value) -> bool {
     }
 }
 
-/// Deletes backend Services this Balancer owns but no longer names; returns how many are still present.
+/// Backend Services this Balancer controls but no longer names.
+fn obsolete_backends(ctx: &Context, owner: &Owner, desired: &Desired) -> Vec<Arc<Service>> {
+    let wanted: Vec<String> = desired.backend_services.iter().map(ResourceExt::name_any).collect();
+    owned_backend_services(&ctx.services, owner).into_iter().filter(|s| !wanted.contains(&s.name_any())).collect()
+}
+
+/// Deletes the obsolete backend Services; returns how many are still present (none on success).
 async fn delete_obsolete_backends(
     balancer: &Balancer,
     ctx: &Context,
     owner: &Owner,
     desired: &Desired,
 ) -> Result<usize, Error> {
-    let wanted: Vec<String> = desired.backend_services.iter().map(ResourceExt::name_any).collect();
-    let obsolete: Vec<Arc<Service>> =
-        owned_backend_services(&ctx.services, owner).into_iter().filter(|s| !wanted.contains(&s.name_any())).collect();
     let api: Api<Service> = Api::namespaced(ctx.client.clone(), &owner.namespace);
-    for service in &obsolete {
+    for service in obsolete_backends(ctx, owner, desired) {
         let name = service.name_any();
         // Delete exactly the object seen, never a namesake created since.
         let params = DeleteParams {
@@ -386,7 +430,11 @@ async fn write_status(balancer: &Balancer, ctx: &Context, counts: Counts, ready:
 /// After a failed reconcile: best effort to show the error in the status and as an event.
 async fn report_failure(balancer: &Balancer, ctx: &Context, error: &Error) {
     let counts = counts_from_cache(balancer, ctx);
-    let ready = condition(balancer, false, "ReconcileError", &error.to_string());
+    let reason = match error {
+        Error::Conflict { .. } => "Conflict",
+        _ => "ReconcileError",
+    };
+    let ready = condition(balancer, false, reason, &error.to_string());
     if let Err(e) = write_status(balancer, ctx, counts, ready).await {
         tracing::debug!(error = %e, "could not record the failure in the status");
     }
@@ -403,11 +451,24 @@ async fn publish(
     note: String,
     related: Option<ObjectReference>,
 ) {
-    let event =
-        Event { type_, reason: reason.into(), note: Some(note), action: "Reconcile".into(), secondary: related };
+    // The events API refuses notes over 1 KiB.
+    let note = Some(truncate(note, 1024));
+    let event = Event { type_, reason: reason.into(), note, action: "Reconcile".into(), secondary: related };
     if let Err(e) = ctx.recorder.publish(&event, &balancer.object_ref(&())).await {
         tracing::debug!(error = %e, reason, "could not record an event");
     }
+}
+
+/// `text` cut to at most `max` bytes, on a character boundary.
+fn truncate(mut text: String, max: usize) -> String {
+    if text.len() > max {
+        let mut end = max;
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        text.truncate(end);
+    }
+    text
 }
 
 /// Which namespaces the controller watches.

@@ -164,7 +164,7 @@ async fn supervise(
         metrics.set_leader(false);
         return;
     }
-    let Some(mut leading) = elect(&client, &args, &shutdown).await else { return };
+    let Some((mut leading, lease_task)) = elect(&client, &args, &shutdown).await else { return };
     // A standby replica is ready: it serves the webhooks, and has no caches to sync.
     synced.store(true, Ordering::Release);
     loop {
@@ -188,16 +188,25 @@ async fn supervise(
         metrics.set_leader(false);
         synced.store(true, Ordering::Release);
     }
-    // Dropping the receiver makes the lease manager release the Lease for a fast hand-over.
+    // Dropping the receiver makes the lease manager release the Lease for a fast hand-over;
+    // wait for that release before the process exits.
     drop(leading);
+    match tokio::time::timeout(Duration::from_secs(5), lease_task).await {
+        Ok(Ok(Ok(_))) => tracing::info!("released the leader Lease"),
+        Ok(Ok(Err(e))) => tracing::warn!(error = %e, "could not release the leader Lease; it expires by itself"),
+        Ok(Err(e)) => tracing::warn!(error = %e, "the lease manager failed"),
+        Err(_) => tracing::warn!("releasing the leader Lease timed out; it expires by itself"),
+    }
 }
 
+/// The leadership channel and the task that renews (and finally releases) the Lease.
+type Election = (
+    tokio::sync::watch::Receiver<bool>,
+    tokio::task::JoinHandle<Result<kube_lease_manager::LeaseManager, kube_lease_manager::LeaseManagerError>>,
+);
+
 /// Joins the leader election; `None` when shutdown came first.
-async fn elect(
-    client: &Client,
-    args: &ControllerArgs,
-    shutdown: &CancellationToken,
-) -> Option<tokio::sync::watch::Receiver<bool>> {
+async fn elect(client: &Client, args: &ControllerArgs, shutdown: &CancellationToken) -> Option<Election> {
     let namespace = args
         .leader_election_namespace
         .clone()
@@ -219,7 +228,7 @@ async fn elect(
             .build()
             .await;
         match built {
-            Ok(manager) => return Some(manager.watch().await.0),
+            Ok(manager) => return Some(manager.watch().await),
             Err(e) => tracing::error!(error = %e, "cannot set up leader election; retrying in {retry:?}"),
         }
         tokio::select! {

@@ -101,8 +101,11 @@ fn converged(caches: &mut Caches, balancer: &Balancer) {
     }
     let config_map = stored(serde_json::to_value(&desired.config_map).unwrap());
     caches.config_maps.apply_watcher_event(&watcher::Event::Apply(serde_json::from_value(config_map).unwrap()));
+    let mut desired_deployment = desired.deployment.clone();
+    let ips = vec!["10.96.0.10".to_string(); desired.backend_services.len()];
+    children::set_rollout_hash(&mut desired_deployment, &children::rollout_hash(&desired.nginx_conf, &ips));
     let mut deployment: Deployment =
-        serde_json::from_value(stored(serde_json::to_value(&desired.deployment).unwrap())).unwrap();
+        serde_json::from_value(stored(serde_json::to_value(&desired_deployment).unwrap())).unwrap();
     deployment.spec.as_mut().unwrap().template.spec.as_mut().unwrap().dns_policy = Some("ClusterFirst".into());
     deployment.status = Some(DeploymentStatus {
         observed_generation: Some(1),
@@ -169,8 +172,22 @@ fn ok(respond: tower_test::mock::SendResponse<Response<Body>>, body: &Value) {
     respond.send_response(Response::builder().body(Body::from(serde_json::to_vec(body).unwrap())).unwrap());
 }
 
-/// Answers an apply with the applied object and the event that follows with itself.
+fn not_found(respond: tower_test::mock::SendResponse<Response<Body>>) {
+    let status = json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                        "message": "not found", "reason": "NotFound", "code": 404});
+    respond.send_response(
+        Response::builder()
+            .status(StatusCode::NOT_FOUND)
+            .body(Body::from(serde_json::to_vec(&status).unwrap()))
+            .unwrap(),
+    );
+}
+
+/// A child missing from the cache is looked up first (never adopting a namesake), then
+/// applied; answers the apply with the applied object and the event with itself.
 async fn expect_apply(server: &mut ApiServer, path: &str, kind: &str) -> Value {
+    let (_, respond) = expect(server, Method::GET, path).await;
+    not_found(respond);
     let (body, respond) = expect(server, Method::PATCH, &format!("{path}{SSA}")).await;
     assert_eq!(body["kind"], kind);
     ok(respond, &body);
@@ -318,9 +335,39 @@ async fn an_obsolete_backend_service_is_deleted() {
 }
 
 #[tokio::test]
+async fn an_obsolete_backend_keeps_serving_until_the_proxy_has_rolled_out() {
+    let (ctx, mut server, mut caches) = context();
+    let balancer = sample();
+    converged(&mut caches, &balancer);
+    let mut rolling: Deployment = ctx.deployments.state()[0].as_ref().clone();
+    rolling.status.as_mut().unwrap().available_replicas = Some(0);
+    caches.deployments.apply_watcher_event(&watcher::Event::Apply(rolling));
+    let owner = Owner::of(&balancer).unwrap();
+    let mut old_spec = with_defaults(&balancer.spec);
+    old_spec.backends[0].name = "old".into();
+    caches.services.apply_watcher_event(&watcher::Event::Apply(children::backend_service(
+        &owner,
+        &old_spec,
+        &old_spec.backends[0],
+    )));
+    let verifier = tokio::spawn(async move {
+        // No DELETE: the status counts it as obsolete while the proxy rolls out.
+        let status = expect_status(&mut server, &sample()).await;
+        assert_eq!((status["activeBackendsNum"].clone(), status["obsoleteBackendsNum"].clone()), (json!(3), json!(1)));
+        assert_eq!(status["conditions"][0]["reason"], "ProxyNotAvailable");
+        expect_event(&mut server, "ProxyNotAvailable").await;
+    });
+    reconcile(Arc::new(balancer), ctx).await.expect("reconcile succeeds");
+    verifier.await.unwrap();
+}
+
+#[tokio::test]
 async fn an_api_error_fails_the_reconcile_and_backs_off() {
     let (ctx, mut server, _caches) = context();
     let verifier = tokio::spawn(async move {
+        let (_, respond) =
+            expect(&mut server, Method::GET, "/api/v1/namespaces/ns/services/example-balancer-v1-backend").await;
+        not_found(respond);
         let (_, respond) = expect(
             &mut server,
             Method::PATCH,
@@ -370,6 +417,30 @@ async fn an_invalid_spec_is_reported_and_builds_nothing() {
     });
     let action = reconcile(Arc::new(balancer), ctx).await.expect("an invalid spec is not a reconcile error");
     assert_eq!(action, Action::await_change());
+    verifier.await.unwrap();
+}
+
+#[tokio::test]
+async fn a_namesake_not_owned_by_the_balancer_is_never_adopted() {
+    let (ctx, mut server, _caches) = context();
+    let verifier = tokio::spawn(async move {
+        let path = "/api/v1/namespaces/ns/services/example-balancer-v1-backend";
+        let (_, respond) = expect(&mut server, Method::GET, path).await;
+        let foreign = json!({"apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": "example-balancer-v1-backend", "namespace": "ns", "uid": "someone-else"},
+            "spec": {"selector": {"app": "legacy"}, "ports": [{"port": 8080, "protocol": "TCP"}]}});
+        ok(respond, &foreign);
+        // No apply: the failure goes to the status and an event.
+        let status = expect_status(&mut server, &sample()).await;
+        assert_eq!(status["conditions"][0]["reason"], "Conflict");
+        assert_eq!(
+            status["conditions"][0]["message"],
+            "Service example-balancer-v1-backend already exists and is not controlled by this Balancer; rename or remove it"
+        );
+        expect_event(&mut server, "Conflict").await;
+    });
+    let error = reconcile(Arc::new(sample()), ctx).await.expect_err("a conflict fails the reconcile");
+    assert_eq!(error.kind(), "Conflict");
     verifier.await.unwrap();
 }
 

@@ -446,3 +446,25 @@ async fn oversized_specs_get_one_error_per_list() {
     assert!(body["response"].get("patch").is_none(), "no patch for a spec validation refuses: {body}");
     server.stop().await;
 }
+
+/// An UPDATE that leaves an (invalid) spec alone is allowed, so a Balancer stored under
+/// looser rules can still be relabelled or deleted; changing the spec is judged as usual.
+#[tokio::test]
+async fn updates_that_keep_the_spec_are_not_judged_again() {
+    let server = TestServer::start().await;
+    let mut stored = sample_balancer();
+    stored["spec"]["backends"][1]["name"] = json!("V2");
+    let mut relabelled = stored.clone();
+    relabelled["metadata"]["labels"] = json!({"team": "a"});
+    let mut update = review("UPDATE", relabelled.clone());
+    update["request"]["oldObject"] = stored.clone();
+    let (_, body) = post_json(&server, "/validate", &update).await;
+    assert_eq!(body["response"]["allowed"], true, "{body}");
+
+    relabelled["spec"]["backends"][0]["weight"] = json!(41);
+    let mut update = review("UPDATE", relabelled);
+    update["request"]["oldObject"] = stored;
+    let (_, body) = post_json(&server, "/validate", &update).await;
+    assert_eq!(body["response"]["allowed"], false, "{body}");
+    server.stop().await;
+}
