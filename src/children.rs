@@ -154,21 +154,25 @@ fn metadata(owner: &Owner, name: String, labels: BTreeMap<String, String>) -> Ob
     }
 }
 
-/// `<balancer>-<backend>-backend`: ClusterIP, the merged selector, one port per Balancer port.
-pub fn backend_service(owner: &Owner, spec: &BalancerSpec, backend: &BackendSpec) -> Service {
-    let mut labels = labels(&owner.name, COMPONENT_BACKEND);
-    labels.insert(BACKEND_LABEL.to_string(), backend.name.clone());
-    let ports = spec
-        .ports
+/// One Service port per Balancer port, forwarding to `target(port)`.
+fn service_ports(spec: &BalancerSpec, target: impl Fn(&BalancerPort) -> IntOrString) -> Vec<ServicePort> {
+    spec.ports
         .iter()
         .map(|p| ServicePort {
             name: p.name.clone().filter(|n| !n.is_empty()),
             protocol: Some(p.effective_protocol().to_string()),
             port: p.port,
-            target_port: Some(p.effective_target_port()),
+            target_port: Some(target(p)),
             ..ServicePort::default()
         })
-        .collect();
+        .collect()
+}
+
+/// `<balancer>-<backend>-backend`: ClusterIP, the merged selector, one port per Balancer port.
+pub fn backend_service(owner: &Owner, spec: &BalancerSpec, backend: &BackendSpec) -> Service {
+    let mut labels = labels(&owner.name, COMPONENT_BACKEND);
+    labels.insert(BACKEND_LABEL.to_string(), backend.name.clone());
+    let ports = service_ports(spec, BalancerPort::effective_target_port);
     Service {
         metadata: metadata(owner, api::backend_service_name(&owner.name, &backend.name), labels),
         spec: Some(ServiceSpec {
@@ -183,17 +187,8 @@ pub fn backend_service(owner: &Owner, spec: &BalancerSpec, backend: &BackendSpec
 
 /// `<balancer>`: ClusterIP in front of the proxy pods, every Balancer port.
 pub fn front_service(owner: &Owner, spec: &BalancerSpec) -> Service {
-    let ports = spec
-        .ports
-        .iter()
-        .map(|p| ServicePort {
-            name: p.name.clone().filter(|n| !n.is_empty()),
-            protocol: Some(p.effective_protocol().to_string()),
-            port: p.port,
-            target_port: Some(IntOrString::Int(p.port)),
-            ..ServicePort::default()
-        })
-        .collect();
+    // The proxy listens on the Balancer's own ports.
+    let ports = service_ports(spec, |p| IntOrString::Int(p.port));
     Service {
         metadata: metadata(owner, owner.name.clone(), labels(&owner.name, COMPONENT_FRONTEND)),
         spec: Some(ServiceSpec {

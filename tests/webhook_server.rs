@@ -17,6 +17,13 @@ async fn post_json(server: &TestServer, path: &str, body: &Value) -> (u16, Value
     (status, body)
 }
 
+/// A raw TLS connection to the webhook port, for speaking HTTP by hand.
+async fn tls_connect(server: &TestServer) -> tokio_rustls::client::TlsStream<TcpStream> {
+    let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(support::client_config(&server.ca_path())));
+    let tcp = TcpStream::connect(server.webhook).await.unwrap();
+    connector.connect("127.0.0.1".try_into().unwrap(), tcp).await.expect("handshake")
+}
+
 fn decoded_patch(review: &Value) -> Value {
     let b64 = review["response"]["patch"].as_str().expect("patch is a base64 string");
     let bytes = base64::engine::general_purpose::STANDARD.decode(b64).expect("base64");
@@ -299,9 +306,7 @@ async fn curl_with_cacert_gets_real_answers() {
 #[tokio::test]
 async fn a_client_that_does_not_finish_its_headers_is_disconnected() {
     let server = TestServer::start().await;
-    let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(support::client_config(&server.ca_path())));
-    let tcp = TcpStream::connect(server.webhook).await.unwrap();
-    let mut tls = connector.connect("127.0.0.1".try_into().unwrap(), tcp).await.expect("handshake");
+    let mut tls = tls_connect(&server).await;
     tls.write_all(b"POST /validate HTTP/1.1\r\nHost: x\r\n").await.unwrap();
     let mut buf = Vec::new();
     // test_limits() allows 1 s for headers; the server must hang up well before 5 s.
@@ -313,9 +318,7 @@ async fn a_client_that_does_not_finish_its_headers_is_disconnected() {
 #[tokio::test]
 async fn idle_keep_alive_connections_are_closed() {
     let server = TestServer::start().await;
-    let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(support::client_config(&server.ca_path())));
-    let tcp = TcpStream::connect(server.webhook).await.unwrap();
-    let mut tls = connector.connect("127.0.0.1".try_into().unwrap(), tcp).await.expect("handshake");
+    let mut tls = tls_connect(&server).await;
     tls.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n").await.unwrap();
     let mut first = [0u8; 17];
     tls.read_exact(&mut first).await.unwrap();
@@ -397,9 +400,7 @@ async fn shutdown_lets_in_flight_requests_finish_and_stops_accepting() {
         ..support::test_limits()
     })
     .await;
-    let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(support::client_config(&server.ca_path())));
-    let tcp = TcpStream::connect(server.webhook).await.unwrap();
-    let mut tls = connector.connect("127.0.0.1".try_into().unwrap(), tcp).await.expect("handshake");
+    let mut tls = tls_connect(&server).await;
     let body = review("CREATE", sample_balancer()).to_string();
     let head = format!(
         "POST /validate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
