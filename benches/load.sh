@@ -30,7 +30,7 @@ cargo build --release --quiet --manifest-path "$repo/Cargo.toml"
 port=$((20000 + RANDOM % 20000))
 probe=$((port + 1))
 (cd "$work" && exec "$repo/target/release/balancer" run \
-  --webhook-addr "127.0.0.1:$port" --probe-addr "127.0.0.1:$probe" --log-level warn) &
+  --webhook-addr "127.0.0.1:$port" --probe-addr "127.0.0.1:$probe" --insecure-metrics --log-level warn) &
 server_pid=$!
 for _ in $(seq 1 100); do
   curl -sf "http://127.0.0.1:$probe/readyz" >/dev/null 2>&1 && break

@@ -39,9 +39,16 @@ pub struct RunArgs {
     /// Address of the HTTPS admission webhook server.
     #[arg(long, env = "BALANCER_WEBHOOK_ADDR", default_value = "0.0.0.0:9443")]
     pub webhook_addr: SocketAddr,
-    /// Address of the plain-HTTP server for /healthz, /readyz and /metrics.
+    /// Address of the plain-HTTP server for /healthz and /readyz (and /metrics with --insecure-metrics).
     #[arg(long, env = "BALANCER_PROBE_ADDR", default_value = "0.0.0.0:8080")]
     pub probe_addr: SocketAddr,
+    /// Address of the HTTPS /metrics endpoint, which admits bearer tokens allowed to `get /metrics`
+    /// (TokenReview + SubjectAccessReview).
+    #[arg(long, env = "BALANCER_METRICS_ADDR", default_value = "0.0.0.0:8443")]
+    pub metrics_addr: SocketAddr,
+    /// Serve /metrics without authentication on the plain-HTTP probe port instead (local use).
+    #[arg(long, env = "BALANCER_INSECURE_METRICS")]
+    pub insecure_metrics: bool,
     /// PEM certificate chain for the webhook (e.g. the tls.crt of a cert-manager Secret).
     #[arg(long, env = "BALANCER_TLS_CERT", requires = "tls_key")]
     pub tls_cert: Option<PathBuf>,

@@ -59,6 +59,9 @@ pub const CLUSTER_PERMISSIONS: &[Permission] = &[
     ("", "configmaps", &["get", "list", "watch", "create", "patch"]),
     ("apps", "deployments", &["get", "list", "watch", "create", "patch"]),
     ("events.k8s.io", "events", &["create", "patch"]),
+    // The protected /metrics endpoint reviews scrapers' tokens.
+    ("authentication.k8s.io", "tokenreviews", &["create"]),
+    ("authorization.k8s.io", "subjectaccessreviews", &["create"]),
 ];
 
 /// Leader election's permissions, in the operator's own namespace.

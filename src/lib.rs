@@ -11,6 +11,7 @@ pub mod children;
 pub mod cli;
 pub mod controller;
 pub mod defaulting;
+pub mod metrics_auth;
 pub mod nginx;
 pub mod render;
 pub mod run;

@@ -8,11 +8,13 @@ use std::time::Duration;
 
 use kube::Client;
 use kube_lease_manager::LeaseManagerBuilder;
+use tokio::net::TcpListener;
 
 use tokio_util::sync::CancellationToken;
 
 use crate::cli::{ControllerArgs, RunArgs};
 use crate::controller::{self, Scope};
+use crate::metrics_auth::MetricsAuth;
 use crate::server::{self, AppState, Limits, Readiness};
 use crate::telemetry::Metrics;
 use crate::tls::{self, CA_FILE, CertPaths, CertWatcher, TlsError};
@@ -32,6 +34,8 @@ pub enum RunError {
 pub struct Bound {
     pub webhook: SocketAddr,
     pub probe: SocketAddr,
+    /// The protected metrics listener; `None` with --insecure-metrics.
+    pub metrics: Option<SocketAddr>,
 }
 
 /// Picks the serving certificate: the given files, or dev certificates in `--dev-cert-dir`.
@@ -61,36 +65,51 @@ pub async fn start(
     let tls_config = Arc::new(tls::server_config(resolver)?);
     let mut readiness = Readiness::default();
     readiness.certificate.store(true, Ordering::Release);
-    let controller = match connect(&args.controller).await? {
-        Some(client) => {
-            let synced = Arc::new(AtomicBool::new(false));
-            readiness.controller = Some(synced.clone());
-            let task = supervise(client, args.controller.clone(), metrics.clone(), synced, shutdown.clone());
-            Some(tokio::spawn(task))
-        }
-        None => None,
-    };
+    let client = connect(&args.controller).await?;
+    let metrics_auth = client.clone().map(|c| Arc::new(MetricsAuth::new(c)));
+    let controller = client.map(|client| {
+        let synced = Arc::new(AtomicBool::new(false));
+        readiness.controller = Some(synced.clone());
+        tokio::spawn(supervise(client, args.controller.clone(), metrics.clone(), synced, shutdown.clone()))
+    });
     let limits = Arc::new(limits);
-    let state = AppState { metrics, readiness: readiness.clone(), limits: limits.clone() };
+    let state = AppState { metrics, readiness: readiness.clone(), limits: limits.clone(), metrics_auth };
 
     let webhook_listener = server::bind(args.webhook_addr, "the webhook").await?;
-    let probe_listener = server::bind(args.probe_addr, "probes and metrics").await?;
-    let bound = Bound { webhook: webhook_listener.local_addr()?, probe: probe_listener.local_addr()? };
-    tracing::info!(webhook = %bound.webhook, probe = %bound.probe, "serving");
+    let probe_listener = server::bind(args.probe_addr, "probes").await?;
+    let metrics_listener = match args.insecure_metrics {
+        true => None,
+        false => Some(server::bind(args.metrics_addr, "protected metrics").await?),
+    };
+    let bound = Bound {
+        webhook: webhook_listener.local_addr()?,
+        probe: probe_listener.local_addr()?,
+        metrics: metrics_listener.as_ref().map(TcpListener::local_addr).transpose()?,
+    };
+    let metrics_at =
+        bound.metrics.map_or_else(|| format!("http://{}/metrics", bound.probe), |a| format!("https://{a}/metrics"));
+    tracing::info!(webhook = %bound.webhook, probe = %bound.probe, metrics = %metrics_at, "serving");
 
     let reload = tokio::spawn(watcher.run(args.tls_reload_interval, shutdown.clone()));
     let webhook = tokio::spawn(server::serve(
         webhook_listener,
-        Some(tls_config),
+        Some(tls_config.clone()),
         server::webhook_router(state.clone()),
         limits.clone(),
         shutdown.clone(),
     ));
-    let probe =
-        tokio::spawn(server::serve(probe_listener, None, server::probe_router(state), limits, shutdown.clone()));
+    let protected = metrics_listener.map(|listener| {
+        let router = server::protected_metrics_router(state.clone());
+        tokio::spawn(server::serve(listener, Some(tls_config.clone()), router, limits.clone(), shutdown.clone()))
+    });
+    let probe_router = server::probe_router(state, args.insecure_metrics);
+    let probe = tokio::spawn(server::serve(probe_listener, None, probe_router, limits, shutdown.clone()));
     let all = tokio::spawn(async move {
         let _ = webhook.await;
         let _ = probe.await;
+        if let Some(protected) = protected {
+            let _ = protected.await;
+        }
         let _ = reload.await;
         if let Some(controller) = controller {
             let _ = controller.await;

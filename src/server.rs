@@ -29,6 +29,7 @@ use tokio_util::sync::CancellationToken;
 use tower::limit::GlobalConcurrencyLimitLayer;
 
 use crate::admission::{self, BadRequest, Outcome, Webhook};
+use crate::metrics_auth::{MetricsAuth, Verdict};
 use crate::telemetry::Metrics;
 
 /// Limits on what a client may cost the webhook server.
@@ -73,6 +74,8 @@ pub struct AppState {
     pub metrics: Arc<Metrics>,
     pub readiness: Readiness,
     pub limits: Arc<Limits>,
+    /// Reviews scrape tokens on the protected metrics port; `None` without a cluster.
+    pub metrics_auth: Option<Arc<MetricsAuth>>,
 }
 
 /// Readiness flags that `/readyz` reports: each part must be ready.
@@ -119,13 +122,46 @@ pub fn webhook_router(state: AppState) -> Router {
 }
 
 /// Routes of the plain-HTTP probe port.
-pub fn probe_router(state: AppState) -> Router {
-    Router::new()
-        .route("/healthz", get(healthz))
-        .route("/readyz", get(readyz))
-        .route("/metrics", get(metrics))
-        .fallback(not_found)
-        .with_state(state)
+/// Routes of the plain-HTTP probe port; `/metrics` too when it is not protected.
+pub fn probe_router(state: AppState, with_metrics: bool) -> Router {
+    let router = Router::new().route("/healthz", get(healthz)).route("/readyz", get(readyz));
+    let router = if with_metrics { router.route("/metrics", get(metrics)) } else { router };
+    router.fallback(not_found).with_state(state)
+}
+
+/// Routes of the protected metrics port (HTTPS): `/metrics` for authorized bearer tokens.
+pub fn protected_metrics_router(state: AppState) -> Router {
+    Router::new().route("/metrics", get(protected_metrics)).fallback(not_found).with_state(state)
+}
+
+/// Admits a scrape whose bearer token the API server authenticates and authorizes for `get /metrics`.
+async fn protected_metrics(State(state): State<AppState>, headers: HeaderMap) -> Response {
+    let Some(auth) = &state.metrics_auth else {
+        let message = "protected metrics need the Kubernetes API to review tokens; run with --insecure-metrics \
+                       to serve /metrics on the probe port instead";
+        return error(StatusCode::SERVICE_UNAVAILABLE, message);
+    };
+    let token = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim)
+        .filter(|t| !t.is_empty());
+    let unauthorized = |message: &str| {
+        let mut response = error(StatusCode::UNAUTHORIZED, message);
+        response.headers_mut().insert(header::WWW_AUTHENTICATE, header::HeaderValue::from_static("Bearer"));
+        response
+    };
+    let Some(token) = token else { return unauthorized("a bearer token is required") };
+    match auth.review(token).await {
+        Ok(Verdict::Allowed) => metrics(State(state)).await,
+        Ok(Verdict::Unauthenticated) => unauthorized("the token is not valid"),
+        Ok(Verdict::Forbidden) => error(StatusCode::FORBIDDEN, "the token may not get /metrics"),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot review a scrape token");
+            error(StatusCode::SERVICE_UNAVAILABLE, "cannot review the token now")
+        }
+    }
 }
 
 async fn validate(State(state): State<AppState>, request: Request) -> Response {

@@ -92,6 +92,7 @@ pub struct Metrics {
     admission_duration: Family<WebhookLabels, Histogram>,
     admission_in_flight: Family<WebhookLabels, Gauge>,
     tls_reloads: Family<ReloadLabels, Counter>,
+    certificate_expiry: Gauge,
     reconciles: Family<ReconcileLabels, Counter>,
     reconcile_errors: Family<ErrorLabels, Counter>,
     reconcile_duration: Histogram,
@@ -129,6 +130,12 @@ impl Default for Metrics {
             "Attempts to load a changed serving certificate, by result",
             tls_reloads.clone(),
         );
+        let certificate_expiry = Gauge::default();
+        registry.register(
+            "tls_certificate_expiry_timestamp_seconds",
+            "When the serving certificate expires (notAfter), as a Unix time",
+            certificate_expiry.clone(),
+        );
         let reconciles = Family::<ReconcileLabels, Counter>::default();
         let reconcile_errors = Family::<ErrorLabels, Counter>::default();
         let reconcile_duration = Histogram::new([0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0]);
@@ -157,6 +164,7 @@ impl Default for Metrics {
             admission_duration,
             admission_in_flight,
             tls_reloads,
+            certificate_expiry,
             reconciles,
             reconcile_errors,
             reconcile_duration,
@@ -183,6 +191,10 @@ impl Metrics {
 
     pub fn tls_reloaded(&self, result: ReloadResult) {
         self.tls_reloads.get_or_create(&ReloadLabels { result }).inc();
+    }
+
+    pub fn set_certificate_expiry(&self, unix_seconds: i64) {
+        self.certificate_expiry.set(unix_seconds);
     }
 
     /// Marks a reconcile as started; the guard counts it out when dropped.

@@ -46,6 +46,8 @@ pub enum TlsError {
     Generate(#[from] rcgen::Error),
     #[error("cannot configure TLS: {0}")]
     Config(#[from] rustls::Error),
+    #[error("{path}: cannot read the certificate's validity: {reason}")]
+    Validity { path: PathBuf, reason: String },
 }
 
 /// Where the serving certificate and key live.
@@ -91,6 +93,14 @@ fn certified_key_from_pem(paths: &CertPaths, cert_pem: &[u8], key_pem: &[u8]) ->
         reason: e.to_string(),
     })?;
     Ok(certified)
+}
+
+/// The leaf certificate's notAfter, as Unix seconds: what an expiry alert watches.
+pub fn not_after(key: &CertifiedKey, path: &Path) -> Result<i64, TlsError> {
+    let invalid = |reason: String| TlsError::Validity { path: path.to_path_buf(), reason };
+    let leaf = key.cert.first().ok_or_else(|| invalid("no certificate".into()))?;
+    let (_, cert) = x509_parser::parse_x509_certificate(leaf.as_ref()).map_err(|e| invalid(e.to_string()))?;
+    Ok(cert.validity().not_after.timestamp())
 }
 
 /// Hands every new handshake the certificate loaded most recently.
@@ -146,6 +156,7 @@ impl CertWatcher {
         let cert_pem = read(&paths.cert)?;
         let key_pem = read(&paths.key)?;
         let key = certified_key_from_pem(&paths, &cert_pem, &key_pem)?;
+        metrics.set_certificate_expiry(not_after(&key, &paths.cert)?);
         let resolver = Arc::new(CertResolver::new(key));
         let watcher = CertWatcher { paths, resolver: resolver.clone(), metrics, last_seen: (cert_pem, key_pem) };
         Ok((watcher, resolver))
@@ -164,8 +175,11 @@ impl CertWatcher {
         if (&cert_pem, &key_pem) == (&self.last_seen.0, &self.last_seen.1) {
             return;
         }
-        match certified_key_from_pem(&self.paths, &cert_pem, &key_pem) {
-            Ok(key) => {
+        let loaded = certified_key_from_pem(&self.paths, &cert_pem, &key_pem)
+            .and_then(|key| not_after(&key, &self.paths.cert).map(|expiry| (key, expiry)));
+        match loaded {
+            Ok((key, expiry)) => {
+                self.metrics.set_certificate_expiry(expiry);
                 self.resolver.replace(key);
                 self.metrics.tls_reloaded(ReloadResult::Success);
                 tracing::info!(cert = %self.paths.cert.display(), "serving certificate reloaded");

@@ -123,7 +123,7 @@ fn certs_writes_a_ca_signed_pair_and_prints_the_ca_bundle() {
 fn start_run(dir: &Path) -> (std::process::Child, u16, u16) {
     let mut child = balancer()
         .args(["run", "--webhook-addr", "127.0.0.1:0", "--probe-addr", "127.0.0.1:0", "--log-format", "json"])
-        .args(["--shutdown-delay", "1s"])
+        .args(["--shutdown-delay", "1s", "--metrics-addr", "127.0.0.1:0"])
         .current_dir(dir)
         .stderr(Stdio::piped())
         .spawn()

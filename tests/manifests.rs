@@ -132,6 +132,13 @@ fn webhooks_service_certificate_and_deployment_agree() {
     assert_eq!(flag(&docs, "tls-key"), format!("{dir}/tls.key"));
     assert!(certificate["spec"]["renewBefore"].is_string(), "rotation before expiry");
 
+    // The Service's metrics port leads to --metrics-addr.
+    let metrics_port = service["spec"]["ports"].as_array().unwrap().iter().find(|p| p["name"] == "metrics").unwrap();
+    let metrics_target = metrics_port["targetPort"].as_str().unwrap();
+    let metrics_container =
+        container(&docs)["ports"].as_array().unwrap().iter().find(|p| p["name"] == metrics_target).unwrap();
+    assert_eq!(flag(&docs, "metrics-addr").rsplit(':').next().unwrap(), metrics_container["containerPort"].to_string());
+
     // Probes hit the probe port's routes.
     let probe_addr = flag(&docs, "probe-addr");
     let probes = container(&docs)["ports"].as_array().unwrap().iter().find(|p| p["name"] == "probes").unwrap();
@@ -163,7 +170,7 @@ fn the_operator_pods_are_hardened_and_highly_available() {
     assert_eq!(policy["spec"]["podSelector"], deployment["spec"]["selector"]);
     let ports: Vec<i64> =
         policy["spec"]["ingress"][0]["ports"].as_array().unwrap().iter().map(|p| p["port"].as_i64().unwrap()).collect();
-    assert_eq!(ports, [9443, 8080]);
+    assert_eq!(ports, [9443, 8443, 8080]);
     assert_eq!(
         find(&docs, "Namespace", "balancer-system")["metadata"]["labels"]["pod-security.kubernetes.io/enforce"],
         "restricted"
@@ -218,6 +225,8 @@ fn rbac_grants_exactly_what_the_controller_uses() {
     }
     let editor = find(&docs, "ClusterRole", "balancer-editor");
     assert_eq!(editor["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-edit"], "true");
+    let reader = &find(&docs, "ClusterRole", "balancer-metrics-reader")["rules"];
+    assert_eq!(reader, &json!([{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}]));
     let viewer = grants(&find(&docs, "ClusterRole", "balancer-viewer")["rules"]);
     assert!(viewer.iter().all(|(_, _, verb)| ["get", "list", "watch"].contains(&verb.as_str())));
 }

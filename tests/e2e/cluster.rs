@@ -17,8 +17,10 @@ pub const ADMIN_TOKEN: &str = "e2e-admin-token";
 pub const OPERATOR_TOKEN: &str = "e2e-operator-token";
 pub const OPERATOR_USER: &str = "balancer-operator";
 /// A user with no RBAC grants at all.
-#[allow(dead_code)]
 pub const NOBODY_TOKEN: &str = "e2e-nobody-token";
+/// A user the metrics scenario binds to `balancer-metrics-reader`.
+pub const SCRAPER_TOKEN: &str = "e2e-scraper-token";
+pub const SCRAPER_USER: &str = "metrics-scraper";
 
 /// A child process killed (and reaped) on drop.
 pub struct Proc {
@@ -99,7 +101,8 @@ impl ControlPlane {
             format!(
                 "{ADMIN_TOKEN},e2e-admin,1,\"system:masters\"\n\
                  {OPERATOR_TOKEN},{OPERATOR_USER},2\n\
-                 {NOBODY_TOKEN},nobody,3\n"
+                 {NOBODY_TOKEN},nobody,3\n\
+                 {SCRAPER_TOKEN},{SCRAPER_USER},4\n"
             ),
         )
         .unwrap();

@@ -26,7 +26,7 @@ use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
 use serde_json::{Value, json};
 
-use cluster::{ControlPlane, OPERATOR_USER};
+use cluster::{ControlPlane, NOBODY_TOKEN, OPERATOR_USER, SCRAPER_TOKEN, SCRAPER_USER};
 use operator::Operator;
 
 const NS: &str = "default";
@@ -108,6 +108,7 @@ fn main() -> ExitCode {
             deleting_a_balancer_collects_its_children,
             leader_election_hands_over,
             webhook_down_blocks_writes_until_it_is_back,
+            metrics_need_a_token_allowed_to_get_them,
         ];
         // A filter runs the scenarios up to the last one whose name matches: later ones build on earlier ones.
         let filter = std::env::args().skip(1).find(|a| !a.starts_with('-'));
@@ -574,7 +575,7 @@ async fn leader_election_hands_over(world: &mut World) {
     .await;
     let mut leading = Vec::new();
     for op in &world.operators {
-        leading.push(op.metric("balancer_controller_leader").await == Some(1.0));
+        leading.push(op.metric(&world.plane, "balancer_controller_leader").await == Some(1.0));
     }
     assert_eq!(leading.iter().filter(|l| **l).count(), 1, "exactly one leader: {leading:?}");
     let leader = leading.iter().position(|l| *l).unwrap();
@@ -594,9 +595,9 @@ async fn leader_election_hands_over(world: &mut World) {
     assert!(ok, "{out}");
     reconciled(world, "first").await;
     let follower = 1 - leader;
-    let follower_metrics = world.operators[follower].metrics().await;
+    let follower_metrics = world.operators[follower].metrics(&world.plane).await;
     assert!(!follower_metrics.contains("balancer_reconciles_total{"), "the follower reconciled:\n{follower_metrics}");
-    let leader_metrics = world.operators[leader].metrics().await;
+    let leader_metrics = world.operators[leader].metrics(&world.plane).await;
     assert!(leader_metrics.contains("balancer_reconciles_total{result=\"success\"}"), "{leader_metrics}");
 
     // The leader stops (and releases the Lease): the other takes over within the lease duration.
@@ -608,7 +609,7 @@ async fn leader_election_hands_over(world: &mut World) {
     let api_started = Instant::now();
     let follower_op = &world.operators[follower];
     eventually("the follower to lead", Duration::from_secs(12), || async {
-        (follower_op.metric("balancer_controller_leader").await == Some(1.0)).then_some(())
+        (follower_op.metric(&world.plane, "balancer_controller_leader").await == Some(1.0)).then_some(())
     })
     .await;
     println!("e2e: leadership handed over in {:.1} s", api_started.elapsed().as_secs_f64());
@@ -660,4 +661,24 @@ async fn webhook_down_blocks_writes_until_it_is_back(world: &mut World) {
         ok.then_some(())
     })
     .await;
+}
+
+// ---------------------------------------------------------------------------
+// 9. Protected metrics
+// ---------------------------------------------------------------------------
+
+async fn metrics_need_a_token_allowed_to_get_them(world: &mut World) {
+    let operator = &world.operators[0];
+    assert_eq!(operator.scrape(&world.plane, None).await.0, 401, "no token");
+    assert_eq!(operator.scrape(&world.plane, Some("not-a-token")).await.0, 401, "an invalid token");
+    assert_eq!(operator.scrape(&world.plane, Some(NOBODY_TOKEN)).await.0, 403, "a token without the RBAC");
+    let binding = json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+        "metadata": {"name": "e2e-metrics-scraper"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "balancer-metrics-reader"},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": SCRAPER_USER}]});
+    let (ok, out) = apply(world, "admin", &binding.to_string());
+    assert!(ok, "{out}");
+    let (status, body) = operator.scrape(&world.plane, Some(SCRAPER_TOKEN)).await;
+    assert_eq!(status, 200, "a token bound to balancer-metrics-reader: {body}");
+    assert!(body.contains("balancer_admission_requests_total"), "{body}");
 }

@@ -11,6 +11,7 @@ pub struct Operator {
     pub process: Proc,
     pub webhook_port: u16,
     pub probe_port: u16,
+    pub metrics_port: u16,
 }
 
 impl Operator {
@@ -18,6 +19,7 @@ impl Operator {
     pub async fn start(plane: &ControlPlane, name: &str, extra: &[&str]) -> Operator {
         let webhook_port = free_port();
         let probe_port = free_port();
+        let metrics_port = free_port();
         let pki = plane.dir.path().join("pki");
         let process = Proc::spawn(
             name,
@@ -25,6 +27,7 @@ impl Operator {
                 .arg("run")
                 .arg(format!("--webhook-addr=127.0.0.1:{webhook_port}"))
                 .arg(format!("--probe-addr=127.0.0.1:{probe_port}"))
+                .arg(format!("--metrics-addr=127.0.0.1:{metrics_port}"))
                 .arg(format!("--tls-cert={}", pki.join("tls.crt").display()))
                 .arg(format!("--tls-key={}", pki.join("tls.key").display()))
                 .arg("--require-controller")
@@ -36,7 +39,7 @@ impl Operator {
                 .env_remove("RUST_LOG"),
             &plane.dir.path().join(format!("{name}.log")),
         );
-        let operator = Operator { name: name.into(), process, webhook_port, probe_port };
+        let operator = Operator { name: name.into(), process, webhook_port, probe_port, metrics_port };
         operator.wait_ready(plane).await;
         operator
     }
@@ -63,16 +66,27 @@ impl Operator {
         format!("https://127.0.0.1:{}{path}", self.webhook_port)
     }
 
-    pub async fn metrics(&self) -> String {
-        match reqwest::get(format!("http://127.0.0.1:{}/metrics", self.probe_port)).await {
-            Ok(r) => r.text().await.unwrap_or_default(),
-            Err(_) => String::new(),
+    /// Scrapes the protected `/metrics` with `token`; (HTTP status, body).
+    pub async fn scrape(&self, plane: &ControlPlane, token: Option<&str>) -> (u16, String) {
+        let client = crate::http_client(&plane.ca_pem);
+        let mut request = client.get(format!("https://127.0.0.1:{}/metrics", self.metrics_port));
+        if let Some(token) = token {
+            request = request.bearer_auth(token);
+        }
+        match request.send().await {
+            Ok(r) => (r.status().as_u16(), r.text().await.unwrap_or_default()),
+            Err(_) => (0, String::new()),
         }
     }
 
+    /// The metrics text, scraped as the cluster admin.
+    pub async fn metrics(&self, plane: &ControlPlane) -> String {
+        self.scrape(plane, Some(crate::cluster::ADMIN_TOKEN)).await.1
+    }
+
     /// The value of an unlabelled metric sample, e.g. `balancer_controller_leader`.
-    pub async fn metric(&self, name: &str) -> Option<f64> {
-        let text = self.metrics().await;
+    pub async fn metric(&self, plane: &ControlPlane, name: &str) -> Option<f64> {
+        let text = self.metrics(plane).await;
         text.lines().find_map(|l| l.strip_prefix(&format!("{name} ")).and_then(|v| v.trim().parse().ok()))
     }
 

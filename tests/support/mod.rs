@@ -123,6 +123,7 @@ pub fn run_args(cert: &std::path::Path, key: &std::path::Path, max_body_bytes: u
         "--max-body-bytes",
         &max_body,
         "--disable-controller",
+        "--insecure-metrics",
         "--log-level",
         "warn",
     ];
