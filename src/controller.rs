@@ -521,6 +521,7 @@ pub async fn run(
         .applied_objects()
         .predicate_filter(predicates::generation, Default::default());
 
+    let census = count_balancers(balancers.clone(), metrics.clone(), stop.clone());
     let stores = (services.clone(), config_maps.clone(), deployments.clone());
     let ctx = Arc::new(Context::new(client, stores, settings, metrics.clone()));
     let readiness = {
@@ -550,7 +551,29 @@ pub async fn run(
             }
             std::future::ready(())
         });
-    tokio::join!(controller, readiness);
+    tokio::join!(controller, readiness, census);
+    metrics.set_balancers(0, 0, 0);
+}
+
+/// Keeps `balancer_balancers{ready=…}` current from the cache, every 10 s until `stop`.
+async fn count_balancers(balancers: Store<Balancer>, metrics: Arc<Metrics>, stop: CancellationToken) {
+    let mut ticker = tokio::time::interval(Duration::from_secs(10));
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = ticker.tick() => {}
+        }
+        let (mut ready, mut not_ready, mut unknown) = (0, 0, 0);
+        for balancer in balancers.state() {
+            let condition = balancer.status.as_ref().and_then(|s| s.conditions.iter().find(|c| c.type_ == READY));
+            match condition.map(|c| c.status.as_str()) {
+                Some("True") => ready += 1,
+                Some("False") => not_ready += 1,
+                _ => unknown += 1,
+            }
+        }
+        metrics.set_balancers(ready, not_ready, unknown);
+    }
 }
 
 fn log_controller_error(error: &controller::Error<Error, watcher::Error>) {

@@ -55,6 +55,11 @@ struct ReconcileLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReadyLabels {
+    ready: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ErrorLabels {
     kind: String,
 }
@@ -100,6 +105,7 @@ pub struct Metrics {
     children_applied: Family<KindLabels, Counter>,
     children_deleted: Family<KindLabels, Counter>,
     leader: Gauge,
+    balancers: Family<ReadyLabels, Gauge>,
 }
 
 impl Default for Metrics {
@@ -143,6 +149,12 @@ impl Default for Metrics {
         let children_applied = Family::<KindLabels, Counter>::default();
         let children_deleted = Family::<KindLabels, Counter>::default();
         let leader = Gauge::default();
+        let balancers = Family::<ReadyLabels, Gauge>::default();
+        registry.register(
+            "balancers",
+            "Balancers seen by the leader, by their Ready condition (true, false, unknown)",
+            balancers.clone(),
+        );
         registry.register("reconciles", "Balancer reconciles, by result", reconciles.clone());
         registry.register("reconcile_errors", "Failed reconciles, by error kind", reconcile_errors.clone());
         registry.register("reconcile_duration_seconds", "Time one reconcile takes", reconcile_duration.clone());
@@ -158,7 +170,7 @@ impl Default for Metrics {
             "1 while this replica runs the reconcile loop (leader, or leader election off), else 0",
             leader.clone(),
         );
-        Metrics {
+        let metrics = Metrics {
             registry,
             admission_requests,
             admission_duration,
@@ -172,11 +184,40 @@ impl Default for Metrics {
             children_applied,
             children_deleted,
             leader,
-        }
+            balancers,
+        };
+        metrics.initialize_series();
+        metrics
     }
 }
 
 impl Metrics {
+    /// Creates every known series at zero, so a fresh process already exports them:
+    /// `rate()` sees the first increment and `absent()` alerts mean what they say.
+    fn initialize_series(&self) {
+        for webhook in [Webhook::Validate, Webhook::Mutate] {
+            for outcome in [Outcome::Allowed, Outcome::Denied, Outcome::Patched, Outcome::BadRequest] {
+                let _ = self.admission_requests.get_or_create(&AdmissionLabels { webhook, outcome });
+            }
+            let _ = self.admission_duration.get_or_create(&WebhookLabels { webhook });
+            let _ = self.admission_in_flight.get_or_create(&WebhookLabels { webhook });
+        }
+        for result in [ReloadResult::Success, ReloadResult::Failure] {
+            let _ = self.tls_reloads.get_or_create(&ReloadLabels { result });
+        }
+        for result in [ReconcileResult::Success, ReconcileResult::Error] {
+            let _ = self.reconciles.get_or_create(&ReconcileLabels { result });
+        }
+        for kind in ["ApiError", "InvalidObject", "Conflict"] {
+            let _ = self.reconcile_errors.get_or_create(&ErrorLabels { kind: kind.into() });
+        }
+        for kind in ["Service", "ConfigMap", "Deployment"] {
+            let _ = self.children_applied.get_or_create(&KindLabels { kind: kind.into() });
+        }
+        let _ = self.children_deleted.get_or_create(&KindLabels { kind: "Service".into() });
+        self.set_balancers(0, 0, 0);
+    }
+
     /// Marks a review as started; the guard counts it out of the in-flight gauge when dropped.
     pub fn admission_started(&self, webhook: Webhook) -> InFlight {
         let gauge = self.admission_in_flight.get_or_create_owned(&WebhookLabels { webhook });
@@ -217,6 +258,13 @@ impl Metrics {
 
     pub fn child_deleted(&self, kind: &str) {
         self.children_deleted.get_or_create(&KindLabels { kind: kind.to_string() }).inc();
+    }
+
+    /// Balancers by Ready condition; all zero when this replica does not reconcile.
+    pub fn set_balancers(&self, ready: i64, not_ready: i64, unknown: i64) {
+        for (label, count) in [("true", ready), ("false", not_ready), ("unknown", unknown)] {
+            self.balancers.get_or_create(&ReadyLabels { ready: label }).set(count);
+        }
     }
 
     pub fn set_leader(&self, leading: bool) {

@@ -104,9 +104,15 @@ async fn rotated_certificates_are_served_without_restart_and_broken_ones_are_ign
     assert_eq!(presented_cert(bound.webhook, &second.ca_pem).await.unwrap(), der(&second.cert_pem));
 
     let metrics = scrape(bound.probe).await;
+    // The expiry gauge follows the certificate being served: the second one.
+    let second_der = der(&second.cert_pem);
+    let (_, served) = x509_parser::parse_x509_certificate(&second_der).unwrap();
+    let expiry =
+        format!("balancer_tls_certificate_expiry_timestamp_seconds {}", served.validity().not_after.timestamp());
     for line in [
         "balancer_tls_certificate_reloads_total{result=\"success\"} 1",
         "balancer_tls_certificate_reloads_total{result=\"failure\"} 2",
+        expiry.as_str(),
     ] {
         assert!(metrics.lines().any(|l| l == line), "missing {line:?} in\n{metrics}");
     }

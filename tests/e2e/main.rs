@@ -595,10 +595,15 @@ async fn leader_election_hands_over(world: &mut World) {
     assert!(ok, "{out}");
     reconciled(world, "first").await;
     let follower = 1 - leader;
-    let follower_metrics = world.operators[follower].metrics(&world.plane).await;
-    assert!(!follower_metrics.contains("balancer_reconciles_total{"), "the follower reconciled:\n{follower_metrics}");
-    let leader_metrics = world.operators[leader].metrics(&world.plane).await;
-    assert!(leader_metrics.contains("balancer_reconciles_total{result=\"success\"}"), "{leader_metrics}");
+    let reconciles = "balancer_reconciles_total{result=\"success\"}";
+    let leader_op = &world.operators[leader];
+    // The count moves when a reconcile ends, a moment after its children appear.
+    eventually("the leader to count its reconciles", Duration::from_secs(10), || async {
+        leader_op.metric(&world.plane, reconciles).await.filter(|n| *n > 0.0)
+    })
+    .await;
+    let follower_count = world.operators[follower].metric(&world.plane, reconciles).await;
+    assert_eq!(follower_count, Some(0.0), "the follower reconciled");
 
     // The leader stops (and releases the Lease): the other takes over within the lease duration.
     world.operators[leader].stop();

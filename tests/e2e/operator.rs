@@ -84,7 +84,7 @@ impl Operator {
         self.scrape(plane, Some(crate::cluster::ADMIN_TOKEN)).await.1
     }
 
-    /// The value of an unlabelled metric sample, e.g. `balancer_controller_leader`.
+    /// The value of one sample, e.g. `balancer_controller_leader` or `x_total{result="success"}`.
     pub async fn metric(&self, plane: &ControlPlane, name: &str) -> Option<f64> {
         let text = self.metrics(plane).await;
         text.lines().find_map(|l| l.strip_prefix(&format!("{name} ")).and_then(|v| v.trim().parse().ok()))
