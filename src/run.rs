@@ -4,9 +4,11 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use kube::Client;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use kube::{Api, Client};
 use kube_lease_manager::LeaseManagerBuilder;
 use tokio::net::TcpListener;
 
@@ -183,13 +185,18 @@ async fn supervise(
         metrics.set_leader(false);
         return;
     }
-    let Some((mut leading, lease_task)) = elect(&client, &args, &shutdown).await else { return };
+    let Some(Election { mut leading, lease_task, lease }) = elect(&client, &args, &shutdown).await else { return };
     // A standby replica is ready: it serves the webhooks, and has no caches to sync.
     synced.store(true, Ordering::Release);
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => break,
             became = leading.wait_for(|leader| *leader) => if became.is_err() { break },
+        }
+        // The lease manager can go on reporting leadership while its renewals fail:
+        // reconcile only while the Lease itself, read back, names this replica and is fresh.
+        if !lease.confirm_held(&shutdown, &leading).await {
+            continue;
         }
         tracing::info!("became the leader: starting reconciles");
         metrics.set_leader(true);
@@ -202,8 +209,10 @@ async fn supervise(
             tracing::warn!("lost leadership: stopping reconciles");
             on_loss.cancel();
         });
+        let watchdog = tokio::spawn(lease.clone().watch(stop.clone()));
         controller::run(client.clone(), scope.clone(), settings.clone(), metrics.clone(), synced.clone(), stop).await;
         watch_loss.abort();
+        watchdog.abort();
         metrics.set_leader(false);
         synced.store(true, Ordering::Release);
     }
@@ -218,11 +227,73 @@ async fn supervise(
     }
 }
 
-/// The leadership channel and the task that renews (and finally releases) the Lease.
-type Election = (
-    tokio::sync::watch::Receiver<bool>,
-    tokio::task::JoinHandle<Result<kube_lease_manager::LeaseManager, kube_lease_manager::LeaseManagerError>>,
-);
+/// A joined election: the leadership channel, the task that renews (and finally
+/// releases) the Lease, and a way to read the Lease back.
+struct Election {
+    leading: tokio::sync::watch::Receiver<bool>,
+    lease_task:
+        tokio::task::JoinHandle<Result<kube_lease_manager::LeaseManager, kube_lease_manager::LeaseManagerError>>,
+    lease: LeaseCheck,
+}
+
+/// Reads the Lease to check that this replica really holds it.
+#[derive(Clone)]
+struct LeaseCheck {
+    api: Api<Lease>,
+    name: String,
+    identity: String,
+    duration: Duration,
+}
+
+impl LeaseCheck {
+    /// Whether the Lease names this replica and was renewed within its duration.
+    async fn held(&self) -> Result<bool, kube::Error> {
+        let Some(lease) = self.api.get_opt(&self.name).await? else { return Ok(false) };
+        let spec = lease.spec.unwrap_or_default();
+        let ours = spec.holder_identity.as_deref() == Some(self.identity.as_str());
+        let limit = SignedDuration::try_from(self.duration).unwrap_or(SignedDuration::MAX);
+        let fresh = spec.renew_time.is_some_and(|t| Timestamp::now().duration_since(t.0) < limit);
+        Ok(ours && fresh)
+    }
+
+    /// Waits until the Lease is confirmed held; false when leadership or the process ends first.
+    async fn confirm_held(&self, shutdown: &CancellationToken, leading: &tokio::sync::watch::Receiver<bool>) -> bool {
+        loop {
+            if shutdown.is_cancelled() || !*leading.borrow() {
+                return false;
+            }
+            if let Ok(true) = self.held().await {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+    }
+
+    /// Every third of the lease, reads it back; cancels `stop` when another replica holds it
+    /// or it could not be confirmed for a whole lease duration.
+    async fn watch(self, stop: CancellationToken) {
+        let mut confirmed = Instant::now();
+        let mut ticker = tokio::time::interval((self.duration / 3).max(Duration::from_millis(500)));
+        loop {
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = ticker.tick() => {}
+            }
+            match self.held().await {
+                Ok(true) => confirmed = Instant::now(),
+                Ok(false) => {
+                    tracing::warn!(lease = %self.name, "the Lease is no longer this replica's: stopping reconciles");
+                    return stop.cancel();
+                }
+                Err(e) => tracing::debug!(error = %e, "cannot read the leader Lease"),
+            }
+            if confirmed.elapsed() > self.duration {
+                tracing::warn!(lease = %self.name, "the Lease was not confirmed within its duration: stopping reconciles");
+                return stop.cancel();
+            }
+        }
+    }
+}
 
 /// Joins the leader election; `None` when shutdown came first.
 async fn elect(client: &Client, args: &ControllerArgs, shutdown: &CancellationToken) -> Option<Election> {
@@ -247,7 +318,16 @@ async fn elect(client: &Client, args: &ControllerArgs, shutdown: &CancellationTo
             .build()
             .await;
         match built {
-            Ok(manager) => return Some(manager.watch().await),
+            Ok(manager) => {
+                let (leading, lease_task) = manager.watch().await;
+                let lease = LeaseCheck {
+                    api: Api::namespaced(client.clone(), &namespace),
+                    name: args.leader_election_id.clone(),
+                    identity: identity.clone(),
+                    duration: Duration::from_secs(duration),
+                };
+                return Some(Election { leading, lease_task, lease });
+            }
             Err(e) => tracing::error!(error = %e, "cannot set up leader election; retrying in {retry:?}"),
         }
         tokio::select! {

@@ -22,6 +22,7 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Service};
 use k8s_openapi::api::events::v1::Event;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
 use serde_json::{Value, json};
@@ -630,6 +631,23 @@ async fn leader_election_hands_over(world: &mut World) {
     .await;
     assert!(ok, "{out}");
     reconciled(world, "second").await;
+
+    // Someone else takes the Lease: the leader stops reconciling promptly, and takes
+    // over again once that holder's lease has expired.
+    let stolen = json!({"spec": {"holderIdentity": "intruder", "leaseDurationSeconds": 6,
+                                 "renewTime": MicroTime(k8s_openapi::jiff::Timestamp::now())}});
+    let follower_op = &world.operators[follower];
+    leases.patch("balancer-leader", &PatchParams::default(), &Patch::Merge(stolen)).await.unwrap();
+    let started = Instant::now();
+    eventually("the leader to step down", Duration::from_secs(6), || async {
+        (follower_op.metric(&world.plane, "balancer_controller_leader").await == Some(0.0)).then_some(())
+    })
+    .await;
+    println!("e2e: stepped down {:.1} s after losing the Lease", started.elapsed().as_secs_f64());
+    eventually("leadership to come back", Duration::from_secs(30), || async {
+        (follower_op.metric(&world.plane, "balancer_controller_leader").await == Some(1.0)).then_some(())
+    })
+    .await;
     let stopped = world.operators.remove(leader);
     drop(stopped);
 }
