@@ -15,8 +15,12 @@ use kube::{Api, Client};
 
 /// How long a verdict on a token is reused.
 pub const VERDICT_TTL: Duration = Duration::from_secs(60);
-/// Tokens remembered at most; the cache starts over when full.
+/// Tokens remembered at most; expired verdicts are pruned first, then the cache starts over.
 const CACHE_CAPACITY: usize = 1024;
+/// Reviews sent to the API server at once; more scrapes with unknown tokens get 429.
+const MAX_REVIEWS_IN_FLIGHT: usize = 4;
+/// Time a review may take.
+const REVIEW_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The answer for one token.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -30,18 +34,32 @@ pub enum Verdict {
 }
 
 #[derive(Debug, thiserror::Error)]
-#[error("cannot review the token with the API server: {0}")]
-pub struct ReviewError(#[from] kube::Error);
+pub enum ReviewError {
+    #[error("cannot review the token with the API server: {0}")]
+    Api(#[from] kube::Error),
+    #[error("the API server did not answer the token review in time")]
+    Timeout,
+    #[error("too many token reviews under way")]
+    Busy,
+}
 
 /// Reviews scrape tokens against the cluster, caching verdicts.
 pub struct MetricsAuth {
     client: Client,
+    /// Verdicts on authenticated tokens only: invalid tokens are never remembered, so
+    /// a flood of random ones cannot evict the scrapers' verdicts.
     cache: Mutex<HashMap<[u8; 32], (Verdict, Instant)>>,
+    /// Bounds the review requests one scraper flood can send to the API server.
+    reviews: tokio::sync::Semaphore,
 }
 
 impl MetricsAuth {
     pub fn new(client: Client) -> Self {
-        MetricsAuth { client, cache: Mutex::new(HashMap::new()) }
+        MetricsAuth {
+            client,
+            cache: Mutex::new(HashMap::new()),
+            reviews: tokio::sync::Semaphore::new(MAX_REVIEWS_IN_FLIGHT),
+        }
     }
 
     /// The verdict on `token`, from the cache or from the API server.
@@ -51,12 +69,19 @@ impl MetricsAuth {
         if let Some(verdict) = self.cached(&key) {
             return Ok(verdict);
         }
-        let verdict = self.ask(token).await?;
-        let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
-        if cache.len() >= CACHE_CAPACITY {
-            cache.clear();
+        let _permit = self.reviews.try_acquire().map_err(|_| ReviewError::Busy)?;
+        let verdict =
+            tokio::time::timeout(REVIEW_TIMEOUT, self.ask(token)).await.map_err(|_| ReviewError::Timeout)??;
+        if verdict != Verdict::Unauthenticated {
+            let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
+            if cache.len() >= CACHE_CAPACITY {
+                cache.retain(|_, (_, at)| at.elapsed() < VERDICT_TTL);
+            }
+            if cache.len() >= CACHE_CAPACITY {
+                cache.clear();
+            }
+            cache.insert(key, (verdict, Instant::now()));
         }
-        cache.insert(key, (verdict, Instant::now()));
         Ok(verdict)
     }
 

@@ -68,7 +68,13 @@ pub async fn start(
     let mut readiness = Readiness::default();
     readiness.certificate.store(true, Ordering::Release);
     let client = connect(&args.controller).await?;
-    let metrics_auth = client.clone().map(|c| Arc::new(MetricsAuth::new(c)));
+    let metrics_auth = match (&client, args.insecure_metrics) {
+        (_, true) => None,
+        (Some(client), false) => Some(Arc::new(MetricsAuth::new(client.clone()))),
+        // Webhooks only (or the cluster was unreachable at start): still review scrape
+        // tokens whenever a configuration exists; requests fail cleanly while it is down.
+        (None, false) => Client::try_default().await.ok().map(|c| Arc::new(MetricsAuth::new(c))),
+    };
     let controller = client.map(|client| {
         let synced = Arc::new(AtomicBool::new(false));
         readiness.controller = Some(synced.clone());
@@ -185,11 +191,14 @@ async fn supervise(
         metrics.set_leader(false);
         return;
     }
-    let Some(Election { mut leading, lease_task, lease }) = elect(&client, &args, &shutdown).await else { return };
-    // A standby replica is ready: it serves the webhooks, and has no caches to sync.
+    // Under leader election readiness means "can serve the webhooks": a standby or a new
+    // leader still syncing its caches must not take every webhook endpoint out of service.
     synced.store(true, Ordering::Release);
+    let Some(Election { mut leading, lease_task, lease }) = elect(&client, &args, &shutdown).await else { return };
+    let ignored_sync = Arc::new(AtomicBool::new(false));
     loop {
         tokio::select! {
+            biased;
             _ = shutdown.cancelled() => break,
             became = leading.wait_for(|leader| *leader) => if became.is_err() { break },
         }
@@ -200,21 +209,34 @@ async fn supervise(
         }
         tracing::info!("became the leader: starting reconciles");
         metrics.set_leader(true);
-        synced.store(false, Ordering::Release);
         let stop = shutdown.child_token();
-        let mut lost = leading.clone();
-        let on_loss = stop.clone();
+        let lost = CancellationToken::new();
+        let mut channel = leading.clone();
+        let on_loss = lost.clone();
         let watch_loss = tokio::spawn(async move {
-            let _ = lost.wait_for(|leader| !*leader).await;
+            let _ = channel.wait_for(|leader| !*leader).await;
             tracing::warn!("lost leadership: stopping reconciles");
             on_loss.cancel();
         });
-        let watchdog = tokio::spawn(lease.clone().watch(stop.clone()));
-        controller::run(client.clone(), scope.clone(), settings.clone(), metrics.clone(), synced.clone(), stop).await;
+        let watchdog = tokio::spawn(lease.clone().watch(lost.clone()));
+        let run = controller::run(
+            client.clone(),
+            scope.clone(),
+            settings.clone(),
+            metrics.clone(),
+            ignored_sync.clone(),
+            stop,
+        );
+        // Shutdown drains in-flight reconciles; a lost Lease drops them at once, since
+        // another replica may already be writing.
+        tokio::select! {
+            _ = run => {}
+            _ = lost.cancelled() => {}
+        }
         watch_loss.abort();
         watchdog.abort();
         metrics.set_leader(false);
-        synced.store(true, Ordering::Release);
+        metrics.set_balancers(0, 0, 0);
     }
     // Dropping the receiver makes the lease manager release the Lease for a fast hand-over;
     // wait for that release before the process exits.
@@ -247,8 +269,15 @@ struct LeaseCheck {
 
 impl LeaseCheck {
     /// Whether the Lease names this replica and was renewed within its duration.
-    async fn held(&self) -> Result<bool, kube::Error> {
-        let Some(lease) = self.api.get_opt(&self.name).await? else { return Ok(false) };
+    async fn held(&self) -> Result<bool, String> {
+        // A stalled request must not outlast the lease it is checking.
+        let read = tokio::time::timeout(self.duration / 3, self.api.get_opt(&self.name)).await;
+        let lease = match read {
+            Ok(Ok(lease)) => lease,
+            Ok(Err(e)) => return Err(e.to_string()),
+            Err(_) => return Err("timed out".into()),
+        };
+        let Some(lease) = lease else { return Ok(false) };
         let spec = lease.spec.unwrap_or_default();
         let ours = spec.holder_identity.as_deref() == Some(self.identity.as_str());
         let limit = SignedDuration::try_from(self.duration).unwrap_or(SignedDuration::MAX);

@@ -29,7 +29,7 @@ use tokio_util::sync::CancellationToken;
 use tower::limit::GlobalConcurrencyLimitLayer;
 
 use crate::admission::{self, BadRequest, Outcome, Webhook};
-use crate::metrics_auth::{MetricsAuth, Verdict};
+use crate::metrics_auth::{MetricsAuth, ReviewError, Verdict};
 use crate::telemetry::Metrics;
 
 /// Limits on what a client may cost the webhook server.
@@ -157,6 +157,7 @@ async fn protected_metrics(State(state): State<AppState>, headers: HeaderMap) ->
         Ok(Verdict::Allowed) => metrics(State(state)).await,
         Ok(Verdict::Unauthenticated) => unauthorized("the token is not valid"),
         Ok(Verdict::Forbidden) => error(StatusCode::FORBIDDEN, "the token may not get /metrics"),
+        Err(ReviewError::Busy) => error(StatusCode::TOO_MANY_REQUESTS, "too many token reviews under way"),
         Err(e) => {
             tracing::warn!(error = %e, "cannot review a scrape token");
             error(StatusCode::SERVICE_UNAVAILABLE, "cannot review the token now")

@@ -150,4 +150,10 @@ fn the_service_monitor_scrapes_the_protected_endpoint() {
     assert!(certificate["spec"]["dnsNames"].as_array().unwrap().iter().any(|n| n == server_name));
     let binding = find(&docs, "ClusterRoleBinding", "balancer-metrics-reader-prometheus");
     assert_eq!(binding["roleRef"]["name"], "balancer-metrics-reader");
+    // Prometheus must also be able to discover the endpoints in the operator's namespace.
+    let discovery = find(&docs, "RoleBinding", "balancer-prometheus-discovery");
+    assert_eq!(discovery["metadata"]["namespace"], "balancer-system");
+    assert_eq!(discovery["subjects"], binding["subjects"]);
+    let role = find(&docs, "Role", "balancer-prometheus-discovery");
+    assert!(role["rules"][0]["resources"].as_array().unwrap().iter().any(|r| r == "endpoints"));
 }
