@@ -21,7 +21,7 @@ if [ -n "${KUBEBUILDER_ASSETS:-}" ] && [ -x "$KUBEBUILDER_ASSETS/kube-apiserver"
 fi
 
 version=v1.20.2
-cache="${BALANCER_ENVTEST_CACHE:-$HOME/.cache/balancer/envtest/$version}"
+cache="${BALANCER_ENVTEST_CACHE:-${HOME:-/tmp}/.cache/balancer/envtest/$version}"
 if [ -x "$cache/kube-apiserver" ] && [ -x "$cache/kube-controller-manager" ] && [ -x "$cache/etcd" ]; then
   echo "$cache"
   exit 0

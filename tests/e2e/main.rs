@@ -66,7 +66,7 @@ fn assets() -> Option<PathBuf> {
     if let Some(dir) = std::env::var_os("KUBEBUILDER_ASSETS").map(PathBuf::from).and_then(cached) {
         return Some(dir);
     }
-    let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_default();
+    let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/tmp"));
     let default = std::env::var_os("BALANCER_ENVTEST_CACHE")
         .map(PathBuf::from)
         .unwrap_or_else(|| home.join(".cache/balancer/envtest/v1.20.2"));
