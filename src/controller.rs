@@ -203,7 +203,8 @@ async fn converge(balancer: &Balancer, ctx: &Context) -> Result<Action, Error> {
     let ready = proxy_condition(balancer, &deployment, desired.backend_services.len());
     // Obsolete backends keep serving the running proxy pods until the new ones have rolled out.
     let obsolete = if ready.status == "True" {
-        delete_obsolete_backends(balancer, ctx, &owner, &desired).await?
+        delete_obsolete_backends(balancer, ctx, &owner, &desired).await?;
+        0
     } else {
         obsolete_backends(ctx, &owner, &desired).len()
     };
@@ -293,13 +294,13 @@ fn obsolete_backends(ctx: &Context, owner: &Owner, desired: &Desired) -> Vec<Arc
     owned_backend_services(&ctx.services, owner).into_iter().filter(|s| !wanted.contains(&s.name_any())).collect()
 }
 
-/// Deletes the obsolete backend Services; returns how many are still present (none on success).
+/// Deletes the obsolete backend Services (a failure fails the reconcile).
 async fn delete_obsolete_backends(
     balancer: &Balancer,
     ctx: &Context,
     owner: &Owner,
     desired: &Desired,
-) -> Result<usize, Error> {
+) -> Result<(), Error> {
     let api: Api<Service> = Api::namespaced(ctx.client.clone(), &owner.namespace);
     for service in obsolete_backends(ctx, owner, desired) {
         let name = service.name_any();
@@ -317,7 +318,7 @@ async fn delete_obsolete_backends(
         let note = format!("deleted obsolete backend Service {name}");
         publish(balancer, ctx, EventType::Normal, "Deleted", note, Some(service.object_ref(&()))).await;
     }
-    Ok(0)
+    Ok(())
 }
 
 /// Backend Services in the cache that `owner` controls.
@@ -332,7 +333,7 @@ fn owned_backend_services(cache: &Store<Service>, owner: &Owner) -> Vec<Arc<Serv
                 && labels.get(BALANCER_NAME_LABEL) == Some(&owner.name)
                 && labels.get(MANAGED_BY_LABEL).map(String::as_str) == Some(MANAGED_BY)
         })
-        .filter(|s| s.owner_references().iter().any(|r| r.uid == owner.reference.uid && r.controller == Some(true)))
+        .filter(|s| controlled_by(s.as_ref(), owner))
         .collect()
 }
 
