@@ -5,10 +5,10 @@ mod support;
 
 use std::collections::BTreeSet;
 use std::path::Path;
-use std::process::Command;
 
 use balancer::controller::{CLUSTER_PERMISSIONS, LEADER_ELECTION_PERMISSIONS, Permission};
 use serde_json::{Value, json};
+use support::find;
 
 fn repo(path: &str) -> std::path::PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join(path)
@@ -19,17 +19,7 @@ fn rendered() -> Option<Vec<Value>> {
     if !support::have_tool("kubectl") {
         return None;
     }
-    let output = Command::new("kubectl").arg("kustomize").arg(repo("deploy")).output().expect("kubectl runs");
-    assert!(output.status.success(), "kubectl kustomize deploy/ failed: {}", String::from_utf8_lossy(&output.stderr));
-    let text = String::from_utf8(output.stdout).expect("UTF-8");
-    let docs: Vec<Value> = serde_saphyr::from_multiple(&text).expect("every rendered document parses");
-    Some(docs.into_iter().filter(|d| !d.is_null()).collect())
-}
-
-fn find<'a>(docs: &'a [Value], kind: &str, name: &str) -> &'a Value {
-    docs.iter()
-        .find(|d| d["kind"] == kind && d["metadata"]["name"] == name)
-        .unwrap_or_else(|| panic!("no {kind} {name} in deploy/"))
+    Some(support::kustomize(&repo("deploy")))
 }
 
 fn container(docs: &[Value]) -> &Value {

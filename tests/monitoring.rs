@@ -6,9 +6,9 @@ mod support;
 
 use std::collections::BTreeSet;
 use std::path::{Component, Path, PathBuf};
-use std::process::Command;
 
 use serde_json::Value;
+use support::find;
 
 fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -40,16 +40,7 @@ fn rendered() -> Option<Vec<Value>> {
         format!("resources: [{}]\ncomponents: [{}]\n", base.display(), component.display()),
     )
     .unwrap();
-    let output = Command::new("kubectl").arg("kustomize").arg(&overlay).output().expect("kubectl runs");
-    assert!(output.status.success(), "kustomize failed: {}", String::from_utf8_lossy(&output.stderr));
-    let docs: Vec<Value> = serde_saphyr::from_multiple(&String::from_utf8(output.stdout).unwrap()).unwrap();
-    Some(docs.into_iter().filter(|d| !d.is_null()).collect())
-}
-
-fn find<'a>(docs: &'a [Value], kind: &str, name: &str) -> &'a Value {
-    docs.iter()
-        .find(|d| d["kind"] == kind && d["metadata"]["name"] == name)
-        .unwrap_or_else(|| panic!("no {kind} {name}"))
+    Some(support::kustomize(&overlay))
 }
 
 /// Metric families the operator registers, from a real scrape.

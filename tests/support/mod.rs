@@ -214,3 +214,24 @@ pub fn have_tool(tool: &str) -> bool {
     }
     found
 }
+
+/// `kubectl kustomize DIR`, every document parsed; panics naming kustomize's error.
+pub fn kustomize(dir: &std::path::Path) -> Vec<Value> {
+    let output = std::process::Command::new("kubectl").arg("kustomize").arg(dir).output().expect("kubectl runs");
+    assert!(
+        output.status.success(),
+        "kubectl kustomize {} failed: {}",
+        dir.display(),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let text = String::from_utf8(output.stdout).expect("UTF-8");
+    let docs: Vec<Value> = serde_saphyr::from_multiple(&text).expect("every rendered document parses");
+    docs.into_iter().filter(|d| !d.is_null()).collect()
+}
+
+/// The rendered object of `kind` named `name`.
+pub fn find<'a>(docs: &'a [Value], kind: &str, name: &str) -> &'a Value {
+    docs.iter()
+        .find(|d| d["kind"] == kind && d["metadata"]["name"] == name)
+        .unwrap_or_else(|| panic!("no {kind} {name} rendered"))
+}
