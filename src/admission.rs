@@ -4,17 +4,43 @@
 //! A body that is not a usable review is a [`BadRequest`] (HTTP 400); a usable
 //! review always gets an answer carrying its `uid`, even when the object in it
 //! is not a valid Balancer (then `allowed: false` says what is wrong).
+//!
+//! Reviews are read in one pass into lean borrowed structs that keep only what
+//! the rules need; everything else is skipped without being built, and the spec
+//! is read from its raw JSON text. Answers are bounded: whatever a client sends,
+//! the answer is at most [`MAX_ANSWER_BYTES`].
+
+use std::borrow::Cow;
 
 use base64::Engine;
-use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview, Operation};
+use kube::core::admission::{AdmissionResponse, AdmissionReview, Operation};
 use kube::core::response::{StatusCause, StatusDetails};
 use kube::core::{DynamicObject, Status};
 use prometheus_client::encoding::{EncodeLabelValue, LabelValueEncoder};
+use serde::de::IgnoredAny;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
+use serde_json::value::RawValue;
 
 use crate::api::{BalancerSpec, GROUP, KIND};
+use crate::bounded::ObjectOnly;
 use crate::defaulting::defaults_patch;
+use crate::echo::cut;
 use crate::validation::{self, FieldError, ObjectName};
+
+/// Largest answer the webhook sends, whatever the request: every echoed value is cut to fit.
+pub const MAX_ANSWER_BYTES: usize = 64 * 1024;
+/// Longest `request.uid` accepted; the API server's are 36 characters.
+pub const MAX_UID_BYTES: usize = 256;
+/// Field errors listed in a denial; the rest are counted ("and N more").
+pub const MAX_LISTED_ERRORS: usize = 16;
+/// Warnings returned at most.
+pub const MAX_WARNINGS: usize = 16;
+/// Encoded size at most of an echoed field path, of a name, and of one problem or warning.
+const MAX_FIELD_BYTES: usize = 256;
+const MAX_DETAIL_BYTES: usize = 512;
+/// Encoded size at most of the reason a body is not a usable review.
+const MAX_BAD_REQUEST_BYTES: usize = 1024;
 
 /// The only AdmissionReview version served (the webhook configurations ask for v1).
 pub const REVIEW_API_VERSION: &str = "admission.k8s.io/v1";
@@ -82,6 +108,8 @@ pub enum BadRequest {
     MissingRequest,
     #[error("request.uid must not be empty")]
     MissingUid,
+    #[error("request.uid must be at most {MAX_UID_BYTES} bytes, got {0}")]
+    UidTooLong(usize),
 }
 
 /// The answer to one review, ready to serialize.
@@ -91,155 +119,252 @@ pub struct Answer {
 }
 
 impl Answer {
-    /// The review as the API server expects it on the wire.
+    /// The review as the API server expects it on the wire, written in one pass.
     ///
     /// kube's `AdmissionResponse` serializes `patch` as an array of byte values;
     /// the AdmissionReview API defines it as base64 (`[]byte` in Go), which is
-    /// also what `curl` users and other API server versions expect, so it is
-    /// re-encoded here.
+    /// also what `curl` users and other API server versions expect.
     pub fn to_json(&self) -> serde_json::Result<Vec<u8>> {
-        let Some(patch) = self.review.response.as_ref().and_then(|r| r.patch.as_deref()) else {
+        let Some(response) = &self.review.response else {
             return serde_json::to_vec(&self.review);
         };
-        let mut value = serde_json::to_value(&self.review)?;
-        if let Some(slot) = value.pointer_mut("/response/patch") {
-            *slot = Value::String(base64::engine::general_purpose::STANDARD.encode(patch));
-        }
-        serde_json::to_vec(&value)
+        let wire = WireReview {
+            api_version: REVIEW_API_VERSION,
+            kind: "AdmissionReview",
+            response: WireResponse {
+                uid: &response.uid,
+                allowed: response.allowed,
+                status: &response.result,
+                patch: response.patch.as_deref().map(|p| base64::engine::general_purpose::STANDARD.encode(p)),
+                patch_type: response.patch.as_ref().map(|_| "JSONPatch"),
+                warnings: response.warnings.as_deref(),
+            },
+        };
+        let mut out = Vec::with_capacity(512);
+        serde_json::to_writer(&mut out, &wire)?;
+        Ok(out)
     }
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct WireReview<'a> {
+    api_version: &'a str,
+    kind: &'a str,
+    response: WireResponse<'a>,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct WireResponse<'a> {
+    uid: &'a str,
+    allowed: bool,
+    status: &'a Status,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    patch: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    patch_type: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    warnings: Option<&'a [String]>,
+}
+
+// What a review is read into: only what the rules need, borrowed from the body where
+// it can be. Unknown fields are skipped by serde without being built.
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct ReviewIn<'a> {
+    #[serde(borrow)]
+    api_version: Cow<'a, str>,
+    #[serde(default, borrow)]
+    request: Option<RequestIn<'a>>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct RequestIn<'a> {
+    #[serde(borrow)]
+    uid: Cow<'a, str>,
+    #[serde(borrow)]
+    kind: KindIn<'a>,
+    operation: Operation,
+    #[serde(default, borrow)]
+    sub_resource: Option<Cow<'a, str>>,
+    #[serde(default, borrow)]
+    name: Option<Cow<'a, str>>,
+    #[serde(default, borrow)]
+    object: Option<ObjectIn<'a>>,
+    #[serde(default, borrow)]
+    old_object: Option<ObjectIn<'a>>,
+}
+
+#[derive(Deserialize)]
+struct KindIn<'a> {
+    #[serde(borrow)]
+    group: Cow<'a, str>,
+    #[serde(borrow)]
+    kind: Cow<'a, str>,
+}
+
+#[derive(Deserialize)]
+struct ObjectIn<'a> {
+    #[serde(default, borrow)]
+    metadata: MetaIn<'a>,
+    /// Read as text first: the rules parse it into a typed spec, naming the field at fault.
+    #[serde(default, borrow)]
+    spec: Option<&'a RawValue>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+struct MetaIn<'a> {
+    #[serde(default, borrow)]
+    name: Option<Cow<'a, str>>,
+    #[serde(default, borrow)]
+    generate_name: Option<Cow<'a, str>>,
+    #[serde(default)]
+    deletion_timestamp: Option<IgnoredAny>,
 }
 
 /// Parses `body` and answers it with `webhook`'s rules.
 pub fn review(webhook: Webhook, body: &[u8]) -> Result<Answer, BadRequest> {
     let request = parse_request(body)?;
-    let response = AdmissionResponse::from(&request);
-    let (response, outcome) = match balancer_in(&request) {
-        None => (response, Outcome::Allowed),
-        Some(Err(invalid)) => (deny(response, &request, invalid), Outcome::Denied),
-        Some(Ok(spec)) => match webhook {
-            Webhook::Validate if exempt_update(&request) => (response, Outcome::Allowed),
-            Webhook::Validate => validate(response, &request, &spec),
-            Webhook::Mutate => mutate(response, &spec),
+    let allowed = allowed(&request.uid);
+    let (response, outcome) = match balancer_write(&request) {
+        None => (allowed, Outcome::Allowed),
+        // Neither judged nor defaulted again: a Balancer stored under looser rules can still
+        // be relabelled and deleted, and a label edit does not change its spec.
+        Some(_) if spec_unchanged(&request) => (allowed, Outcome::Allowed),
+        Some(None) => {
+            let missing = field_error("request.object", "is required for CREATE and UPDATE");
+            (deny(allowed, &request, vec![missing]), Outcome::Denied)
+        }
+        Some(Some(object)) => match read_spec(object.spec) {
+            Err(unreadable) => (deny(allowed, &request, vec![unreadable]), Outcome::Denied),
+            Ok(spec) => match webhook {
+                Webhook::Validate => validate(allowed, &request, object, &spec),
+                Webhook::Mutate => mutate(allowed, &spec),
+            },
         },
     };
     Ok(Answer { review: response.into_review(), outcome })
 }
 
-fn parse_request(body: &[u8]) -> Result<AdmissionRequest<DynamicObject>, BadRequest> {
-    let mut de = serde_json::Deserializer::from_slice(body);
-    let review: AdmissionReview<DynamicObject> =
-        serde_path_to_error::deserialize(&mut de).map_err(|e| BadRequest::Malformed(path_error(&e)))?;
-    if review.types.api_version != REVIEW_API_VERSION {
-        return Err(BadRequest::UnsupportedVersion(review.types.api_version));
+fn parse_request(body: &[u8]) -> Result<RequestIn<'_>, BadRequest> {
+    let review: ReviewIn<'_> = serde_json::from_slice(body).map_err(|e| BadRequest::Malformed(json_error(&e)))?;
+    if review.api_version != REVIEW_API_VERSION {
+        return Err(BadRequest::UnsupportedVersion(cut(&review.api_version, MAX_FIELD_BYTES).into_owned()));
     }
-    let request: AdmissionRequest<DynamicObject> = review.try_into().map_err(|_| BadRequest::MissingRequest)?;
-    if request.uid.is_empty() {
-        return Err(BadRequest::MissingUid);
+    let request = review.request.ok_or(BadRequest::MissingRequest)?;
+    match request.uid.len() {
+        0 => Err(BadRequest::MissingUid),
+        n if n > MAX_UID_BYTES => Err(BadRequest::UidTooLong(n)),
+        _ => Ok(request),
     }
-    Ok(request)
 }
 
-/// Why the object under review cannot be checked as a Balancer.
-struct NotABalancer(Vec<FieldError>);
+/// An allowed response carrying `uid`.
+fn allowed(uid: &str) -> AdmissionResponse {
+    let mut response = AdmissionResponse::invalid("");
+    response.uid = uid.to_string();
+    response.allowed = true;
+    response.result = Status::default();
+    response
+}
 
-/// The Balancer spec under review: `None` when the rules do not apply
-/// (another kind, a subresource, a DELETE or CONNECT).
-fn balancer_in(request: &AdmissionRequest<DynamicObject>) -> Option<Result<BalancerSpec, NotABalancer>> {
+/// The object of a Balancer CREATE or UPDATE (itself `None` when missing); `None` when
+/// the rules do not apply (another kind, a subresource, a DELETE or CONNECT).
+fn balancer_write<'r, 'a>(request: &'r RequestIn<'a>) -> Option<Option<&'r ObjectIn<'a>>> {
     let is_balancer = request.kind.group == GROUP && request.kind.kind == KIND;
     let is_write = matches!(request.operation, Operation::Create | Operation::Update);
     if !is_balancer || !is_write || request.sub_resource.is_some() {
         return None;
     }
-    let Some(object) = &request.object else {
-        return Some(Err(NotABalancer(vec![field_error("request.object", "is required for CREATE and UPDATE")])));
-    };
-    Some(parse_spec(&object.data).map_err(|e| NotABalancer(vec![e])))
+    Some(request.object.as_ref())
+}
+
+/// An UPDATE that leaves the spec alone (labels, finalizers, deletion).
+fn spec_unchanged(request: &RequestIn<'_>) -> bool {
+    if request.operation != Operation::Update {
+        return false;
+    }
+    let (Some(new), Some(old)) = (&request.object, &request.old_object) else { return false };
+    if new.metadata.deletion_timestamp.is_some() {
+        return true;
+    }
+    match (new.spec, old.spec) {
+        (None, None) => true,
+        (Some(new), Some(old)) if new.get() == old.get() => true,
+        // The same spec written differently (key order, spacing) is still the same spec.
+        (Some(new), Some(old)) => match (read_spec(Some(new)), read_spec(Some(old))) {
+            (Ok(new), Ok(old)) => new == old,
+            _ => false,
+        },
+        _ => false,
+    }
+}
+
+/// Reads a review's `spec` text, naming the exact field that has the wrong shape.
+fn read_spec(spec: Option<&RawValue>) -> Result<BalancerSpec, FieldError> {
+    match spec {
+        None => Err(field_error("spec", "is required")),
+        Some(raw) => spec_from(&mut serde_json::Deserializer::from_str(raw.get())),
+    }
 }
 
 /// Reads `spec` from an object's JSON, naming the exact field that has the wrong shape.
 pub fn parse_spec(data: &Value) -> Result<BalancerSpec, FieldError> {
-    let spec = match data.get("spec") {
-        None | Some(Value::Null) => return Err(field_error("spec", "is required")),
-        Some(spec) => spec,
-    };
-    require_objects(spec)?;
-    serde_path_to_error::deserialize(spec).map_err(|e| {
+    match data.get("spec") {
+        None | Some(Value::Null) => Err(field_error("spec", "is required")),
+        Some(spec) => spec_from(spec),
+    }
+}
+
+/// The one way a spec is read, from a review's text or from a stored object alike.
+fn spec_from<'de, D>(deserializer: D) -> Result<BalancerSpec, FieldError>
+where
+    D: serde::Deserializer<'de, Error = serde_json::Error>,
+{
+    serde_path_to_error::deserialize::<_, ObjectOnly<BalancerSpec>>(deserializer).map(|spec| spec.0).map_err(|e| {
         let path = e.path().to_string();
         let field = if path == "." { "spec".to_string() } else { format!("spec.{path}") };
-        field_error(&field, &e.into_inner().to_string())
+        FieldError { field, detail: without_position(e.inner()) }
     })
 }
 
-/// serde's derived structs also read a JSON array of their fields in order;
-/// the API (and the CRD schema) only has objects, so arrays are refused up front.
-fn require_objects(spec: &Value) -> Result<(), FieldError> {
-    let not_object = |field: String, value: &Value| {
-        Err(field_error(&field, &format!("must be an object, got {}", json_type(value))))
-    };
-    let Value::Object(fields) = spec else {
-        return not_object("spec".into(), spec);
-    };
-    for list in ["ports", "backends"] {
-        if let Some(Value::Array(items)) = fields.get(list) {
-            for (i, item) in items.iter().enumerate() {
-                if !item.is_object() {
-                    return not_object(format!("spec.{list}[{i}]"), item);
-                }
-            }
-        }
+/// serde_json's message without " at line L column C", which would point into the spec's
+/// text rather than anywhere the user wrote.
+fn without_position(e: &serde_json::Error) -> String {
+    let message = e.to_string();
+    let position = format!(" at line {} column {}", e.line(), e.column());
+    match message.strip_suffix(&position) {
+        Some(bare) if e.line() > 0 => bare.to_string(),
+        _ => message,
     }
-    Ok(())
 }
 
-fn json_type(value: &Value) -> &'static str {
-    match value {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
-    }
+fn json_error(e: &serde_json::Error) -> String {
+    cut(&e.to_string(), MAX_BAD_REQUEST_BYTES).into_owned()
 }
 
 fn field_error(field: &str, detail: &str) -> FieldError {
     FieldError { field: field.to_string(), detail: detail.to_string() }
 }
 
-fn path_error(e: &serde_path_to_error::Error<serde_json::Error>) -> String {
-    match e.path().to_string().as_str() {
-        "." | "?" => e.inner().to_string(),
-        path => format!("{path}: {}", e.inner()),
-    }
-}
-
-/// An UPDATE that leaves the spec alone (labels, finalizers, deletion) is not judged again:
-/// a Balancer stored before the rules existed, or under looser ones, can still be
-/// relabelled and deleted.
-fn exempt_update(request: &AdmissionRequest<DynamicObject>) -> bool {
-    if request.operation != Operation::Update {
-        return false;
-    }
-    let (Some(new), Some(old)) = (&request.object, &request.old_object) else { return false };
-    new.metadata.deletion_timestamp.is_some() || new.data.get("spec") == old.data.get("spec")
-}
-
-fn object_name(request: &AdmissionRequest<DynamicObject>) -> ObjectName<'_> {
-    match &request.object {
-        Some(o) => ObjectName::from_meta(o.metadata.name.as_deref(), o.metadata.generate_name.as_deref()),
-        None => ObjectName::Unknown,
-    }
+fn object_name<'a>(object: &'a ObjectIn<'_>) -> ObjectName<'a> {
+    ObjectName::from_meta(object.metadata.name.as_deref(), object.metadata.generate_name.as_deref())
 }
 
 fn validate(
     response: AdmissionResponse,
-    request: &AdmissionRequest<DynamicObject>,
+    request: &RequestIn<'_>,
+    object: &ObjectIn<'_>,
     spec: &BalancerSpec,
 ) -> (AdmissionResponse, Outcome) {
-    let report = validation::validate(object_name(request), spec);
-    let mut response = if report.is_valid() { response } else { deny(response, request, NotABalancer(report.errors)) };
+    let report = validation::validate(object_name(object), spec);
+    let mut response = if report.is_valid() { response } else { deny(response, request, report.errors) };
     if !report.warnings.is_empty() {
-        response.warnings = Some(report.warnings);
+        response.warnings = Some(bounded_warnings(&report.warnings));
     }
     let outcome = if response.allowed { Outcome::Allowed } else { Outcome::Denied };
     (response, outcome)
@@ -260,22 +385,24 @@ fn mutate(response: AdmissionResponse, spec: &BalancerSpec) -> (AdmissionRespons
 
 /// Refuses the request the way the API server reports invalid objects:
 /// `Balancer "x" is invalid: [field: problem, ...]`, HTTP 422, reason `Invalid`,
-/// and one cause per field so clients can point at each.
-fn deny(
-    response: AdmissionResponse,
-    request: &AdmissionRequest<DynamicObject>,
-    invalid: NotABalancer,
-) -> AdmissionResponse {
-    let errors = invalid.0;
-    let message = denial_message(&request.name, &errors);
-    let causes = errors
+/// and one cause per field so clients can point at each (the first
+/// [`MAX_LISTED_ERRORS`], then how many more).
+fn deny(response: AdmissionResponse, request: &RequestIn<'_>, errors: Vec<FieldError>) -> AdmissionResponse {
+    let name = request.name.as_deref().unwrap_or("");
+    let message = denial_message(name, &errors);
+    let mut causes: Vec<StatusCause> = errors
         .iter()
+        .take(MAX_LISTED_ERRORS)
+        .map(bounded)
         // As the API server's own: the field in `field`, the problem alone in `message`
         // (kubectl prints them as `* <field>: <message>`).
-        .map(|e| StatusCause { reason: "FieldValueInvalid".into(), message: e.detail.clone(), field: e.field.clone() })
+        .map(|e| StatusCause { reason: "FieldValueInvalid".into(), message: e.detail, field: e.field })
         .collect();
+    if let Some(more) = unlisted(&errors) {
+        causes.push(StatusCause { reason: "FieldValueTooMany".into(), message: more, field: String::new() });
+    }
     let details = StatusDetails {
-        name: request.name.clone(),
+        name: cut(name, MAX_FIELD_BYTES).into_owned(),
         group: GROUP.into(),
         kind: KIND.into(),
         uid: String::new(),
@@ -287,9 +414,11 @@ fn deny(
     response
 }
 
-/// `Balancer "x" is invalid: a` for one error, `... is invalid: [a, b]` for several.
+/// `Balancer "x" is invalid: a` for one error, `... is invalid: [a, b]` for several,
+/// listing the first [`MAX_LISTED_ERRORS`] and counting the rest; echoed text is cut.
 pub fn denial_message(name: &str, errors: &[FieldError]) -> String {
-    let list: Vec<String> = errors.iter().map(ToString::to_string).collect();
+    let mut list: Vec<String> = errors.iter().take(MAX_LISTED_ERRORS).map(|e| bounded(e).to_string()).collect();
+    list.extend(unlisted(errors));
     let joined = match list.as_slice() {
         [one] => one.clone(),
         many => format!("[{}]", many.join(", ")),
@@ -297,6 +426,30 @@ pub fn denial_message(name: &str, errors: &[FieldError]) -> String {
     if name.is_empty() {
         format!("{KIND} is invalid: {joined}")
     } else {
-        format!("{KIND} {name:?} is invalid: {joined}")
+        format!("{KIND} {:?} is invalid: {joined}", cut(name, MAX_FIELD_BYTES))
     }
+}
+
+/// "and N more errors", when some were left out of a denial.
+fn unlisted(errors: &[FieldError]) -> Option<String> {
+    let more = errors.len().saturating_sub(MAX_LISTED_ERRORS);
+    (more > 0).then(|| format!("and {more} more errors"))
+}
+
+/// A field error whose echoed text fits the answer's budget.
+fn bounded(error: &FieldError) -> FieldError {
+    FieldError {
+        field: cut(&error.field, MAX_FIELD_BYTES).into_owned(),
+        detail: cut(&error.detail, MAX_DETAIL_BYTES).into_owned(),
+    }
+}
+
+fn bounded_warnings(warnings: &[String]) -> Vec<String> {
+    let mut kept: Vec<String> =
+        warnings.iter().take(MAX_WARNINGS).map(|w| cut(w, MAX_DETAIL_BYTES).into_owned()).collect();
+    let more = warnings.len().saturating_sub(MAX_WARNINGS);
+    if more > 0 {
+        kept.push(format!("and {more} more warnings"));
+    }
+    kept
 }

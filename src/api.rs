@@ -13,6 +13,9 @@ use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+use crate::bounded;
+use crate::validation::{MAX_IANA_SVC_NAME_LEN, MAX_LABEL_LEN};
+
 /// API group of the Balancer resource.
 pub const GROUP: &str = "exposer.hliangzhao.io";
 /// API version of the Balancer resource.
@@ -78,13 +81,15 @@ pub const PROXY_CONFIGMAP_SUFFIX: &str = "-proxy-configmap";
 #[serde(rename_all = "camelCase")]
 pub struct BalancerSpec {
     /// Front-end ports; each is proxied to the same port of every backend.
+    #[serde(deserialize_with = "read_ports")]
     #[schemars(length(min = 1, max = 32))]
     pub ports: Vec<BalancerPort>,
     /// Labels common to the pods of every backend.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(extend("maxProperties" = 32))]
+    #[serde(default, skip_serializing_if = "Option::is_none", deserialize_with = "read_selector")]
+    #[schemars(schema_with = "selector_schema")]
     pub selector: Option<BTreeMap<String, String>>,
     /// The backends traffic is split across, by weight.
+    #[serde(deserialize_with = "read_backends")]
     #[schemars(length(min = 1, max = 64))]
     pub backends: Vec<BackendSpec>,
 }
@@ -95,6 +100,7 @@ pub struct BalancerSpec {
 pub struct BalancerPort {
     /// DNS-1123 label; required when the Balancer has more than one port.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 63))]
     pub name: Option<String>,
     /// `TCP` or `UDP`; defaulted to `TCP`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -105,6 +111,7 @@ pub struct BalancerPort {
     pub port: i32,
     /// The backend pods' port: a number or an IANA service name; defaulted to `port`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "target_port_schema")]
     pub target_port: Option<IntOrString>,
 }
 
@@ -113,14 +120,15 @@ pub struct BalancerPort {
 #[serde(rename_all = "camelCase")]
 pub struct BackendSpec {
     /// DNS-1123 label, unique within the Balancer.
+    #[schemars(length(max = 63))]
     pub name: String,
     /// Relative share of the traffic, 0..=100; 0 drains the backend. Defaulted to 1.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0, max = 100))]
     pub weight: Option<i32>,
     /// Labels selecting this backend's pods, merged over `spec.selector`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(extend("maxProperties" = 32))]
+    #[serde(default, skip_serializing_if = "Option::is_none", deserialize_with = "read_selector")]
+    #[schemars(schema_with = "selector_schema")]
     pub selector: Option<BTreeMap<String, String>>,
 }
 
@@ -140,6 +148,45 @@ pub struct BalancerStatus {
     /// Standard conditions; `Ready` summarises whether traffic flows as specified.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
+}
+
+// Lists and selectors are read within their bounds (see `crate::bounded`): a stored
+// object or a review with a huge list costs no more memory than the limit.
+
+fn read_ports<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<BalancerPort>, D::Error> {
+    bounded::list(d, MAX_PORTS, "ports")
+}
+
+fn read_backends<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<BackendSpec>, D::Error> {
+    bounded::list(d, MAX_BACKENDS, "backends")
+}
+
+fn read_selector<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<BTreeMap<String, String>>, D::Error> {
+    bounded::optional_string_map(d, MAX_SELECTOR_LABELS, "labels")
+}
+
+/// At most 32 labels, each value a label value (at most 63 characters). Label keys (at most
+/// 317 characters) cannot be bounded in a structural schema without CEL; the webhook checks them.
+fn selector_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "type": "object",
+        "nullable": true,
+        "maxProperties": MAX_SELECTOR_LABELS,
+        "additionalProperties": {"type": "string", "maxLength": MAX_LABEL_LEN},
+    })
+}
+
+/// A port number (1..65535) or an IANA service name (at most 15 characters). A structural
+/// schema allows no types inside an int-or-string's `anyOf`, but `minimum`/`maximum` only
+/// apply to numbers and `maxLength` only to strings, so both bounds sit side by side.
+fn target_port_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "x-kubernetes-int-or-string": true,
+        "nullable": true,
+        "minimum": 1,
+        "maximum": 65535,
+        "maxLength": MAX_IANA_SVC_NAME_LEN,
+    })
 }
 
 impl BalancerSpec {

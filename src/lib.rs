@@ -6,16 +6,20 @@
 
 pub mod admission;
 pub mod api;
+pub mod bounded;
 pub mod check;
 pub mod children;
 pub mod cli;
 pub mod controller;
 pub mod defaulting;
+pub mod echo;
+pub mod listener;
 pub mod metrics_auth;
 pub mod nginx;
 pub mod render;
 pub mod run;
 pub mod server;
+pub mod stored;
 pub mod telemetry;
 pub mod tls;
 pub mod validation;

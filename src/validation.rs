@@ -11,6 +11,7 @@ use std::fmt;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use crate::api::{self, BalancerSpec, MAX_BACKENDS, MAX_PORTS, MAX_SELECTOR_LABELS, MAX_WEIGHT, PROTOCOLS};
+use crate::echo::{MAX_QUOTED_BYTES, cut, quoted};
 
 /// Longest DNS-1123 / DNS-1035 label, and so longest Service name.
 pub const MAX_LABEL_LEN: usize = 63;
@@ -119,7 +120,8 @@ fn validate_name(name: ObjectName<'_>, report: &mut Report) {
             field,
             format!(
                 "must be a DNS-1035 label because it names the front-end Service \
-                 (lowercase letters, digits and '-', starting with a letter and ending with a letter or digit), got {shown:?}"
+                 (lowercase letters, digits and '-', starting with a letter and ending with a letter or digit), got {}",
+                quoted(shown)
             ),
         );
     }
@@ -153,7 +155,7 @@ fn validate_ports(spec: &BalancerSpec, report: &mut Report) {
         }
         let protocol = port.effective_protocol();
         if !PROTOCOLS.contains(&protocol) {
-            report.error(format!("{at}.protocol"), format!("must be TCP or UDP, got {protocol:?}"));
+            report.error(format!("{at}.protocol"), format!("must be TCP or UDP, got {}", quoted(protocol)));
         }
         match port.name.as_deref().filter(|n| !n.is_empty()) {
             None if ports.len() > 1 => {
@@ -167,7 +169,7 @@ fn validate_ports(spec: &BalancerSpec, report: &mut Report) {
                 if let Some(first) = first_seen(&mut names, name, i) {
                     report.error(
                         format!("{at}.name"),
-                        format!("duplicate port name {name:?} (also spec.ports[{first}].name)"),
+                        format!("duplicate port name {} (also spec.ports[{first}].name)", quoted(name)),
                     );
                 }
             }
@@ -189,7 +191,8 @@ fn validate_target_port(at: &str, target: Option<&IntOrString>, report: &mut Rep
                 format!("{at}.targetPort"),
                 format!(
                     "must be a port number or an IANA service name (at most {MAX_IANA_SVC_NAME_LEN} \
-                     lowercase letters, digits and '-', with at least one letter), got {s:?}"
+                     lowercase letters, digits and '-', with at least one letter), got {}",
+                    quoted(s)
                 ),
             );
         }
@@ -219,17 +222,19 @@ fn validate_backends(name: ObjectName<'_>, spec: &BalancerSpec, report: &mut Rep
         if let Some(first) = first_seen(&mut names, backend.name.as_str(), i) {
             report.error(
                 format!("{at}.name"),
-                format!("duplicate backend name {:?} (also spec.backends[{first}].name)", backend.name),
+                format!("duplicate backend name {} (also spec.backends[{first}].name)", quoted(&backend.name)),
             );
         }
         if let Some(len) = name.len() {
             let service_len = len + 1 + backend.name.len() + api::BACKEND_SERVICE_SUFFIX.len();
             if service_len > MAX_LABEL_LEN {
-                let service = api::backend_service_name(&name.display(), &backend.name);
+                // Only its start is shown: the name can be as long as a client makes it.
+                let service = api::backend_service_name(&cut(&name.display(), MAX_QUOTED_BYTES), &backend.name);
                 report.error(
                     format!("{at}.name"),
                     format!(
-                        "the derived Service name {service:?} must be at most {MAX_LABEL_LEN} characters, got {service_len}"
+                        "the derived Service name {} must be at most {MAX_LABEL_LEN} characters, got {service_len}",
+                        quoted(&service)
                     ),
                 );
             }
@@ -238,9 +243,10 @@ fn validate_backends(name: ObjectName<'_>, spec: &BalancerSpec, report: &mut Rep
         if !(0..=MAX_WEIGHT).contains(&weight) {
             report.error(format!("{at}.weight"), format!("must be between 0 and {MAX_WEIGHT}, got {weight}"));
         } else if weight == 0 {
-            report
-                .warnings
-                .push(format!("{at}.weight: weight 0 drains backend {:?}: it receives no traffic", backend.name));
+            report.warnings.push(format!(
+                "{at}.weight: weight 0 drains backend {}: it receives no traffic",
+                quoted(&backend.name)
+            ));
         }
         validate_selector(&format!("{at}.selector"), backend.selector.as_ref(), report);
         if !selectors_bounded {
@@ -289,10 +295,13 @@ fn validate_selector(at: &str, selector: Option<&BTreeMap<String, String>>, repo
     }
     for (key, value) in selector.into_iter().flatten() {
         if let Err(problem) = check_label_key(key) {
-            report.error(at, format!("invalid label key {key:?}: {problem}"));
+            report.error(at, format!("invalid label key {}: {problem}", quoted(key)));
         }
         if let Err(problem) = check_label_value(value) {
-            report.error(format!("{at}[{key}]"), format!("invalid label value {value:?}: {problem}"));
+            report.error(
+                format!("{at}[{}]", cut(key, MAX_QUOTED_BYTES)),
+                format!("invalid label value {}: {problem}", quoted(value)),
+            );
         }
     }
 }
@@ -300,7 +309,8 @@ fn validate_selector(at: &str, selector: Option<&BTreeMap<String, String>>, repo
 fn dns1123_label_problem(name: &str) -> String {
     format!(
         "must be a DNS-1123 label (at most {MAX_LABEL_LEN} lowercase letters, digits and '-', \
-         starting and ending with a letter or digit), got {name:?}"
+         starting and ending with a letter or digit), got {}",
+        quoted(name)
     )
 }
 

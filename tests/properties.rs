@@ -9,7 +9,7 @@
 
 use std::collections::BTreeMap;
 
-use balancer::admission::{self, Answer, BadRequest, Outcome, Webhook};
+use balancer::admission::{self, Answer, BadRequest, MAX_ANSWER_BYTES, MAX_UID_BYTES, MAX_WARNINGS, Outcome, Webhook};
 use balancer::api::{BackendSpec, Balancer, BalancerPort, BalancerSpec};
 use balancer::defaulting::{defaults_patch, with_defaults};
 use balancer::validation::{self, ObjectName, Report};
@@ -78,6 +78,12 @@ fn arb_spec() -> impl Strategy<Value = BalancerSpec> {
         selector,
         backends,
     })
+}
+
+/// Specs within the list bounds: longer lists are refused while being read, so only
+/// these survive a trip through JSON.
+fn readable_spec() -> impl Strategy<Value = BalancerSpec> {
+    arb_spec().prop_filter("lists within their bounds", |spec| spec.ports.len() <= 32 && spec.backends.len() <= 64)
 }
 
 // ---------------------------------------------------------------------------
@@ -325,6 +331,7 @@ fn review(webhook: Webhook, body: &Value) -> Result<Answer, BadRequest> {
 /// agrees with the response it carries. Returns the wire form.
 fn check_answer(answer: &Answer) -> Result<Value, TestCaseError> {
     let bytes = answer.to_json().map_err(|e| TestCaseError::fail(format!("the answer does not encode: {e}")))?;
+    prop_assert!(bytes.len() <= MAX_ANSWER_BYTES, "a {}-byte answer", bytes.len());
     let wire: Value = serde_json::from_slice(&bytes).expect("to_json produces JSON");
     let response =
         answer.review.response.as_ref().ok_or_else(|| TestCaseError::fail("an answer without a response"))?;
@@ -419,7 +426,7 @@ proptest! {
     #![proptest_config(ProptestConfig::with_cases(CASES))]
 
     #[test]
-    fn defaults_patch_applies_matches_with_defaults_and_is_idempotent(spec in arb_spec()) {
+    fn defaults_patch_applies_matches_with_defaults_and_is_idempotent(spec in readable_spec()) {
         let original = object("p", &spec);
         prop_assert_eq!(&spec_of(&original), &spec, "the spec survives a JSON round trip");
 
@@ -438,7 +445,7 @@ proptest! {
     }
 
     #[test]
-    fn the_mutating_webhook_is_idempotent(spec in arb_spec()) {
+    fn the_mutating_webhook_is_idempotent(spec in readable_spec()) {
         let original = object("p", &spec);
         let first = review(Webhook::Mutate, &envelope("uid-1", "CREATE", original.clone()))
             .map_err(|e| TestCaseError::fail(format!("refused as a bad request: {e}")))?;
@@ -576,8 +583,13 @@ proptest! {
                     let report = validation::validate(ObjectName::Name(&name), &parsed);
                     let expected = if report.is_valid() { Outcome::Allowed } else { Outcome::Denied };
                     prop_assert_eq!(answer.outcome, expected);
-                    let warnings = answer.review.response.as_ref().unwrap().warnings.clone();
-                    prop_assert_eq!(warnings.unwrap_or_default(), report.warnings);
+                    let warnings = answer.review.response.as_ref().unwrap().warnings.clone().unwrap_or_default();
+                    let listed = report.warnings.len().min(MAX_WARNINGS);
+                    prop_assert_eq!(&warnings[..listed], &report.warnings[..listed]);
+                    if report.warnings.len() > MAX_WARNINGS {
+                        let more = format!("and {} more warnings", report.warnings.len() - MAX_WARNINGS);
+                        prop_assert_eq!(warnings.last(), Some(&more));
+                    }
                 }
                 Webhook::Mutate => {
                     let patch = defaults_patch(&parsed);
@@ -604,6 +616,58 @@ proptest! {
             let uid = body.pointer("/request/uid").and_then(Value::as_str);
             prop_assert!(uid.is_some_and(|u| !u.is_empty()), "answered without a usable uid: {}", body);
             prop_assert_eq!(wire.pointer("/response/uid").and_then(Value::as_str), uid);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Answers are bounded, whatever the input
+// ---------------------------------------------------------------------------
+
+/// Text of hostile length and content: long runs of one character (control, DEL, quote,
+/// backslash, multi-byte) or long arbitrary strings.
+fn hostile_text() -> BoxedStrategy<String> {
+    let repeated = (select(vec!['\u{7f}', '\u{1}', '"', '\\', 'é', '🦀', 'a', '-']), 0usize..20_000)
+        .prop_map(|(c, n)| std::iter::repeat_n(c, n).collect::<String>());
+    prop_oneof![repeated, vec(any::<char>(), 0..2_000).prop_map(String::from_iter), arb_text()].boxed()
+}
+
+fn hostile_object() -> impl Strategy<Value = Value> {
+    let backend = (hostile_text(), arb_number(), btree_map(hostile_text(), hostile_text(), 0..3))
+        .prop_map(|(name, weight, selector)| json!({"name": name, "weight": weight, "selector": selector}));
+    let port = (hostile_text(), hostile_text(), arb_number())
+        .prop_map(|(name, target, port)| json!({"name": name, "port": port, "targetPort": target, "protocol": "TCP"}));
+    (hostile_text(), vec(port, 0..34), vec(backend, 0..66), btree_map(hostile_text(), hostile_text(), 0..34)).prop_map(
+        |(name, ports, backends, selector)| {
+            json!({
+                "apiVersion": "exposer.hliangzhao.io/v1alpha1",
+                "kind": "Balancer",
+                "metadata": {"name": name},
+                "spec": {"ports": ports, "backends": backends, "selector": selector},
+            })
+        },
+    )
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    /// Names, labels and values of any length and content, in any number up to past every
+    /// list bound, under both webhooks: the answer never exceeds MAX_ANSWER_BYTES, and a
+    /// body refused as a bad request gets a short reason.
+    #[test]
+    fn no_answer_exceeds_the_size_bound(
+        webhook in any_webhook(),
+        operation in any_operation(),
+        uid in prop_oneof![Just("u".repeat(MAX_UID_BYTES)), "[ -~]{1,36}", hostile_text()],
+        object in hostile_object(),
+    ) {
+        let body = envelope(&uid, operation, object);
+        match review(webhook, &body) {
+            Ok(answer) => {
+                check_answer(&answer)?;
+            }
+            Err(bad) => prop_assert!(bad.to_string().len() <= 2 * 1024, "a {}-byte reason", bad.to_string().len()),
         }
     }
 }

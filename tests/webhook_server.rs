@@ -426,25 +426,29 @@ async fn shutdown_lets_in_flight_requests_finish_and_stops_accepting() {
     server.stop().await;
 }
 
-/// Oversized lists and selectors are refused with one error each, not one per item,
-/// so a single review cannot make the server build an unbounded answer.
+/// Oversized lists and selectors are refused while they are read, with their exact size,
+/// so a single review can make the server neither keep nor answer an unbounded list.
 #[tokio::test]
-async fn oversized_specs_get_one_error_per_list() {
+async fn oversized_lists_are_refused_while_read() {
     let server = TestServer::start().await;
-    let mut object = sample_balancer();
+    let mut many_labels = sample_balancer();
     let labels: serde_json::Map<String, Value> = (0..40).map(|i| (format!("k{i}"), json!("v"))).collect();
-    object["spec"]["selector"] = Value::Object(labels);
+    many_labels["spec"]["selector"] = Value::Object(labels);
+    let mut many_backends = sample_balancer();
     let backend = json!({"name": "x", "weight": 500, "selector": {"a": "b"}});
-    object["spec"]["backends"] = Value::Array(vec![backend; 1000]);
-    let (status, body) = post_json(&server, "/validate", &review("CREATE", object.clone())).await;
-    assert_eq!(status, 200);
-    assert_eq!(
-        body["response"]["status"]["message"],
-        "Balancer \"example-balancer\" is invalid: [spec.selector: must have at most 32 labels, got 40, \
-         spec.backends: must have at most 64 backends, got 1000]"
-    );
-    let (_, body) = post_json(&server, "/mutate", &review("CREATE", object)).await;
-    assert!(body["response"].get("patch").is_none(), "no patch for a spec validation refuses: {body}");
+    many_backends["spec"]["backends"] = Value::Array(vec![backend; 1000]);
+    for (object, problem) in [
+        (many_labels, "spec.selector: must have at most 32 labels, got 40"),
+        (many_backends, "spec.backends: must have at most 64 backends, got 1000"),
+    ] {
+        let (status, body) = post_json(&server, "/validate", &review("CREATE", object.clone())).await;
+        assert_eq!(status, 200);
+        let message = format!("Balancer \"example-balancer\" is invalid: {problem}");
+        assert_eq!(body["response"]["status"]["message"], message.as_str());
+        let (_, body) = post_json(&server, "/mutate", &review("CREATE", object)).await;
+        assert_eq!(body["response"]["allowed"], false, "{body}");
+        assert!(body["response"].get("patch").is_none(), "no patch for a spec that cannot be read: {body}");
+    }
     server.stop().await;
 }
 

@@ -1,0 +1,148 @@
+//! Reading lists and maps that a client controls without letting their length cost memory.
+//!
+//! A Balancer's lists and selectors have small limits (see [`crate::api`]); a review or a
+//! stored object can still carry hundreds of thousands of entries. These readers keep at
+//! most the limit, count the rest without building anything (`IgnoredAny`), and then
+//! fail with the exact count, so the error names the field and what it held.
+//! They also refuse an array where the API has an object: serde's derived structs would
+//! otherwise read a struct from an array of its fields.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::marker::PhantomData;
+
+use serde::de::{self, Deserialize, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+
+/// Reads `T` only from a JSON object.
+pub struct ObjectOnly<T>(pub T);
+
+impl<'de, T: Deserialize<'de>> Deserialize<'de> for ObjectOnly<T> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct ObjectVisitor<T>(PhantomData<T>);
+        impl<'de, T: Deserialize<'de>> Visitor<'de> for ObjectVisitor<T> {
+            type Value = T;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("an object")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<T, A::Error> {
+                T::deserialize(de::value::MapAccessDeserializer::new(map))
+            }
+        }
+        deserializer.deserialize_map(ObjectVisitor(PhantomData)).map(ObjectOnly)
+    }
+}
+
+/// A list of objects with at most `max` items, named `what` in the error ("ports").
+pub fn list<'de, D, T>(deserializer: D, max: usize, what: &'static str) -> Result<Vec<T>, D::Error>
+where
+    D: Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    struct ListVisitor<T> {
+        max: usize,
+        what: &'static str,
+        item: PhantomData<T>,
+    }
+    impl<'de, T: Deserialize<'de>> Visitor<'de> for ListVisitor<T> {
+        type Value = Vec<T>;
+        fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+            write!(f, "a list of at most {} {}", self.max, self.what)
+        }
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<T>, A::Error> {
+            let mut items = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(self.max));
+            while items.len() < self.max {
+                match seq.next_element::<ObjectOnly<T>>()? {
+                    Some(ObjectOnly(item)) => items.push(item),
+                    None => return Ok(items),
+                }
+            }
+            let extra = count_rest(&mut seq)?;
+            if extra == 0 {
+                return Ok(items);
+            }
+            Err(too_many(self.max, self.max + extra, self.what))
+        }
+    }
+    deserializer.deserialize_seq(ListVisitor { max, what, item: PhantomData })
+}
+
+/// A string-to-string map with at most `max` entries, named `what` in the error ("labels").
+pub fn string_map<'de, D>(deserializer: D, max: usize, what: &'static str) -> Result<BTreeMap<String, String>, D::Error>
+where
+    D: Deserializer<'de>,
+{
+    struct MapVisitor {
+        max: usize,
+        what: &'static str,
+    }
+    impl<'de> Visitor<'de> for MapVisitor {
+        type Value = BTreeMap<String, String>;
+        fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+            write!(f, "a map of at most {} {}", self.max, self.what)
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+            let mut entries = BTreeMap::new();
+            let mut seen = 0usize;
+            while let Some(key) = map.next_key::<String>()? {
+                let value = map.next_value::<String>()?;
+                seen += 1;
+                entries.insert(key, value);
+                if seen == self.max {
+                    break;
+                }
+            }
+            let mut extra = 0usize;
+            while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {
+                extra += 1;
+            }
+            if extra == 0 {
+                return Ok(entries);
+            }
+            Err(too_many(self.max, seen + extra, self.what))
+        }
+    }
+    deserializer.deserialize_map(MapVisitor { max, what })
+}
+
+/// An optional [`string_map`]: `null` and a missing field are `None`.
+pub fn optional_string_map<'de, D>(
+    deserializer: D,
+    max: usize,
+    what: &'static str,
+) -> Result<Option<BTreeMap<String, String>>, D::Error>
+where
+    D: Deserializer<'de>,
+{
+    struct OptionVisitor {
+        max: usize,
+        what: &'static str,
+    }
+    impl<'de> Visitor<'de> for OptionVisitor {
+        type Value = Option<BTreeMap<String, String>>;
+        fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+            write!(f, "a map of at most {} {}", self.max, self.what)
+        }
+        fn visit_none<E: de::Error>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_some<D: Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
+            string_map(deserializer, self.max, self.what).map(Some)
+        }
+    }
+    deserializer.deserialize_option(OptionVisitor { max, what })
+}
+
+fn count_rest<'de, A: SeqAccess<'de>>(seq: &mut A) -> Result<usize, A::Error> {
+    let mut extra = 0usize;
+    while seq.next_element::<IgnoredAny>()?.is_some() {
+        extra += 1;
+    }
+    Ok(extra)
+}
+
+fn too_many<E: de::Error>(max: usize, got: usize, what: &str) -> E {
+    E::custom(format_args!("must have at most {max} {what}, got {got}"))
+}
