@@ -11,11 +11,13 @@ use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::{Api, Client};
 use kube_lease_manager::LeaseManagerBuilder;
 use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
 
 use tokio_util::sync::CancellationToken;
 
 use crate::cli::{ControllerArgs, RunArgs};
 use crate::controller::{self, Scope};
+use crate::listener;
 use crate::metrics_auth::MetricsAuth;
 use crate::server::{self, AppState, Limits, Readiness};
 use crate::telemetry::Metrics;
@@ -80,14 +82,17 @@ pub async fn start(
         readiness.controller = Some(synced.clone());
         tokio::spawn(supervise(client, args.controller.clone(), metrics.clone(), synced, shutdown.clone()))
     });
+    // A single body may always be read, however the budget is set.
+    let budget = limits.max_body_bytes_in_flight.max(limits.max_body_bytes);
+    let body_budget = Arc::new(Semaphore::new(budget.min(Semaphore::MAX_PERMITS)));
     let limits = Arc::new(limits);
-    let state = AppState { metrics, readiness: readiness.clone(), limits: limits.clone(), metrics_auth };
+    let state = AppState { metrics, readiness: readiness.clone(), limits: limits.clone(), body_budget, metrics_auth };
 
-    let webhook_listener = server::bind(args.webhook_addr, "the webhook").await?;
-    let probe_listener = server::bind(args.probe_addr, "probes").await?;
+    let webhook_listener = listener::bind(args.webhook_addr, "the webhook").await?;
+    let probe_listener = listener::bind(args.probe_addr, "probes").await?;
     let metrics_listener = match args.insecure_metrics {
         true => None,
-        false => Some(server::bind(args.metrics_addr, "protected metrics").await?),
+        false => Some(listener::bind(args.metrics_addr, "protected metrics").await?),
     };
     let bound = Bound {
         webhook: webhook_listener.local_addr()?,
@@ -99,39 +104,61 @@ pub async fn start(
     tracing::info!(webhook = %bound.webhook, probe = %bound.probe, metrics = %metrics_at, "serving");
 
     let reload = tokio::spawn(watcher.run(args.tls_reload_interval, shutdown.clone()));
-    let webhook = tokio::spawn(server::serve(
+    let webhook = tokio::spawn(listener::serve(
         webhook_listener,
         Some(tls_config.clone()),
         server::webhook_router(state.clone()),
-        limits.clone(),
+        limits.connections.clone(),
         shutdown.clone(),
     ));
-    let protected = metrics_listener.map(|listener| {
+    let protected = metrics_listener.map(|metrics_listener| {
         let router = server::protected_metrics_router(state.clone());
-        tokio::spawn(server::serve(listener, Some(tls_config.clone()), router, limits.clone(), shutdown.clone()))
+        let connections = limits.connections.clone();
+        tokio::spawn(listener::serve(metrics_listener, Some(tls_config.clone()), router, connections, shutdown.clone()))
     });
     let probe_router = server::probe_router(state, args.insecure_metrics);
-    let probe = tokio::spawn(server::serve(probe_listener, None, probe_router, limits, shutdown.clone()));
+    let probe_connections = limits.probe_connections.clone();
+    let probe = tokio::spawn(listener::serve(probe_listener, None, probe_router, probe_connections, shutdown.clone()));
     let all = tokio::spawn(async move {
-        let _ = webhook.await;
-        let _ = probe.await;
-        if let Some(protected) = protected {
-            let _ = protected.await;
-        }
-        let _ = reload.await;
-        if let Some(controller) = controller {
-            let _ = controller.await;
-        }
+        let servers = async {
+            let _ = webhook.await;
+            let _ = probe.await;
+            if let Some(protected) = protected {
+                let _ = protected.await;
+            }
+            let _ = reload.await;
+        };
+        tokio::join!(servers, drain_controller(controller, shutdown));
     });
     Ok((bound, readiness, all))
+}
+
+/// Once shutdown starts, the controller gets this long to finish its reconciles (and release
+/// its Lease) before it is stopped where it stands: nothing it waits on may keep the process alive.
+pub const CONTROLLER_DRAIN: Duration = Duration::from_secs(10);
+
+/// Waits for the controller to stop after `shutdown`, aborting it past [`CONTROLLER_DRAIN`].
+async fn drain_controller(controller: Option<tokio::task::JoinHandle<()>>, shutdown: CancellationToken) {
+    let Some(mut controller) = controller else { return };
+    tokio::select! {
+        _ = &mut controller => return,
+        _ = shutdown.cancelled() => {}
+    }
+    if tokio::time::timeout(CONTROLLER_DRAIN, &mut controller).await.is_err() {
+        tracing::warn!(drain = ?CONTROLLER_DRAIN, "the controller did not stop in time; stopping it now");
+        controller.abort();
+    }
 }
 
 /// Runs until SIGTERM or SIGINT, then shuts down gracefully.
 pub async fn run(args: RunArgs) -> Result<(), RunError> {
     let shutdown = CancellationToken::new();
     let limits = Limits { max_body_bytes: args.max_body_bytes, ..Limits::default() };
+    // Listen for signals before anything starts: a SIGTERM during start-up must not kill
+    // the process uncleanly.
+    let signals = Signals::listen()?;
     let (_, readiness, servers) = start(&args, limits, shutdown.clone()).await?;
-    wait_for_signal().await?;
+    signals.wait().await;
     readiness.shutting_down.store(true, Ordering::Release);
     tracing::info!(delay = ?args.shutdown_delay, "shutting down: reporting not-ready, then draining");
     tokio::time::sleep(args.shutdown_delay).await;
@@ -375,10 +402,22 @@ fn identity() -> String {
     format!("{host}_{}", std::process::id())
 }
 
-async fn wait_for_signal() -> std::io::Result<()> {
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-    tokio::select! {
-        r = tokio::signal::ctrl_c() => r,
-        _ = term.recv() => Ok(()),
+/// SIGTERM and SIGINT, listened for from the moment this is created.
+struct Signals {
+    term: tokio::signal::unix::Signal,
+    interrupt: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn listen() -> std::io::Result<Signals> {
+        use tokio::signal::unix::{SignalKind, signal};
+        Ok(Signals { term: signal(SignalKind::terminate())?, interrupt: signal(SignalKind::interrupt())? })
+    }
+
+    async fn wait(mut self) {
+        tokio::select! {
+            _ = self.term.recv() => {}
+            _ = self.interrupt.recv() => {}
+        }
     }
 }

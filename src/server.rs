@@ -1,69 +1,61 @@
-//! The HTTPS webhook server and the plain-HTTP probe server.
+//! The routes and handlers of the HTTPS webhook server, the protected metrics server
+//! and the plain-HTTP probe server (connections are handled by [`crate::listener`]).
 //!
-//! The webhook listener runs its own accept loop over tokio-rustls so it can
-//! bound everything a client controls: handshake time, header time (which also
-//! closes idle keep-alive connections), body size and body time, and the
-//! number of open connections.
+//! Review bodies are read within a size limit, a time limit shorter than the API
+//! server's webhook timeout, and a budget of bytes shared by every review being read
+//! or answered at once, so concurrent large reviews cannot exhaust memory.
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use axum::Router;
-use axum::body::Bytes;
+use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use hyper_util::rt::{TokioIo, TokioTimer};
-use hyper_util::server::graceful::GracefulShutdown;
-use hyper_util::service::TowerToHyperService;
-use rustls::ServerConfig;
+use http_body_util::BodyExt;
 use serde_json::json;
-use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
-use tokio_io_timeout::TimeoutStream;
-use tokio_rustls::TlsAcceptor;
-use tokio_util::sync::CancellationToken;
-use tower::limit::GlobalConcurrencyLimitLayer;
 
 use crate::admission::{self, BadRequest, Outcome, Webhook};
+use crate::listener::ConnectionLimits;
 use crate::metrics_auth::{MetricsAuth, ReviewError, Verdict};
 use crate::telemetry::Metrics;
 
 /// Limits on what a client may cost the webhook server.
 #[derive(Debug, Clone)]
 pub struct Limits {
+    /// Per-connection bounds of the webhook and metrics listeners.
+    pub connections: ConnectionLimits,
+    /// Per-connection bounds of the probe listener, kept apart so the kubelet always gets in.
+    pub probe_connections: ConnectionLimits,
     /// Largest request body accepted (413 above it).
     pub max_body_bytes: usize,
-    /// Time allowed to complete the TLS handshake.
-    pub handshake_timeout: Duration,
-    /// Time allowed to send complete request headers; also how long an idle keep-alive connection lives.
-    pub header_timeout: Duration,
-    /// Time allowed to send the request body.
+    /// Bytes of review bodies held at once, by all reviews together.
+    pub max_body_bytes_in_flight: usize,
+    /// How long a review may wait for room in that budget before it gets 503.
+    pub budget_wait: Duration,
+    /// Time allowed to send the request body (408 past it); shorter than the API server's timeout.
     pub body_timeout: Duration,
-    /// Connections served at once; further clients wait in the listen backlog.
-    pub max_connections: usize,
-    /// Time allowed for each write of a response; a client that stops reading is dropped.
-    pub write_timeout: Duration,
-    /// Admission reviews read and answered at once; more wait their turn before their body is read.
-    pub max_concurrent_reviews: usize,
-    /// Time in-flight requests get to finish on shutdown.
-    pub shutdown_grace: Duration,
 }
 
 impl Default for Limits {
     fn default() -> Self {
         Limits {
+            connections: ConnectionLimits::default(),
+            probe_connections: ConnectionLimits {
+                max_connections: 128,
+                header_timeout: Duration::from_secs(5),
+                first_byte_timeout: Duration::from_secs(2),
+                max_header_bytes: 8 * 1024,
+                ..ConnectionLimits::default()
+            },
             max_body_bytes: 1024 * 1024,
-            handshake_timeout: Duration::from_secs(10),
-            header_timeout: Duration::from_secs(30),
-            body_timeout: Duration::from_secs(10),
-            max_connections: 1024,
-            write_timeout: Duration::from_secs(10),
-            max_concurrent_reviews: 32,
-            shutdown_grace: Duration::from_secs(20),
+            max_body_bytes_in_flight: 16 * 1024 * 1024,
+            budget_wait: Duration::from_secs(1),
+            body_timeout: Duration::from_secs(3),
         }
     }
 }
@@ -74,6 +66,8 @@ pub struct AppState {
     pub metrics: Arc<Metrics>,
     pub readiness: Readiness,
     pub limits: Arc<Limits>,
+    /// Bytes of review bodies that may be held at once (see [`Limits::max_body_bytes_in_flight`]).
+    pub body_budget: Arc<Semaphore>,
     /// Reviews scrape tokens on the protected metrics port; `None` without a cluster.
     pub metrics_auth: Option<Arc<MetricsAuth>>,
 }
@@ -109,19 +103,15 @@ impl Readiness {
 
 /// Routes of the TLS webhook port.
 pub fn webhook_router(state: AppState) -> Router {
-    // Bounds the memory and CPU that reviews can take at once, whatever the number of connections.
-    let reviews = GlobalConcurrencyLimitLayer::new(state.limits.max_concurrent_reviews);
     Router::new()
         .route("/validate", post(validate))
         .route("/mutate", post(mutate))
-        .route_layer(reviews)
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .fallback(not_found)
         .with_state(state)
 }
 
-/// Routes of the plain-HTTP probe port.
 /// Routes of the plain-HTTP probe port; `/metrics` too when it is not protected.
 pub fn probe_router(state: AppState, with_metrics: bool) -> Router {
     let router = Router::new().route("/healthz", get(healthz)).route("/readyz", get(readyz));
@@ -178,7 +168,8 @@ async fn admit(state: &AppState, webhook: Webhook, request: Request) -> Response
     let started = Instant::now();
     let (outcome, response) = match read_review_body(state, request).await {
         Err(rejection) => (Outcome::BadRequest, rejection),
-        Ok(body) => match admission::review(webhook, &body) {
+        // The budget stays held until the answer is built: parsing borrows from the body.
+        Ok((body, _budget)) => match admission::review(webhook, &body) {
             Err(bad) => (Outcome::BadRequest, bad_request(&bad)),
             Ok(answer) => match answer.to_json() {
                 Ok(body) => (answer.outcome, json_bytes(StatusCode::OK, body)),
@@ -196,35 +187,79 @@ async fn admit(state: &AppState, webhook: Webhook, request: Request) -> Response
     response
 }
 
-/// Checks the content type and reads the body within the size and time limits.
-async fn read_review_body(state: &AppState, request: Request) -> Result<Bytes, Response> {
+/// Checks the content type and reads the body within the size, time and memory limits.
+async fn read_review_body(state: &AppState, request: Request) -> Result<(Vec<u8>, BodyBudget), Response> {
     let (parts, body) = request.into_parts();
     if !is_json(&parts.headers) {
         return Err(error(StatusCode::UNSUPPORTED_MEDIA_TYPE, "Content-Type must be application/json"));
     }
-    let limit = state.limits.max_body_bytes;
-    let too_large = || error(StatusCode::PAYLOAD_TOO_LARGE, &format!("the body exceeds the limit of {limit} bytes"));
+    let limits = &state.limits;
     let declared = parts.headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
-    if declared.is_some_and(|len| len > limit as u64) {
-        return Err(too_large());
+    if declared.is_some_and(|len| len > limits.max_body_bytes as u64) {
+        return Err(too_large(limits.max_body_bytes));
     }
-    match tokio::time::timeout(state.limits.body_timeout, axum::body::to_bytes(body, limit)).await {
+    let budget = BodyBudget { pool: state.body_budget.clone(), held: None, wait: limits.budget_wait };
+    match tokio::time::timeout(limits.body_timeout, read_within(body, limits.max_body_bytes, budget)).await {
         Err(_) => Err(error(StatusCode::REQUEST_TIMEOUT, "the body was not received in time")),
-        Ok(Err(e)) if is_length_limit(&e) => Err(too_large()),
-        Ok(Err(e)) => Err(error(StatusCode::BAD_REQUEST, &format!("cannot read the body: {e}"))),
-        Ok(Ok(bytes)) => Ok(bytes),
+        Ok(Err(BodyError::TooLarge)) => Err(too_large(limits.max_body_bytes)),
+        Ok(Err(BodyError::Busy)) => Err(error(StatusCode::SERVICE_UNAVAILABLE, "too many reviews being read; retry")),
+        Ok(Err(BodyError::Read(e))) => Err(error(StatusCode::BAD_REQUEST, &format!("cannot read the body: {e}"))),
+        Ok(Ok(read)) => Ok(read),
     }
 }
 
-fn is_length_limit(e: &axum::Error) -> bool {
-    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
-    while let Some(err) = source {
-        if err.is::<http_body_util::LengthLimitError>() {
-            return true;
+enum BodyError {
+    TooLarge,
+    Busy,
+    Read(axum::Error),
+}
+
+/// Bytes of the shared body budget held by one review, returned when dropped.
+struct BodyBudget {
+    pool: Arc<Semaphore>,
+    held: Option<OwnedSemaphorePermit>,
+    wait: Duration,
+}
+
+impl BodyBudget {
+    /// Takes `bytes` more from the budget, waiting at most `wait` for them.
+    async fn grow(&mut self, bytes: usize) -> Result<(), BodyError> {
+        let Ok(bytes) = u32::try_from(bytes) else { return Err(BodyError::TooLarge) };
+        let acquire = self.pool.clone().acquire_many_owned(bytes);
+        let permit = match tokio::time::timeout(self.wait, acquire).await {
+            Ok(Ok(permit)) => permit,
+            _ => return Err(BodyError::Busy),
+        };
+        match &mut self.held {
+            Some(held) => held.merge(permit),
+            None => self.held = Some(permit),
         }
-        source = err.source();
+        Ok(())
     }
-    false
+}
+
+/// Reads `body` into a buffer at most `limit` bytes long, whose capacity is paid for from `budget`
+/// before it is allocated, so that what a client declares costs nothing until it is sent.
+async fn read_within(mut body: Body, limit: usize, mut budget: BodyBudget) -> Result<(Vec<u8>, BodyBudget), BodyError> {
+    let mut buffer: Vec<u8> = Vec::new();
+    while let Some(frame) = body.frame().await {
+        let Ok(data) = frame.map_err(BodyError::Read)?.into_data() else { continue };
+        let needed = buffer.len() + data.len();
+        if needed > limit {
+            return Err(BodyError::TooLarge);
+        }
+        if needed > buffer.capacity() {
+            let capacity = needed.max(buffer.capacity().saturating_mul(2)).max(16 * 1024).min(limit);
+            budget.grow(capacity - buffer.capacity()).await?;
+            buffer.reserve_exact(capacity - buffer.len());
+        }
+        buffer.extend_from_slice(&data);
+    }
+    Ok((buffer, budget))
+}
+
+fn too_large(limit: usize) -> Response {
+    error(StatusCode::PAYLOAD_TOO_LARGE, &format!("the body exceeds the limit of {limit} bytes"))
 }
 
 fn is_json(headers: &HeaderMap) -> bool {
@@ -266,83 +301,6 @@ async fn metrics(State(state): State<AppState>) -> Response {
             .into_response(),
         Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, format!("cannot encode metrics: {e}")).into_response(),
     }
-}
-
-/// Serves `router` on `listener` until `shutdown`, over TLS when `tls` is given,
-/// then lets in-flight requests finish. Both servers get the same client bounds.
-pub async fn serve(
-    listener: TcpListener,
-    tls: Option<Arc<ServerConfig>>,
-    router: Router,
-    limits: Arc<Limits>,
-    shutdown: CancellationToken,
-) {
-    let acceptor = tls.map(TlsAcceptor::from);
-    let graceful = GracefulShutdown::new();
-    let slots = Arc::new(Semaphore::new(limits.max_connections));
-    loop {
-        let accepted = tokio::select! {
-            _ = shutdown.cancelled() => break,
-            accepted = accept(&listener, &slots) => accepted,
-        };
-        let Some((tcp, peer, permit)) = accepted else { continue };
-        let acceptor = acceptor.clone();
-        let router = router.clone();
-        let limits = limits.clone();
-        let watcher = graceful.watcher();
-        tokio::spawn(async move {
-            let _permit = permit;
-            // A client that stops reading its response must not hold the connection forever.
-            let mut io = TimeoutStream::new(tcp);
-            io.set_write_timeout(Some(limits.write_timeout));
-            let io = Box::pin(io);
-            let service = TowerToHyperService::new(router);
-            let mut builder = hyper::server::conn::http1::Builder::new();
-            builder.timer(TokioTimer::new()).header_read_timeout(limits.header_timeout).keep_alive(true);
-            let result = match acceptor {
-                None => watcher.watch(builder.serve_connection(TokioIo::new(io), service)).await,
-                Some(acceptor) => match tokio::time::timeout(limits.handshake_timeout, acceptor.accept(io)).await {
-                    Ok(Ok(stream)) => watcher.watch(builder.serve_connection(TokioIo::new(stream), service)).await,
-                    Ok(Err(e)) => return tracing::debug!(%peer, error = %e, "TLS handshake failed"),
-                    Err(_) => return tracing::debug!(%peer, "TLS handshake timed out"),
-                },
-            };
-            if let Err(e) = result {
-                tracing::debug!(%peer, error = %e, "connection ended with an error");
-            }
-        });
-    }
-    drop(listener);
-    if tokio::time::timeout(limits.shutdown_grace, graceful.shutdown()).await.is_err() {
-        tracing::warn!("in-flight requests did not finish within the grace period");
-    }
-}
-
-/// Waits for a connection slot, then a connection; `None` after a failed accept.
-async fn accept(
-    listener: &TcpListener,
-    slots: &Arc<Semaphore>,
-) -> Option<(TcpStream, SocketAddr, OwnedSemaphorePermit)> {
-    let permit = slots.clone().acquire_owned().await.ok()?;
-    match listener.accept().await {
-        Ok((tcp, peer)) => {
-            let _ = tcp.set_nodelay(true);
-            Some((tcp, peer, permit))
-        }
-        Err(e) => {
-            // Usually EMFILE: back off instead of spinning.
-            tracing::warn!(error = %e, "accept failed");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-            None
-        }
-    }
-}
-
-/// Binds a TCP listener, naming the address on failure.
-pub async fn bind(addr: SocketAddr, what: &str) -> Result<TcpListener, std::io::Error> {
-    TcpListener::bind(addr)
-        .await
-        .map_err(|e| std::io::Error::new(e.kind(), format!("cannot listen for {what} on {addr}: {e}")))
 }
 
 /// A 404 in the same JSON shape as the other errors.

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use balancer::cli::{Cli, Command, RunArgs};
+use balancer::listener::ConnectionLimits;
 use balancer::run;
 use balancer::server::Limits;
 use balancer::tls;
@@ -37,12 +38,19 @@ pub struct TestServer {
 
 /// Limits with short timeouts so timeout behaviour can be observed quickly.
 pub fn test_limits() -> Limits {
-    Limits {
+    let quick = |limits: ConnectionLimits| ConnectionLimits {
         header_timeout: Duration::from_secs(1),
-        body_timeout: Duration::from_secs(1),
         handshake_timeout: Duration::from_secs(1),
+        first_byte_timeout: Duration::from_secs(1),
+        ..limits
+    };
+    let defaults = Limits::default();
+    Limits {
+        connections: quick(defaults.connections.clone()),
+        probe_connections: quick(defaults.probe_connections.clone()),
+        body_timeout: Duration::from_secs(1),
         max_body_bytes: 64 * 1024,
-        ..Limits::default()
+        ..defaults
     }
 }
 

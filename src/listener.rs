@@ -1,0 +1,281 @@
+//! Serving HTTP/1.1 (over TLS or plain) on a listener whose every cost a client controls is bounded.
+//!
+//! - A new connection must send its first byte within [`ConnectionLimits::first_byte_timeout`]
+//!   and finish the TLS handshake within [`ConnectionLimits::handshake_timeout`].
+//! - Request headers are bounded in time (which also ends idle keep-alive connections) and
+//!   in size (431 past [`ConnectionLimits::max_header_bytes`]); hyper's read buffer is bounded too.
+//! - A client that stops reading its answer is dropped after [`ConnectionLimits::write_timeout`].
+//! - At [`ConnectionLimits::max_connections`], a new client closes the connection that has been
+//!   idle longest (as nginx does), so idle sockets can never lock out the API server or the
+//!   kubelet; only when every connection is busy is the new one refused.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::server::graceful::GracefulShutdown;
+use rustls::ServerConfig;
+use tokio::net::{TcpListener, TcpStream};
+use tokio_io_timeout::TimeoutStream;
+use tokio_rustls::TlsAcceptor;
+use tokio_util::sync::CancellationToken;
+use tower::ServiceExt;
+
+/// What one listener allows each client.
+#[derive(Debug, Clone)]
+pub struct ConnectionLimits {
+    /// Connections open at once; at the limit the longest-idle one is closed for a new one.
+    pub max_connections: usize,
+    /// Time a new connection has to send its first byte.
+    pub first_byte_timeout: Duration,
+    /// Time allowed to complete the TLS handshake.
+    pub handshake_timeout: Duration,
+    /// Time allowed to send complete request headers; also how long an idle keep-alive connection lives.
+    pub header_timeout: Duration,
+    /// Largest request head (request line and headers); larger gets 431.
+    pub max_header_bytes: usize,
+    /// Time allowed for each write of a response; a client that stops reading is dropped.
+    pub write_timeout: Duration,
+    /// Time in-flight requests get to finish on shutdown.
+    pub shutdown_grace: Duration,
+}
+
+impl Default for ConnectionLimits {
+    fn default() -> Self {
+        ConnectionLimits {
+            max_connections: 1024,
+            first_byte_timeout: Duration::from_secs(5),
+            handshake_timeout: Duration::from_secs(5),
+            header_timeout: Duration::from_secs(30),
+            max_header_bytes: 16 * 1024,
+            write_timeout: Duration::from_secs(10),
+            shutdown_grace: Duration::from_secs(20),
+        }
+    }
+}
+
+/// hyper's read buffer: a request head must fit, and body chunks are read through it.
+const READ_BUFFER_BYTES: usize = 64 * 1024;
+
+/// Serves `router` on `listener` until `shutdown`, over TLS when `tls` is given,
+/// then lets in-flight requests finish within the grace period.
+pub async fn serve(
+    listener: TcpListener,
+    tls: Option<Arc<ServerConfig>>,
+    router: Router,
+    limits: ConnectionLimits,
+    shutdown: CancellationToken,
+) {
+    let acceptor = tls.map(TlsAcceptor::from);
+    let graceful = GracefulShutdown::new();
+    let open = Arc::new(OpenConnections::new(limits.max_connections));
+    let limits = Arc::new(limits);
+    loop {
+        let (tcp, peer) = tokio::select! {
+            _ = shutdown.cancelled() => break,
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => accepted,
+                Err(e) => {
+                    // Usually EMFILE: back off instead of spinning.
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+        };
+        let Some(connection) = open.admit() else {
+            tracing::debug!(%peer, "every connection is busy: refusing a new one");
+            continue;
+        };
+        let _ = tcp.set_nodelay(true);
+        let task = Connection { tcp, peer, acceptor: acceptor.clone(), router: router.clone(), limits: limits.clone() };
+        let watcher = graceful.watcher();
+        let open = open.clone();
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = connection.evicted.cancelled() => tracing::debug!(%peer, "closed an idle connection to make room"),
+                _ = task.serve(connection.clone(), watcher) => {}
+            }
+            open.remove(connection.id);
+        });
+    }
+    drop(listener);
+    if tokio::time::timeout(limits.shutdown_grace, graceful.shutdown()).await.is_err() {
+        tracing::warn!("in-flight requests did not finish within the grace period");
+    }
+}
+
+/// One accepted client and what serving it needs.
+struct Connection {
+    tcp: TcpStream,
+    peer: SocketAddr,
+    acceptor: Option<TlsAcceptor>,
+    router: Router,
+    limits: Arc<ConnectionLimits>,
+}
+
+impl Connection {
+    async fn serve(self, state: Arc<ConnectionState>, watcher: hyper_util::server::graceful::Watcher) {
+        let Connection { tcp, peer, acceptor, router, limits } = self;
+        if tokio::time::timeout(limits.first_byte_timeout, tcp.readable()).await.is_err() {
+            return tracing::debug!(%peer, "no first byte in time");
+        }
+        // A client that stops reading its response must not hold the connection forever.
+        let mut io = TimeoutStream::new(tcp);
+        io.set_write_timeout(Some(limits.write_timeout));
+        let io = Box::pin(io);
+        let service = hyper::service::service_fn(move |request: hyper::Request<Incoming>| {
+            let busy = state.busy();
+            let response = router.clone().oneshot(request);
+            async move {
+                let response = response.await;
+                drop(busy);
+                response
+            }
+        });
+        let mut builder = hyper::server::conn::http1::Builder::new();
+        builder
+            .timer(TokioTimer::new())
+            .header_read_timeout(limits.header_timeout)
+            .max_header_size(limits.max_header_bytes)
+            .max_buf_size(READ_BUFFER_BYTES.max(limits.max_header_bytes))
+            .keep_alive(true);
+        let result = match acceptor {
+            None => watcher.watch(builder.serve_connection(TokioIo::new(io), service)).await,
+            Some(acceptor) => match tokio::time::timeout(limits.handshake_timeout, acceptor.accept(io)).await {
+                Ok(Ok(stream)) => watcher.watch(builder.serve_connection(TokioIo::new(stream), service)).await,
+                Ok(Err(e)) => return tracing::debug!(%peer, error = %e, "TLS handshake failed"),
+                Err(_) => return tracing::debug!(%peer, "TLS handshake timed out"),
+            },
+        };
+        if let Err(e) = result {
+            tracing::debug!(%peer, error = %e, "connection ended with an error");
+        }
+    }
+}
+
+/// `idle_since` of a connection serving a request.
+const BUSY: u64 = u64::MAX;
+
+/// One open connection as the listener sees it.
+struct ConnectionState {
+    id: u64,
+    /// Nanoseconds after the listener's epoch since which no request is in progress, or [`BUSY`].
+    idle_since: AtomicU64,
+    epoch: Instant,
+    /// Cancelled to close the connection for a newcomer.
+    evicted: CancellationToken,
+}
+
+impl ConnectionState {
+    fn now(&self) -> u64 {
+        u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(BUSY - 1)
+    }
+
+    /// Marks a request in progress until the guard is dropped.
+    fn busy(self: &Arc<Self>) -> BusyGuard {
+        self.idle_since.store(BUSY, Ordering::Relaxed);
+        BusyGuard(self.clone())
+    }
+}
+
+struct BusyGuard(Arc<ConnectionState>);
+
+impl Drop for BusyGuard {
+    fn drop(&mut self) {
+        self.0.idle_since.store(self.0.now(), Ordering::Relaxed);
+    }
+}
+
+/// The open connections of one listener.
+struct OpenConnections {
+    max: usize,
+    epoch: Instant,
+    next_id: AtomicU64,
+    all: Mutex<HashMap<u64, Arc<ConnectionState>>>,
+}
+
+impl OpenConnections {
+    fn new(max: usize) -> Self {
+        OpenConnections { max: max.max(1), epoch: Instant::now(), next_id: AtomicU64::new(0), all: Mutex::default() }
+    }
+
+    /// Registers a new connection, closing the longest-idle one when at the limit;
+    /// `None` when every connection is busy.
+    fn admit(&self) -> Option<Arc<ConnectionState>> {
+        let mut all = self.all.lock().unwrap_or_else(|e| e.into_inner());
+        if all.len() >= self.max {
+            let oldest = all
+                .values()
+                .map(|c| (c.idle_since.load(Ordering::Relaxed), c.id))
+                .filter(|(since, _)| *since != BUSY)
+                .min()
+                .map(|(_, id)| id)?;
+            if let Some(evicted) = all.remove(&oldest) {
+                evicted.evicted.cancel();
+            }
+        }
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let state = Arc::new(ConnectionState {
+            id,
+            idle_since: AtomicU64::new(0),
+            epoch: self.epoch,
+            evicted: CancellationToken::new(),
+        });
+        state.idle_since.store(state.now(), Ordering::Relaxed);
+        all.insert(id, state.clone());
+        Some(state)
+    }
+
+    fn remove(&self, id: u64) {
+        self.all.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
+    }
+}
+
+/// Binds a TCP listener, naming the address on failure.
+pub async fn bind(addr: SocketAddr, what: &str) -> Result<TcpListener, std::io::Error> {
+    TcpListener::bind(addr)
+        .await
+        .map_err(|e| std::io::Error::new(e.kind(), format!("cannot listen for {what} on {addr}: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn at_the_limit_the_longest_idle_connection_makes_room() {
+        let open = OpenConnections::new(2);
+        let first = open.admit().expect("room");
+        std::thread::sleep(Duration::from_millis(2));
+        let second = open.admit().expect("room");
+        let third = open.admit().expect("the first, idle longest, makes room");
+        assert!(first.evicted.is_cancelled());
+        assert!(!second.evicted.is_cancelled() && !third.evicted.is_cancelled());
+    }
+
+    #[test]
+    fn busy_connections_are_never_closed_for_a_newcomer() {
+        let open = OpenConnections::new(2);
+        let first = open.admit().expect("room");
+        let second = open.admit().expect("room");
+        let _busy_first = first.busy();
+        let _busy_second = second.busy();
+        assert!(open.admit().is_none(), "every connection is busy");
+        assert!(!first.evicted.is_cancelled() && !second.evicted.is_cancelled());
+    }
+
+    #[test]
+    fn a_finished_request_makes_its_connection_idle_again() {
+        let open = OpenConnections::new(1);
+        let only = open.admit().expect("room");
+        drop(only.busy());
+        assert!(open.admit().is_some());
+        assert!(only.evicted.is_cancelled());
+    }
+}
