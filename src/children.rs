@@ -17,7 +17,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, 
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::Resource;
 
-use crate::api::{self, BackendSpec, Balancer, BalancerPort, BalancerSpec};
+use crate::api::{self, BackendSpec, BalancerPort, BalancerSpec};
 use crate::nginx::{self, CONFIG_FILE};
 
 /// Label every child carries: who manages it.
@@ -73,9 +73,9 @@ pub enum OwnerError {
 
 impl Owner {
     /// The controller owner reference of a stored Balancer (`controller` and `blockOwnerDeletion` set).
-    pub fn of(balancer: &Balancer) -> Result<Owner, OwnerError> {
-        let name = balancer.metadata.name.clone().ok_or(OwnerError::MissingName)?;
-        let namespace = balancer.metadata.namespace.clone().ok_or(OwnerError::MissingNamespace)?;
+    pub fn of<K: Resource<DynamicType = ()>>(balancer: &K) -> Result<Owner, OwnerError> {
+        let name = balancer.meta().name.clone().ok_or(OwnerError::MissingName)?;
+        let namespace = balancer.meta().namespace.clone().ok_or(OwnerError::MissingNamespace)?;
         let mut reference = balancer.controller_owner_ref(&()).ok_or(OwnerError::MissingUid)?;
         // kube sets only `controller`; blocking owner deletion lets foreground deletion of a
         // Balancer wait for its children.

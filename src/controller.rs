@@ -29,12 +29,13 @@ use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
 use crate::admission::denial_message;
-use crate::api::{Balancer, BalancerStatus};
+use crate::api::BalancerStatus;
 use crate::children::{self, BALANCER_NAME_LABEL, COMPONENT_BACKEND, COMPONENT_LABEL, MANAGED_BY, MANAGED_BY_LABEL};
 use crate::children::{Desired, Owner, OwnerError, ProxySettings};
 use crate::defaulting::with_defaults;
+use crate::stored::StoredBalancer;
 use crate::telemetry::{Metrics, ReconcileResult};
-use crate::validation::{ObjectName, validate};
+use crate::validation::{FieldError, ObjectName, validate};
 
 /// The field manager of every write, and the events' reporting controller.
 pub const FIELD_MANAGER: &str = "balancer";
@@ -135,7 +136,7 @@ impl Context {
 }
 
 /// Reconciles one Balancer, recording metrics and, on failure, the error in its status.
-pub async fn reconcile(balancer: Arc<Balancer>, ctx: Arc<Context>) -> Result<Action, Error> {
+pub async fn reconcile(balancer: Arc<StoredBalancer>, ctx: Arc<Context>) -> Result<Action, Error> {
     let _in_flight = ctx.metrics.reconcile_started();
     let started = Instant::now();
     let result = converge(&balancer, &ctx).await;
@@ -155,7 +156,7 @@ pub async fn reconcile(balancer: Arc<Balancer>, ctx: Arc<Context>) -> Result<Act
 }
 
 /// Requeues a failed Balancer with exponential backoff: 1 s, 2 s, 4 s … up to 5 minutes.
-pub fn error_policy(balancer: Arc<Balancer>, _error: &Error, ctx: Arc<Context>) -> Action {
+pub fn error_policy(balancer: Arc<StoredBalancer>, _error: &Error, ctx: Arc<Context>) -> Action {
     let mut failures = ctx.failures();
     let count = failures.entry(balancer.uid().unwrap_or_default()).or_insert(0);
     *count = count.saturating_add(1);
@@ -168,7 +169,7 @@ pub fn backoff(failures: u32) -> Duration {
     Duration::from_secs(secs).min(RESYNC)
 }
 
-async fn converge(balancer: &Balancer, ctx: &Context) -> Result<Action, Error> {
+async fn converge(balancer: &StoredBalancer, ctx: &Context) -> Result<Action, Error> {
     ctx.caches_ready().await;
     if balancer.meta().deletion_timestamp.is_some() {
         // Garbage collection removes the children through their ownerReferences.
@@ -176,15 +177,15 @@ async fn converge(balancer: &Balancer, ctx: &Context) -> Result<Action, Error> {
         return Ok(Action::await_change());
     }
     let owner = Owner::of(balancer)?;
-    let spec = with_defaults(&balancer.spec);
+    // The webhooks normally stop both; without them (or under an older schema), the
+    // Balancer is refused children and told why, and every other Balancer carries on.
+    let spec = match &balancer.spec {
+        Ok(spec) => with_defaults(spec),
+        Err(unreadable) => return refuse(balancer, ctx, &owner, std::slice::from_ref(unreadable)).await,
+    };
     let report = validate(ObjectName::Name(&owner.name), &spec);
     if !report.is_valid() {
-        // The webhook normally stops this; without it (or with a stale one), refuse to build children.
-        let message = denial_message(&owner.name, &report.errors);
-        let counts = counts_from_cache(balancer, ctx);
-        let ready = condition(balancer, false, "InvalidSpec", &message);
-        write_status(balancer, ctx, counts, ready).await?;
-        return Ok(Action::await_change());
+        return refuse(balancer, ctx, &owner, &report.errors).await;
     }
 
     let mut desired = children::desired(&owner, &spec, &ctx.settings);
@@ -213,6 +214,20 @@ async fn converge(balancer: &Balancer, ctx: &Context) -> Result<Action, Error> {
     Ok(Action::requeue(RESYNC))
 }
 
+/// Records an invalid or unreadable spec as `Ready=False/InvalidSpec`; waits for the next change.
+async fn refuse(
+    balancer: &StoredBalancer,
+    ctx: &Context,
+    owner: &Owner,
+    errors: &[FieldError],
+) -> Result<Action, Error> {
+    let message = denial_message(&owner.name, errors);
+    let counts = counts_from_cache(balancer, ctx);
+    let ready = condition(balancer, false, "InvalidSpec", &message);
+    write_status(balancer, ctx, counts, ready).await?;
+    Ok(Action::await_change())
+}
+
 /// Applies `desired` unless the cached object already holds every field it sets.
 /// Returns the object as the API server has it (cached or just applied).
 ///
@@ -220,7 +235,7 @@ async fn converge(balancer: &Balancer, ctx: &Context) -> Result<Action, Error> {
 /// not in the cache (the cache holds labelled children only) or is controlled by
 /// another owner is a [`Error::Conflict`], never adopted.
 async fn ensure<K>(
-    balancer: &Balancer,
+    balancer: &StoredBalancer,
     ctx: &Context,
     owner: &Owner,
     cache: &Store<K>,
@@ -296,7 +311,7 @@ fn obsolete_backends(ctx: &Context, owner: &Owner, desired: &Desired) -> Vec<Arc
 
 /// Deletes the obsolete backend Services (a failure fails the reconcile).
 async fn delete_obsolete_backends(
-    balancer: &Balancer,
+    balancer: &StoredBalancer,
     ctx: &Context,
     owner: &Owner,
     desired: &Desired,
@@ -346,17 +361,18 @@ struct Counts {
 
 /// Counts from the cache alone (when a reconcile could not finish): owned backend
 /// Services the spec names, and those it no longer names.
-fn counts_from_cache(balancer: &Balancer, ctx: &Context) -> Counts {
+fn counts_from_cache(balancer: &StoredBalancer, ctx: &Context) -> Counts {
     let Ok(owner) = Owner::of(balancer) else { return Counts { active: 0, obsolete: 0 } };
-    let named: Vec<String> =
-        balancer.spec.backends.iter().map(|b| crate::api::backend_service_name(&owner.name, &b.name)).collect();
+    // An unreadable spec names no backend: every owned one counts as obsolete.
+    let backends = balancer.spec.as_ref().map(|s| s.backends.as_slice()).unwrap_or_default();
+    let named: Vec<String> = backends.iter().map(|b| crate::api::backend_service_name(&owner.name, &b.name)).collect();
     let (active, obsolete): (Vec<_>, Vec<_>) =
         owned_backend_services(&ctx.services, &owner).into_iter().partition(|s| named.contains(&s.name_any()));
     Counts { active: active.len(), obsolete: obsolete.len() }
 }
 
 /// `Ready` from the proxy Deployment: rolled out and available.
-fn proxy_condition(balancer: &Balancer, deployment: &Deployment, active: usize) -> Condition {
+fn proxy_condition(balancer: &StoredBalancer, deployment: &Deployment, active: usize) -> Condition {
     let name = deployment.name_any();
     let want = deployment.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
     let status = deployment.status.clone().unwrap_or_default();
@@ -375,7 +391,7 @@ fn proxy_condition(balancer: &Balancer, deployment: &Deployment, active: usize) 
 }
 
 /// A `Ready` condition, keeping the previous transition time when the status has not flipped.
-fn condition(balancer: &Balancer, ready: bool, reason: &str, message: &str) -> Condition {
+fn condition(balancer: &StoredBalancer, ready: bool, reason: &str, message: &str) -> Condition {
     let status = if ready { "True" } else { "False" };
     let previous = balancer
         .status
@@ -393,7 +409,7 @@ fn condition(balancer: &Balancer, ready: bool, reason: &str, message: &str) -> C
 }
 
 /// The status a reconcile arrives at.
-fn next_status(balancer: &Balancer, counts: Counts, ready: Condition) -> BalancerStatus {
+fn next_status(balancer: &StoredBalancer, counts: Counts, ready: Condition) -> BalancerStatus {
     let mut conditions: Vec<Condition> = balancer
         .status
         .as_ref()
@@ -409,13 +425,13 @@ fn next_status(balancer: &Balancer, counts: Counts, ready: Condition) -> Balance
 }
 
 /// Patches the status subresource only when it changes; announces Ready flips as events.
-async fn write_status(balancer: &Balancer, ctx: &Context, counts: Counts, ready: Condition) -> Result<(), Error> {
+async fn write_status(balancer: &StoredBalancer, ctx: &Context, counts: Counts, ready: Condition) -> Result<(), Error> {
     let status = next_status(balancer, counts, ready.clone());
     if balancer.status.as_ref() == Some(&status) {
         return Ok(());
     }
     let name = balancer.name_any();
-    let api: Api<Balancer> = Api::namespaced(ctx.client.clone(), &balancer.namespace().unwrap_or_default());
+    let api: Api<StoredBalancer> = Api::namespaced(ctx.client.clone(), &balancer.namespace().unwrap_or_default());
     let patch = Patch::Merge(json!({ "status": status }));
     api.patch_status(&name, &PatchParams::default(), &patch).await.map_err(|source| Error::Api {
         verb: "update status of",
@@ -432,7 +448,7 @@ async fn write_status(balancer: &Balancer, ctx: &Context, counts: Counts, ready:
 }
 
 /// After a failed reconcile: best effort to show the error in the status and as an event.
-async fn report_failure(balancer: &Balancer, ctx: &Context, error: &Error) {
+async fn report_failure(balancer: &StoredBalancer, ctx: &Context, error: &Error) {
     let counts = counts_from_cache(balancer, ctx);
     let reason = match error {
         Error::Conflict { .. } => "Conflict",
@@ -448,7 +464,7 @@ async fn report_failure(balancer: &Balancer, ctx: &Context, error: &Error) {
 /// `related` names the child concerned, which also keeps the recorder from
 /// folding events about different children into one series.
 async fn publish(
-    balancer: &Balancer,
+    balancer: &StoredBalancer,
     ctx: &Context,
     type_: EventType,
     reason: &str,
@@ -515,8 +531,8 @@ pub async fn run(
 
     // Status-only updates do not change the generation: filtering on it keeps our own status writes
     // from triggering another reconcile.
-    let (balancers, balancers_writer) = reflector::store::<Balancer>();
-    let balancer_events = watcher(api::<Balancer>(&client, &scope), watcher::Config::default())
+    let (balancers, balancers_writer) = reflector::store::<StoredBalancer>();
+    let balancer_events = watcher(api::<StoredBalancer>(&client, &scope), watcher::Config::default())
         .default_backoff()
         .reflect(balancers_writer)
         .applied_objects()
@@ -557,7 +573,7 @@ pub async fn run(
 }
 
 /// Keeps `balancer_balancers{ready=…}` current from the cache, every 10 s until `stop`.
-async fn count_balancers(balancers: Store<Balancer>, metrics: Arc<Metrics>, stop: CancellationToken) {
+async fn count_balancers(balancers: Store<StoredBalancer>, metrics: Arc<Metrics>, stop: CancellationToken) {
     let mut ticker = tokio::time::interval(Duration::from_secs(10));
     loop {
         tokio::select! {

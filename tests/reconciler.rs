@@ -10,6 +10,7 @@ use balancer::api::{BackendSpec, Balancer, BalancerPort, BalancerSpec};
 use balancer::children::{self, Owner, ProxySettings};
 use balancer::controller::{self, Context, backoff, error_policy, is_subset, reconcile};
 use balancer::defaulting::with_defaults;
+use balancer::stored::StoredBalancer;
 use balancer::telemetry::Metrics;
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentStatus};
 use k8s_openapi::api::core::v1::{ConfigMap, Service};
@@ -244,7 +245,7 @@ async fn first_reconcile_applies_every_child_in_order_then_the_status() {
         let event = expect_event(&mut server, "ProxyNotAvailable").await;
         assert_eq!(event["type"], "Warning");
     });
-    let action = reconcile(Arc::new(balancer), ctx).await.expect("reconcile succeeds");
+    let action = reconcile(Arc::new(balancer.into()), ctx).await.expect("reconcile succeeds");
     assert_eq!(action, Action::requeue(controller::RESYNC));
     verifier.await.expect("the API server saw exactly the expected requests");
 }
@@ -263,14 +264,14 @@ async fn a_converged_balancer_costs_one_status_write_then_nothing() {
         expect_event(&mut server, "ProxyAvailable").await;
         (status, server)
     });
-    reconcile(Arc::new(balancer.clone()), ctx.clone()).await.expect("reconcile succeeds");
+    reconcile(Arc::new(balancer.clone().into()), ctx.clone()).await.expect("reconcile succeeds");
     let (status, mut server) = verifier.await.unwrap();
 
     // With that status stored, a second reconcile sends no request at all: any request
     // would block the reconcile until answered, and nothing answers now.
     let mut settled = balancer;
     settled.status = Some(serde_json::from_value(status).unwrap());
-    let action = tokio::time::timeout(Duration::from_secs(5), reconcile(Arc::new(settled), ctx))
+    let action = tokio::time::timeout(Duration::from_secs(5), reconcile(Arc::new(settled.into()), ctx))
         .await
         .expect("a steady-state reconcile made an API request")
         .expect("reconcile succeeds");
@@ -302,7 +303,7 @@ async fn a_hand_edited_config_map_is_reapplied() {
         expect_status(&mut server, &sample()).await;
         expect_event(&mut server, "ProxyAvailable").await;
     });
-    reconcile(Arc::new(balancer), ctx).await.expect("reconcile succeeds");
+    reconcile(Arc::new(balancer.into()), ctx).await.expect("reconcile succeeds");
     verifier.await.unwrap();
 }
 
@@ -330,7 +331,7 @@ async fn an_obsolete_backend_service_is_deleted() {
         assert_eq!((status["activeBackendsNum"].clone(), status["obsoleteBackendsNum"].clone()), (json!(3), json!(0)));
         expect_event(&mut server, "ProxyAvailable").await;
     });
-    reconcile(Arc::new(balancer), ctx).await.expect("reconcile succeeds");
+    reconcile(Arc::new(balancer.into()), ctx).await.expect("reconcile succeeds");
     verifier.await.unwrap();
 }
 
@@ -357,7 +358,7 @@ async fn an_obsolete_backend_keeps_serving_until_the_proxy_has_rolled_out() {
         assert_eq!(status["conditions"][0]["reason"], "ProxyNotAvailable");
         expect_event(&mut server, "ProxyNotAvailable").await;
     });
-    reconcile(Arc::new(balancer), ctx).await.expect("reconcile succeeds");
+    reconcile(Arc::new(balancer.into()), ctx).await.expect("reconcile succeeds");
     verifier.await.unwrap();
 }
 
@@ -392,7 +393,7 @@ async fn an_api_error_fails_the_reconcile_and_backs_off() {
         assert!(message.starts_with("cannot apply Service example-balancer-v1-backend"), "{message}");
         expect_event(&mut server, "ReconcileError").await;
     });
-    let balancer = Arc::new(sample());
+    let balancer = Arc::new(StoredBalancer::from(sample()));
     let error = reconcile(balancer.clone(), ctx.clone()).await.expect_err("reconcile fails");
     assert_eq!(error.kind(), "ApiError");
     verifier.await.unwrap();
@@ -415,7 +416,7 @@ async fn an_invalid_spec_is_reported_and_builds_nothing() {
         );
         expect_event(&mut server, "InvalidSpec").await;
     });
-    let action = reconcile(Arc::new(balancer), ctx).await.expect("an invalid spec is not a reconcile error");
+    let action = reconcile(Arc::new(balancer.into()), ctx).await.expect("an invalid spec is not a reconcile error");
     assert_eq!(action, Action::await_change());
     verifier.await.unwrap();
 }
@@ -439,7 +440,7 @@ async fn a_namesake_not_owned_by_the_balancer_is_never_adopted() {
         );
         expect_event(&mut server, "Conflict").await;
     });
-    let error = reconcile(Arc::new(sample()), ctx).await.expect_err("a conflict fails the reconcile");
+    let error = reconcile(Arc::new(sample().into()), ctx).await.expect_err("a conflict fails the reconcile");
     assert_eq!(error.kind(), "Conflict");
     verifier.await.unwrap();
 }
