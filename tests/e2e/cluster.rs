@@ -5,7 +5,7 @@
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use kube::config::{KubeConfigOptions, Kubeconfig};
@@ -18,6 +18,7 @@ pub const OPERATOR_TOKEN: &str = "e2e-operator-token";
 pub const OPERATOR_USER: &str = "balancer-operator";
 /// A user with no RBAC grants at all.
 pub const NOBODY_TOKEN: &str = "e2e-nobody-token";
+pub const NOBODY_USER: &str = "nobody";
 /// A user the metrics scenario binds to `balancer-metrics-reader`.
 pub const SCRAPER_TOKEN: &str = "e2e-scraper-token";
 pub const SCRAPER_USER: &str = "metrics-scraper";
@@ -41,18 +42,29 @@ impl Proc {
         Proc { name: name.into(), child }
     }
 
-    /// SIGTERM, then SIGKILL after `grace`.
-    pub fn stop(&mut self, grace: Duration) {
+    /// SIGTERM, then waits up to `limit` for the process to exit: how long it took and how it
+    /// ended, or `None` if it is still running. An already reaped process is not signalled again.
+    pub fn terminate(&mut self, limit: Duration) -> Option<(Duration, ExitStatus)> {
+        if let Ok(Some(status)) = self.child.try_wait() {
+            return Some((Duration::ZERO, status));
+        }
         let _ = Command::new("kill").args(["-TERM", &self.child.id().to_string()]).stderr(Stdio::null()).status();
-        let deadline = Instant::now() + grace;
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return;
+        let started = Instant::now();
+        while started.elapsed() < limit {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Some((started.elapsed(), status));
             }
             std::thread::sleep(Duration::from_millis(50));
         }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        None
+    }
+
+    /// SIGTERM, then SIGKILL after `grace`.
+    pub fn stop(&mut self, grace: Duration) {
+        if self.terminate(grace).is_none() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
     }
 }
 
@@ -101,7 +113,7 @@ impl ControlPlane {
             format!(
                 "{ADMIN_TOKEN},e2e-admin,1,\"system:masters\"\n\
                  {OPERATOR_TOKEN},{OPERATOR_USER},2\n\
-                 {NOBODY_TOKEN},nobody,3\n\
+                 {NOBODY_TOKEN},{NOBODY_USER},3\n\
                  {SCRAPER_TOKEN},{SCRAPER_USER},4\n"
             ),
         )
@@ -161,6 +173,7 @@ impl ControlPlane {
         let plane = ControlPlane { dir, url, ca_pem: certs.ca_pem, audit_log, processes };
         plane.write_kubeconfig("admin", ADMIN_TOKEN);
         plane.write_kubeconfig("operator", OPERATOR_TOKEN);
+        plane.write_kubeconfig(NOBODY_USER, NOBODY_TOKEN);
         plane.wait_ready().await;
 
         let kcm = assets.join("kube-controller-manager");

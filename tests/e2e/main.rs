@@ -23,11 +23,11 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Service};
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
-use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
 use serde_json::{Value, json};
 
-use cluster::{ControlPlane, NOBODY_TOKEN, OPERATOR_USER, SCRAPER_TOKEN, SCRAPER_USER};
+use cluster::{ControlPlane, NOBODY_TOKEN, NOBODY_USER, OPERATOR_USER, SCRAPER_TOKEN, SCRAPER_USER};
 use operator::Operator;
 
 const NS: &str = "default";
@@ -110,6 +110,7 @@ fn main() -> ExitCode {
             leader_election_hands_over,
             webhook_down_blocks_writes_until_it_is_back,
             metrics_need_a_token_allowed_to_get_them,
+            an_unreadable_stored_balancer_is_reported_on_itself,
         ];
         // A filter runs the scenarios up to the last one whose name matches: later ones build on earlier ones.
         let filter = std::env::args().skip(1).find(|a| !a.starts_with('-'));
@@ -214,9 +215,15 @@ fn balancers(world: &World) -> Api<Balancer> {
 // 1. The CRD
 // ---------------------------------------------------------------------------
 
-async fn crd_is_accepted_and_established(world: &mut World) {
+/// The CRD as `balancer crd` prints it.
+fn shipped_crd() -> String {
     let crd = std::process::Command::new(env!("CARGO_BIN_EXE_balancer")).arg("crd").output().unwrap();
-    let (ok, out) = apply(world, "admin", &String::from_utf8(crd.stdout).unwrap());
+    assert!(crd.status.success(), "balancer crd: {}", String::from_utf8_lossy(&crd.stderr));
+    String::from_utf8(crd.stdout).unwrap()
+}
+
+async fn crd_is_accepted_and_established(world: &mut World) {
+    let (ok, out) = apply(world, "admin", &shipped_crd());
     assert!(ok, "the API server refused `balancer crd`: {out}");
     let (ok, out, err) = world.plane.kubectl(
         "admin",
@@ -704,4 +711,146 @@ async fn metrics_need_a_token_allowed_to_get_them(world: &mut World) {
     let (status, body) = operator.scrape(&world.plane, Some(SCRAPER_TOKEN)).await;
     assert_eq!(status, 200, "a token bound to balancer-metrics-reader: {body}");
     assert!(body.contains("balancer_admission_requests_total"), "{body}");
+}
+
+// ---------------------------------------------------------------------------
+// 10. A stored Balancer the controller cannot read
+// ---------------------------------------------------------------------------
+
+const CRD: &str = "balancers.exposer.hliangzhao.io";
+
+/// Where the schema of `spec.ports[].targetPort` sits in a CRD served at `version`.
+fn target_port_pointer(crd: &Value, version: &str) -> String {
+    let versions = crd["spec"]["versions"].as_array().expect("spec.versions");
+    let index = versions.iter().position(|v| v["name"] == version).expect("the served version");
+    format!(
+        "/spec/versions/{index}/schema/openAPIV3Schema/properties/spec/properties/ports/items/properties/targetPort"
+    )
+}
+
+fn stored_crd(world: &World) -> Value {
+    let (ok, out, err) = world.plane.kubectl("admin", &["get", "crd", CRD, "-o", "json"], None);
+    assert!(ok, "{err}");
+    serde_json::from_str(&out).unwrap()
+}
+
+/// Replaces the stored CRD's schema of `spec.ports[].targetPort` with `schema`, and checks it is stored.
+fn set_target_port_schema(world: &World, schema: &Value) {
+    let pointer = target_port_pointer(&stored_crd(world), balancer::api::VERSION);
+    let patch = json!([{"op": "replace", "path": pointer, "value": schema}]).to_string();
+    let (ok, out, err) = world.plane.kubectl("admin", &["patch", "crd", CRD, "--type=json", "-p", &patch], None);
+    assert!(ok, "patching the CRD schema failed: {out}{err}");
+    let stored = stored_crd(world).pointer(&pointer).cloned();
+    assert_eq!(stored.as_ref(), Some(schema), "the stored targetPort schema");
+}
+
+/// Balancers as schemaless objects: readable whatever their spec holds.
+fn dynamic_balancers(world: &World) -> Api<DynamicObject> {
+    Api::namespaced_with(world.admin.clone(), NS, &ApiResource::erase::<Balancer>(&()))
+}
+
+/// Sends SIGTERM to `operator` and checks that it exits, cleanly, within `limit`.
+fn assert_exits_on_sigterm(plane: &ControlPlane, operator: &mut Operator, limit: Duration) {
+    let Some((took, status)) = operator.process.terminate(limit) else {
+        panic!("{} still running {limit:?} after SIGTERM", operator.name);
+    };
+    assert!(status.success(), "{} exited with {status} on SIGTERM; log:\n{}", operator.name, operator.log(plane));
+    println!("e2e: {} exited {:.1} s after SIGTERM", operator.name, took.as_secs_f64());
+}
+
+async fn an_unreadable_stored_balancer_is_reported_on_itself(world: &mut World) {
+    // Without webhooks, and with the schema of before targetPort was bounded, a Balancer the
+    // operator's types cannot hold gets stored: targetPort 3000000000 is no 32-bit integer.
+    for mut op in world.operators.drain(..) {
+        op.stop();
+    }
+    for doc in yaml_docs(&repo_file("deploy/webhook.yaml")) {
+        let target = format!("{}/{}", doc["kind"].as_str().unwrap(), doc["metadata"]["name"].as_str().unwrap());
+        let (ok, out, err) = world.plane.kubectl("admin", &["delete", &target, "--ignore-not-found"], None);
+        assert!(ok, "deleting {target}: {out}{err}");
+    }
+    let shipped: Value = yaml_docs(&shipped_crd()).remove(0);
+    let shipped_target_port = shipped.pointer(&target_port_pointer(&shipped, balancer::api::VERSION)).unwrap().clone();
+    set_target_port_schema(world, &json!({"x-kubernetes-int-or-string": true}));
+    let unreadable = balancer_yaml(
+        "unreadable",
+        "spec:\n  ports: [{name: http, port: 80, targetPort: 3000000000}]\n  \
+             backends: [{name: a, weight: 1, selector: {app: a}}]\n",
+    );
+    let healthy = balancer_yaml(
+        "healthy",
+        "spec:\n  ports: [{port: 80}]\n  backends: [{name: a, weight: 1, selector: {app: a}}]\n",
+    );
+    for (name, yaml) in [("unreadable", &unreadable), ("healthy", &healthy)] {
+        // The API server picks up the schema and the webhook removal a moment later.
+        eventually(&format!("Balancer {name} stored"), Duration::from_secs(20), || async {
+            let (ok, out) = apply(world, "admin", yaml);
+            ok.then_some(()).or_else(|| {
+                eprintln!("retrying: {out}");
+                None
+            })
+        })
+        .await;
+    }
+    // Stored objects are not validated again: restoring the shipped schema leaves `unreadable` as it is.
+    set_target_port_schema(world, &shipped_target_port);
+    let dynamic = dynamic_balancers(world);
+    let stored = dynamic.get("unreadable").await.unwrap();
+    assert_eq!(stored.data["spec"]["ports"][0]["targetPort"], json!(3_000_000_000_u64));
+
+    // The operator still becomes ready, reconciles the others and reports the problem on the object itself.
+    let delay = Duration::from_secs(1);
+    let shutdown_delay = format!("--shutdown-delay={}s", delay.as_secs());
+    let operator = Operator::start(&world.plane, "operator-e", &[&shutdown_delay]).await;
+    world.operators.push(operator);
+    reconciled(world, "healthy").await;
+    let api = balancers(world);
+    eventually("healthy's status: 1 active backend", Duration::from_secs(30), || {
+        let api = api.clone();
+        async move {
+            let b = api.get("healthy").await.ok()?;
+            (b.status?.active_backends_num == 1).then_some(())
+        }
+    })
+    .await;
+    let ready = eventually("a Ready condition on unreadable", Duration::from_secs(30), || async {
+        let object = dynamic.get("unreadable").await.ok()?;
+        let conditions = object.data["status"]["conditions"].as_array()?.clone();
+        conditions.into_iter().find(|c| c["type"] == "Ready")
+    })
+    .await;
+    assert_eq!((&ready["status"], &ready["reason"]), (&json!("False"), &json!("InvalidSpec")), "{ready:#}");
+    let message = ready["message"].as_str().unwrap_or_default();
+    assert!(message.contains("spec.ports[0].targetPort"), "the message names the field: {ready:#}");
+
+    // SIGTERM ends the process within the shutdown delay, whatever state the controller is in:
+    // with every Balancer handled...
+    let limit = delay + Duration::from_secs(10);
+    assert_exits_on_sigterm(&world.plane, &mut world.operators[0], limit);
+
+    // ... and with a controller that cannot even list Balancers (a user without RBAC).
+    let blind = Operator::start_alive(&world.plane, "operator-f", NOBODY_USER, &[&shutdown_delay]).await;
+    world.operators.push(blind);
+    eventually("the list as nobody to be forbidden", Duration::from_secs(20), || async {
+        let forbidden = world.plane.audit_events().iter().any(|e| {
+            e["user"]["username"] == NOBODY_USER
+                && e["objectRef"]["resource"] == "balancers"
+                && e["responseStatus"]["code"] == 403
+        });
+        forbidden.then_some(())
+    })
+    .await;
+    let blind = &world.operators[1];
+    assert_eq!(blind.probe("/readyz").await, Some(503), "{} is ready without its caches", blind.name);
+    assert_exits_on_sigterm(&world.plane, &mut world.operators[1], limit);
+    world.operators.clear();
+
+    // The unreadable Balancer can be deleted like any other.
+    dynamic.delete("unreadable", &DeleteParams::default()).await.unwrap();
+    balancers(world).delete("healthy", &DeleteParams::default()).await.unwrap();
+    eventually("both Balancers gone", Duration::from_secs(30), || async {
+        let left = dynamic.list(&ListParams::default()).await.ok()?.items;
+        (!left.iter().any(|b| ["unreadable", "healthy"].contains(&b.name_any().as_str()))).then_some(())
+    })
+    .await;
 }

@@ -15,8 +15,23 @@ pub struct Operator {
 }
 
 impl Operator {
-    /// Starts `balancer run` with the control plane's certificate (valid for 127.0.0.1) and `extra` flags.
+    /// Starts `balancer run` with the control plane's certificate (valid for 127.0.0.1) and `extra` flags,
+    /// and waits until it is ready (which includes the controller's caches having synced).
     pub async fn start(plane: &ControlPlane, name: &str, extra: &[&str]) -> Operator {
+        let operator = Operator::spawn(plane, name, "operator", extra);
+        operator.wait_for(plane, "/readyz").await;
+        operator
+    }
+
+    /// Starts `balancer run` as kubeconfig user `user` and waits only until it is alive (`/healthz`):
+    /// for an operator whose controller may never become ready.
+    pub async fn start_alive(plane: &ControlPlane, name: &str, user: &str, extra: &[&str]) -> Operator {
+        let operator = Operator::spawn(plane, name, user, extra);
+        operator.wait_for(plane, "/healthz").await;
+        operator
+    }
+
+    fn spawn(plane: &ControlPlane, name: &str, user: &str, extra: &[&str]) -> Operator {
         let webhook_port = free_port();
         let probe_port = free_port();
         let metrics_port = free_port();
@@ -33,29 +48,31 @@ impl Operator {
                 .arg("--require-controller")
                 .arg("--log-level=info,balancer=debug")
                 .args(extra)
-                .env("KUBECONFIG", plane.kubeconfig("operator"))
+                .env("KUBECONFIG", plane.kubeconfig(user))
                 .env("POD_NAME", name)
                 .env("POD_NAMESPACE", "balancer-system")
                 .env_remove("RUST_LOG"),
             &plane.dir.path().join(format!("{name}.log")),
         );
-        let operator = Operator { name: name.into(), process, webhook_port, probe_port, metrics_port };
-        operator.wait_ready(plane).await;
-        operator
+        Operator { name: name.into(), process, webhook_port, probe_port, metrics_port }
     }
 
-    async fn wait_ready(&self, plane: &ControlPlane) {
+    /// Waits until the probe `path` answers 200.
+    async fn wait_for(&self, plane: &ControlPlane, path: &str) {
         let deadline = Instant::now() + Duration::from_secs(60);
-        let url = format!("http://127.0.0.1:{}/readyz", self.probe_port);
         while Instant::now() < deadline {
-            if let Ok(r) = reqwest::get(&url).await
-                && r.status().is_success()
-            {
+            if self.probe(path).await == Some(200) {
                 return;
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
-        panic!("{} not ready within 60 s; log:\n{}", self.name, self.log(plane));
+        panic!("{}: {path} not OK within 60 s; log:\n{}", self.name, self.log(plane));
+    }
+
+    /// The HTTP status of a probe (`/healthz`, `/readyz`), or `None` when nothing answers.
+    pub async fn probe(&self, path: &str) -> Option<u16> {
+        let url = format!("http://127.0.0.1:{}{path}", self.probe_port);
+        reqwest::get(&url).await.ok().map(|r| r.status().as_u16())
     }
 
     pub fn log(&self, plane: &ControlPlane) -> String {
