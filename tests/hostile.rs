@@ -1,0 +1,741 @@
+//! Hostile clients against the real `balancer` binary.
+//!
+//! Every test starts its own `balancer run` process (webhooks only, dev
+//! certificates, ephemeral loopback ports), attacks it the way a buggy or
+//! malicious client inside the cluster could, and asserts a bound on what the
+//! attack costs the server: memory (peak `VmHWM` minus the `VmRSS` baseline
+//! after a warm-up, both from `/proc/<pid>/status`), the size of an answer, or
+//! the latency a well-behaved client sees while the attack is under way.
+//!
+//! Run with `--nocapture` to see the figures (lines starting `hostile:`).
+//! Set `BALANCER_BIN` to attack another build, e.g. `target/release/balancer`.
+//! The tests take a file-wide lock so that memory and latency figures are not
+//! disturbed by each other even when the harness runs tests in parallel.
+
+mod support;
+
+use std::any::Any;
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use axum::body::Bytes;
+use serde_json::{Value, json};
+use support::{review, sample_balancer};
+use tempfile::TempDir;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::sync::{Mutex, MutexGuard};
+use tokio::task::JoinSet;
+
+/// Longest any single measured request may take before it counts as "not answered".
+/// Long enough to see today's figures (the server's own timeouts are 10 s and 30 s),
+/// short enough that a failing row fails in seconds, not minutes.
+const MEASURE_CAP: Duration = Duration::from_secs(15);
+
+/// Largest body the server accepts by default (1 MiB); hostile bodies stay under it.
+const BODY_BUDGET: usize = 1_000_000;
+
+const MIB: f64 = 1024.0 * 1024.0;
+
+// ---------------------------------------------------------------------------
+// The server under attack
+// ---------------------------------------------------------------------------
+
+/// Serialises the tests of this file: each measures one server's memory and latency
+/// on a 2-core machine, which another attack running alongside would distort.
+/// (An async mutex: the guard is held across awaits, and a panicking test releases it.)
+async fn one_at_a_time() -> MutexGuard<'static, ()> {
+    static LOCK: Mutex<()> = Mutex::const_new(());
+    LOCK.lock().await
+}
+
+/// The binary to attack: `BALANCER_BIN` if set (e.g. a release build), else this crate's.
+fn binary() -> PathBuf {
+    std::env::var_os("BALANCER_BIN").map(PathBuf::from).unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_balancer")))
+}
+
+/// A child process, killed and reaped on drop: also when a test panics.
+struct KillOnDrop(Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A running `balancer run` process and the client configuration that trusts it.
+struct Server {
+    child: KillOnDrop,
+    webhook: SocketAddr,
+    probe: SocketAddr,
+    dir: TempDir,
+    tls: Arc<rustls::ClientConfig>,
+}
+
+impl Server {
+    /// Starts the binary and waits until `/healthz` answers; retries when the ports
+    /// picked were taken by someone else in between.
+    async fn start() -> Server {
+        support::install_crypto_provider();
+        let mut last = String::new();
+        for _ in 0..3 {
+            match Server::start_once().await {
+                Ok(server) => return server,
+                Err(why) => last = why,
+            }
+        }
+        panic!("balancer did not start: {last}");
+    }
+
+    async fn start_once() -> Result<Server, String> {
+        let dir = TempDir::new().expect("temp dir");
+        let (webhook, probe) = two_free_ports();
+        let log_path = dir.path().join("balancer.log");
+        let log = std::fs::File::create(&log_path).expect("log file");
+        let child = Command::new(binary())
+            .args(["run", "--webhook-addr", &webhook.to_string(), "--probe-addr", &probe.to_string()])
+            .args(["--disable-controller", "--insecure-metrics", "--log-level", "warn", "--dev-cert-dir"])
+            .arg(dir.path().join("certs"))
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("log file"))
+            .stderr(log)
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot run {}: {e}", binary().display()));
+        let mut child = KillOnDrop(child);
+        wait_healthy(&mut child.0, probe)
+            .await
+            .map_err(|why| format!("{why}; its log:\n{}", std::fs::read_to_string(&log_path).unwrap_or_default()))?;
+        // The dev certificates are written before the server listens.
+        let tls = Arc::new(support::client_config(&dir.path().join("certs").join("ca.crt")));
+        Ok(Server { child, webhook, probe, dir, tls })
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("balancer.log")).unwrap_or_default()
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("https://127.0.0.1:{}{path}", self.webhook.port())
+    }
+
+    /// A new reqwest client, so its first request goes over a fresh TLS connection.
+    fn client(&self, timeout: Duration) -> reqwest::Client {
+        reqwest::Client::builder()
+            .tls_backend_preconfigured((*self.tls).clone())
+            .timeout(timeout)
+            .build()
+            .expect("client")
+    }
+
+    /// A raw TLS connection to the webhook port, connect and handshake bounded to 10 s.
+    async fn tls_connect(&self) -> std::io::Result<tokio_rustls::client::TlsStream<TcpStream>> {
+        let connector = tokio_rustls::TlsConnector::from(self.tls.clone());
+        let connect = async {
+            let tcp = TcpStream::connect(self.webhook).await?;
+            connector.connect("127.0.0.1".try_into().expect("server name"), tcp).await
+        };
+        tokio::time::timeout(Duration::from_secs(10), connect).await.map_err(std::io::Error::other)?
+    }
+
+    /// The server's `VmRSS` and `VmHWM` (peak RSS), in bytes.
+    fn memory(&self) -> Memory {
+        let pid = self.child.0.id();
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("read /proc/<pid>/status");
+        let field = |name: &str| -> u64 {
+            let line = status.lines().find(|l| l.starts_with(name)).unwrap_or_else(|| panic!("no {name} in status"));
+            let kib: u64 = line[name.len()..].trim().trim_end_matches("kB").trim().parse().expect("a number of kB");
+            kib * 1024
+        };
+        Memory { rss: field("VmRSS:"), peak: field("VmHWM:") }
+    }
+
+    /// A few ordinary reviews, so that the baseline includes what serving one costs.
+    async fn warm_up(&self) -> Memory {
+        let client = self.client(Duration::from_secs(10));
+        for _ in 0..5 {
+            let response = client.post(self.url("/validate")).json(&normal_review()).send().await.expect("warm-up");
+            assert_eq!(response.status().as_u16(), 200, "a normal review is answered");
+            response.bytes().await.expect("warm-up answer");
+        }
+        self.memory()
+    }
+
+    /// Asserts that the server process is still alive (an attack may have killed it).
+    fn assert_alive(&mut self, row: &str) {
+        if let Some(status) = self.child.0.try_wait().expect("try_wait") {
+            panic!("{row}: the server died during the attack ({status}); its log:\n{}", self.log());
+        }
+    }
+}
+
+/// Polls `/healthz` on the probe port for up to 30 s; reports an early exit.
+async fn wait_healthy(child: &mut Child, probe: SocketAddr) -> Result<(), String> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while Instant::now() < deadline {
+        if let Some(status) = child.try_wait().expect("try_wait") {
+            return Err(format!("exited with {status}"));
+        }
+        if let Ok(Ok(line)) = tokio::time::timeout(Duration::from_secs(1), http_get(probe, "/healthz")).await
+            && line.contains(" 200 ")
+        {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Err("/healthz did not answer 200 within 30 s".into())
+}
+
+/// Two distinct free loopback ports (both held while the second is picked).
+fn two_free_ports() -> (SocketAddr, SocketAddr) {
+    let a = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let b = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    (a.local_addr().expect("addr"), b.local_addr().expect("addr"))
+}
+
+/// Memory of the server process, in bytes.
+#[derive(Clone, Copy, Debug)]
+struct Memory {
+    rss: u64,
+    peak: u64,
+}
+
+/// How far the peak after an attack rose above the warm baseline, in bytes.
+fn growth(baseline: Memory, after: Memory) -> u64 {
+    after.peak.saturating_sub(baseline.rss)
+}
+
+fn mib(bytes: u64) -> f64 {
+    bytes as f64 / MIB
+}
+
+// ---------------------------------------------------------------------------
+// Well-behaved clients, and timing them
+// ---------------------------------------------------------------------------
+
+/// A valid Balancer in a CREATE review: what the API server sends all day.
+fn normal_review() -> Value {
+    review("CREATE", sample_balancer())
+}
+
+/// Runs `work` for at most `cap`; returns its output (`None` if cut off) and how long it took.
+async fn timed<T>(cap: Duration, work: impl Future<Output = T>) -> (Option<T>, Duration) {
+    let started = Instant::now();
+    let output = tokio::time::timeout(cap, work).await.ok();
+    (output, started.elapsed())
+}
+
+/// One normal review over a fresh TLS connection: the HTTP status, or why there is none.
+async fn review_on_fresh_connection(server: &Server) -> Result<u16, String> {
+    let client = server.client(MEASURE_CAP);
+    let response =
+        client.post(server.url("/validate")).json(&normal_review()).send().await.map_err(|e| e.to_string())?;
+    let status = response.status().as_u16();
+    response.bytes().await.map_err(|e| e.to_string())?;
+    Ok(status)
+}
+
+/// `GET path` over a fresh plain TCP connection; returns the status line.
+async fn http_get(addr: SocketAddr, path: &str) -> std::io::Result<String> {
+    let mut tcp = TcpStream::connect(addr).await?;
+    let request = format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n");
+    tcp.write_all(request.as_bytes()).await?;
+    read_status_line(&mut tcp).await
+}
+
+/// Reads until the end of the first line of a response (at most 1 KiB).
+async fn read_status_line<R: AsyncRead + Unpin>(reader: &mut R) -> std::io::Result<String> {
+    let mut line = Vec::new();
+    let mut chunk = [0u8; 256];
+    while !line.windows(2).any(|w| w == b"\r\n") && line.len() < 1024 {
+        let n = reader.read(&mut chunk).await?;
+        if n == 0 {
+            break;
+        }
+        line.extend_from_slice(&chunk[..n]);
+    }
+    let text = String::from_utf8_lossy(&line);
+    Ok(text.split("\r\n").next().unwrap_or_default().to_string())
+}
+
+/// Describes the outcome of a timed request for the figures line.
+fn describe<T: std::fmt::Debug, E: std::fmt::Display>(result: &Option<Result<T, E>>, took: Duration) -> String {
+    match result {
+        None => format!("no answer within {} ms", MEASURE_CAP.as_millis()),
+        Some(Err(e)) => format!("failed after {} ms: {e}", took.as_millis()),
+        Some(Ok(v)) => format!("{v:?} after {} ms", took.as_millis()),
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Hostile clients
+// ---------------------------------------------------------------------------
+
+/// Opens `count` TCP connections to `addr` that never send a byte; each connect is
+/// bounded to 5 s (a full listen backlog makes connects hang). Returns the open ones.
+async fn idle_connections(addr: SocketAddr, count: usize) -> Vec<TcpStream> {
+    let mut open = Vec::with_capacity(count);
+    for _ in 0..count {
+        match tokio::time::timeout(Duration::from_secs(5), TcpStream::connect(addr)).await {
+            Ok(Ok(tcp)) => open.push(tcp),
+            Ok(Err(e)) => panic!("idle connection {} failed: {e}", open.len()),
+            Err(_) => break,
+        }
+    }
+    open
+}
+
+/// Where row 1 hides its tiny objects.
+#[derive(Clone, Copy, Debug)]
+enum PadAt {
+    /// `request.object.spec.x`: an unknown field of the Balancer spec.
+    Spec,
+    /// `request.object.metadata.x`: an unknown field of the object's metadata.
+    Metadata,
+    /// `request.x`: an unknown field of the AdmissionRequest itself.
+    Request,
+}
+
+/// A review just under the body limit whose bulk is `[{"a":0},{"a":0},…]` at `at`:
+/// 8 bytes on the wire per object, far more once parsed into a JSON tree.
+fn tiny_objects_review(at: PadAt) -> Vec<u8> {
+    const MARK: &str = "@@TINY-OBJECTS@@";
+    let object = json!({
+        "apiVersion": "exposer.hliangzhao.io/v1alpha1",
+        "kind": "Balancer",
+        "metadata": {"name": "tiny", "namespace": "default"},
+        "spec": {"ports": [{"port": 80}], "backends": [{"name": "a", "selector": {"app": "a"}}]}
+    });
+    let mut review = review("CREATE", object);
+    let slot = match at {
+        PadAt::Spec => &mut review["request"]["object"]["spec"],
+        PadAt::Metadata => &mut review["request"]["object"]["metadata"],
+        PadAt::Request => &mut review["request"],
+    };
+    slot["x"] = json!(MARK);
+    let text = serde_json::to_string(&review).expect("serialize");
+    let quoted = format!("\"{MARK}\"");
+    let room = BODY_BUDGET - 1_000 - (text.len() - quoted.len());
+    let count = room / 8;
+    let mut pad = String::with_capacity(count * 8 + 2);
+    pad.push('[');
+    for i in 0..count {
+        pad.push_str(if i == 0 { "{\"a\":0}" } else { ",{\"a\":0}" });
+    }
+    pad.push(']');
+    let body = text.replace(&quoted, &pad);
+    assert!(body.len() < BODY_BUDGET, "the hostile body stays under the body limit");
+    body.into_bytes()
+}
+
+/// A Balancer review whose `metadata.name` is 60,000 DEL characters, with 64 backends.
+/// Every backend's derived Service name embeds the Balancer name, so an error list
+/// that quotes names in full grows with name length × backends.
+fn del_name_review() -> Vec<u8> {
+    let backends: Vec<Value> =
+        (0..64).map(|i| json!({"name": format!("b{i}"), "selector": {"app": format!("b{i}")}})).collect();
+    let object = json!({
+        "apiVersion": "exposer.hliangzhao.io/v1alpha1",
+        "kind": "Balancer",
+        "metadata": {"name": "\u{7f}".repeat(60_000), "namespace": "default"},
+        "spec": {"ports": [{"name": "http", "port": 80}], "backends": backends}
+    });
+    let text = serde_json::to_string(&review("CREATE", object)).expect("serialize");
+    // serde_json writes DEL raw; written as `\u007f` (as some encoders do) the name
+    // costs 6 bytes a character on the wire, in `request.object` and `request.name`.
+    text.replace('\u{7f}', "\\u007f").into_bytes()
+}
+
+/// "and N more" in a denial message: how many errors it says it left out.
+fn left_out_count(message: &str) -> Option<u64> {
+    message.match_indices("and ").find_map(|(at, _)| {
+        let rest = &message[at + 4..];
+        let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+        let after = &rest[digits.len()..];
+        (!digits.is_empty() && after.starts_with(" more")).then(|| digits.parse().ok()).flatten()
+    })
+}
+
+/// Request headers of about `total` bytes, as `X-Pad-N: aaaa…` lines of 4,000 bytes,
+/// without the blank line that would end them: the server must buffer or refuse them.
+/// Lines are long and few (about 90, under hyper's default of 100 headers) so that the
+/// byte limit is what is tested, not a header count.
+fn padded_headers(total: usize) -> Vec<u8> {
+    const LINE: usize = 4_000;
+    let mut block = b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n".to_vec();
+    let mut n = 0;
+    while block.len() + LINE <= total {
+        let name = format!("X-Pad-{n}: ");
+        block.extend_from_slice(name.as_bytes());
+        block.extend(std::iter::repeat_n(b'a', LINE - name.len() - 2));
+        block.extend_from_slice(b"\r\n");
+        n += 1;
+    }
+    block
+}
+
+/// Writes `block` to `stream` (bounded to 20 s) and hands the stream back to be held open.
+/// A server that refuses early may cut the write short: that is reported, not a failure.
+async fn send_headers<S>(mut stream: S, block: Arc<Vec<u8>>) -> (Box<dyn Any + Send>, &'static str)
+where
+    S: AsyncWrite + Unpin + Send + 'static,
+{
+    let send = async {
+        stream.write_all(&block).await?;
+        stream.flush().await
+    };
+    let outcome = match tokio::time::timeout(Duration::from_secs(20), send).await {
+        Ok(Ok(())) => "sent",
+        Ok(Err(_)) => "cut off",
+        Err(_) => "stalled",
+    };
+    (Box::new(stream), outcome)
+}
+
+/// Sends `block` and the blank line ending the headers, reading the answer while
+/// writing (a server that refuses early closes before the client is done), and
+/// returns the status line.
+async fn status_for_headers<S>(stream: S, block: Arc<Vec<u8>>) -> Result<String, String>
+where
+    S: AsyncRead + AsyncWrite + Send + 'static,
+{
+    let (mut reader, mut writer) = tokio::io::split(stream);
+    let write = tokio::spawn(async move {
+        let _ = writer.write_all(&block).await;
+        let _ = writer.write_all(b"\r\n").await;
+        let _ = writer.flush().await;
+        writer
+    });
+    let read = tokio::time::timeout(Duration::from_secs(10), read_status_line(&mut reader)).await;
+    write.abort();
+    match read {
+        Err(_) => Err("no status line within 10 s".into()),
+        Ok(Err(e)) => Err(format!("read failed: {e}")),
+        Ok(Ok(line)) if line.is_empty() => Err("closed without a status line".into()),
+        Ok(Ok(line)) => Ok(line),
+    }
+}
+
+/// Counts equal outcomes, for a compact figures line.
+fn tally<I: IntoIterator<Item = String>>(outcomes: I) -> BTreeMap<String, usize> {
+    let mut counts = BTreeMap::new();
+    for outcome in outcomes {
+        *counts.entry(outcome).or_insert(0) += 1;
+    }
+    counts
+}
+
+// ---------------------------------------------------------------------------
+// Row 1: reviews full of tiny JSON objects
+// ---------------------------------------------------------------------------
+
+/// 32 concurrent reviews (as many as the server reviews at once) whose object is
+/// ~1 MB of `{"a":0}`: every one answered 200, and the server grows by at most 64 MiB.
+async fn tiny_objects_row(at: PadAt) {
+    const REVIEWS: usize = 32;
+    const BOUND: u64 = 64 * 1024 * 1024;
+    let _serial = one_at_a_time().await;
+    let mut server = Server::start().await;
+    let baseline = server.warm_up().await;
+    let body = Bytes::from(tiny_objects_review(at));
+    let client = server.client(Duration::from_secs(60));
+    let started = Instant::now();
+    let mut reviews = JoinSet::new();
+    for _ in 0..REVIEWS {
+        let request = client
+            .post(server.url("/validate"))
+            .header(reqwest::header::CONTENT_TYPE, "application/json")
+            .body(body.clone());
+        reviews.spawn(async move {
+            match request.send().await {
+                Ok(response) => {
+                    let status = response.status().as_u16();
+                    match response.bytes().await {
+                        Ok(_) if status == 200 => status.to_string(),
+                        Ok(body) => format!("{status} {}", String::from_utf8_lossy(&body[..body.len().min(100)])),
+                        Err(e) => format!("{status} with an unreadable body: {e}"),
+                    }
+                }
+                Err(e) => format!("error: {e}"),
+            }
+        });
+    }
+    let outcomes = tally(reviews.join_all().await);
+    let took = started.elapsed();
+    server.assert_alive("row 1");
+    let after = server.memory();
+    let grew = growth(baseline, after);
+    eprintln!(
+        "hostile: row 1 ({at:?}): {REVIEWS} reviews of {} bytes: outcomes {outcomes:?} in {} ms; \
+         RSS baseline {:.1} MiB, peak {:.1} MiB, growth {:.1} MiB (bound {} MiB)",
+        body.len(),
+        took.as_millis(),
+        mib(baseline.rss),
+        mib(after.peak),
+        mib(grew),
+        BOUND / 1024 / 1024
+    );
+    assert_eq!(outcomes.get("200"), Some(&REVIEWS), "row 1 ({at:?}): every review must be answered 200: {outcomes:?}");
+    assert!(grew <= BOUND, "row 1 ({at:?}): the server grew by {:.1} MiB, over the 64 MiB bound", mib(grew));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn row1_tiny_objects_in_spec_cost_bounded_memory() {
+    tiny_objects_row(PadAt::Spec).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn row1_tiny_objects_in_metadata_cost_bounded_memory() {
+    tiny_objects_row(PadAt::Metadata).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn row1_tiny_objects_in_request_cost_bounded_memory() {
+    tiny_objects_row(PadAt::Request).await;
+}
+
+// ---------------------------------------------------------------------------
+// Row 2: a name that makes every error long
+// ---------------------------------------------------------------------------
+
+/// A 60,000-character DEL name with 64 backends: denied, in an answer of at most
+/// 64 KiB that says how many errors it left out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn row2_a_huge_invalid_name_gets_a_bounded_denial() {
+    const BOUND: usize = 64 * 1024;
+    let _serial = one_at_a_time().await;
+    let mut server = Server::start().await;
+    let baseline = server.warm_up().await;
+    let body = del_name_review();
+    let client = server.client(Duration::from_secs(60));
+    let started = Instant::now();
+    let response = client
+        .post(server.url("/validate"))
+        .header(reqwest::header::CONTENT_TYPE, "application/json")
+        .body(body.clone())
+        .send()
+        .await
+        .expect("row 2: the review is answered");
+    let status = response.status().as_u16();
+    let answer = response.bytes().await.expect("row 2: the answer is read");
+    let took = started.elapsed();
+    server.assert_alive("row 2");
+    let grew = growth(baseline, server.memory());
+    let parsed: Value = serde_json::from_slice(&answer).unwrap_or(Value::Null);
+    let allowed = parsed.pointer("/response/allowed").cloned().unwrap_or(Value::Null);
+    let message = parsed.pointer("/response/status/message").and_then(Value::as_str).unwrap_or_default();
+    let causes = parsed.pointer("/response/status/details/causes").and_then(Value::as_array).map_or(0, Vec::len);
+    let left_out = left_out_count(message);
+    eprintln!(
+        "hostile: row 2: review of {} bytes: HTTP {status} in {} ms, allowed {allowed}, answer {} bytes \
+         (bound {BOUND}), message {} bytes, {causes} causes, left out {left_out:?}; RSS growth {:.1} MiB",
+        body.len(),
+        took.as_millis(),
+        answer.len(),
+        message.len(),
+        mib(grew)
+    );
+    assert_eq!(status, 200, "row 2: the review must be answered 200");
+    assert!(answer.len() <= BOUND, "row 2: the answer is {} bytes, over the 64 KiB bound", answer.len());
+    assert_eq!(allowed, json!(false), "row 2: the Balancer must be denied");
+    assert!(
+        left_out.is_some_and(|n| n > 0),
+        "row 2: the message must say how many errors were left out (\"and N more\"); it ends {:?}",
+        message.chars().rev().take(200).collect::<String>().chars().rev().collect::<String>()
+    );
+}
+
+// ---------------------------------------------------------------------------
+// Rows 3 and 4: connections that never speak
+// ---------------------------------------------------------------------------
+
+const IDLE_CONNECTIONS: usize = 1_100;
+
+/// Rows 3 and 4 hold 1,100 sockets here and as many in the server, which inherits our
+/// limits: fail with the reason up front rather than with "Too many open files" midway.
+fn require_open_files(needed: u64) {
+    let limits = std::fs::read_to_string("/proc/self/limits").expect("read /proc/self/limits");
+    let soft = limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .and_then(|l| l.split_whitespace().nth(3))
+        .and_then(|soft| soft.parse::<u64>().ok())
+        .unwrap_or(u64::MAX);
+    assert!(soft >= needed, "this row needs at least {needed} open files (ulimit -n); the soft limit is {soft}");
+}
+
+/// 1,100 idle connections to the probe port: a kubelet probe on a fresh
+/// connection is still answered within 1 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn row3_idle_connections_do_not_starve_the_probe_port() {
+    const BOUND: Duration = Duration::from_secs(1);
+    let _serial = one_at_a_time().await;
+    require_open_files(2 * IDLE_CONNECTIONS as u64 + 200);
+    let mut server = Server::start().await;
+    let idle = idle_connections(server.probe, IDLE_CONNECTIONS).await;
+    let opened = idle.len();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (result, took) = timed(MEASURE_CAP, http_get(server.probe, "/healthz")).await;
+    drop(idle);
+    server.assert_alive("row 3");
+    eprintln!("hostile: row 3: {opened} idle connections to the probe port; GET /healthz: {}", describe(&result, took));
+    assert_eq!(opened, IDLE_CONNECTIONS, "row 3: every idle connection must connect");
+    let line = match result {
+        Some(Ok(line)) => line,
+        other => panic!("row 3: GET /healthz was not answered: {}", describe(&other, took)),
+    };
+    assert!(line.contains(" 200 "), "row 3: /healthz answered {line:?}");
+    assert!(took < BOUND, "row 3: /healthz took {} ms, over the 1 s bound", took.as_millis());
+}
+
+/// 1,100 idle connections to the webhook port: a review over a fresh TLS
+/// connection is still answered within 2 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn row4_idle_connections_do_not_starve_the_webhook_port() {
+    const BOUND: Duration = Duration::from_secs(2);
+    let _serial = one_at_a_time().await;
+    require_open_files(2 * IDLE_CONNECTIONS as u64 + 200);
+    let mut server = Server::start().await;
+    let idle = idle_connections(server.webhook, IDLE_CONNECTIONS).await;
+    let opened = idle.len();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (result, took) = timed(MEASURE_CAP, review_on_fresh_connection(&server)).await;
+    drop(idle);
+    server.assert_alive("row 4");
+    eprintln!("hostile: row 4: {opened} idle connections to the webhook port; a review: {}", describe(&result, took));
+    assert_eq!(opened, IDLE_CONNECTIONS, "row 4: every idle connection must connect");
+    match result {
+        Some(Ok(200)) => {}
+        other => panic!("row 4: the review was not answered 200: {}", describe(&other, took)),
+    }
+    assert!(took < BOUND, "row 4: the review took {} ms, over the 2 s bound", took.as_millis());
+}
+
+// ---------------------------------------------------------------------------
+// Row 5: bodies sent a byte at a time
+// ---------------------------------------------------------------------------
+
+/// 40 clients declare a ~100 KB review and send it a byte every 200 ms: a
+/// normal review on a fresh connection is still answered within 2 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn row5_slow_bodies_do_not_starve_reviews() {
+    const CLIENTS: usize = 40;
+    const BOUND: Duration = Duration::from_secs(2);
+    let _serial = one_at_a_time().await;
+    let mut server = Server::start().await;
+    server.warm_up().await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let started_sending = Arc::new(AtomicUsize::new(0));
+    let mut tricklers = JoinSet::new();
+    for _ in 0..CLIENTS {
+        let stream = server.tls_connect().await.expect("row 5: a slow client connects");
+        tricklers.spawn(trickle(stream, stop.clone(), started_sending.clone()));
+    }
+    // Bounded wait until every slow client has sent its headers.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while started_sending.load(Ordering::Acquire) < CLIENTS && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (result, took) = timed(MEASURE_CAP, review_on_fresh_connection(&server)).await;
+    stop.store(true, Ordering::Release);
+    let outcomes = tally(tricklers.join_all().await);
+    server.assert_alive("row 5");
+    eprintln!(
+        "hostile: row 5: {CLIENTS} slow bodies ({} sending); a review: {}; slow clients: {outcomes:?}",
+        started_sending.load(Ordering::Acquire),
+        describe(&result, took)
+    );
+    match result {
+        Some(Ok(200)) => {}
+        other => panic!("row 5: the review was not answered 200: {}", describe(&other, took)),
+    }
+    assert!(took < BOUND, "row 5: the review took {} ms, over the 2 s bound", took.as_millis());
+}
+
+/// One slow client: complete headers of a ~100 KB POST /validate, then a byte of the
+/// body every 200 ms until told to stop, the server cuts it off, or 40 s pass.
+async fn trickle<S>(mut stream: S, stop: Arc<AtomicBool>, started: Arc<AtomicUsize>) -> String
+where
+    S: AsyncWrite + Unpin,
+{
+    let head = "POST /validate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n\
+                Content-Length: 100000\r\n\r\n";
+    if stream.write_all(head.as_bytes()).await.is_err() || stream.flush().await.is_err() {
+        return "headers refused".into();
+    }
+    started.fetch_add(1, Ordering::AcqRel);
+    let began = Instant::now();
+    while !stop.load(Ordering::Acquire) && began.elapsed() < Duration::from_secs(40) {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let wrote = async {
+            stream.write_all(b" ").await?;
+            stream.flush().await
+        };
+        if !matches!(tokio::time::timeout(Duration::from_secs(5), wrote).await, Ok(Ok(()))) {
+            return format!("cut off after ~{} s", began.elapsed().as_secs());
+        }
+    }
+    "still sending when stopped".into()
+}
+
+// ---------------------------------------------------------------------------
+// Row 6: headers that never end
+// ---------------------------------------------------------------------------
+
+/// 100 plain connections to the probe port and 100 TLS connections to the webhook
+/// port each send 360 KB of headers: the server grows by at most 96 MiB, and
+/// headers that long are refused with `431`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn row6_huge_headers_cost_bounded_memory_and_get_431() {
+    const PER_PORT: usize = 100;
+    const HEADER_BYTES: usize = 360 * 1024;
+    const BOUND: u64 = 96 * 1024 * 1024;
+    let _serial = one_at_a_time().await;
+    let mut server = Server::start().await;
+    let baseline = server.warm_up().await;
+    let block = Arc::new(padded_headers(HEADER_BYTES));
+    let mut senders = JoinSet::new();
+    for _ in 0..PER_PORT {
+        let tcp = tokio::time::timeout(Duration::from_secs(5), TcpStream::connect(server.probe))
+            .await
+            .expect("row 6: probe connect in time")
+            .expect("row 6: probe connect");
+        senders.spawn(send_headers(tcp, block.clone()));
+        let tls = server.tls_connect().await.expect("row 6: webhook connect");
+        senders.spawn(send_headers(tls, block.clone()));
+    }
+    let sent = senders.join_all().await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    server.assert_alive("row 6");
+    let after = server.memory();
+    let grew = growth(baseline, after);
+    let outcomes = tally(sent.iter().map(|(_, outcome)| outcome.to_string()));
+    let probe_status =
+        status_for_headers(TcpStream::connect(server.probe).await.expect("connect"), block.clone()).await;
+    let webhook_status = status_for_headers(server.tls_connect().await.expect("connect"), block.clone()).await;
+    drop(sent);
+    eprintln!(
+        "hostile: row 6: {} connections x {} bytes of headers: {outcomes:?}; RSS baseline {:.1} MiB, \
+         peak {:.1} MiB, growth {:.1} MiB (bound 96 MiB); complete long headers answered: \
+         probe {probe_status:?}, webhook {webhook_status:?}",
+        2 * PER_PORT,
+        block.len(),
+        mib(baseline.rss),
+        mib(after.peak),
+        mib(grew)
+    );
+    assert!(grew <= BOUND, "row 6: the server grew by {:.1} MiB, over the 96 MiB bound", mib(grew));
+    for (port, status) in [("probe", &probe_status), ("webhook", &webhook_status)] {
+        assert!(
+            status.as_ref().is_ok_and(|line| line.starts_with("HTTP/1.1 431")),
+            "row 6: {} bytes of headers to the {port} port must get a 431 status line, got {status:?}",
+            block.len() + 2
+        );
+    }
+}
