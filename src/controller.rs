@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use futures::StreamExt;
+use futures::{FutureExt, StreamExt};
 use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, ObjectReference, Service};
@@ -224,7 +224,15 @@ async fn refuse(
     let message = denial_message(&owner.name, errors);
     let counts = counts_from_cache(balancer, ctx);
     let ready = condition(balancer, false, "InvalidSpec", &message);
-    write_status(balancer, ctx, counts, ready).await?;
+    match write_status(balancer, ctx, counts, ready).await {
+        Ok(()) => {}
+        // The API server validates the whole object on a status write: one stored under a looser
+        // schema cannot get a status until its spec is fixed, so it is told through an event.
+        Err(Error::Api { source: kube::Error::Api(status), .. }) if status.code == 422 => {
+            publish(balancer, ctx, EventType::Warning, "InvalidSpec", message, None).await;
+        }
+        Err(e) => return Err(e),
+    }
     Ok(Action::await_change())
 }
 
@@ -555,6 +563,20 @@ pub async fn run(
             }
         }
     };
+    // Graceful shutdown drains in-flight reconciles, but kube-runtime's runner waits for the
+    // Balancer cache to sync before it can end, and that cache's writer lives in the stream the
+    // runner owns: if the first list never succeeded (RBAC, a missing CRD), nothing is in flight
+    // and the controller is dropped instead.
+    let stopped_unsynced = {
+        let balancers = balancers.clone();
+        let stop = stop.clone();
+        async move {
+            stop.cancelled().await;
+            if balancers.wait_until_ready().now_or_never().is_some() {
+                std::future::pending::<()>().await;
+            }
+        }
+    };
     let controller = Controller::for_stream(balancer_events, balancers)
         .owns_stream(service_events)
         .owns_stream(config_map_events)
@@ -568,6 +590,12 @@ pub async fn run(
             }
             std::future::ready(())
         });
+    let controller = async {
+        tokio::select! {
+            _ = controller => {}
+            _ = stopped_unsynced => tracing::info!("stopped before the Balancer cache synced: nothing to drain"),
+        }
+    };
     tokio::join!(controller, readiness, census);
     metrics.set_balancers(0, 0, 0);
 }

@@ -421,6 +421,38 @@ async fn an_invalid_spec_is_reported_and_builds_nothing() {
     verifier.await.unwrap();
 }
 
+/// A Balancer stored under a looser schema: its spec cannot be read, nothing is built, and
+/// when the API server also refuses its status (it validates the whole object on a status
+/// write), the problem is told through an event, without a retry loop.
+#[tokio::test]
+async fn an_unreadable_spec_is_reported_even_when_its_status_cannot_be_written() {
+    let (ctx, mut server, _caches) = context();
+    let mut object = serde_json::to_value(sample()).unwrap();
+    object["spec"]["ports"][0]["targetPort"] = json!(3_000_000_000u64);
+    let stored: StoredBalancer = serde_json::from_value(object).expect("any stored Balancer is readable");
+    let verifier = tokio::spawn(async move {
+        let (body, respond) = expect(&mut server, Method::PATCH, STATUS).await;
+        assert_eq!(body["status"]["conditions"][0]["reason"], "InvalidSpec");
+        let message = body["status"]["conditions"][0]["message"].as_str().unwrap().to_string();
+        assert!(message.contains("spec.ports[0].targetPort: invalid value: integer `3000000000`"), "{message}");
+        let refusal = json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+            "message": "spec.ports.targetPort in body should be less than or equal to 65535",
+            "reason": "Invalid", "code": 422});
+        respond.send_response(
+            Response::builder()
+                .status(StatusCode::UNPROCESSABLE_ENTITY)
+                .body(Body::from(serde_json::to_vec(&refusal).unwrap()))
+                .unwrap(),
+        );
+        let event = expect_event(&mut server, "InvalidSpec").await;
+        assert_eq!(event["type"], "Warning");
+        assert_eq!(event["note"], message.as_str());
+    });
+    let action = reconcile(Arc::new(stored), ctx).await.expect("an unreadable spec is not a reconcile error");
+    assert_eq!(action, Action::await_change());
+    verifier.await.unwrap();
+}
+
 #[tokio::test]
 async fn a_namesake_not_owned_by_the_balancer_is_never_adopted() {
     let (ctx, mut server, _caches) = context();
