@@ -22,6 +22,7 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Service};
 use k8s_openapi::api::events::v1::Event;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::JSONSchemaProps;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use kube::api::{ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
@@ -740,8 +741,10 @@ fn set_target_port_schema(world: &World, schema: &Value) {
     let patch = json!([{"op": "replace", "path": pointer, "value": schema}]).to_string();
     let (ok, out, err) = world.plane.kubectl("admin", &["patch", "crd", CRD, "--type=json", "-p", &patch], None);
     assert!(ok, "patching the CRD schema failed: {out}{err}");
-    let stored = stored_crd(world).pointer(&pointer).cloned();
-    assert_eq!(stored.as_ref(), Some(schema), "the stored targetPort schema");
+    // Compared as schemas: the API server writes `1.0` back as `1`.
+    let as_schema = |v: &Value| serde_json::from_value::<JSONSchemaProps>(v.clone()).expect("a schema");
+    let stored = stored_crd(world).pointer(&pointer).map(as_schema);
+    assert_eq!(stored, Some(as_schema(schema)), "the stored targetPort schema");
 }
 
 /// Balancers as schemaless objects: readable whatever their spec holds.
@@ -792,8 +795,6 @@ async fn an_unreadable_stored_balancer_is_reported_on_itself(world: &mut World) 
         })
         .await;
     }
-    // Stored objects are not validated again: restoring the shipped schema leaves `unreadable` as it is.
-    set_target_port_schema(world, &shipped_target_port);
     let dynamic = dynamic_balancers(world);
     let stored = dynamic.get("unreadable").await.unwrap();
     assert_eq!(stored.data["spec"]["ports"][0]["targetPort"], json!(3_000_000_000_u64));
@@ -822,6 +823,21 @@ async fn an_unreadable_stored_balancer_is_reported_on_itself(world: &mut World) 
     assert_eq!((&ready["status"], &ready["reason"]), (&json!("False"), &json!("InvalidSpec")), "{ready:#}");
     let message = ready["message"].as_str().unwrap_or_default();
     assert!(message.contains("spec.ports[0].targetPort"), "the message names the field: {ready:#}");
+
+    // The shipped schema refuses such a Balancer even with no webhook. (Stored objects are not
+    // validated again, but 1.20 validates the whole object on a status write, with no ratcheting:
+    // once the schema is restored the operator can only report this one through an event.)
+    set_target_port_schema(world, &shipped_target_port);
+    let again = balancer_yaml(
+        "unreadable-again",
+        "spec:\n  ports: [{port: 80, targetPort: 3000000000}]\n  backends: [{name: a, selector: {app: a}}]\n",
+    );
+    let refused = eventually("the schema to refuse targetPort 3000000000", Duration::from_secs(20), || async {
+        let (ok, out) = apply(world, "admin", &again);
+        (!ok).then_some(out)
+    })
+    .await;
+    assert!(refused.contains("targetPort"), "{refused}");
 
     // SIGTERM ends the process within the shutdown delay, whatever state the controller is in:
     // with every Balancer handled...
