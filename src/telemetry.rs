@@ -90,12 +90,22 @@ fn latency_histogram() -> Histogram {
     Histogram::new([0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0])
 }
 
+/// One webhook's series, resolved once: the review path then touches no label map.
+struct AdmissionSeries {
+    in_flight: Gauge,
+    duration: Histogram,
+    /// By [`Outcome`], in declaration order.
+    requests: [Counter; 4],
+}
+
+const OUTCOMES: [Outcome; 4] = [Outcome::Allowed, Outcome::Denied, Outcome::Patched, Outcome::BadRequest];
+const WEBHOOKS: [Webhook; 2] = [Webhook::Validate, Webhook::Mutate];
+
 /// The operator's metrics and the registry that exposes them.
 pub struct Metrics {
     registry: Registry,
-    admission_requests: Family<AdmissionLabels, Counter>,
-    admission_duration: Family<WebhookLabels, Histogram>,
-    admission_in_flight: Family<WebhookLabels, Gauge>,
+    /// By [`Webhook`], in declaration order.
+    admission: [AdmissionSeries; 2],
     tls_reloads: Family<ReloadLabels, Counter>,
     certificate_expiry: Gauge,
     reconciles: Family<ReconcileLabels, Counter>,
@@ -170,11 +180,15 @@ impl Default for Metrics {
             "1 while this replica runs the reconcile loop (leader, or leader election off), else 0",
             leader.clone(),
         );
+        let admission = WEBHOOKS.map(|webhook| AdmissionSeries {
+            in_flight: admission_in_flight.get_or_create(&WebhookLabels { webhook }).clone(),
+            duration: admission_duration.get_or_create(&WebhookLabels { webhook }).clone(),
+            requests: OUTCOMES
+                .map(|outcome| admission_requests.get_or_create(&AdmissionLabels { webhook, outcome }).clone()),
+        });
         let metrics = Metrics {
             registry,
-            admission_requests,
-            admission_duration,
-            admission_in_flight,
+            admission,
             tls_reloads,
             certificate_expiry,
             reconciles,
@@ -195,13 +209,6 @@ impl Metrics {
     /// Creates every known series at zero, so a fresh process already exports them:
     /// `rate()` sees the first increment and `absent()` alerts mean what they say.
     fn initialize_series(&self) {
-        for webhook in [Webhook::Validate, Webhook::Mutate] {
-            for outcome in [Outcome::Allowed, Outcome::Denied, Outcome::Patched, Outcome::BadRequest] {
-                let _ = self.admission_requests.get_or_create(&AdmissionLabels { webhook, outcome });
-            }
-            let _ = self.admission_duration.get_or_create(&WebhookLabels { webhook });
-            let _ = self.admission_in_flight.get_or_create(&WebhookLabels { webhook });
-        }
         for result in [ReloadResult::Success, ReloadResult::Failure] {
             let _ = self.tls_reloads.get_or_create(&ReloadLabels { result });
         }
@@ -220,14 +227,15 @@ impl Metrics {
 
     /// Marks a review as started; the guard counts it out of the in-flight gauge when dropped.
     pub fn admission_started(&self, webhook: Webhook) -> InFlight {
-        let gauge = self.admission_in_flight.get_or_create_owned(&WebhookLabels { webhook });
+        let gauge = &self.admission[webhook as usize].in_flight;
         gauge.inc();
-        InFlight(gauge)
+        InFlight(gauge.clone())
     }
 
     pub fn admission_finished(&self, webhook: Webhook, outcome: Outcome, elapsed: Duration) {
-        self.admission_requests.get_or_create(&AdmissionLabels { webhook, outcome }).inc();
-        self.admission_duration.get_or_create(&WebhookLabels { webhook }).observe(elapsed.as_secs_f64());
+        let series = &self.admission[webhook as usize];
+        series.requests[outcome as usize].inc();
+        series.duration.observe(elapsed.as_secs_f64());
     }
 
     pub fn tls_reloaded(&self, result: ReloadResult) {
@@ -310,4 +318,28 @@ pub fn init_logging(format: LogFormat, default_level: &str) {
         LogFormat::Text => builder.try_init(),
         LogFormat::Json => builder.json().try_init(),
     };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn series_are_indexed_by_declaration_order() {
+        for (i, webhook) in WEBHOOKS.iter().enumerate() {
+            assert_eq!(*webhook as usize, i);
+        }
+        for (i, outcome) in OUTCOMES.iter().enumerate() {
+            assert_eq!(*outcome as usize, i);
+        }
+    }
+
+    #[test]
+    fn an_admission_is_counted_under_its_labels() {
+        let metrics = Metrics::default();
+        metrics.admission_finished(Webhook::Mutate, Outcome::Patched, Duration::from_micros(80));
+        let text = metrics.encode().unwrap();
+        let line = "balancer_admission_requests_total{webhook=\"mutate\",outcome=\"patched\"} 1";
+        assert!(text.contains(line), "{text}");
+    }
 }
