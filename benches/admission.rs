@@ -17,6 +17,36 @@ fn sample_review(defaulted: bool) -> Vec<u8> {
     } else {
         json!({"name": "http", "port": 80})
     };
+    let spec = json!({
+        "ports": [port],
+        "selector": {"app": "test"},
+        "backends": [
+            {"name": "v1", "weight": 40, "selector": {"version": "v1"}},
+            {"name": "v2", "weight": 20, "selector": {"version": "v2"}},
+            {"name": "v3", "weight": 40, "selector": {"version": "v3"}}
+        ]
+    });
+    review_of(spec)
+}
+
+/// The largest Balancer the rules accept: 32 ports, 64 backends, 32 labels in every merged selector.
+fn largest_valid_review() -> Vec<u8> {
+    let ports: Vec<Value> = (0..32)
+        .map(|i| json!({"name": format!("port-{i}"), "protocol": "TCP", "port": 1000 + i, "targetPort": 2000 + i}))
+        .collect();
+    let common: serde_json::Map<String, Value> =
+        (0..16).map(|i| (format!("example.com/common-{i}"), json!(format!("value-{i}")))).collect();
+    let backends: Vec<Value> = (0..64)
+        .map(|b| {
+            let own: serde_json::Map<String, Value> =
+                (0..16).map(|i| (format!("example.com/own-{i}"), json!(format!("backend-{b}-{i}")))).collect();
+            json!({"name": format!("backend-{b}"), "weight": 1 + b % 100, "selector": own})
+        })
+        .collect();
+    review_of(json!({"ports": ports, "selector": common, "backends": backends}))
+}
+
+fn review_of(spec: Value) -> Vec<u8> {
     json!({
         "apiVersion": "admission.k8s.io/v1",
         "kind": "AdmissionReview",
@@ -32,15 +62,7 @@ fn sample_review(defaulted: bool) -> Vec<u8> {
                 "apiVersion": "exposer.hliangzhao.io/v1alpha1",
                 "kind": "Balancer",
                 "metadata": {"name": "example-balancer", "namespace": "default"},
-                "spec": {
-                    "ports": [port],
-                    "selector": {"app": "test"},
-                    "backends": [
-                        {"name": "v1", "weight": 40, "selector": {"version": "v1"}},
-                        {"name": "v2", "weight": 20, "selector": {"version": "v2"}},
-                        {"name": "v3", "weight": 40, "selector": {"version": "v3"}}
-                    ]
-                }
+                "spec": spec
             },
             "dryRun": false
         }
@@ -67,6 +89,15 @@ fn bench(c: &mut Criterion) {
     });
     group.bench_function("mutate review (patched)", |b| {
         b.iter(|| review(Webhook::Mutate, black_box(&undefaulted)).unwrap().to_json().unwrap())
+    });
+    let largest = largest_valid_review();
+    let answer = review(Webhook::Validate, &largest).unwrap();
+    assert!(answer.review.response.as_ref().is_some_and(|r| r.allowed), "the largest review is valid");
+    group.bench_function("validate review (largest valid Balancer)", |b| {
+        b.iter(|| review(Webhook::Validate, black_box(&largest)).unwrap().to_json().unwrap())
+    });
+    group.bench_function("baseline: parse the largest body as serde_json::Value", |b| {
+        b.iter(|| serde_json::from_slice::<Value>(black_box(&largest)).unwrap())
     });
     group.bench_function("rules only: validation::validate", |b| {
         b.iter(|| validate(ObjectName::Name("example-balancer"), black_box(&spec)))
