@@ -473,3 +473,54 @@ async fn updates_that_keep_the_spec_are_not_judged_again() {
     assert_eq!(body["response"]["allowed"], false, "{body}");
     server.stop().await;
 }
+
+/// Review bodies share a byte budget: while one client holds all of it with a body it has
+/// not finished sending, another review waits only `budget_wait`, then gets 503 at once,
+/// well inside the API server's timeout; once the first is gone, reviews flow again.
+#[tokio::test]
+async fn reviews_beyond_the_body_budget_fail_fast_with_503() {
+    let server = TestServer::start_with(balancer::server::Limits {
+        max_body_bytes_in_flight: 64 * 1024,
+        budget_wait: Duration::from_millis(300),
+        body_timeout: Duration::from_secs(10),
+        ..support::test_limits()
+    })
+    .await;
+    let mut object = sample_balancer();
+    object["metadata"]["annotations"] = json!({"pad": "x".repeat(60_000)});
+    let body = review("CREATE", object).to_string();
+    let mut holder = tls_connect(&server).await;
+    let head = format!(
+        "POST /validate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    holder.write_all(head.as_bytes()).await.unwrap();
+    holder.write_all(&body.as_bytes()[..body.len() - 10]).await.unwrap();
+    holder.flush().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    let started = std::time::Instant::now();
+    let response = server
+        .client()
+        .post(server.url("/validate"))
+        .header("Content-Type", "application/json")
+        .body(body.clone())
+        .send()
+        .await
+        .expect("answered");
+    assert_eq!(response.status().as_u16(), 503);
+    assert!(started.elapsed() < Duration::from_secs(2), "waited {:?}", started.elapsed());
+
+    drop(holder);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let response = server
+        .client()
+        .post(server.url("/validate"))
+        .header("Content-Type", "application/json")
+        .body(body)
+        .send()
+        .await
+        .expect("answered");
+    assert_eq!(response.status().as_u16(), 200, "the budget came back");
+    server.stop().await;
+}
