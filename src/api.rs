@@ -192,11 +192,14 @@ fn target_port_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
 impl BalancerSpec {
     /// The labels selecting one backend's pods: `spec.selector` overlaid by the backend's own.
     pub fn merged_selector(&self, backend: &BackendSpec) -> BTreeMap<String, String> {
-        let mut merged = self.selector.clone().unwrap_or_default();
-        if let Some(own) = &backend.selector {
-            merged.extend(own.iter().map(|(k, v)| (k.clone(), v.clone())));
-        }
-        merged
+        self.merged_selector_refs(backend).into_iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    }
+
+    /// [`Self::merged_selector`], borrowed: for comparing selectors without copying them.
+    pub fn merged_selector_refs<'a>(&'a self, backend: &'a BackendSpec) -> BTreeMap<&'a str, &'a str> {
+        let labels =
+            |s: &'a Option<BTreeMap<String, String>>| s.iter().flatten().map(|(k, v)| (k.as_str(), v.as_str()));
+        labels(&self.selector).chain(labels(&backend.selector)).collect()
     }
 }
 

@@ -199,7 +199,10 @@ async fn read_review_body(state: &AppState, request: Request) -> Result<(Vec<u8>
         return Err(too_large(limits.max_body_bytes));
     }
     let budget = BodyBudget { pool: state.body_budget.clone(), held: None, wait: limits.budget_wait };
-    match tokio::time::timeout(limits.body_timeout, read_within(body, limits.max_body_bytes, budget)).await {
+    // The declared length sizes the first allocation (never past FIRST_ALLOCATION_MAX), still
+    // paid for from the budget only when the first bytes arrive.
+    let first = declared.map_or(FIRST_ALLOCATION_MAX, |len| (len as usize).min(FIRST_ALLOCATION_MAX));
+    match tokio::time::timeout(limits.body_timeout, read_within(body, limits.max_body_bytes, first, budget)).await {
         Err(_) => Err(error(StatusCode::REQUEST_TIMEOUT, "the body was not received in time")),
         Ok(Err(BodyError::TooLarge)) => Err(too_large(limits.max_body_bytes)),
         Ok(Err(BodyError::Busy)) => Err(error(StatusCode::SERVICE_UNAVAILABLE, "too many reviews being read; retry")),
@@ -222,13 +225,16 @@ struct BodyBudget {
 }
 
 impl BodyBudget {
-    /// Takes `bytes` more from the budget, waiting at most `wait` for them.
+    /// Takes `bytes` more from the budget, waiting at most `wait` for them (no timer when
+    /// there is room, the usual case).
     async fn grow(&mut self, bytes: usize) -> Result<(), BodyError> {
         let Ok(bytes) = u32::try_from(bytes) else { return Err(BodyError::TooLarge) };
-        let acquire = self.pool.clone().acquire_many_owned(bytes);
-        let permit = match tokio::time::timeout(self.wait, acquire).await {
-            Ok(Ok(permit)) => permit,
-            _ => return Err(BodyError::Busy),
+        let permit = match self.pool.clone().try_acquire_many_owned(bytes) {
+            Ok(permit) => permit,
+            Err(_) => match tokio::time::timeout(self.wait, self.pool.clone().acquire_many_owned(bytes)).await {
+                Ok(Ok(permit)) => permit,
+                _ => return Err(BodyError::Busy),
+            },
         };
         match &mut self.held {
             Some(held) => held.merge(permit),
@@ -238,9 +244,17 @@ impl BodyBudget {
     }
 }
 
+/// Largest first allocation for a body: a client's declared length alone cannot reserve more.
+const FIRST_ALLOCATION_MAX: usize = 64 * 1024;
+
 /// Reads `body` into a buffer at most `limit` bytes long, whose capacity is paid for from `budget`
 /// before it is allocated, so that what a client declares costs nothing until it is sent.
-async fn read_within(mut body: Body, limit: usize, mut budget: BodyBudget) -> Result<(Vec<u8>, BodyBudget), BodyError> {
+async fn read_within(
+    mut body: Body,
+    limit: usize,
+    first: usize,
+    mut budget: BodyBudget,
+) -> Result<(Vec<u8>, BodyBudget), BodyError> {
     let mut buffer: Vec<u8> = Vec::new();
     while let Some(frame) = body.frame().await {
         let Ok(data) = frame.map_err(BodyError::Read)?.into_data() else { continue };
@@ -249,7 +263,7 @@ async fn read_within(mut body: Body, limit: usize, mut budget: BodyBudget) -> Re
             return Err(BodyError::TooLarge);
         }
         if needed > buffer.capacity() {
-            let capacity = needed.max(buffer.capacity().saturating_mul(2)).max(16 * 1024).min(limit);
+            let capacity = needed.max(buffer.capacity().saturating_mul(2)).max(first).min(limit);
             budget.grow(capacity - buffer.capacity()).await?;
             buffer.reserve_exact(capacity - buffer.len());
         }

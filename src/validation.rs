@@ -4,8 +4,7 @@
 //! `<field path>: <problem>`, the way the API server reports field errors.
 //! Rules see the object *after* defaulting, as the validating webhook does.
 
-use std::collections::hash_map::Entry;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::fmt;
 
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -98,7 +97,7 @@ pub fn validate(name: ObjectName<'_>, spec: &BalancerSpec) -> Report {
     let mut report = Report::default();
     validate_name(name, &mut report);
     validate_ports(spec, &mut report);
-    validate_selector("spec.selector", spec.selector.as_ref(), &mut report);
+    validate_selector(&"spec.selector", spec.selector.as_ref(), &mut report);
     validate_backends(name, spec, &mut report);
     report
 }
@@ -146,10 +145,10 @@ fn validate_ports(spec: &BalancerSpec, report: &mut Report) {
         report.error("spec.ports", format!("must have at most {MAX_PORTS} ports, got {}", ports.len()));
         return;
     }
-    let mut names: HashMap<&str, usize> = HashMap::new();
-    let mut pairs: HashMap<(i32, &str), usize> = HashMap::new();
+    let mut names: Vec<(&str, usize)> = Vec::with_capacity(ports.len());
+    let mut pairs: Vec<((i32, &str), usize)> = Vec::with_capacity(ports.len());
     for (i, port) in ports.iter().enumerate() {
-        let at = format!("spec.ports[{i}]");
+        let at = Item("ports", i);
         if !(1..=65535).contains(&port.port) {
             report.error(format!("{at}.port"), format!("must be between 1 and 65535, got {}", port.port));
         }
@@ -175,13 +174,13 @@ fn validate_ports(spec: &BalancerSpec, report: &mut Report) {
             }
         }
         if let Some(first) = first_seen(&mut pairs, (port.port, protocol), i) {
-            report.error(at.clone(), format!("duplicate port {}/{protocol} (also spec.ports[{first}])", port.port));
+            report.error(at.to_string(), format!("duplicate port {}/{protocol} (also spec.ports[{first}])", port.port));
         }
-        validate_target_port(&at, port.target_port.as_ref(), report);
+        validate_target_port(at, port.target_port.as_ref(), report);
     }
 }
 
-fn validate_target_port(at: &str, target: Option<&IntOrString>, report: &mut Report) {
+fn validate_target_port(at: Item, target: Option<&IntOrString>, report: &mut Report) {
     match target {
         Some(IntOrString::Int(n)) if !(1..=65535).contains(n) => {
             report.error(format!("{at}.targetPort"), format!("must be between 1 and 65535, got {n}"));
@@ -212,10 +211,10 @@ fn validate_backends(name: ObjectName<'_>, spec: &BalancerSpec, report: &mut Rep
     // Merged selectors are only compared when every selector is within bounds.
     let selectors_bounded = selector_len(spec.selector.as_ref()) <= MAX_SELECTOR_LABELS
         && backends.iter().all(|b| selector_len(b.selector.as_ref()) <= MAX_SELECTOR_LABELS);
-    let mut names: HashMap<&str, usize> = HashMap::new();
-    let mut selectors: Vec<(usize, BTreeMap<String, String>)> = Vec::with_capacity(backends.len());
+    let mut names: Vec<(&str, usize)> = Vec::with_capacity(backends.len());
+    let mut selectors: Vec<(usize, BTreeMap<&str, &str>)> = Vec::with_capacity(backends.len());
     for (i, backend) in backends.iter().enumerate() {
-        let at = format!("spec.backends[{i}]");
+        let at = Item("backends", i);
         if !is_dns1123_label(&backend.name) {
             report.error(format!("{at}.name"), dns1123_label_problem(&backend.name));
         }
@@ -248,11 +247,11 @@ fn validate_backends(name: ObjectName<'_>, spec: &BalancerSpec, report: &mut Rep
                 quoted(&backend.name)
             ));
         }
-        validate_selector(&format!("{at}.selector"), backend.selector.as_ref(), report);
+        validate_selector(&format_args!("{at}.selector"), backend.selector.as_ref(), report);
         if !selectors_bounded {
             continue;
         }
-        let merged = spec.merged_selector(backend);
+        let merged = spec.merged_selector_refs(backend);
         if merged.is_empty() {
             report.error(
                 format!("{at}.selector"),
@@ -273,13 +272,22 @@ fn validate_backends(name: ObjectName<'_>, spec: &BalancerSpec, report: &mut Rep
 }
 
 /// Records `key` at `index`; returns where it was first seen if this is a repeat.
-fn first_seen<K: std::hash::Hash + Eq>(seen: &mut HashMap<K, usize>, key: K, index: usize) -> Option<usize> {
-    match seen.entry(key) {
-        Entry::Occupied(first) => Some(*first.get()),
-        Entry::Vacant(slot) => {
-            slot.insert(index);
-            None
-        }
+/// (A scan: the lists are at most 64 long, where hashing costs more than it saves.)
+fn first_seen<K: PartialEq>(seen: &mut Vec<(K, usize)>, key: K, index: usize) -> Option<usize> {
+    if let Some((_, first)) = seen.iter().find(|(k, _)| *k == key) {
+        return Some(*first);
+    }
+    seen.push((key, index));
+    None
+}
+
+/// `spec.<list>[<index>]`, formatted only when a message needs it.
+#[derive(Clone, Copy)]
+struct Item(&'static str, usize);
+
+impl fmt::Display for Item {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "spec.{}[{}]", self.0, self.1)
     }
 }
 
@@ -287,15 +295,15 @@ fn selector_len(selector: Option<&BTreeMap<String, String>>) -> usize {
     selector.map_or(0, BTreeMap::len)
 }
 
-fn validate_selector(at: &str, selector: Option<&BTreeMap<String, String>>, report: &mut Report) {
+fn validate_selector(at: &dyn fmt::Display, selector: Option<&BTreeMap<String, String>>, report: &mut Report) {
     let len = selector_len(selector);
     if len > MAX_SELECTOR_LABELS {
-        report.error(at, format!("must have at most {MAX_SELECTOR_LABELS} labels, got {len}"));
+        report.error(at.to_string(), format!("must have at most {MAX_SELECTOR_LABELS} labels, got {len}"));
         return;
     }
     for (key, value) in selector.into_iter().flatten() {
         if let Err(problem) = check_label_key(key) {
-            report.error(at, format!("invalid label key {}: {problem}", quoted(key)));
+            report.error(at.to_string(), format!("invalid label key {}: {problem}", quoted(key)));
         }
         if let Err(problem) = check_label_value(value) {
             report.error(
