@@ -6,6 +6,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::hash::{Hash, Hasher};
 
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
@@ -212,7 +213,8 @@ fn validate_backends(name: ObjectName<'_>, spec: &BalancerSpec, report: &mut Rep
     let selectors_bounded = selector_len(spec.selector.as_ref()) <= MAX_SELECTOR_LABELS
         && backends.iter().all(|b| selector_len(b.selector.as_ref()) <= MAX_SELECTOR_LABELS);
     let mut names: Vec<(&str, usize)> = Vec::with_capacity(backends.len());
-    let mut selectors: Vec<(usize, BTreeMap<&str, &str>)> = Vec::with_capacity(backends.len());
+    // Merged selectors seen so far, with a fingerprint so that most comparisons are one integer.
+    let mut selectors: Vec<(usize, u64, BTreeMap<&str, &str>)> = Vec::with_capacity(backends.len());
     for (i, backend) in backends.iter().enumerate() {
         let at = Item("backends", i);
         if !is_dns1123_label(&backend.name) {
@@ -258,17 +260,26 @@ fn validate_backends(name: ObjectName<'_>, spec: &BalancerSpec, report: &mut Rep
                 "the merged selector (spec.selector and this backend's selector) must not be empty, \
                  or the backend would select every pod in the namespace",
             );
-        } else if let Some((first, _)) = selectors.iter().find(|(_, s)| *s == merged) {
+            continue;
+        }
+        let fingerprint = fingerprint(&merged);
+        if let Some((first, _, _)) = selectors.iter().find(|(_, f, s)| *f == fingerprint && *s == merged) {
             report.warnings.push(format!(
                 "{at}.selector: selects the same pods as spec.backends[{first}], so both backends share them"
             ));
         }
-        selectors.push((i, merged));
+        selectors.push((i, fingerprint, merged));
     }
     let weights_valid = backends.iter().all(|b| (0..=MAX_WEIGHT).contains(&b.effective_weight()));
     if !backends.is_empty() && weights_valid && backends.iter().all(|b| b.effective_weight() == 0) {
         report.error("spec.backends", "the sum of weights must be greater than 0, got 0");
     }
+}
+
+fn fingerprint(selector: &BTreeMap<&str, &str>) -> u64 {
+    let mut hasher = std::hash::DefaultHasher::new();
+    selector.hash(&mut hasher);
+    hasher.finish()
 }
 
 /// Records `key` at `index`; returns where it was first seen if this is a repeat.
