@@ -428,13 +428,14 @@ measure() { # $1: path
 report() { # $1: path
   local path="$1"
   printf '\nbest of %s, /%s:\n' "$rounds" "$path"
-  printf '  %-9s %5s %12s %10s %10s\n' server conn "req/s" "p50 ms" "p99 ms"
-  awk -v p="$path" -v high="$high" -v low="$low" '
+  printf '  %-9s %5s %12s  %9s  %9s\n' server conn "req/s" "p50 ms" "p99 ms"
+  awk -v p="$path" -v high="$high" -v low="$low" -v max="$quiet_max" '
+    # Figures from a run that other work disturbed carry a "*".
     $1 == p {
-      k = $2 " " $3
-      if (!(k in rps) || $5 > rps[k]) rps[k] = $5
-      if (!(k in p50) || $6 < p50[k]) p50[k] = $6
-      if (!(k in p99) || $7 < p99[k]) p99[k] = $7
+      k = $2 " " $3; d = ($8 > max ? "*" : " ")
+      if (!(k in rps) || $5 > rps[k]) { rps[k] = $5; rd[k] = d }
+      if (!(k in p50) || $6 < p50[k]) { p50[k] = $6; pd[k] = d }
+      if (!(k in p99) || $7 < p99[k]) { p99[k] = $7; qd[k] = d }
     }
     END {
       split(high " " low, cs, " ")
@@ -442,7 +443,7 @@ report() { # $1: path
         split("nginx balancer", ss, " ")
         for (j = 1; j <= 2; j++) {
           k = ss[j] " " cs[i]
-          printf "  %-9s %5s %12.0f %10.3f %10.3f\n", ss[j], cs[i], rps[k], p50[k], p99[k]
+          printf "  %-9s %5s %12.0f%s %9.3f%s %9.3f%s\n", ss[j], cs[i], rps[k], rd[k], p50[k], pd[k], p99[k], qd[k]
         }
       }
       t = rps["balancer " high] / rps["nginx " high]
@@ -500,7 +501,7 @@ main() {
   for path in $paths; do
     report "$path"
   done
-  awk -v max="$quiet_max" '$8 > max { busy++ } END { if (busy) printf "\nWARNING: in %d runs other work used over %d%% of the CPU; their figures, and maybe the ratios, are unreliable\n", busy, max }' "$work/runs"
+  awk -v max="$quiet_max" '$8 > max { busy++ } END { if (busy) printf "\nWARNING: in %d runs other work used over %d%% of the CPU; figures from them (*), and ratios of those, are unreliable\n", busy, max }' "$work/runs"
 }
 
 main
