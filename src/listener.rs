@@ -11,8 +11,10 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use axum::Router;
@@ -51,7 +53,10 @@ impl Default for ConnectionLimits {
             max_connections: 1024,
             first_byte_timeout: Duration::from_secs(5),
             handshake_timeout: Duration::from_secs(5),
-            header_timeout: Duration::from_secs(30),
+            // Longer than the API server's 90 s idle keep-alive: a server closing first races a
+            // POST, which Go does not retry ("failed calling webhook: EOF"). An idle connection
+            // still makes room for a newcomer at the connection limit.
+            header_timeout: Duration::from_secs(120),
             max_header_bytes: 16 * 1024,
             write_timeout: Duration::from_secs(10),
             shutdown_grace: Duration::from_secs(20),
@@ -132,11 +137,7 @@ impl Connection {
         let service = hyper::service::service_fn(move |request: hyper::Request<Incoming>| {
             let busy = state.busy();
             let response = router.clone().oneshot(request);
-            async move {
-                let response = response.await;
-                drop(busy);
-                response
-            }
+            async move { Ok::<_, std::convert::Infallible>(response.await?.map(|body| BusyBody { body, _busy: busy })) }
         });
         let mut builder = hyper::server::conn::http1::Builder::new();
         builder
@@ -156,6 +157,33 @@ impl Connection {
         if let Err(e) = result {
             tracing::debug!(%peer, error = %e, "connection ended with an error");
         }
+    }
+}
+
+/// An answer's body that keeps its connection busy until hyper has written it (or dropped it),
+/// so a connection is never closed for a newcomer in the middle of an answer.
+struct BusyBody {
+    body: axum::body::Body,
+    _busy: BusyGuard,
+}
+
+impl hyper::body::Body for BusyBody {
+    type Data = axum::body::Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<hyper::body::Frame<Self::Data>, Self::Error>>> {
+        Pin::new(&mut self.body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.body.size_hint()
     }
 }
 
