@@ -33,6 +33,7 @@ use crate::api::BalancerStatus;
 use crate::children::{self, BALANCER_NAME_LABEL, COMPONENT_BACKEND, COMPONENT_LABEL, MANAGED_BY, MANAGED_BY_LABEL};
 use crate::children::{Desired, Owner, OwnerError, ProxySettings};
 use crate::defaulting::with_defaults;
+use crate::echo::cut;
 use crate::stored::StoredBalancer;
 use crate::telemetry::{Metrics, ReconcileResult};
 use crate::validation::{FieldError, ObjectName, validate};
@@ -228,12 +229,18 @@ async fn refuse(
         Ok(()) => {}
         // The API server validates the whole object on a status write: one stored under a looser
         // schema cannot get a status until its spec is fixed, so it is told through an event.
-        Err(Error::Api { source: kube::Error::Api(status), .. }) if status.code == 422 => {
+        Err(Error::Api { source: kube::Error::Api(status), .. }) if status.code == 422 && names_spec(&status) => {
             publish(balancer, ctx, EventType::Warning, "InvalidSpec", message, None).await;
         }
         Err(e) => return Err(e),
     }
     Ok(Action::await_change())
+}
+
+/// Whether a refusal is about the stored spec (its causes, or its message, name a `spec` field).
+fn names_spec(status: &kube::core::Status) -> bool {
+    let causes = status.details.as_ref().map(|d| d.causes.as_slice()).unwrap_or_default();
+    causes.iter().any(|c| c.field.starts_with("spec")) || status.message.contains(": spec.")
 }
 
 /// Applies `desired` unless the cached object already holds every field it sets.
@@ -480,23 +487,11 @@ async fn publish(
     related: Option<ObjectReference>,
 ) {
     // The events API refuses notes over 1 KiB.
-    let note = Some(truncate(note, 1024));
+    let note = Some(cut(&note, 1024).into_owned());
     let event = Event { type_, reason: reason.into(), note, action: "Reconcile".into(), secondary: related };
     if let Err(e) = ctx.recorder.publish(&event, &balancer.object_ref(&())).await {
         tracing::debug!(error = %e, reason, "could not record an event");
     }
-}
-
-/// `text` cut to at most `max` bytes, on a character boundary.
-fn truncate(mut text: String, max: usize) -> String {
-    if text.len() > max {
-        let mut end = max;
-        while !text.is_char_boundary(end) {
-            end -= 1;
-        }
-        text.truncate(end);
-    }
-    text
 }
 
 /// Which namespaces the controller watches.
@@ -549,15 +544,16 @@ pub async fn run(
     let census = count_balancers(balancers.clone(), metrics.clone(), stop.clone());
     let stores = (services.clone(), config_maps.clone(), deployments.clone());
     let ctx = Arc::new(Context::new(client, stores, settings, metrics.clone()));
+    let caches = Caches {
+        balancers: balancers.clone(),
+        services: services.clone(),
+        config_maps: config_maps.clone(),
+        deployments: deployments.clone(),
+    };
     let readiness = {
-        let balancers = balancers.clone();
+        let caches = caches.clone();
         async move {
-            // Each resolves with an error instead if the controller stops first.
-            let all_synced = balancers.wait_until_ready().await.is_ok()
-                && services.wait_until_ready().await.is_ok()
-                && config_maps.wait_until_ready().await.is_ok()
-                && deployments.wait_until_ready().await.is_ok();
-            if all_synced {
+            if caches.synced().await {
                 synced.store(true, Ordering::Release);
                 tracing::info!("controller caches synced");
             }
@@ -565,14 +561,14 @@ pub async fn run(
     };
     // Graceful shutdown drains in-flight reconciles, but kube-runtime's runner waits for the
     // Balancer cache to sync before it can end, and that cache's writer lives in the stream the
-    // runner owns: if the first list never succeeded (RBAC, a missing CRD), nothing is in flight
-    // and the controller is dropped instead.
+    // runner owns. Every reconcile waits for all four caches before it writes, and a cache once
+    // synced stays so: with any of them unsynced at the stop (RBAC, a missing CRD), nothing is in
+    // flight and the controller is dropped instead.
     let stopped_unsynced = {
-        let balancers = balancers.clone();
         let stop = stop.clone();
         async move {
             stop.cancelled().await;
-            if balancers.wait_until_ready().now_or_never().is_some() {
+            if caches.synced_now() {
                 std::future::pending::<()>().await;
             }
         }
@@ -598,6 +594,30 @@ pub async fn run(
     };
     tokio::join!(controller, readiness, census);
     metrics.set_balancers(0, 0, 0);
+}
+
+/// The controller's caches, for telling whether they have all listed.
+#[derive(Clone)]
+struct Caches {
+    balancers: Store<StoredBalancer>,
+    services: Store<Service>,
+    config_maps: Store<ConfigMap>,
+    deployments: Store<Deployment>,
+}
+
+impl Caches {
+    /// Waits until every cache has listed; false when the controller stopped first.
+    async fn synced(&self) -> bool {
+        self.balancers.wait_until_ready().await.is_ok()
+            && self.services.wait_until_ready().await.is_ok()
+            && self.config_maps.wait_until_ready().await.is_ok()
+            && self.deployments.wait_until_ready().await.is_ok()
+    }
+
+    /// Whether every cache has listed, without waiting.
+    fn synced_now(&self) -> bool {
+        self.synced().now_or_never() == Some(true)
+    }
 }
 
 /// Keeps `balancer_balancers{ready=…}` current from the cache, every 10 s until `stop`.

@@ -435,9 +435,14 @@ async fn an_unreadable_spec_is_reported_even_when_its_status_cannot_be_written()
         assert_eq!(body["status"]["conditions"][0]["reason"], "InvalidSpec");
         let message = body["status"]["conditions"][0]["message"].as_str().unwrap().to_string();
         assert!(message.contains("spec.ports[0].targetPort: invalid value: integer `3000000000`"), "{message}");
+        // As kube-apiserver 1.20 refuses it: the whole object is validated on a status write.
         let refusal = json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-            "message": "spec.ports.targetPort in body should be less than or equal to 65535",
-            "reason": "Invalid", "code": 422});
+            "message": "Balancer.exposer.hliangzhao.io \"example-balancer\" is invalid: spec.ports.targetPort: \
+                        Invalid value: 3000000000: spec.ports.targetPort in body should be less than or equal to 65535",
+            "reason": "Invalid", "code": 422,
+            "details": {"name": "example-balancer", "group": "exposer.hliangzhao.io", "kind": "Balancer",
+                "causes": [{"reason": "FieldValueInvalid", "field": "spec.ports.targetPort",
+                            "message": "Invalid value: 3000000000: spec.ports.targetPort in body should be less than or equal to 65535"}]}});
         respond.send_response(
             Response::builder()
                 .status(StatusCode::UNPROCESSABLE_ENTITY)
