@@ -277,7 +277,8 @@ fn allowed(uid: &str) -> AdmissionResponse {
 fn balancer_write<'r, 'a>(request: &'r RequestIn<'a>) -> Option<Option<&'r ObjectIn<'a>>> {
     let is_balancer = request.kind.group == GROUP && request.kind.kind == KIND;
     let is_write = matches!(request.operation, Operation::Create | Operation::Update);
-    if !is_balancer || !is_write || request.sub_resource.is_some() {
+    let is_subresource = request.sub_resource.as_deref().is_some_and(|s| !s.is_empty());
+    if !is_balancer || !is_write || is_subresource {
         return None;
     }
     Some(request.object.as_ref())
@@ -289,7 +290,8 @@ fn spec_unchanged(request: &RequestIn<'_>) -> bool {
         return false;
     }
     let (Some(new), Some(old)) = (&request.object, &request.old_object) else { return false };
-    if new.metadata.deletion_timestamp.is_some() {
+    // Only the API server sets deletionTimestamp (on a delete): finalizers may then be removed.
+    if new.metadata.deletion_timestamp.is_some() && old.metadata.deletion_timestamp.is_some() {
         return true;
     }
     match (new.spec, old.spec) {
