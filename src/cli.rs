@@ -65,8 +65,8 @@ pub struct RunArgs {
     /// stops sending reviews here before the listener closes.
     #[arg(long, env = "BALANCER_SHUTDOWN_DELAY", default_value = "5s", value_parser = humantime::parse_duration)]
     pub shutdown_delay: Duration,
-    /// Largest AdmissionReview body accepted, in bytes.
-    #[arg(long, env = "BALANCER_MAX_BODY_BYTES", default_value_t = 1024 * 1024)]
+    /// Largest AdmissionReview body accepted, in bytes (4 KiB to 64 MiB).
+    #[arg(long, env = "BALANCER_MAX_BODY_BYTES", default_value_t = 1024 * 1024, value_parser = body_limit)]
     pub max_body_bytes: usize,
     #[command(flatten)]
     pub controller: ControllerArgs,
@@ -76,6 +76,16 @@ pub struct RunArgs {
     /// Log filter when RUST_LOG is unset (e.g. info, balancer=debug).
     #[arg(long, env = "BALANCER_LOG_LEVEL", default_value = "info,rustls=error")]
     pub log_level: String,
+}
+
+/// A body limit that can hold a real review and that the body budget can account for.
+fn body_limit(text: &str) -> Result<usize, String> {
+    const RANGE: std::ops::RangeInclusive<usize> = 4 * 1024..=64 * 1024 * 1024;
+    match text.parse::<usize>() {
+        Ok(n) if RANGE.contains(&n) => Ok(n),
+        Ok(n) => Err(format!("must be between {} and {} bytes, got {n}", RANGE.start(), RANGE.end())),
+        Err(e) => Err(e.to_string()),
+    }
 }
 
 /// A duration greater than zero, such as `10s` or `500ms`.

@@ -197,3 +197,11 @@ fn run_reports_a_missing_certificate_file_by_name() {
     assert_eq!(output.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&output.stderr).contains("cannot read /nonexistent/tls.crt"));
 }
+
+#[test]
+fn run_refuses_a_body_limit_no_review_fits() {
+    let output = balancer().args(["run", "--max-body-bytes", "0"]).output().unwrap();
+    assert_eq!(output.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("must be between 4096 and 67108864 bytes, got 0"), "{stderr}");
+}
