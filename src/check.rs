@@ -26,15 +26,22 @@ pub struct YamlError {
 }
 
 /// The Balancer documents of a (multi-document) YAML text, with their 1-based positions.
+/// The items of a `List` (what `kubectl get -o yaml` prints) count as its document's.
 pub fn balancer_documents(source_name: &str, text: &str) -> Result<Vec<(usize, Value)>, YamlError> {
     let documents: Vec<Value> = serde_saphyr::from_multiple(text)
         .map_err(|e| YamlError { source_name: source_name.to_string(), reason: e.to_string() })?;
-    Ok(documents
-        .into_iter()
-        .enumerate()
-        .filter(|(_, doc)| doc.get("kind").and_then(Value::as_str) == Some(KIND))
-        .map(|(i, doc)| (i + 1, doc))
-        .collect())
+    let is_balancer = |doc: &Value| doc.get("kind").and_then(Value::as_str) == Some(KIND);
+    let mut balancers = Vec::new();
+    for (i, mut doc) in documents.into_iter().enumerate() {
+        match doc.get_mut("items").map(Value::take) {
+            Some(Value::Array(items)) if doc.get("kind").and_then(Value::as_str) == Some("List") => {
+                balancers.extend(items.into_iter().filter(is_balancer).map(|item| (i + 1, item)));
+            }
+            _ if is_balancer(&doc) => balancers.push((i + 1, doc)),
+            _ => {}
+        }
+    }
+    Ok(balancers)
 }
 
 /// Checks every Balancer in a (multi-document) YAML text; other kinds are skipped.

@@ -205,3 +205,38 @@ fn run_refuses_a_body_limit_no_review_fits() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("must be between 4096 and 67108864 bytes, got 0"), "{stderr}");
 }
+
+/// `kubectl get bal -A -o yaml | balancer check -`: the items of a List are checked, so stored
+/// Balancers can be vetted before an upgrade whose schema is stricter.
+#[test]
+fn check_reads_the_items_of_a_list() {
+    let yaml = "\
+apiVersion: v1
+kind: List
+items:
+- apiVersion: exposer.hliangzhao.io/v1alpha1
+  kind: Balancer
+  metadata: {name: fine, namespace: default}
+  spec:
+    ports: [{port: 80, protocol: TCP, targetPort: 8080}]
+    backends: [{name: a, weight: 1, selector: {app: a}}]
+- apiVersion: exposer.hliangzhao.io/v1alpha1
+  kind: Balancer
+  metadata: {name: stored-before, namespace: default}
+  spec:
+    ports: [{port: 80, targetPort: 3000000000}]
+    backends: [{name: a, selector: {app: a}}]
+- apiVersion: v1
+  kind: ConfigMap
+  metadata: {name: ignored}
+";
+    let mut child = balancer().args(["check", "-"]).stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().unwrap();
+    child.stdin.take().unwrap().write_all(yaml.as_bytes()).unwrap();
+    let output = child.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(output.status.code(), Some(1), "{stdout}");
+    assert!(stdout.contains("<stdin>: document 1 (Balancer \"fine\"): valid"), "{stdout}");
+    assert!(stdout.contains("<stdin>: document 1 (Balancer \"stored-before\"): invalid"), "{stdout}");
+    assert!(stdout.contains("error: spec.ports[0].targetPort: invalid value: integer `3000000000`"), "{stdout}");
+    assert!(!stdout.contains("ignored"), "{stdout}");
+}
