@@ -98,7 +98,14 @@ pub async fn serve(
             continue;
         };
         let _ = tcp.set_nodelay(true);
-        let task = Connection { tcp, peer, acceptor: acceptor.clone(), router: router.clone(), limits: limits.clone() };
+        let task = Connection {
+            tcp,
+            peer,
+            acceptor: acceptor.clone(),
+            router: router.clone(),
+            limits: limits.clone(),
+            shutdown: shutdown.clone(),
+        };
         let watcher = graceful.watcher();
         let open = open.clone();
         tokio::spawn(async move {
@@ -122,12 +129,18 @@ struct Connection {
     acceptor: Option<TlsAcceptor>,
     router: Router,
     limits: Arc<ConnectionLimits>,
+    /// Ends a connection still waiting for its first byte or handshake; serving ones drain.
+    shutdown: CancellationToken,
 }
 
 impl Connection {
     async fn serve(self, state: Arc<ConnectionState>, watcher: hyper_util::server::graceful::Watcher) {
-        let Connection { tcp, peer, acceptor, router, limits } = self;
-        if tokio::time::timeout(limits.first_byte_timeout, tcp.readable()).await.is_err() {
+        let Connection { tcp, peer, acceptor, router, limits, shutdown } = self;
+        let first_byte = tokio::select! {
+            _ = shutdown.cancelled() => return,
+            first_byte = tokio::time::timeout(limits.first_byte_timeout, tcp.readable()) => first_byte,
+        };
+        if first_byte.is_err() {
             return tracing::debug!(%peer, "no first byte in time");
         }
         // A client that stops reading its response must not hold the connection forever.
@@ -148,11 +161,17 @@ impl Connection {
             .keep_alive(true);
         let result = match acceptor {
             None => watcher.watch(builder.serve_connection(TokioIo::new(io), service)).await,
-            Some(acceptor) => match tokio::time::timeout(limits.handshake_timeout, acceptor.accept(io)).await {
-                Ok(Ok(stream)) => watcher.watch(builder.serve_connection(TokioIo::new(stream), service)).await,
-                Ok(Err(e)) => return tracing::debug!(%peer, error = %e, "TLS handshake failed"),
-                Err(_) => return tracing::debug!(%peer, "TLS handshake timed out"),
-            },
+            Some(acceptor) => {
+                let handshake = tokio::select! {
+                    _ = shutdown.cancelled() => return,
+                    handshake = tokio::time::timeout(limits.handshake_timeout, acceptor.accept(io)) => handshake,
+                };
+                match handshake {
+                    Ok(Ok(stream)) => watcher.watch(builder.serve_connection(TokioIo::new(stream), service)).await,
+                    Ok(Err(e)) => return tracing::debug!(%peer, error = %e, "TLS handshake failed"),
+                    Err(_) => return tracing::debug!(%peer, "TLS handshake timed out"),
+                }
+            }
         };
         if let Err(e) = result {
             tracing::debug!(%peer, error = %e, "connection ended with an error");

@@ -524,3 +524,29 @@ async fn reviews_beyond_the_body_budget_fail_fast_with_503() {
     assert_eq!(response.status().as_u16(), 200, "the budget came back");
     server.stop().await;
 }
+
+/// Connections that never sent a byte, or never finished their handshake, do not hold up
+/// shutdown: only requests in flight are drained.
+#[tokio::test]
+async fn silent_connections_do_not_delay_shutdown() {
+    let slow = |limits: balancer::listener::ConnectionLimits| balancer::listener::ConnectionLimits {
+        first_byte_timeout: Duration::from_secs(30),
+        handshake_timeout: Duration::from_secs(30),
+        ..limits
+    };
+    let limits = support::test_limits();
+    let server = TestServer::start_with(balancer::server::Limits {
+        connections: slow(limits.connections.clone()),
+        probe_connections: slow(limits.probe_connections.clone()),
+        ..limits
+    })
+    .await;
+    let _silent = TcpStream::connect(server.webhook).await.unwrap();
+    let mut half_hello = TcpStream::connect(server.webhook).await.unwrap();
+    half_hello.write_all(&[0x16, 0x03, 0x01, 0x02, 0x00]).await.unwrap();
+    let _silent_probe = TcpStream::connect(server.probe).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let started = std::time::Instant::now();
+    server.stop().await;
+    assert!(started.elapsed() < Duration::from_secs(2), "shutdown took {:?}", started.elapsed());
+}
