@@ -73,11 +73,8 @@ spec:
   ports: [{port: \"eighty\"}]
   backends: []
 ";
-    let mut child = balancer().args(["check", "-"]).stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().unwrap();
-    child.stdin.take().unwrap().write_all(yaml.as_bytes()).unwrap();
-    let output = child.wait_with_output().unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert_eq!(output.status.code(), Some(1), "{stdout}");
+    let (code, stdout) = check_stdin(yaml);
+    assert_eq!(code, Some(1), "{stdout}");
     assert!(stdout.contains("<stdin>: document 2 (Balancer \"defaults\"): valid"), "{stdout}");
     assert!(stdout.contains("<stdin>: document 3 (Balancer \"wrong-shape\"): invalid"), "{stdout}");
     assert!(stdout.contains("error: spec.ports[0].port: invalid type: string \"eighty\""), "{stdout}");
@@ -230,13 +227,18 @@ items:
   kind: ConfigMap
   metadata: {name: ignored}
 ";
-    let mut child = balancer().args(["check", "-"]).stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().unwrap();
-    child.stdin.take().unwrap().write_all(yaml.as_bytes()).unwrap();
-    let output = child.wait_with_output().unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert_eq!(output.status.code(), Some(1), "{stdout}");
+    let (code, stdout) = check_stdin(yaml);
+    assert_eq!(code, Some(1), "{stdout}");
     assert!(stdout.contains("<stdin>: document 1 (Balancer \"fine\"): valid"), "{stdout}");
     assert!(stdout.contains("<stdin>: document 1 (Balancer \"stored-before\"): invalid"), "{stdout}");
     assert!(stdout.contains("error: spec.ports[0].targetPort: invalid value: integer `3000000000`"), "{stdout}");
     assert!(!stdout.contains("ignored"), "{stdout}");
+}
+
+/// `balancer check -` on `yaml`: the exit code and standard output.
+fn check_stdin(yaml: &str) -> (Option<i32>, String) {
+    let mut child = balancer().args(["check", "-"]).stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().unwrap();
+    child.stdin.take().unwrap().write_all(yaml.as_bytes()).unwrap();
+    let output = child.wait_with_output().unwrap();
+    (output.status.code(), String::from_utf8_lossy(&output.stdout).into_owned())
 }
