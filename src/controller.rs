@@ -95,9 +95,7 @@ impl Error {
 pub struct Context {
     pub client: Client,
     pub recorder: Recorder,
-    pub services: Store<Service>,
-    pub config_maps: Store<ConfigMap>,
-    pub deployments: Store<Deployment>,
+    pub children: ChildCaches,
     pub settings: ProxySettings,
     pub metrics: Arc<Metrics>,
     /// Consecutive failures per Balancer uid (a recreated namesake starts afresh), for backoff.
@@ -105,30 +103,9 @@ pub struct Context {
 }
 
 impl Context {
-    pub fn new(
-        client: Client,
-        stores: (Store<Service>, Store<ConfigMap>, Store<Deployment>),
-        settings: ProxySettings,
-        metrics: Arc<Metrics>,
-    ) -> Self {
+    pub fn new(client: Client, children: ChildCaches, settings: ProxySettings, metrics: Arc<Metrics>) -> Self {
         let recorder = Recorder::new(client.clone(), Reporter::from(FIELD_MANAGER));
-        Context {
-            client,
-            recorder,
-            services: stores.0,
-            config_maps: stores.1,
-            deployments: stores.2,
-            settings,
-            metrics,
-            failures: Mutex::new(HashMap::new()),
-        }
-    }
-
-    /// Waits for the first full list of every child cache; immediate once they have synced.
-    async fn caches_ready(&self) {
-        let _ = self.services.wait_until_ready().await;
-        let _ = self.config_maps.wait_until_ready().await;
-        let _ = self.deployments.wait_until_ready().await;
+        Context { client, recorder, children, settings, metrics, failures: Mutex::new(HashMap::new()) }
     }
 
     fn failures(&self) -> std::sync::MutexGuard<'_, HashMap<String, u32>> {
@@ -171,7 +148,8 @@ pub fn backoff(failures: u32) -> Duration {
 }
 
 async fn converge(balancer: &StoredBalancer, ctx: &Context) -> Result<Action, Error> {
-    ctx.caches_ready().await;
+    // Nothing is written before every child cache has listed (false only when stopping).
+    ctx.children.synced().await;
     if balancer.meta().deletion_timestamp.is_some() {
         // Garbage collection removes the children through their ownerReferences.
         ctx.failures().remove(&balancer.uid().unwrap_or_default());
@@ -192,15 +170,15 @@ async fn converge(balancer: &StoredBalancer, ctx: &Context) -> Result<Action, Er
     let mut desired = children::desired(&owner, &spec, &ctx.settings);
     let mut cluster_ips = Vec::with_capacity(desired.backend_services.len());
     for service in &desired.backend_services {
-        let applied = ensure(balancer, ctx, &owner, &ctx.services, service).await?;
+        let applied = ensure(balancer, ctx, &owner, &ctx.children.services, service).await?;
         cluster_ips.push(applied.spec.as_ref().and_then(|s| s.cluster_ip.clone()).unwrap_or_default());
     }
     // nginx resolves the backend names when it starts: a backend Service recreated with a new
     // ClusterIP must roll the proxy pods as surely as a new nginx.conf.
     children::set_rollout_hash(&mut desired.deployment, &children::rollout_hash(&desired.nginx_conf, &cluster_ips));
-    ensure(balancer, ctx, &owner, &ctx.config_maps, &desired.config_map).await?;
-    let deployment = ensure(balancer, ctx, &owner, &ctx.deployments, &desired.deployment).await?;
-    ensure(balancer, ctx, &owner, &ctx.services, &desired.front_service).await?;
+    ensure(balancer, ctx, &owner, &ctx.children.config_maps, &desired.config_map).await?;
+    let deployment = ensure(balancer, ctx, &owner, &ctx.children.deployments, &desired.deployment).await?;
+    ensure(balancer, ctx, &owner, &ctx.children.services, &desired.front_service).await?;
 
     let ready = proxy_condition(balancer, &deployment, desired.backend_services.len());
     // Obsolete backends keep serving the running proxy pods until the new ones have rolled out.
@@ -321,7 +299,10 @@ fn value_subset(desired: &Value, actual: &Value) -> bool {
 /// Backend Services this Balancer controls but no longer names.
 fn obsolete_backends(ctx: &Context, owner: &Owner, desired: &Desired) -> Vec<Arc<Service>> {
     let wanted: Vec<String> = desired.backend_services.iter().map(ResourceExt::name_any).collect();
-    owned_backend_services(&ctx.services, owner).into_iter().filter(|s| !wanted.contains(&s.name_any())).collect()
+    owned_backend_services(&ctx.children.services, owner)
+        .into_iter()
+        .filter(|s| !wanted.contains(&s.name_any()))
+        .collect()
 }
 
 /// Deletes the obsolete backend Services (a failure fails the reconcile).
@@ -382,7 +363,7 @@ fn counts_from_cache(balancer: &StoredBalancer, ctx: &Context) -> Counts {
     let backends = balancer.spec.as_ref().map(|s| s.backends.as_slice()).unwrap_or_default();
     let named: Vec<String> = backends.iter().map(|b| crate::api::backend_service_name(&owner.name, &b.name)).collect();
     let (active, obsolete): (Vec<_>, Vec<_>) =
-        owned_backend_services(&ctx.services, &owner).into_iter().partition(|s| named.contains(&s.name_any()));
+        owned_backend_services(&ctx.children.services, &owner).into_iter().partition(|s| named.contains(&s.name_any()));
     Counts { active: active.len(), obsolete: obsolete.len() }
 }
 
@@ -542,14 +523,9 @@ pub async fn run(
         .predicate_filter(predicates::generation, Default::default());
 
     let census = count_balancers(balancers.clone(), metrics.clone(), stop.clone());
-    let stores = (services.clone(), config_maps.clone(), deployments.clone());
-    let ctx = Arc::new(Context::new(client, stores, settings, metrics.clone()));
-    let caches = Caches {
-        balancers: balancers.clone(),
-        services: services.clone(),
-        config_maps: config_maps.clone(),
-        deployments: deployments.clone(),
-    };
+    let children = ChildCaches { services, config_maps, deployments };
+    let caches = Caches { balancers: balancers.clone(), children: children.clone() };
+    let ctx = Arc::new(Context::new(client, children, settings, metrics.clone()));
     let readiness = {
         let caches = caches.clone();
         async move {
@@ -596,22 +572,34 @@ pub async fn run(
     metrics.set_balancers(0, 0, 0);
 }
 
-/// The controller's caches, for telling whether they have all listed.
+/// The caches of the children balancer writes (only its own, selected by label).
+#[derive(Clone)]
+pub struct ChildCaches {
+    pub services: Store<Service>,
+    pub config_maps: Store<ConfigMap>,
+    pub deployments: Store<Deployment>,
+}
+
+impl ChildCaches {
+    /// Waits until every child cache has listed; false when the controller stopped first.
+    pub async fn synced(&self) -> bool {
+        self.services.wait_until_ready().await.is_ok()
+            && self.config_maps.wait_until_ready().await.is_ok()
+            && self.deployments.wait_until_ready().await.is_ok()
+    }
+}
+
+/// Every cache of the controller, for telling whether they have all listed.
 #[derive(Clone)]
 struct Caches {
     balancers: Store<StoredBalancer>,
-    services: Store<Service>,
-    config_maps: Store<ConfigMap>,
-    deployments: Store<Deployment>,
+    children: ChildCaches,
 }
 
 impl Caches {
     /// Waits until every cache has listed; false when the controller stopped first.
     async fn synced(&self) -> bool {
-        self.balancers.wait_until_ready().await.is_ok()
-            && self.services.wait_until_ready().await.is_ok()
-            && self.config_maps.wait_until_ready().await.is_ok()
-            && self.deployments.wait_until_ready().await.is_ok()
+        self.balancers.wait_until_ready().await.is_ok() && self.children.synced().await
     }
 
     /// Whether every cache has listed, without waiting.

@@ -8,7 +8,7 @@ use std::time::Duration;
 use axum::http::{Method, Request, Response, StatusCode};
 use balancer::api::{BackendSpec, Balancer, BalancerPort, BalancerSpec};
 use balancer::children::{self, Owner, ProxySettings};
-use balancer::controller::{self, Context, backoff, error_policy, is_subset, reconcile};
+use balancer::controller::{self, ChildCaches, Context, backoff, error_policy, is_subset, reconcile};
 use balancer::defaulting::with_defaults;
 use balancer::stored::StoredBalancer;
 use balancer::telemetry::Metrics;
@@ -77,7 +77,8 @@ fn context() -> (Arc<Context>, ApiServer, Caches) {
     services_writer.apply_watcher_event(&watcher::Event::InitDone);
     config_maps_writer.apply_watcher_event(&watcher::Event::InitDone);
     deployments_writer.apply_watcher_event(&watcher::Event::InitDone);
-    let ctx = Context::new(client, (services, config_maps, deployments), settings(), Arc::new(Metrics::default()));
+    let children = ChildCaches { services, config_maps, deployments };
+    let ctx = Context::new(client, children, settings(), Arc::new(Metrics::default()));
     let caches = Caches { services: services_writer, config_maps: config_maps_writer, deployments: deployments_writer };
     (Arc::new(ctx), handle, caches)
 }
@@ -286,7 +287,7 @@ async fn a_hand_edited_config_map_is_reapplied() {
     let (ctx, mut server, mut caches) = context();
     let balancer = sample();
     converged(&mut caches, &balancer);
-    let mut edited: ConfigMap = ctx.config_maps.state()[0].as_ref().clone();
+    let mut edited: ConfigMap = ctx.children.config_maps.state()[0].as_ref().clone();
     edited.data.as_mut().unwrap().insert("nginx.conf".into(), "events {}\n".into());
     caches.config_maps.apply_watcher_event(&watcher::Event::Apply(edited));
     let verifier = tokio::spawn(async move {
@@ -340,7 +341,7 @@ async fn an_obsolete_backend_keeps_serving_until_the_proxy_has_rolled_out() {
     let (ctx, mut server, mut caches) = context();
     let balancer = sample();
     converged(&mut caches, &balancer);
-    let mut rolling: Deployment = ctx.deployments.state()[0].as_ref().clone();
+    let mut rolling: Deployment = ctx.children.deployments.state()[0].as_ref().clone();
     rolling.status.as_mut().unwrap().available_replicas = Some(0);
     caches.deployments.apply_watcher_event(&watcher::Event::Apply(rolling));
     let owner = Owner::of(&balancer).unwrap();
