@@ -35,7 +35,8 @@ pub struct Limits {
     pub max_body_bytes: usize,
     /// Bytes of review bodies held at once, by all reviews together.
     pub max_body_bytes_in_flight: usize,
-    /// How long a review may wait for room in that budget before it gets 503.
+    /// How long a review may wait for room in that budget before it gets 503; the wait counts
+    /// against `body_timeout`, so a queued review is still answered inside the API server's timeout.
     pub budget_wait: Duration,
     /// Time allowed to send the request body (408 past it); shorter than the API server's timeout.
     pub body_timeout: Duration,
@@ -53,8 +54,8 @@ impl Default for Limits {
                 ..ConnectionLimits::default()
             },
             max_body_bytes: 1024 * 1024,
-            max_body_bytes_in_flight: 16 * 1024 * 1024,
-            budget_wait: Duration::from_secs(1),
+            max_body_bytes_in_flight: 32 * 1024 * 1024,
+            budget_wait: Duration::from_secs(2),
             body_timeout: Duration::from_secs(3),
         }
     }
@@ -201,8 +202,10 @@ async fn read_review_body(state: &AppState, request: Request) -> Result<(Vec<u8>
     let budget = BodyBudget { pool: state.body_budget.clone(), held: None, wait: limits.budget_wait };
     // The declared length sizes the first allocation (never past FIRST_ALLOCATION_MAX), still
     // paid for from the budget only when the first bytes arrive.
-    let first = declared.map_or(FIRST_ALLOCATION_MAX, |len| (len as usize).min(FIRST_ALLOCATION_MAX));
-    match tokio::time::timeout(limits.body_timeout, read_within(body, limits.max_body_bytes, first, budget)).await {
+    let declared = declared.map(|len| len as usize);
+    let first = declared.map_or(FIRST_ALLOCATION_MAX, |len| len.min(FIRST_ALLOCATION_MAX));
+    let size = BodySize { limit: limits.max_body_bytes, first, declared };
+    match tokio::time::timeout(limits.body_timeout, read_within(body, size, budget)).await {
         Err(_) => Err(error(StatusCode::REQUEST_TIMEOUT, "the body was not received in time")),
         Ok(Err(BodyError::TooLarge)) => Err(too_large(limits.max_body_bytes)),
         Ok(Err(BodyError::Busy)) => Err(error(StatusCode::SERVICE_UNAVAILABLE, "too many reviews being read; retry")),
@@ -247,23 +250,44 @@ impl BodyBudget {
 /// Largest first allocation for a body: a client's declared length alone cannot reserve more.
 const FIRST_ALLOCATION_MAX: usize = 64 * 1024;
 
-/// Reads `body` into a buffer at most `limit` bytes long, whose capacity is paid for from `budget`
-/// before it is allocated, so that what a client declares costs nothing until it is sent.
+/// How large a body's buffer may and should grow.
+struct BodySize {
+    /// Hard limit (413 past it).
+    limit: usize,
+    /// First allocation.
+    first: usize,
+    /// The declared Content-Length: growth stops there while the body keeps to it, so a body
+    /// of exactly the declared size costs exactly that much of the budget.
+    declared: Option<usize>,
+}
+
+impl BodySize {
+    /// The capacity to grow to when `needed` bytes do not fit in `current`.
+    fn next_capacity(&self, current: usize, needed: usize) -> usize {
+        let doubled = needed.max(current.saturating_mul(2)).max(self.first).min(self.limit);
+        match self.declared {
+            Some(declared) if needed <= declared => doubled.min(declared),
+            _ => doubled,
+        }
+    }
+}
+
+/// Reads `body` into a buffer at most `size.limit` bytes long, whose capacity is paid for from
+/// `budget` before it is allocated, so that what a client declares costs nothing until it is sent.
 async fn read_within(
     mut body: Body,
-    limit: usize,
-    first: usize,
+    size: BodySize,
     mut budget: BodyBudget,
 ) -> Result<(Vec<u8>, BodyBudget), BodyError> {
     let mut buffer: Vec<u8> = Vec::new();
     while let Some(frame) = body.frame().await {
         let Ok(data) = frame.map_err(BodyError::Read)?.into_data() else { continue };
         let needed = buffer.len() + data.len();
-        if needed > limit {
+        if needed > size.limit {
             return Err(BodyError::TooLarge);
         }
         if needed > buffer.capacity() {
-            let capacity = needed.max(buffer.capacity().saturating_mul(2)).max(first).min(limit);
+            let capacity = size.next_capacity(buffer.capacity(), needed);
             budget.grow(capacity - buffer.capacity()).await?;
             buffer.reserve_exact(capacity - buffer.len());
         }
