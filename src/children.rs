@@ -29,7 +29,7 @@ pub const BALANCER_NAME_LABEL: &str = "balancer.exposer.hliangzhao.io/balancer-n
 pub const COMPONENT_LABEL: &str = "app.kubernetes.io/component";
 /// Label on backend Services: the backend's name.
 pub const BACKEND_LABEL: &str = "balancer.exposer.hliangzhao.io/backend";
-/// Pod template annotation: hash of `nginx.conf` (and, once known, the backends' cluster IPs),
+/// Pod template annotation: hash of `nginx.conf` (which holds the backends' cluster IPs),
 /// so a config change rolls the proxy pods.
 pub const CONFIG_HASH_ANNOTATION: &str = "balancer.exposer.hliangzhao.io/config-hash";
 
@@ -49,8 +49,9 @@ pub struct ProxySettings {
     pub image: String,
     /// Proxy pods per Balancer.
     pub replicas: i32,
-    /// DNS domain of the cluster, for backend Service names in `nginx.conf`.
-    pub cluster_domain: String,
+    /// Dynamic modules `nginx.conf` loads first (`load_module`), for images whose stream
+    /// module is not built in (Debian, Ubuntu, UBI).
+    pub load_modules: Vec<String>,
 }
 
 /// The identity children point back to.
@@ -84,11 +85,21 @@ impl Owner {
     }
 }
 
-/// Everything a Balancer should own, in apply order: backend Services first,
-/// because nginx resolves their names when it starts.
+/// Where `nginx.conf` sends each backend's traffic.
+#[derive(Debug, Clone, Copy)]
+pub enum BackendHosts<'a> {
+    /// The backend Services' cluster IPs, in the spec's backend order, as the API server
+    /// assigned them (an empty or missing one falls back to the Service's name). The proxy then needs no cluster DNS: nginx refuses to start when it
+    /// cannot resolve an upstream name, so a DNS outage would stop proxy pods from restarting.
+    ClusterIps(&'a [String]),
+    /// `<service>.<namespace>.svc` names: what an offline preview (`balancer render`) shows,
+    /// since no cluster IP exists before the Services do.
+    ServiceNames,
+}
+
+/// The proxy side of a Balancer, built once its backend Services have cluster IPs.
 #[derive(Debug, Clone)]
-pub struct Desired {
-    pub backend_services: Vec<Service>,
+pub struct Proxy {
     pub config_map: ConfigMap,
     pub deployment: Deployment,
     pub front_service: Service,
@@ -96,34 +107,35 @@ pub struct Desired {
     pub nginx_conf: String,
 }
 
-/// Builds every child of a defaulted, valid spec.
-pub fn desired(owner: &Owner, spec: &BalancerSpec, settings: &ProxySettings) -> Desired {
-    let domain = &settings.cluster_domain;
+/// The backend Services of a defaulted, valid spec, in backend order: applied first,
+/// because their cluster IPs go into `nginx.conf`.
+pub fn backend_services(owner: &Owner, spec: &BalancerSpec) -> Vec<Service> {
+    spec.backends.iter().map(|b| backend_service(owner, spec, b)).collect()
+}
+
+/// The ConfigMap, Deployment and front Service of a defaulted, valid spec. The pod template
+/// carries the hash of `nginx.conf`, which holds the backends' addresses: a new configuration,
+/// or a backend Service recreated with a new cluster IP, rolls the proxy pods.
+pub fn proxy(owner: &Owner, spec: &BalancerSpec, settings: &ProxySettings, hosts: BackendHosts<'_>) -> Proxy {
+    let position = |backend: &BackendSpec| spec.backends.iter().position(|b| b.name == backend.name);
     let address = |backend: &BackendSpec, port: &BalancerPort| {
         let service = api::backend_service_name(&owner.name, &backend.name);
-        format!("{service}.{}.svc.{domain}:{}", owner.namespace, port.port)
+        let host = match hosts {
+            BackendHosts::ClusterIps(ips) => position(backend).and_then(|i| ips.get(i)).map_or("", String::as_str),
+            BackendHosts::ServiceNames => "",
+        };
+        match host {
+            "" => format!("{service}.{}.svc:{}", owner.namespace, port.port),
+            ip if ip.contains(':') => format!("[{ip}]:{}", port.port),
+            ip => format!("{ip}:{}", port.port),
+        }
     };
-    let nginx_conf = nginx::render(&owner.name, spec, &address);
-    Desired {
-        backend_services: spec.backends.iter().map(|b| backend_service(owner, spec, b)).collect(),
+    let nginx_conf = nginx::render(&owner.name, spec, &settings.load_modules, &address);
+    Proxy {
         config_map: proxy_config_map(owner, &nginx_conf),
         deployment: proxy_deployment(owner, spec, settings, &nginx::config_hash(&nginx_conf)),
         front_service: front_service(owner, spec),
         nginx_conf,
-    }
-}
-
-/// What rolls the proxy pods when it changes: `nginx.conf` and the backend Services'
-/// cluster IPs (nginx resolves the names once, at start).
-pub fn rollout_hash(nginx_conf: &str, backend_cluster_ips: &[String]) -> String {
-    nginx::config_hash(&format!("{nginx_conf}\n# backends: {}", backend_cluster_ips.join(",")))
-}
-
-/// Sets the pod template annotation that rolls the proxy pods.
-pub fn set_rollout_hash(deployment: &mut Deployment, hash: &str) {
-    let template = deployment.spec.as_mut().map(|s| &mut s.template);
-    if let Some(meta) = template.and_then(|t| t.metadata.as_mut()) {
-        meta.annotations.get_or_insert_with(BTreeMap::new).insert(CONFIG_HASH_ANNOTATION.into(), hash.into());
     }
 }
 

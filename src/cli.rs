@@ -134,9 +134,20 @@ pub struct ProxyArgs {
     /// Proxy pods per Balancer.
     #[arg(long, env = "BALANCER_PROXY_REPLICAS", default_value_t = 1, value_parser = clap::value_parser!(i32).range(1..=100))]
     pub proxy_replicas: i32,
-    /// The cluster's DNS domain, for backend Service addresses in nginx.conf.
-    #[arg(long, env = "BALANCER_CLUSTER_DOMAIN", default_value = "cluster.local")]
-    pub cluster_domain: String,
+    /// Dynamic nginx module to load first in nginx.conf, for proxy images whose stream module
+    /// is not built in (Debian, Ubuntu, UBI: /usr/lib/nginx/modules/ngx_stream_module.so); repeat
+    /// for several.
+    #[arg(long = "proxy-load-module", env = "BALANCER_PROXY_LOAD_MODULES", value_delimiter = ',', value_parser = module_path)]
+    pub proxy_load_modules: Vec<String>,
+}
+
+/// An absolute path of plain characters: it is written into every nginx.conf as it is.
+fn module_path(path: &str) -> Result<String, String> {
+    let plain = |c: char| c.is_ascii_alphanumeric() || "/._+-".contains(c);
+    if !path.starts_with('/') || path.len() > 256 || !path.chars().all(plain) {
+        return Err("must be an absolute path of at most 256 letters, digits and / . _ + -".into());
+    }
+    Ok(path.to_string())
 }
 
 impl ProxyArgs {
@@ -144,7 +155,7 @@ impl ProxyArgs {
         ProxySettings {
             image: self.proxy_image.clone(),
             replicas: self.proxy_replicas,
-            cluster_domain: self.cluster_domain.clone(),
+            load_modules: self.proxy_load_modules.clone(),
         }
     }
 }

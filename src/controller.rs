@@ -31,7 +31,7 @@ use tokio_util::sync::CancellationToken;
 use crate::admission::denial_message;
 use crate::api::BalancerStatus;
 use crate::children::{self, BALANCER_NAME_LABEL, COMPONENT_BACKEND, COMPONENT_LABEL, MANAGED_BY, MANAGED_BY_LABEL};
-use crate::children::{Desired, Owner, OwnerError, ProxySettings};
+use crate::children::{BackendHosts, Owner, OwnerError, ProxySettings};
 use crate::defaulting::with_defaults;
 use crate::echo::cut;
 use crate::stored::StoredBalancer;
@@ -78,6 +78,8 @@ pub enum Error {
     Owner(#[from] OwnerError),
     #[error("{kind} {name} already exists and is not controlled by this Balancer; rename or remove it")]
     Conflict { kind: String, name: String },
+    #[error("backend Service {name} has no cluster IP (was its clusterIP set to None by hand?)")]
+    NoClusterIp { name: String },
 }
 
 impl Error {
@@ -87,6 +89,7 @@ impl Error {
             Error::Api { .. } => "ApiError",
             Error::Owner(_) => "InvalidObject",
             Error::Conflict { .. } => "Conflict",
+            Error::NoClusterIp { .. } => "NoClusterIP",
         }
     }
 }
@@ -167,28 +170,26 @@ async fn converge(balancer: &StoredBalancer, ctx: &Context) -> Result<Action, Er
         return refuse(balancer, ctx, &owner, &report.errors).await;
     }
 
-    let mut desired = children::desired(&owner, &spec, &ctx.settings);
-    let mut cluster_ips = Vec::with_capacity(desired.backend_services.len());
-    for service in &desired.backend_services {
+    let backend_services = children::backend_services(&owner, &spec);
+    let mut cluster_ips = Vec::with_capacity(backend_services.len());
+    for service in &backend_services {
         let applied = ensure(balancer, ctx, &owner, &ctx.children.services, service).await?;
-        cluster_ips.push(applied.spec.as_ref().and_then(|s| s.cluster_ip.clone()).unwrap_or_default());
+        cluster_ips.push(cluster_ip(&applied).ok_or_else(|| Error::NoClusterIp { name: applied.name_any() })?);
     }
-    // nginx resolves the backend names when it starts: a backend Service recreated with a new
-    // ClusterIP must roll the proxy pods as surely as a new nginx.conf.
-    children::set_rollout_hash(&mut desired.deployment, &children::rollout_hash(&desired.nginx_conf, &cluster_ips));
-    ensure(balancer, ctx, &owner, &ctx.children.config_maps, &desired.config_map).await?;
-    let deployment = ensure(balancer, ctx, &owner, &ctx.children.deployments, &desired.deployment).await?;
-    ensure(balancer, ctx, &owner, &ctx.children.services, &desired.front_service).await?;
+    let proxy = children::proxy(&owner, &spec, &ctx.settings, BackendHosts::ClusterIps(&cluster_ips));
+    ensure(balancer, ctx, &owner, &ctx.children.config_maps, &proxy.config_map).await?;
+    let deployment = ensure(balancer, ctx, &owner, &ctx.children.deployments, &proxy.deployment).await?;
+    ensure(balancer, ctx, &owner, &ctx.children.services, &proxy.front_service).await?;
 
-    let ready = proxy_condition(balancer, &deployment, desired.backend_services.len());
+    let ready = proxy_condition(balancer, &deployment, backend_services.len());
     // Obsolete backends keep serving the running proxy pods until the new ones have rolled out.
     let obsolete = if ready.status == "True" {
-        delete_obsolete_backends(balancer, ctx, &owner, &desired).await?;
+        delete_obsolete_backends(balancer, ctx, &owner, &backend_services).await?;
         0
     } else {
-        obsolete_backends(ctx, &owner, &desired).len()
+        obsolete_backends(ctx, &owner, &backend_services).len()
     };
-    let counts = Counts { active: desired.backend_services.len(), obsolete };
+    let counts = Counts { active: backend_services.len(), obsolete };
     write_status(balancer, ctx, counts, ready).await?;
     Ok(Action::requeue(RESYNC))
 }
@@ -296,9 +297,15 @@ fn value_subset(desired: &Value, actual: &Value) -> bool {
     }
 }
 
+/// The cluster IP the API server gave a backend Service: where nginx sends its traffic.
+fn cluster_ip(service: &Service) -> Option<String> {
+    let ip = service.spec.as_ref()?.cluster_ip.as_deref()?;
+    (!ip.is_empty() && ip != "None").then(|| ip.to_string())
+}
+
 /// Backend Services this Balancer controls but no longer names.
-fn obsolete_backends(ctx: &Context, owner: &Owner, desired: &Desired) -> Vec<Arc<Service>> {
-    let wanted: Vec<String> = desired.backend_services.iter().map(ResourceExt::name_any).collect();
+fn obsolete_backends(ctx: &Context, owner: &Owner, wanted: &[Service]) -> Vec<Arc<Service>> {
+    let wanted: Vec<String> = wanted.iter().map(ResourceExt::name_any).collect();
     owned_backend_services(&ctx.children.services, owner)
         .into_iter()
         .filter(|s| !wanted.contains(&s.name_any()))
@@ -310,10 +317,10 @@ async fn delete_obsolete_backends(
     balancer: &StoredBalancer,
     ctx: &Context,
     owner: &Owner,
-    desired: &Desired,
+    wanted: &[Service],
 ) -> Result<(), Error> {
     let api: Api<Service> = Api::namespaced(ctx.client.clone(), &owner.namespace);
-    for service in obsolete_backends(ctx, owner, desired) {
+    for service in obsolete_backends(ctx, owner, wanted) {
         let name = service.name_any();
         // Delete exactly the object seen, never a namesake created since.
         let params = DeleteParams {

@@ -8,7 +8,7 @@ use serde_json::Value;
 use crate::admission::{denial_message, parse_spec};
 use crate::api::{GROUP, KIND, VERSION};
 use crate::check::{YamlError, balancer_documents, check_document, doc_name};
-use crate::children::{Owner, ProxySettings, desired};
+use crate::children::{BackendHosts, Owner, ProxySettings, backend_services, proxy};
 use crate::defaulting::with_defaults;
 
 /// Stands in for the uid the API server assigns, which a file does not have.
@@ -53,15 +53,16 @@ pub fn render_yaml(
                 block_owner_deletion: Some(true),
             },
         };
-        let children = desired(&owner, &spec, settings);
+        let proxy = proxy(&owner, &spec, settings, BackendHosts::ServiceNames);
         let _ = writeln!(out, "# Balancer {namespace}/{name} ({source_name}, document {document})");
         let _ = writeln!(out, "# ownerReferences carry a placeholder uid; the API server assigns the real one.");
-        for service in &children.backend_services {
+        let _ = writeln!(out, "# nginx.conf names the backend Services; the controller writes their cluster IPs.");
+        for service in &backend_services(&owner, &spec) {
             push_document(&mut out, service)?;
         }
-        push_document(&mut out, &children.config_map)?;
-        push_document(&mut out, &children.deployment)?;
-        push_document(&mut out, &children.front_service)?;
+        push_document(&mut out, &proxy.config_map)?;
+        push_document(&mut out, &proxy.deployment)?;
+        push_document(&mut out, &proxy.front_service)?;
     }
     Ok(out)
 }

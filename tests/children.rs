@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 
 use balancer::api::{BackendSpec, Balancer, BalancerPort, BalancerSpec};
 use balancer::children::{
-    self, BACKEND_LABEL, BALANCER_NAME_LABEL, COMPONENT_LABEL, CONFIG_HASH_ANNOTATION, Desired, MANAGED_BY_LABEL,
+    self, BACKEND_LABEL, BALANCER_NAME_LABEL, BackendHosts, COMPONENT_LABEL, CONFIG_HASH_ANNOTATION, MANAGED_BY_LABEL,
     Owner, OwnerError, ProxySettings,
 };
 use balancer::defaulting::with_defaults;
@@ -31,11 +31,36 @@ fn sample() -> Balancer {
 }
 
 fn settings() -> ProxySettings {
-    ProxySettings {
-        image: "nginxinc/nginx-unprivileged:1.28.0-alpine".into(),
-        replicas: 2,
-        cluster_domain: "cluster.local".into(),
+    ProxySettings { image: "nginxinc/nginx-unprivileged:1.28.0-alpine".into(), replicas: 2, load_modules: Vec::new() }
+}
+
+/// Every child of one Balancer, as the controller applies them.
+struct Desired {
+    backend_services: Vec<Service>,
+    config_map: k8s_openapi::api::core::v1::ConfigMap,
+    deployment: Deployment,
+    front_service: Service,
+    nginx_conf: String,
+}
+
+/// Stand-ins for the cluster IPs the API server gives the backend Services: 10.96.0.10, .11, …
+fn cluster_ips(spec: &BalancerSpec) -> Vec<String> {
+    (0..spec.backends.len()).map(|i| format!("10.96.0.{}", 10 + i)).collect()
+}
+
+fn desired_with(owner: &Owner, spec: &BalancerSpec, settings: &ProxySettings, ips: &[String]) -> Desired {
+    let proxy = children::proxy(owner, spec, settings, BackendHosts::ClusterIps(ips));
+    Desired {
+        backend_services: children::backend_services(owner, spec),
+        config_map: proxy.config_map,
+        deployment: proxy.deployment,
+        front_service: proxy.front_service,
+        nginx_conf: proxy.nginx_conf,
     }
+}
+
+fn desired(owner: &Owner, spec: &BalancerSpec, settings: &ProxySettings) -> Desired {
+    desired_with(owner, spec, settings, &cluster_ips(spec))
 }
 
 fn owner(balancer: &Balancer) -> Owner {
@@ -43,7 +68,7 @@ fn owner(balancer: &Balancer) -> Owner {
 }
 
 fn desired_for(balancer: &Balancer) -> Desired {
-    children::desired(&owner(balancer), &balancer.spec, &settings())
+    desired(&owner(balancer), &balancer.spec, &settings())
 }
 
 fn port(name: Option<&str>, protocol: &str, number: i32) -> BalancerPort {
@@ -292,14 +317,14 @@ fn target_port_defaults_to_port_even_without_the_webhook_defaults() {
         selector: None,
         backends: vec![BackendSpec { name: "a".into(), weight: None, selector: None }],
     };
-    let desired = children::desired(&owner(&sample()), &spec, &settings());
-    let backend_port = &service_ports(&desired.backend_services[0])[0];
+    let built = desired(&owner(&sample()), &spec, &settings());
+    let backend_port = &service_ports(&built.backend_services[0])[0];
     assert_eq!(backend_port.target_port, Some(IntOrString::Int(8080)));
     assert_eq!(backend_port.protocol.as_deref(), Some("TCP"));
     assert_eq!(backend_port.name, None, "an unnamed port stays unnamed");
-    assert!(desired.nginx_conf.contains("weight=1;"), "weight defaults to 1:\n{}", desired.nginx_conf);
-    let defaulted = children::desired(&owner(&sample()), &with_defaults(&spec), &settings());
-    assert_eq!(as_json(&desired), as_json(&defaulted), "the same children as for the defaulted spec");
+    assert!(built.nginx_conf.contains("weight=1;"), "weight defaults to 1:\n{}", built.nginx_conf);
+    let defaulted = desired(&owner(&sample()), &with_defaults(&spec), &settings());
+    assert_eq!(as_json(&built), as_json(&defaulted), "the same children as for the defaulted spec");
 }
 
 // ---------------------------------------------------------------------------
@@ -502,9 +527,9 @@ events {
 
 stream {
     upstream port_80_tcp {
-        server example-balancer-v1-backend.default.svc.cluster.local:80 weight=40;
-        server example-balancer-v2-backend.default.svc.cluster.local:80 weight=20;
-        server example-balancer-v3-backend.default.svc.cluster.local:80 weight=40;
+        server 10.96.0.10:80 weight=40;  # example-balancer-v1-backend
+        server 10.96.0.11:80 weight=20;  # example-balancer-v2-backend
+        server 10.96.0.12:80 weight=40;  # example-balancer-v3-backend
     }
 
     server {
@@ -523,9 +548,9 @@ fn udp_ports_listen_udp_and_weight_zero_is_down() {
     let conf = desired_for(&balancer).nginx_conf;
     let expected_stream = r#"stream {
     upstream port_53_udp {
-        server example-balancer-v1-backend.default.svc.cluster.local:53 weight=40;
-        server example-balancer-v2-backend.default.svc.cluster.local:53 down;
-        server example-balancer-v3-backend.default.svc.cluster.local:53 weight=40;
+        server 10.96.0.10:53 weight=40;  # example-balancer-v1-backend
+        server 10.96.0.11:53 down;  # example-balancer-v2-backend
+        server 10.96.0.12:53 weight=40;  # example-balancer-v3-backend
     }
 
     server {
@@ -536,9 +561,9 @@ fn udp_ports_listen_udp_and_weight_zero_is_down() {
     }
 
     upstream port_53_tcp {
-        server example-balancer-v1-backend.default.svc.cluster.local:53 weight=40;
-        server example-balancer-v2-backend.default.svc.cluster.local:53 down;
-        server example-balancer-v3-backend.default.svc.cluster.local:53 weight=40;
+        server 10.96.0.10:53 weight=40;  # example-balancer-v1-backend
+        server 10.96.0.11:53 down;  # example-balancer-v2-backend
+        server 10.96.0.12:53 weight=40;  # example-balancer-v3-backend
     }
 
     server {
@@ -559,21 +584,62 @@ fn udp_ports_listen_udp_and_weight_zero_is_down() {
 }
 
 #[test]
-fn nginx_conf_uses_namespace_and_cluster_domain() {
+fn nginx_conf_sends_traffic_to_the_backend_cluster_ips_and_names_the_services() {
+    let conf = desired_for(&sample()).nginx_conf;
+    let servers: Vec<&str> = conf.lines().map(str::trim).filter(|l| l.starts_with("server 10.")).collect();
+    assert_eq!(
+        servers,
+        [
+            "server 10.96.0.10:80 weight=40;  # example-balancer-v1-backend",
+            "server 10.96.0.11:80 weight=20;  # example-balancer-v2-backend",
+            "server 10.96.0.12:80 weight=40;  # example-balancer-v3-backend",
+        ],
+        "{conf}"
+    );
+    assert!(!conf.contains(".svc"), "no name for nginx to resolve:\n{conf}");
+}
+
+#[test]
+fn ipv6_cluster_ips_are_bracketed() {
+    let balancer = sample();
+    let ips = ["fd00::a".to_string(), "fd00::b".into(), "fd00::c".into()];
+    let conf = desired_with(&owner(&balancer), &balancer.spec, &settings(), &ips).nginx_conf;
+    assert!(conf.contains("server [fd00::b]:80 weight=20;"), "{conf}");
+}
+
+#[test]
+fn an_offline_preview_names_the_backend_services() {
     let mut balancer = sample();
     balancer.metadata.namespace = Some("edge".into());
-    let settings = ProxySettings { cluster_domain: "corp.example".into(), ..settings() };
-    let conf = children::desired(&owner(&balancer), &balancer.spec, &settings).nginx_conf;
-    assert!(conf.contains("server example-balancer-v2-backend.edge.svc.corp.example:80 weight=20;"), "{conf}");
+    let proxy = children::proxy(&owner(&balancer), &balancer.spec, &settings(), BackendHosts::ServiceNames);
+    assert!(
+        proxy.nginx_conf.contains("server example-balancer-v2-backend.edge.svc:80 weight=20;"),
+        "{}",
+        proxy.nginx_conf
+    );
+}
+
+#[test]
+fn load_modules_come_first() {
+    let settings =
+        ProxySettings { load_modules: vec!["/usr/lib/nginx/modules/ngx_stream_module.so".into()], ..settings() };
+    let balancer = sample();
+    let conf = desired(&owner(&balancer), &balancer.spec, &settings).nginx_conf;
+    let directives: Vec<&str> = conf.lines().filter(|l| !l.starts_with('#')).take(2).collect();
+    assert_eq!(directives, ["load_module /usr/lib/nginx/modules/ngx_stream_module.so;", "worker_processes 2;"]);
 }
 
 #[test]
 fn render_uses_the_given_addresses_in_spec_order() {
     let spec = sample().spec;
     let address = |b: &BackendSpec, p: &BalancerPort| format!("{}.test:{}", b.name, p.port + 1);
-    let conf = nginx::render("x", &spec, &address);
-    let servers: Vec<&str> =
-        conf.lines().map(str::trim).filter(|l| l.starts_with("server ") && l.ends_with(';')).collect();
+    let conf = nginx::render("x", &spec, &[], &address);
+    let servers: Vec<&str> = conf
+        .lines()
+        .map(str::trim)
+        .filter(|l| l.starts_with("server ") && l.contains(".test"))
+        .filter_map(|l| l.split("  #").next())
+        .collect();
     assert_eq!(
         servers,
         ["server v1.test:81 weight=40;", "server v2.test:81 weight=20;", "server v3.test:81 weight=40;"]
@@ -589,7 +655,10 @@ fn output_is_deterministic() {
     let balancer = sample();
     let spec = &balancer.spec;
     let address = |b: &BackendSpec, p: &BalancerPort| format!("{}:{}", b.name, p.port);
-    assert_eq!(nginx::render("example-balancer", spec, &address), nginx::render("example-balancer", spec, &address));
+    assert_eq!(
+        nginx::render("example-balancer", spec, &[], &address),
+        nginx::render("example-balancer", spec, &[], &address)
+    );
     let first = as_json(&desired_for(&balancer));
     let second = as_json(&desired_for(&sample()));
     assert_eq!(first, second);
@@ -611,28 +680,31 @@ fn config_hash_annotation_is_the_hash_of_nginx_conf() {
 #[test]
 fn config_hash_changes_exactly_when_nginx_conf_changes() {
     let base = desired_for(&sample());
-    type Change = fn(&mut Balancer, &mut ProxySettings);
+    type Change = fn(&mut Balancer, &mut ProxySettings, &mut Vec<String>);
     // (change, whether it changes nginx.conf)
-    let changes: [(&str, Change, bool); 13] = [
-        ("weight", |b, _| b.spec.backends[0].weight = Some(41), true),
-        ("weight to 0", |b, _| b.spec.backends[1].weight = Some(0), true),
-        ("backend added", |b, _| b.spec.backends.push(backend("v4", 1)), true),
-        ("backend renamed", |b, _| b.spec.backends[2].name = "v9".into(), true),
-        ("port number", |b, _| b.spec.ports[0].port = 8080, true),
-        ("protocol", |b, _| b.spec.ports[0].protocol = Some("UDP".into()), true),
-        ("namespace", |b, _| b.metadata.namespace = Some("other".into()), true),
-        ("cluster domain", |_, s| s.cluster_domain = "corp.example".into(), true),
-        ("proxy image", |_, s| s.image = "nginx:1.29".into(), false),
-        ("replicas", |_, s| s.replicas = 5, false),
-        ("selector", |b, _| b.spec.selector = Some(labels(&[("app", "other")])), false),
-        ("targetPort", |b, _| b.spec.ports[0].target_port = Some(IntOrString::String("web".into())), false),
-        ("port name", |b, _| b.spec.ports[0].name = Some("web".into()), false),
+    let changes: [(&str, Change, bool); 14] = [
+        ("weight", |b, _, _| b.spec.backends[0].weight = Some(41), true),
+        ("weight to 0", |b, _, _| b.spec.backends[1].weight = Some(0), true),
+        ("backend added", |b, _, _| b.spec.backends.push(backend("v4", 1)), true),
+        ("backend renamed", |b, _, _| b.spec.backends[2].name = "v9".into(), true),
+        ("port number", |b, _, _| b.spec.ports[0].port = 8080, true),
+        ("protocol", |b, _, _| b.spec.ports[0].protocol = Some("UDP".into()), true),
+        ("backend cluster IP", |_, _, ips| ips[1] = "10.96.7.7".into(), true),
+        ("module loaded", |_, s, _| s.load_modules = vec!["/m.so".into()], true),
+        ("namespace", |b, _, _| b.metadata.namespace = Some("other".into()), false),
+        ("proxy image", |_, s, _| s.image = "nginx:1.29".into(), false),
+        ("replicas", |_, s, _| s.replicas = 5, false),
+        ("selector", |b, _, _| b.spec.selector = Some(labels(&[("app", "other")])), false),
+        ("targetPort", |b, _, _| b.spec.ports[0].target_port = Some(IntOrString::String("web".into())), false),
+        ("port name", |b, _, _| b.spec.ports[0].name = Some("web".into()), false),
     ];
     for (what, change, changes_conf) in changes {
         let mut balancer = sample();
         let mut settings = settings();
-        change(&mut balancer, &mut settings);
-        let desired = children::desired(&owner(&balancer), &balancer.spec, &settings);
+        // One IP more than the sample has backends, for the one added.
+        let mut ips: Vec<String> = (0..4).map(|i| format!("10.96.0.{}", 10 + i)).collect();
+        change(&mut balancer, &mut settings, &mut ips);
+        let desired = desired_with(&owner(&balancer), &balancer.spec, &settings, &ips);
         let conf_changed = desired.nginx_conf != base.nginx_conf;
         let hash_changed = config_hash(&desired.deployment) != config_hash(&base.deployment);
         assert_eq!(conf_changed, changes_conf, "{what}: nginx.conf changed = {conf_changed}");
@@ -642,6 +714,6 @@ fn config_hash_changes_exactly_when_nginx_conf_changes() {
     // The image change still reaches the Deployment, just without a config roll.
     let mut settings = settings();
     settings.image = "nginx:1.29".into();
-    let desired = children::desired(&owner(&sample()), &sample().spec, &settings);
+    let desired = desired(&owner(&sample()), &sample().spec, &settings);
     assert_eq!(container(&desired.deployment).image.as_deref(), Some("nginx:1.29"));
 }

@@ -242,3 +242,20 @@ fn check_stdin(yaml: &str) -> (Option<i32>, String) {
     let output = child.wait_with_output().unwrap();
     (output.status.code(), String::from_utf8_lossy(&output.stdout).into_owned())
 }
+
+#[test]
+fn render_loads_the_given_modules_first_and_refuses_a_path_nginx_could_misread() {
+    let sample = repo("deploy/samples/balancer.yaml");
+    let module = "/usr/lib/nginx/modules/ngx_stream_module.so";
+    let out = balancer().args(["render", "--proxy-load-module", module]).arg(&sample).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let yaml = String::from_utf8_lossy(&out.stdout);
+    assert!(yaml.contains(&format!("load_module {module};")), "{yaml}");
+
+    for bad in ["ngx_stream_module.so", "/m.so; user root", "/m.so\nstream {}"] {
+        let out = balancer().args(["render", "--proxy-load-module", bad]).arg(&sample).output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{bad:?}: {stderr}");
+        assert!(stderr.contains("must be an absolute path"), "{bad:?}: {stderr}");
+    }
+}

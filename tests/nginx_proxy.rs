@@ -508,7 +508,7 @@ async fn tcp_sample_splits_500_connections_40_20_40() {
     let backends = tcp_backends(&["v1", "v2", "v3"]).await;
     let address = addresses(&backends);
     let (nginx, listen) =
-        start_nginx(&bin, free_tcp_port, |p| nginx::render("example-balancer", &sample_spec(p), &address)).await;
+        start_nginx(&bin, free_tcp_port, |p| nginx::render("example-balancer", &sample_spec(p), &[], &address)).await;
 
     let mut replies = Vec::with_capacity(REQUESTS);
     for _ in 0..REQUESTS {
@@ -534,7 +534,7 @@ async fn tcp_weight_zero_backend_is_down_and_gets_nothing() {
         spec
     };
     let (nginx, listen) = start_nginx(&bin, free_tcp_port, |p| {
-        let rendered = nginx::render("example-balancer", &spec(p), &address);
+        let rendered = nginx::render("example-balancer", &spec(p), &[], &address);
         assert!(rendered.contains(&format!("server {} down;", backends[1].addr)), "{rendered}");
         rendered
     })
@@ -574,7 +574,7 @@ async fn udp_datagrams_are_answered_by_the_backends_by_weight() {
         })
     };
     let (nginx, listen) = start_nginx(&bin, free_udp_port, |p| {
-        let rendered = nginx::render("dns", &spec(p), &address);
+        let rendered = nginx::render("dns", &spec(p), &[], &address);
         assert!(rendered.contains(&format!("listen {p} udp;")), "{rendered}");
         rendered
     })
@@ -616,7 +616,7 @@ async fn tcp_and_udp_on_the_same_port_number_reach_their_own_servers() {
             backends: vec![backend("v1", 1), backend("v2", 1)],
         })
     };
-    let (nginx, listen) = start_nginx(&bin, free_dual_port, |p| nginx::render("dual", &spec(p), &address)).await;
+    let (nginx, listen) = start_nginx(&bin, free_dual_port, |p| nginx::render("dual", &spec(p), &[], &address)).await;
 
     let mut tcp_replies = Vec::new();
     let mut udp_replies = Vec::new();
@@ -654,7 +654,7 @@ async fn udp_sessions_end_once_answered() {
             backends: vec![backend("v1", 1)],
         })
     };
-    let (nginx, listen) = start_nginx(&bin, free_udp_port, |p| nginx::render("dns", &spec(p), &address)).await;
+    let (nginx, listen) = start_nginx(&bin, free_udp_port, |p| nginx::render("dns", &spec(p), &[], &address)).await;
     udp_ask(listen).await;
     tokio::time::sleep(Duration::from_millis(100)).await;
     let workers = nginx.workers();
@@ -750,7 +750,7 @@ fn nginx_t_accepts_every_rendered_config() {
         let spec = with_defaults(&spec);
         let report = validation::validate(ObjectName::Name("table"), &spec);
         assert!(report.is_valid(), "{case}: the table holds valid specs only: {:?}", report.errors);
-        let rendered = nginx::render("table", &spec, &loopback_addresses(&spec));
+        let rendered = nginx::render("table", &spec, &[], &loopback_addresses(&spec));
         if let Err(log) = nginx_check(&bin, &rendered) {
             rejected.push(format!("--- {case} ---\n{log}\n{rendered}"));
         }
@@ -763,7 +763,7 @@ fn nginx_t_rejects_a_broken_config() {
     // The check above must be able to fail: a config nginx cannot load is reported.
     let Some(bin) = nginx_binary() else { return };
     let spec = sample_spec(80);
-    let rendered = nginx::render("table", &spec, &loopback_addresses(&spec)).replace("weight=40", "weight=0");
+    let rendered = nginx::render("table", &spec, &[], &loopback_addresses(&spec)).replace("weight=40", "weight=0");
     let log = nginx_check(&bin, &rendered).expect_err("weight=0 is invalid for nginx");
     assert!(log.contains("weight"), "{log}");
 }

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use axum::http::{Method, Request, Response, StatusCode};
 use balancer::api::{BackendSpec, Balancer, BalancerPort, BalancerSpec};
-use balancer::children::{self, Owner, ProxySettings};
+use balancer::children::{self, BackendHosts, Owner, ProxySettings};
 use balancer::controller::{self, ChildCaches, Context, backoff, error_policy, is_subset, reconcile};
 use balancer::defaulting::with_defaults;
 use balancer::stored::StoredBalancer;
@@ -32,8 +32,11 @@ const STATUS: &str = "/apis/exposer.hliangzhao.io/v1alpha1/namespaces/ns/balance
 
 type ApiServer = Handle<Request<Body>, Response<Body>>;
 
+/// The cluster IP the mock API server gives every Service.
+const CLUSTER_IP: &str = "10.96.0.10";
+
 fn settings() -> ProxySettings {
-    ProxySettings { image: "nginx-test:1".into(), replicas: 1, cluster_domain: "cluster.local".into() }
+    ProxySettings { image: "nginx-test:1".into(), replicas: 1, load_modules: Vec::new() }
 }
 
 fn sample() -> Balancer {
@@ -86,7 +89,10 @@ fn context() -> (Arc<Context>, ApiServer, Caches) {
 /// Fills the caches with the children as the API server would hold them, the proxy available.
 fn converged(caches: &mut Caches, balancer: &Balancer) {
     let owner = Owner::of(balancer).unwrap();
-    let desired = children::desired(&owner, &with_defaults(&balancer.spec), &settings());
+    let spec = with_defaults(&balancer.spec);
+    let backend_services = children::backend_services(&owner, &spec);
+    let ips = vec![CLUSTER_IP.to_string(); backend_services.len()];
+    let proxy = children::proxy(&owner, &spec, &settings(), BackendHosts::ClusterIps(&ips));
     let stored = |mut value: Value| {
         value["metadata"]["uid"] = json!("child-uid");
         value["metadata"]["resourceVersion"] = json!("42");
@@ -94,20 +100,17 @@ fn converged(caches: &mut Caches, balancer: &Balancer) {
         value["metadata"]["managedFields"] = json!([{"manager": "balancer", "operation": "Apply"}]);
         value
     };
-    for service in desired.backend_services.iter().chain([&desired.front_service]) {
+    for service in backend_services.iter().chain([&proxy.front_service]) {
         let mut value = stored(serde_json::to_value(service).unwrap());
-        value["spec"]["clusterIP"] = json!("10.96.0.10");
+        value["spec"]["clusterIP"] = json!(CLUSTER_IP);
         value["spec"]["sessionAffinity"] = json!("None");
         value["spec"]["ports"][0]["nodePort"] = Value::Null;
         caches.services.apply_watcher_event(&watcher::Event::Apply(serde_json::from_value(value).unwrap()));
     }
-    let config_map = stored(serde_json::to_value(&desired.config_map).unwrap());
+    let config_map = stored(serde_json::to_value(&proxy.config_map).unwrap());
     caches.config_maps.apply_watcher_event(&watcher::Event::Apply(serde_json::from_value(config_map).unwrap()));
-    let mut desired_deployment = desired.deployment.clone();
-    let ips = vec!["10.96.0.10".to_string(); desired.backend_services.len()];
-    children::set_rollout_hash(&mut desired_deployment, &children::rollout_hash(&desired.nginx_conf, &ips));
     let mut deployment: Deployment =
-        serde_json::from_value(stored(serde_json::to_value(&desired_deployment).unwrap())).unwrap();
+        serde_json::from_value(stored(serde_json::to_value(&proxy.deployment).unwrap())).unwrap();
     deployment.spec.as_mut().unwrap().template.spec.as_mut().unwrap().dns_policy = Some("ClusterFirst".into());
     deployment.status = Some(DeploymentStatus {
         observed_generation: Some(1),
@@ -192,7 +195,11 @@ async fn expect_apply(server: &mut ApiServer, path: &str, kind: &str) -> Value {
     not_found(respond);
     let (body, respond) = expect(server, Method::PATCH, &format!("{path}{SSA}")).await;
     assert_eq!(body["kind"], kind);
-    ok(respond, &body);
+    let mut stored = body.clone();
+    if kind == "Service" {
+        stored["spec"]["clusterIP"] = json!(CLUSTER_IP);
+    }
+    ok(respond, &stored);
     let (event, respond) = expect(server, Method::POST, EVENTS).await;
     assert_eq!(event["reason"], "Created", "{event}");
     assert_eq!(event["related"]["kind"], kind, "{event}");
@@ -233,7 +240,8 @@ async fn first_reconcile_applies_every_child_in_order_then_the_status() {
         let config_map =
             expect_apply(&mut server, "/api/v1/namespaces/ns/configmaps/example-balancer-proxy-configmap", "ConfigMap")
                 .await;
-        assert!(config_map["data"]["nginx.conf"].as_str().unwrap().contains("weight=20;"));
+        let conf = config_map["data"]["nginx.conf"].as_str().unwrap();
+        assert!(conf.contains("server 10.96.0.10:80 weight=20;  # example-balancer-v2-backend"), "{conf}");
         expect_apply(&mut server, "/apis/apps/v1/namespaces/ns/deployments/example-balancer-proxy", "Deployment").await;
         expect_apply(&mut server, "/api/v1/namespaces/ns/services/example-balancer", "Service").await;
         let status = expect_status(&mut server, &sample()).await;

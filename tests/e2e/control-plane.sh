@@ -1,28 +1,40 @@
 #!/usr/bin/env bash
-# Makes kube-apiserver, kube-controller-manager and etcd available for the e2e
-# tests and prints the directory that holds them (envtest convention).
+# Makes the Kubernetes binaries available for the e2e and node tests and prints
+# the directory that holds them (envtest convention).
 #
 # 1. $KUBEBUILDER_ASSETS, if it holds kube-apiserver and etcd (what setup-envtest
 #    installs; any recent version). kube-controller-manager is optional there:
 #    without it the tests that need garbage collection or Deployment status say so.
+#    With --node, it must also hold kube-scheduler, kubelet, kube-proxy and pause.
 # 2. Otherwise Kubernetes v1.20.2 built from Debian bookworm's own `kubernetes`
-#    source package (which vendors every dependency, so it builds offline) and
-#    etcd from Debian's `etcd-server`, cached in ~/.cache/balancer/envtest/v1.20.2
+#    source package (which vendors every dependency, so it builds offline): the
+#    five Go commands in one `make`, a static `pause` from the same tree, and etcd
+#    from Debian's `etcd-server`, cached in ~/.cache/balancer/envtest/v1.20.2
 #    (override with BALANCER_ENVTEST_CACHE) and reused on later runs.
 #
-# Needs root for apt-get in case 2. Takes 4-6 minutes on 2 cores the first time.
+# Needs root for apt-get in case 2. Takes 12-20 minutes on 2 cores the first time.
 set -euo pipefail
 
 log() { echo "control-plane: $*" >&2; }
 
-if [ -n "${KUBEBUILDER_ASSETS:-}" ] && [ -x "$KUBEBUILDER_ASSETS/kube-apiserver" ] && [ -x "$KUBEBUILDER_ASSETS/etcd" ]; then
+plane=(kube-apiserver etcd)
+node=(kube-controller-manager kube-scheduler kubelet kube-proxy pause)
+holds() { # DIR NAME...: every NAME is an executable in DIR
+  local dir="$1" name
+  shift
+  for name in "$@"; do [ -x "$dir/$name" ] || return 1; done
+}
+wanted=("${plane[@]}")
+[ "${1:-}" = "--node" ] && wanted+=("${node[@]}")
+
+if [ -n "${KUBEBUILDER_ASSETS:-}" ] && holds "$KUBEBUILDER_ASSETS" "${wanted[@]}"; then
   echo "$KUBEBUILDER_ASSETS"
   exit 0
 fi
 
 version=v1.20.2
 cache="${BALANCER_ENVTEST_CACHE:-${HOME:-/tmp}/.cache/balancer/envtest/$version}"
-if [ -x "$cache/kube-apiserver" ] && [ -x "$cache/kube-controller-manager" ] && [ -x "$cache/etcd" ]; then
+if holds "$cache" "${plane[@]}" "${node[@]}"; then
   echo "$cache"
   exit 0
 fi
@@ -32,7 +44,7 @@ trap 'rm -rf "$work"' EXIT
 export DEBIAN_FRONTEND=noninteractive
 
 log "installing the Go toolchain and build tools from Debian"
-apt-get install -y -qq --no-install-recommends golang-go rsync make dpkg-dev \
+apt-get install -y -qq --no-install-recommends golang-go rsync make dpkg-dev gcc libc6-dev \
   golang-github-modern-go-reflect2-dev >/dev/null
 
 # Source packages through a private list derived from the system's own
@@ -52,16 +64,19 @@ apt-get "${apt_src[@]}" update -qq >/dev/null
 rm -rf "$work/src/vendor/github.com/modern-go/reflect2"
 cp -r /usr/share/gocode/src/github.com/modern-go/reflect2 "$work/src/vendor/github.com/modern-go/reflect2"
 
-log "building kube-apiserver and kube-controller-manager $version (several minutes)"
+commands=(kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy)
+log "building ${commands[*]} $version in one make (10-20 minutes)"
 (cd "$work/src" && GOPROXY=off GOFLAGS= CGO_ENABLED=0 GO111MODULE=on \
-  make WHAT="cmd/kube-apiserver cmd/kube-controller-manager" \
+  make WHAT="${commands[*]/#/cmd/}" \
   KUBE_GIT_VERSION="$version" KUBE_GIT_TREE_STATE=clean >"$work/build.log" 2>&1) || {
   tail -40 "$work/build.log" >&2
   exit 1
 }
+log "building the static pause binary"
+gcc -Os -static -DVERSION=v3.4.1 -o "$work/pause" "$work/src/build/pause/linux/pause.c"
 
 mkdir -p "$cache"
-cp "$work/src/_output/bin/kube-apiserver" "$work/src/_output/bin/kube-controller-manager" "$cache/"
-cp "$work/etcd/usr/bin/etcd" "$cache/"
+for command in "${commands[@]}"; do cp "$work/src/_output/bin/$command" "$cache/"; done
+cp "$work/pause" "$work/etcd/usr/bin/etcd" "$cache/"
 log "ready in $cache"
 echo "$cache"
