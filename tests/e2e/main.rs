@@ -392,7 +392,9 @@ async fn balancers_are_reconciled_into_children_and_status(world: &mut World) {
     })
     .await;
     let conf = config.data.unwrap()["nginx.conf"].clone();
-    assert!(conf.contains("example-balancer-v2-backend.default.svc.cluster.local:80 weight=20;"), "{conf}");
+    let v2 = services.get("example-balancer-v2-backend").await.expect("v2 backend Service");
+    let v2_ip = v2.spec.and_then(|s| s.cluster_ip).expect("a cluster IP");
+    assert!(conf.contains(&format!("server {v2_ip}:80 weight=20;  # example-balancer-v2-backend")), "{conf}");
     eventually("the Deployment", Duration::from_secs(30), || async {
         deployments.get_opt("example-balancer-proxy").await.ok().flatten()
     })
