@@ -1,7 +1,9 @@
-//! A throwaway control plane on loopback: etcd, kube-apiserver (token auth,
-//! RBAC, audit log) and kube-controller-manager (garbage collection,
-//! Deployments), with generated certificates and kubeconfigs. Every process is
-//! killed when the `ControlPlane` is dropped, also when a scenario panics.
+//! A throwaway control plane: etcd, kube-apiserver (token auth, RBAC, audit
+//! log) and kube-controller-manager (garbage collection, Deployments), with
+//! generated certificates and kubeconfigs. On loopback for the e2e suite; on the
+//! node's bridge, with service accounts for pods, for the node suite. Every
+//! process is killed when the `ControlPlane` is dropped, also when a scenario panics.
+//! Shared by both suites (`tests/node` includes this file).
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
@@ -79,6 +81,44 @@ pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("free port")
 }
 
+/// A reqwest client trusting `ca_pem`.
+pub fn http_client(ca_pem: &str) -> reqwest::Client {
+    let mut roots = rustls::RootCertStore::empty();
+    use rustls::pki_types::pem::PemObject;
+    roots.add(rustls::pki_types::CertificateDer::from_pem_slice(ca_pem.as_bytes()).unwrap()).unwrap();
+    let config =
+        rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(rustls::crypto::ring::default_provider()))
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+    reqwest::Client::builder().tls_backend_preconfigured(config).timeout(Duration::from_secs(10)).build().unwrap()
+}
+
+/// Where the control plane listens and what it serves.
+pub struct PlaneOptions {
+    /// The address the API server binds to and advertises (the `kubernetes` Service's endpoint).
+    pub address: String,
+    /// Service IPs; the first is the `kubernetes` Service's.
+    pub service_cidr: String,
+    /// Names and IPs the serving certificate also covers.
+    pub extra_sans: Vec<String>,
+    /// Real pods run: they get service account tokens (the ServiceAccount admission plugin and
+    /// the token controllers), the kubelet is dialled by InternalIP, and Endpoints are kept.
+    pub pods: bool,
+}
+
+impl Default for PlaneOptions {
+    fn default() -> Self {
+        PlaneOptions {
+            address: "127.0.0.1".into(),
+            service_cidr: "10.0.0.0/24".into(),
+            extra_sans: Vec::new(),
+            pods: false,
+        }
+    }
+}
+
 pub struct ControlPlane {
     pub dir: TempDir,
     pub url: String,
@@ -98,12 +138,17 @@ impl Drop for ControlPlane {
 }
 
 impl ControlPlane {
-    /// Starts etcd, kube-apiserver and (when present) kube-controller-manager from `assets`.
+    /// Starts etcd, kube-apiserver and (when present) kube-controller-manager from `assets`, on loopback.
     pub async fn start(assets: &Path) -> ControlPlane {
+        ControlPlane::start_with(assets, &PlaneOptions::default()).await
+    }
+
+    pub async fn start_with(assets: &Path, options: &PlaneOptions) -> ControlPlane {
         let dir = TempDir::new().expect("temp dir");
         let d = dir.path();
-        let certs = balancer::tls::generate(&["127.0.0.1".into(), "localhost".into()], Duration::from_secs(86400))
-            .expect("certificates");
+        let mut sans = vec!["127.0.0.1".to_string(), "localhost".into(), options.address.clone()];
+        sans.extend(options.extra_sans.iter().cloned());
+        let certs = balancer::tls::generate(&sans, Duration::from_secs(86400)).expect("certificates");
         certs.write_to(&d.join("pki")).expect("write certificates");
         let sa_key = rcgen::KeyPair::generate().expect("service account key");
         std::fs::write(d.join("pki/sa.key"), sa_key.serialize_pem()).unwrap();
@@ -145,12 +190,19 @@ impl ControlPlane {
         let port = free_port();
         let pki = d.join("pki");
         let audit_log = d.join("audit.log");
+        let mut apiserver = Command::new(assets.join("kube-apiserver"));
+        if options.pods {
+            apiserver.arg("--kubelet-preferred-address-types=InternalIP");
+        } else {
+            // No token controller runs to give pods their tokens.
+            apiserver.arg("--disable-admission-plugins=ServiceAccount");
+        }
         processes.push(Proc::spawn(
             "kube-apiserver",
-            Command::new(assets.join("kube-apiserver"))
+            apiserver
                 .arg(format!("--etcd-servers={etcd_url}"))
-                .arg("--bind-address=127.0.0.1")
-                .arg("--advertise-address=127.0.0.1")
+                .arg(format!("--bind-address={}", options.address))
+                .arg(format!("--advertise-address={}", options.address))
                 .arg(format!("--secure-port={port}"))
                 .arg(format!("--cert-dir={}", pki.display()))
                 .arg(format!("--tls-cert-file={}", pki.join("tls.crt").display()))
@@ -160,16 +212,15 @@ impl ControlPlane {
                 .arg("--service-account-issuer=https://kubernetes.default.svc.cluster.local")
                 .arg(format!("--service-account-key-file={}", pki.join("sa.pub").display()))
                 .arg(format!("--service-account-signing-key-file={}", pki.join("sa.key").display()))
-                .arg("--service-cluster-ip-range=10.0.0.0/24")
+                .arg(format!("--service-cluster-ip-range={}", options.service_cidr))
                 .arg(format!("--audit-policy-file={}", d.join("audit-policy.yaml").display()))
                 .arg(format!("--audit-log-path={}", audit_log.display()))
-                .arg("--disable-admission-plugins=ServiceAccount")
                 .arg("--enable-priority-and-fairness=false")
                 .arg("--allow-privileged=true")
                 .arg("--insecure-port=0"),
             &d.join("kube-apiserver.log"),
         ));
-        let url = format!("https://127.0.0.1:{port}");
+        let url = format!("https://{}:{port}", options.address);
         let plane = ControlPlane { dir, url, ca_pem: certs.ca_pem, audit_log, processes };
         plane.write_kubeconfig("admin", ADMIN_TOKEN);
         plane.write_kubeconfig("operator", OPERATOR_TOKEN);
@@ -180,14 +231,23 @@ impl ControlPlane {
         let mut plane = plane;
         if kcm.exists() {
             let log = plane.dir.path().join("kube-controller-manager.log");
+            let mut command = Command::new(kcm);
+            let mut controllers = "garbagecollector,deployment,replicaset,namespace".to_string();
+            if options.pods {
+                controllers.push_str(",serviceaccount,serviceaccount-token,endpoint,endpointslice");
+                let pki = plane.dir.path().join("pki");
+                command
+                    .arg(format!("--service-account-private-key-file={}", pki.join("sa.key").display()))
+                    .arg(format!("--root-ca-file={}", pki.join("ca.crt").display()));
+            }
             plane.processes.push(Proc::spawn(
                 "kube-controller-manager",
-                Command::new(kcm)
+                command
                     .arg(format!("--kubeconfig={}", plane.kubeconfig("admin").display()))
                     .arg("--leader-elect=false")
                     .arg("--port=0")
                     .arg("--secure-port=0")
-                    .arg("--controllers=garbagecollector,deployment,replicaset,namespace")
+                    .arg(format!("--controllers={controllers}"))
                     .arg("--use-service-account-credentials=false"),
                 &log,
             ));
@@ -220,7 +280,7 @@ impl ControlPlane {
     }
 
     async fn wait_ready(&self) {
-        let client = crate::http_client(&self.ca_pem);
+        let client = http_client(&self.ca_pem);
         let deadline = Instant::now() + Duration::from_secs(90);
         loop {
             let ready = client

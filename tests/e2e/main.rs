@@ -28,25 +28,11 @@ use kube::api::{ApiResource, DeleteParams, DynamicObject, ListParams, Patch, Pat
 use kube::{Api, Client, ResourceExt};
 use serde_json::{Value, json};
 
-use cluster::{ControlPlane, NOBODY_TOKEN, NOBODY_USER, OPERATOR_USER, SCRAPER_TOKEN, SCRAPER_USER};
+use cluster::{ControlPlane, NOBODY_TOKEN, NOBODY_USER, OPERATOR_USER, SCRAPER_TOKEN, SCRAPER_USER, http_client};
 use operator::Operator;
 
 const NS: &str = "default";
 const SAMPLE: &str = "example-balancer";
-
-/// A reqwest client trusting `ca_pem`.
-pub fn http_client(ca_pem: &str) -> reqwest::Client {
-    let mut roots = rustls::RootCertStore::empty();
-    use rustls::pki_types::pem::PemObject;
-    roots.add(rustls::pki_types::CertificateDer::from_pem_slice(ca_pem.as_bytes()).unwrap()).unwrap();
-    let config =
-        rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(rustls::crypto::ring::default_provider()))
-            .with_safe_default_protocol_versions()
-            .unwrap()
-            .with_root_certificates(roots)
-            .with_no_client_auth();
-    reqwest::Client::builder().tls_backend_preconfigured(config).timeout(Duration::from_secs(10)).build().unwrap()
-}
 
 /// Shared state the scenarios build on, in order.
 struct World {

@@ -85,7 +85,7 @@ impl Operator {
 
     /// Scrapes the protected `/metrics` with `token`; (HTTP status, body).
     pub async fn scrape(&self, plane: &ControlPlane, token: Option<&str>) -> (u16, String) {
-        let client = crate::http_client(&plane.ca_pem);
+        let client = crate::cluster::http_client(&plane.ca_pem);
         let mut request = client.get(format!("https://127.0.0.1:{}/metrics", self.metrics_port));
         if let Some(token) = token {
             request = request.bearer_auth(token);

@@ -1,0 +1,111 @@
+#!/usr/bin/env bash
+# The host side of the node suite: what a node changes outside its own
+# processes, set up and put back.
+#
+#   host.sh up STATE               bridges, routes, the forwarding fence, sysctls (saved in STATE)
+#   host.sh stop-containers STATE  kills every container of the suite's containerd (while it runs)
+#   host.sh down STATE             stops every container of the suite's containerd, then removes
+#                      mounts, network namespaces, links, iptables chains, conntrack
+#                      entries and STATE's directories, and restores the sysctls
+#
+# `down` is safe to run twice, and after a crash: each step ignores what is gone.
+#
+# Every packet stays inside the machine: pods live on the bridge balancer0
+# (10.244.0.0/24, the host is .1), Service IPs (10.0.0.0/24) are routed to a
+# bridge with no ports, and forwarded pod traffic leaving by any other
+# interface is dropped.
+set -uo pipefail
+
+action="$1"
+state="$2"
+POD_CIDR=10.244.0.0/24
+NODE_IP=10.244.0.1
+SERVICE_CIDR=10.0.0.0/24
+POD_BRIDGE=balancer0
+SERVICE_BRIDGE=balancer-svc0
+FENCE=BALANCER-NODE-FENCE
+# What the kubelet, kube-proxy and this script change.
+SYSCTLS=(kernel.panic kernel.panic_on_oops vm.overcommit_memory net.ipv4.conf.all.route_localnet
+  net.ipv4.ip_forward net.bridge.bridge-nf-call-iptables)
+
+up() {
+  set -e
+  mkdir -p "$state"
+  : >"$state/sysctls"
+  for key in "${SYSCTLS[@]}"; do
+    echo "$key=$(sysctl -n "$key")" >>"$state/sysctls"
+  done
+  ip link add "$POD_BRIDGE" type bridge
+  ip addr add "$NODE_IP/24" dev "$POD_BRIDGE"
+  ip link set "$POD_BRIDGE" up
+  ip link add "$SERVICE_BRIDGE" type bridge
+  ip link set "$SERVICE_BRIDGE" up
+  ip route add "$SERVICE_CIDR" dev "$SERVICE_BRIDGE"
+  iptables -N "$FENCE"
+  iptables -A "$FENCE" -s "$POD_CIDR" ! -o "$POD_BRIDGE" -j DROP
+  iptables -I FORWARD 1 -j "$FENCE"
+  sysctl -qw net.ipv4.ip_forward=1 net.bridge.bridge-nf-call-iptables=1
+  # Pods resolve nothing: no nameserver at all (glibc then tries only the pod's own loopback).
+  printf 'options ndots:1\n' >"$state/resolv.conf"
+  # The kubelet writes container logs here whatever its root directory.
+  [ -e /var/log/pods ] || touch "$state/remove-var-log-pods"
+}
+
+# Kills what the suite's containerd started: its tasks, then its shims.
+stop_containers() {
+  local sock="$state/containerd/containerd.sock" id
+  if [ -S "$sock" ]; then
+    for id in $(ctr -a "$sock" -n k8s.io tasks ls -q 2>/dev/null); do
+      ctr -a "$sock" -n k8s.io tasks kill -s SIGKILL "$id" >/dev/null 2>&1
+    done
+  fi
+  pkill -KILL -f "containerd-shim.*-address $sock" 2>/dev/null
+  sleep 0.5
+}
+
+unmount_under() { # every mount point under $1, deepest first
+  awk -v root="$1" '$2 == root || index($2, root "/") == 1 { print $2 }' /proc/mounts | sort -r |
+    while read -r mount; do umount -l "$mount" 2>/dev/null; done
+}
+
+down() {
+  stop_containers
+  unmount_under "$state"
+  for ns in $(ip netns list 2>/dev/null | awk '/^cni-/ { print $1 }'); do
+    ip netns delete "$ns" 2>/dev/null
+  done
+  unmount_under /run/netns/cni-
+  ip link delete "$POD_BRIDGE" 2>/dev/null
+  ip link delete "$SERVICE_BRIDGE" 2>/dev/null
+  for tool in iptables ip6tables; do
+    "$tool" -D FORWARD -j "$FENCE" 2>/dev/null
+    "$tool" -F "$FENCE" 2>/dev/null
+    "$tool" -X "$FENCE" 2>/dev/null
+    # The chains kube-proxy, the kubelet and the CNI plugins made, and the rules jumping to them.
+    local saved
+    saved="$("$tool-save" 2>/dev/null)" || continue
+    if grep -qE 'KUBE-|CNI-' <<<"$saved"; then
+      grep -vE 'KUBE-|CNI-' <<<"$saved" | "$tool-restore"
+    fi
+  done
+  conntrack -D -s "$POD_CIDR" >/dev/null 2>&1
+  conntrack -D -d "$POD_CIDR" >/dev/null 2>&1
+  conntrack -D -d "$SERVICE_CIDR" >/dev/null 2>&1
+  if [ -s "$state/sysctls" ]; then
+    while IFS= read -r setting; do sysctl -qw "$setting" 2>/dev/null; done <"$state/sysctls"
+  fi
+  if [ -e "$state/remove-var-log-pods" ]; then
+    rm -rf /var/log/pods /var/log/containers
+  fi
+  rm -rf "$state"
+}
+
+case "$action" in
+  up) up ;;
+  stop-containers) stop_containers ;;
+  down) down ;;
+  *)
+    echo "usage: host.sh up|stop-containers|down STATE" >&2
+    exit 2
+    ;;
+esac

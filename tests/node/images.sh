@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# Builds the node suite's container images with no registry and prints the
+# directory that holds them as OCI archives, ready for `ctr images import`.
+#
+#   images.sh ASSETS BALANCER_BINARY
+#
+# - localhost/balancer-test-base:1 — Debian bookworm's essential set (mmdebstrap)
+#   plus nginx-light, libnginx-mod-stream and socat: the proxy (its stream module
+#   is dynamic, as in Debian, Ubuntu and UBI), the HTTP backends and the UDP echo.
+#   The root filesystem is built once and cached in ~/.cache/balancer/node
+#   (override with BALANCER_NODE_CACHE).
+# - localhost/pause:3.4.1 — the static pause binary from control-plane.sh --node.
+# - localhost/balancer:test — the base plus the operator binary, with the
+#   Dockerfile's runtime contract: non-root (65532), `balancer run`.
+#
+# Needs root for apt-get and mmdebstrap. About 2 minutes the first time.
+set -euo pipefail
+
+assets="$1"
+binary="$2"
+log() { echo "images: $*" >&2; }
+
+cache="${BALANCER_NODE_CACHE:-${HOME:-/tmp}/.cache/balancer/node}"
+packages="nginx-light,libnginx-mod-stream,socat"
+rootfs="$cache/rootfs-bookworm-$(echo "$packages" | sha256sum | cut -c1-12).tar"
+out="$cache/images"
+mkdir -p "$cache" "$out"
+
+if [ ! -s "$rootfs" ]; then
+  command -v mmdebstrap >/dev/null || apt-get install -y -qq --no-install-recommends mmdebstrap >/dev/null
+  log "building the base root filesystem (about 90 s)"
+  # The machine's own apt sources, so the image comes from the same archive.
+  mmdebstrap --quiet --format=tar --variant=essential --include="$packages" bookworm "$rootfs.part" \
+    /etc/apt/sources.list.d/*.sources </dev/null >&2
+  mv "$rootfs.part" "$rootfs"
+fi
+
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+
+# oci_archive OUT REF CONFIG LAYER...: a single-manifest OCI image layout, as a tar.
+# CONFIG is the image config's "config" object; layers are uncompressed tars.
+oci_archive() {
+  local archive="$1" ref="$2" config="$3"
+  shift 3
+  local dir="$work/oci" diff_ids="" layers="" layer digest size
+  rm -rf "$dir" && mkdir -p "$dir/blobs/sha256"
+  for layer in "$@"; do
+    digest="$(sha256sum "$layer" | cut -d' ' -f1)"
+    size="$(stat -c %s "$layer")"
+    cp "$layer" "$dir/blobs/sha256/$digest"
+    diff_ids+="${diff_ids:+,}\"sha256:$digest\""
+    layers+="${layers:+,}{\"mediaType\":\"application/vnd.oci.image.layer.v1.tar\",\"digest\":\"sha256:$digest\",\"size\":$size}"
+  done
+  blob() { # writes stdin as a blob, prints "digest size"
+    local tmp="$dir/blob.tmp" d
+    cat >"$tmp"
+    d="$(sha256sum "$tmp" | cut -d' ' -f1)"
+    mv "$tmp" "$dir/blobs/sha256/$d"
+    echo "$d $(stat -c %s "$dir/blobs/sha256/$d")"
+  }
+  local config_blob manifest_blob
+  config_blob="$(printf '{"architecture":"amd64","os":"linux","config":%s,"rootfs":{"type":"layers","diff_ids":[%s]}}' \
+    "$config" "$diff_ids" | blob)"
+  manifest_blob="$(printf '{"schemaVersion":2,"mediaType":"application/vnd.oci.image.manifest.v1+json","config":{"mediaType":"application/vnd.oci.image.config.v1+json","digest":"sha256:%s","size":%s},"layers":[%s]}' \
+    ${config_blob} "$layers" | blob)"
+  set -- $manifest_blob
+  printf '{"imageLayoutVersion":"1.0.0"}' >"$dir/oci-layout"
+  printf '{"schemaVersion":2,"manifests":[{"mediaType":"application/vnd.oci.image.manifest.v1+json","digest":"sha256:%s","size":%s,"annotations":{"io.containerd.image.name":"%s","org.opencontainers.image.ref.name":"%s"}}]}' \
+    "$1" "$2" "$ref" "${ref##*:}" >"$dir/index.json"
+  tar -C "$dir" -cf "$archive" oci-layout index.json blobs
+}
+
+path_env='"Env":["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"]'
+
+# pause: one static binary.
+mkdir -p "$work/pause"
+cp "$assets/pause" "$work/pause/pause"
+tar -C "$work/pause" --owner=0 --group=0 --numeric-owner -cf "$work/pause.tar" pause
+oci_archive "$out/pause.tar" localhost/pause:3.4.1 "{$path_env,\"Entrypoint\":[\"/pause\"]}" "$work/pause.tar"
+
+if [ ! -s "$out/base.tar" ] || [ "$out/base.tar" -ot "$rootfs" ]; then
+  oci_archive "$out/base.tar" localhost/balancer-test-base:1 "{$path_env,\"Cmd\":[\"/bin/sh\"]}" "$rootfs"
+fi
+
+# The operator: stripped, so the layer is small and quick to import.
+mkdir -p "$work/operator"
+strip -o "$work/operator/balancer" "$binary"
+tar -C "$work/operator" --owner=0 --group=0 --numeric-owner -cf "$work/operator.tar" balancer
+oci_archive "$out/balancer.tar" localhost/balancer:test \
+  "{$path_env,\"User\":\"65532:65532\",\"Entrypoint\":[\"/balancer\",\"run\"]}" "$rootfs" "$work/operator.tar"
+
+log "ready in $out"
+echo "$out"
