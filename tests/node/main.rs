@@ -123,6 +123,10 @@ fn main() -> ExitCode {
         let all = scenarios![
             the_operator_installs_from_deploy_as_a_user_would,
             the_walkthrough_splits_traffic_by_weight,
+            weights_change_under_load_without_a_failed_connection,
+            udp_is_proxied_to_udp_echo_pods,
+            the_other_replica_takes_over_when_the_leader_pod_is_deleted,
+            a_replaced_certificate_is_served_without_a_restart,
             deleting_the_balancer_removes_every_child_and_pod,
         ];
         let filter = std::env::args().skip(1).find(|a| !a.starts_with('-'));
@@ -366,13 +370,15 @@ async fn the_walkthrough_splits_traffic_by_weight(world: &mut World) {
     assert_shares(&counts, &[("hello world v1", 40), ("hello world v2", 20), ("hello world v3", 40)], 3.0);
 }
 
-/// Waits for `Ready=True` on a Balancer, and returns its status.
+/// Waits for `Ready=True` on a Balancer's current generation, and returns its status.
 async fn wait_ready_balancer(world: &World, name: &str, timeout: Duration) -> Value {
     let api: Api<kube::api::DynamicObject> = Api::namespaced_with(world.admin.clone(), NS, &balancer_resource());
     eventually(&format!("Balancer {name} Ready=True"), timeout, || async {
-        let status = api.get(name).await.ok()?.data.get("status").cloned()?;
+        let balancer = api.get(name).await.ok()?;
+        let status = balancer.data.get("status").cloned()?;
+        let current = status["observedGeneration"].as_i64() == balancer.metadata.generation;
         let ready = status["conditions"].as_array()?.iter().any(|c| c["type"] == "Ready" && c["status"] == "True");
-        ready.then_some(status)
+        (current && ready).then_some(status)
     })
     .await
 }
@@ -437,6 +443,342 @@ fn assert_shares(counts: &BTreeMap<String, usize>, weights: &[(&str, u32)], poin
             "{answer}: {share:.1}% against {expected:.1}% ±{points}: {counts:?}"
         );
     }
+}
+
+// ---------------------------------------------------------------------------
+// 3. Weights change under load
+// ---------------------------------------------------------------------------
+
+/// Clients sending requests back to back until stopped: every failure, with its error.
+struct Load {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    tasks: tokio::task::JoinSet<(usize, Vec<String>)>,
+}
+
+impl Load {
+    fn start(address: String, clients: usize) -> Load {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let mut tasks = tokio::task::JoinSet::new();
+        for _ in 0..clients {
+            let (address, stop) = (address.clone(), stop.clone());
+            tasks.spawn(async move {
+                let (mut sent, mut failures) = (0, Vec::new());
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    sent += 1;
+                    if let Err(e) = one_request(&address).await {
+                        failures.push(e);
+                    }
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+                (sent, failures)
+            });
+        }
+        Load { stop, tasks }
+    }
+
+    /// Stops the clients: how many requests they sent, and every failure.
+    async fn finish(self) -> (usize, Vec<String>) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.tasks.join_all().await.into_iter().fold((0, Vec::new()), |(sent, mut failed), (s, f)| {
+            failed.extend(f);
+            (sent + s, failed)
+        })
+    }
+}
+
+fn patch_balancer(world: &World, name: &str, patch: Value) {
+    kubectl(world, &["-n", NS, "patch", "balancer", name, "--type=json", "-p", &patch.to_string()], None);
+}
+
+async fn weights_change_under_load_without_a_failed_connection(world: &mut World) {
+    let front = front_ip(world, SAMPLE).await;
+    let load = Load::start(format!("{front}:80"), 4);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    patch_balancer(
+        world,
+        SAMPLE,
+        json!([
+            {"op": "replace", "path": "/spec/backends/0/weight", "value": 80},
+            {"op": "replace", "path": "/spec/backends/1/weight", "value": 10},
+            {"op": "replace", "path": "/spec/backends/2/weight", "value": 10},
+        ]),
+    );
+    wait_ready_balancer(world, SAMPLE, Duration::from_secs(120)).await;
+    let counts = split(&front, 80, 3000).await;
+    println!("node: after the weight change, 3000 requests: {counts:?}");
+    assert_shares(&counts, &[("hello world v1", 80), ("hello world v2", 10), ("hello world v3", 10)], 3.0);
+
+    // Removing a backend: the rollout fails nothing, and its Service goes once it is over.
+    patch_balancer(world, SAMPLE, json!([{"op": "remove", "path": "/spec/backends/2"}]));
+    let status = wait_ready_balancer(world, SAMPLE, Duration::from_secs(120)).await;
+    let services: Api<Service> = Api::namespaced(world.admin.clone(), NS);
+    eventually("the removed backend's Service deleted", Duration::from_secs(30), || async {
+        services.get_opt("example-balancer-v3-backend").await.ok()?.is_none().then_some(())
+    })
+    .await;
+    let (sent, failures) = load.finish().await;
+    println!("node: {sent} requests during two proxy rollouts, {} failed", failures.len());
+    assert!(
+        failures.is_empty(),
+        "{} of {sent} requests failed during the rollouts: {:?}",
+        failures.len(),
+        &failures[..failures.len().min(10)]
+    );
+    assert_eq!(status["activeBackendsNum"], 2, "{status}");
+    let counts = split(&front, 80, 600).await;
+    assert_shares(&counts, &[("hello world v1", 80), ("hello world v2", 10)], 4.0);
+}
+
+// ---------------------------------------------------------------------------
+// 4. UDP
+// ---------------------------------------------------------------------------
+
+/// A UDP echo Deployment: socat answers each datagram's line as `<version> <line>`.
+fn udp_echo_backend(version: &str) -> String {
+    json!({
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": format!("udp-echo-{version}"), "namespace": NS},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": {"app": "udp-echo", "version": version}},
+            "template": {
+                "metadata": {"labels": {"app": "udp-echo", "version": version}},
+                "spec": {"containers": [{
+                    "name": "echo",
+                    "image": BASE_IMAGE,
+                    "imagePullPolicy": "Never",
+                    "command": ["socat", "UDP4-RECVFROM:5353,fork", format!("SYSTEM:read -r line; echo {version} $line")],
+                    "ports": [{"containerPort": 5353, "protocol": "UDP"}],
+                }]},
+            },
+        },
+    })
+    .to_string()
+}
+
+const UDP_BALANCER: &str = "udp-echo";
+
+async fn udp_is_proxied_to_udp_echo_pods(world: &mut World) {
+    for version in ["u1", "u2"] {
+        kubectl(world, &["apply", "-f", "-"], Some(&udp_echo_backend(version)));
+    }
+    let balancer = format!(
+        "apiVersion: exposer.hliangzhao.io/v1alpha1\nkind: Balancer\nmetadata:\n  name: {UDP_BALANCER}\n  namespace: {NS}\n\
+         spec:\n  ports:\n    - {{name: echo, protocol: UDP, port: 53, targetPort: 5353}}\n  selector: {{app: udp-echo}}\n\
+         \x20 backends:\n    - {{name: u1, weight: 50, selector: {{version: u1}}}}\n    - {{name: u2, weight: 50, selector: {{version: u2}}}}\n"
+    );
+    kubectl(world, &["apply", "-f", "-"], Some(&balancer));
+    wait_ready_balancer(world, UDP_BALANCER, Duration::from_secs(120)).await;
+    let front = front_ip(world, UDP_BALANCER).await;
+    let mut replies = BTreeMap::new();
+    for i in 0..40 {
+        let line = format!("ping {i}");
+        let reply = eventually("a UDP reply", Duration::from_secs(20), || udp_exchange(&front, &line)).await;
+        let (version, echoed) = reply.trim().split_once(' ').unwrap_or_default();
+        assert_eq!(echoed, format!("ping {i}"), "the reply echoes the request: {reply:?}");
+        *replies.entry(version.to_string()).or_insert(0) += 1;
+    }
+    println!("node: 40 UDP exchanges through {front}:53: {replies:?}");
+    assert_eq!(replies.keys().collect::<Vec<_>>(), ["u1", "u2"], "both backends answer: {replies:?}");
+    kubectl(world, &["-n", NS, "delete", "balancer", UDP_BALANCER], None);
+}
+
+/// One datagram from a fresh socket to `ip:53`, and the reply, if one came within a second.
+async fn udp_exchange(ip: &str, line: &str) -> Option<String> {
+    let socket = tokio::net::UdpSocket::bind("0.0.0.0:0").await.ok()?;
+    socket.send_to(format!("{line}\n").as_bytes(), format!("{ip}:53")).await.ok()?;
+    let mut buffer = [0u8; 512];
+    let (n, _) = tokio::time::timeout(Duration::from_secs(1), socket.recv_from(&mut buffer)).await.ok()?.ok()?;
+    Some(String::from_utf8_lossy(&buffer[..n]).into_owned())
+}
+
+// ---------------------------------------------------------------------------
+// 5. Leader failover in the cluster
+// ---------------------------------------------------------------------------
+
+async fn lease_holder(world: &World) -> Option<String> {
+    let leases: Api<Lease> = Api::namespaced(world.admin.clone(), OPERATOR_NS);
+    leases.get("balancer-leader").await.ok()?.spec?.holder_identity
+}
+
+async fn the_other_replica_takes_over_when_the_leader_pod_is_deleted(world: &mut World) {
+    let leader = eventually("a leader", Duration::from_secs(30), || lease_holder(world)).await;
+    // Balancer writes go through the webhooks all along.
+    let plane_kubeconfig = world.plane.kubeconfig("admin");
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writer = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let (mut writes, mut failures) = (0, Vec::new());
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let weight = 1 + writes % 50;
+                let yaml = format!(
+                    "apiVersion: exposer.hliangzhao.io/v1alpha1\nkind: Balancer\nmetadata:\n  name: failover-probe\n  namespace: {NS}\n\
+                     spec:\n  ports: [{{port: 8080}}]\n  selector: {{app: nothing}}\n  backends: [{{name: a, weight: {weight}, selector: {{v: a}}}}]\n"
+                );
+                let out = cluster_kubectl(&plane_kubeconfig, &["apply", "-f", "-"], &yaml);
+                writes += 1;
+                if let Err(e) = out {
+                    failures.push(e);
+                }
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            (writes, failures)
+        })
+    };
+    let deleted = Instant::now();
+    kubectl(world, &["-n", OPERATOR_NS, "delete", "pod", &leader, "--wait=false"], None);
+    let successor = eventually("a new leader", Duration::from_secs(40), || async {
+        lease_holder(world).await.filter(|holder| *holder != leader)
+    })
+    .await;
+    let took = deleted.elapsed();
+    println!("node: {successor} took the Lease {:.1} s after {leader} was deleted", took.as_secs_f64());
+    assert!(took <= Duration::from_secs(20), "the Lease lasts 15 s; the new leader took {took:?}");
+
+    // The new leader reconciles a change.
+    patch_balancer(world, SAMPLE, json!([{"op": "replace", "path": "/spec/backends/1/weight", "value": 30}]));
+    let config_maps: Api<ConfigMap> = Api::namespaced(world.admin.clone(), NS);
+    eventually("the new leader applies the change", Duration::from_secs(60), || async {
+        let data = config_maps.get("example-balancer-proxy-configmap").await.ok()?.data?;
+        data.get("nginx.conf")?.contains("weight=30;").then_some(())
+    })
+    .await;
+    // Through the old leader's replacement starting, too.
+    eventually("both replicas Ready again", Duration::from_secs(120), || async {
+        let deployments: Api<Deployment> = Api::namespaced(world.admin.clone(), OPERATOR_NS);
+        (deployments.get("balancer").await.ok()?.status?.ready_replicas == Some(2)).then_some(())
+    })
+    .await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (writes, failures) = writer.join().expect("the writer thread");
+    println!("node: {writes} Balancer applies during the failover, {} failed", failures.len());
+    assert!(failures.is_empty(), "applies failed during the failover: {failures:?}");
+    kubectl(world, &["-n", NS, "delete", "balancer", "failover-probe"], None);
+}
+
+/// `kubectl apply` from a plain thread: Ok, or the error output.
+fn cluster_kubectl(kubeconfig: &Path, args: &[&str], stdin: &str) -> Result<(), String> {
+    use std::io::Write;
+    let mut child = Command::new("kubectl")
+        .arg(format!("--kubeconfig={}", kubeconfig.display()))
+        .args(args)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .map_err(|e| e.to_string())?;
+    child.stdin.take().map(|mut s| s.write_all(stdin.as_bytes()));
+    let out = child.wait_with_output().map_err(|e| e.to_string())?;
+    if out.status.success() { Ok(()) } else { Err(String::from_utf8_lossy(&out.stderr).into_owned()) }
+}
+
+// ---------------------------------------------------------------------------
+// 6. Certificate rotation
+// ---------------------------------------------------------------------------
+
+/// `balancer certs` into `dir`: the CA bundle (base64 PEM) it prints.
+fn new_certificates(dir: &Path) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_balancer"))
+        .args(["certs", "--out", &dir.display().to_string()])
+        .args(["--dns-name", "balancer-webhook.balancer-system.svc"])
+        .args(["--dns-name", "balancer-webhook.balancer-system.svc.cluster.local"])
+        .output()
+        .expect("balancer certs");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+async fn a_replaced_certificate_is_served_without_a_restart(world: &mut World) {
+    use base64::Engine;
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let before = operator_pod_restarts(world).await;
+    let old_bundle = kubectl(
+        world,
+        &[
+            "get",
+            "validatingwebhookconfiguration",
+            "balancer-validating",
+            "-o",
+            "jsonpath={.webhooks[0].clientConfig.caBundle}",
+        ],
+        None,
+    );
+    let dir = tempfile::TempDir::new().expect("temp dir");
+    let new_bundle = new_certificates(dir.path());
+    let new_ca = String::from_utf8(b64.decode(&new_bundle).expect("base64")).expect("PEM");
+    // Trust both CAs while the pods switch, as a rotation should.
+    let both = [b64.decode(old_bundle.trim()).expect("base64"), new_ca.clone().into_bytes()].concat();
+    patch_ca_bundle(world, &b64.encode(both));
+    let secret = kubectl(
+        world,
+        &[
+            "-n",
+            OPERATOR_NS,
+            "create",
+            "secret",
+            "tls",
+            "balancer-webhook-tls",
+            &format!("--cert={}", dir.path().join("tls.crt").display()),
+            &format!("--key={}", dir.path().join("tls.key").display()),
+            "--dry-run=client",
+            "-o",
+            "yaml",
+        ],
+        None,
+    );
+    let replaced = Instant::now();
+    kubectl(world, &["apply", "-f", "-"], Some(&secret));
+
+    // Every replica serves the new certificate: 20 handshakes in a row through the Service verify
+    // against the new CA alone.
+    let services: Api<Service> = Api::namespaced(world.admin.clone(), OPERATOR_NS);
+    let ip =
+        services.get("balancer-webhook").await.expect("webhook Service").spec.and_then(|s| s.cluster_ip).expect("IP");
+    let host = "balancer-webhook.balancer-system.svc";
+    let client = reqwest::Client::builder()
+        .tls_backend_preconfigured(cluster::tls_config(&new_ca))
+        .resolve(host, std::net::SocketAddr::new(ip.parse().expect("IP"), 443))
+        .timeout(Duration::from_secs(3))
+        .build()
+        .expect("client");
+    eventually("the new certificate on every replica", Duration::from_secs(120), || async {
+        for _ in 0..20 {
+            client.get(format!("https://{host}/healthz")).send().await.ok()?;
+        }
+        Some(())
+    })
+    .await;
+    println!("node: new certificate served {:.1} s after the Secret was replaced", replaced.elapsed().as_secs_f64());
+    assert_eq!(operator_pod_restarts(world).await, before, "no replica restarted");
+
+    // The new CA alone, and writes go on.
+    patch_ca_bundle(world, &new_bundle);
+    let yaml =
+        std::fs::read_to_string(repo("deploy/samples/balancer.yaml")).expect("sample").replace(SAMPLE, "rotated");
+    eventually("a Balancer write after the rotation", Duration::from_secs(30), || async {
+        world.plane.kubectl("admin", &["-n", NS, "apply", "-f", "-"], Some(&yaml)).0.then_some(())
+    })
+    .await;
+    kubectl(world, &["-n", NS, "delete", "balancer", "rotated"], None);
+}
+
+/// Each operator pod's name and container restarts.
+async fn operator_pod_restarts(world: &World) -> BTreeMap<String, i32> {
+    let pods: Api<Pod> = Api::namespaced(world.admin.clone(), OPERATOR_NS);
+    let params = ListParams::default().labels("app.kubernetes.io/name=balancer");
+    let list = pods.list(&params).await.expect("pods");
+    list.items
+        .iter()
+        .map(|p| {
+            let restarts = p
+                .status
+                .as_ref()
+                .and_then(|s| s.container_statuses.as_ref())
+                .map_or(0, |c| c.iter().map(|c| c.restart_count).sum());
+            (p.name_any(), restarts)
+        })
+        .collect()
 }
 
 // ---------------------------------------------------------------------------
