@@ -266,7 +266,7 @@ fn proxy_pod_spec(owner: &Owner, spec: &BalancerSpec, settings: &ProxySettings) 
         name: "nginx".into(),
         image: Some(settings.image.clone()),
         image_pull_policy: Some("IfNotPresent".into()),
-        command: Some(vec!["nginx".into()]),
+        command: Some(vec!["/bin/sh".into(), "-c".into(), STOP_GRACEFULLY.into(), "nginx".into()]),
         args: Some(nginx_args()),
         ports: Some(
             spec.ports
@@ -346,18 +346,20 @@ pub fn nginx_args() -> Vec<String> {
     ]
 }
 
+/// The proxy container's entrypoint: nginx with the container's args, under a shell that turns
+/// the kubelet's SIGTERM into SIGQUIT, nginx's graceful quit (open connections finish, within
+/// `worker_shutdown_timeout`); SIGTERM would make nginx drop them at once. Pods cannot choose
+/// their stop signal before Kubernetes 1.33. Needs `/bin/sh`, as nginx images have.
+pub const STOP_GRACEFULLY: &str =
+    "trap 'kill -QUIT \"$nginx\"; wait \"$nginx\"; exit $?' TERM; nginx \"$@\" & nginx=$!; wait \"$nginx\"";
+
 /// A rollout or a drain drops no connection: the pod keeps serving while it leaves the front
-/// Service's endpoints, then nginx quits gracefully (SIGQUIT through `nginx -s quit`: open
-/// connections finish, within `worker_shutdown_timeout`) before the kubelet's SIGTERM, which
-/// would make nginx drop them at once. Needs `/bin/sh` in the image, as nginx images have.
+/// Service's endpoints; the SIGTERM that follows starts nginx's graceful quit.
 fn graceful_stop() -> Lifecycle {
-    let script = format!(
-        "sleep {ENDPOINT_REMOVAL_SECONDS}; nginx -c {CONFIG_DIR}/{CONFIG_FILE} -e stderr -g 'pid {PID_FILE};' -s quit; \
-         while [ -e {PID_FILE} ]; do sleep 1; done"
-    );
+    let sleep = vec!["sleep".to_string(), ENDPOINT_REMOVAL_SECONDS.to_string()];
     Lifecycle {
         pre_stop: Some(LifecycleHandler {
-            exec: Some(ExecAction { command: Some(vec!["/bin/sh".into(), "-c".into(), script]) }),
+            exec: Some(ExecAction { command: Some(sleep) }),
             ..LifecycleHandler::default()
         }),
         ..Lifecycle::default()
@@ -374,8 +376,9 @@ fn readiness_probe(spec: &BalancerSpec) -> Probe {
             probe.tcp_socket = Some(TCPSocketAction { port: IntOrString::Int(port), host: None });
         }
         None => {
+            // Every argument, the pid file's path included: nginx -t opens it.
             let mut command = vec!["nginx".to_string(), "-t".into(), "-q".into()];
-            command.extend(nginx_args().into_iter().take(4));
+            command.extend(nginx_args());
             probe.exec = Some(ExecAction { command: Some(command) });
         }
     }

@@ -402,7 +402,8 @@ fn proxy_container_runs_the_configured_image_with_nginx_args() {
     let desired = desired_for(&sample());
     let nginx = container(&desired.deployment);
     assert_eq!(nginx.image.as_deref(), Some("nginxinc/nginx-unprivileged:1.28.0-alpine"));
-    assert_eq!(nginx.command, Some(vec!["nginx".to_string()]));
+    let entrypoint = ["/bin/sh", "-c", children::STOP_GRACEFULLY, "nginx"].map(String::from).to_vec();
+    assert_eq!(nginx.command, Some(entrypoint));
     assert_eq!(
         nginx.args,
         Some(
@@ -508,7 +509,19 @@ fn readiness_probes_the_first_tcp_port_or_checks_the_config_when_udp_only() {
     let udp_only = probe(vec![port(Some("dns"), "UDP", 53), port(Some("syslog"), "UDP", 514)]);
     assert!(udp_only.tcp_socket.is_none());
     let command = udp_only.exec.as_ref().and_then(|e| e.command.clone()).expect("exec probe");
-    assert_eq!(command, ["nginx", "-t", "-q", "-c", "/etc/balancer/nginx.conf", "-e", "stderr"].map(String::from));
+    // The pid file's path too: nginx -t opens it, and the default one is on the read-only root.
+    let expected = [
+        "nginx",
+        "-t",
+        "-q",
+        "-c",
+        "/etc/balancer/nginx.conf",
+        "-e",
+        "stderr",
+        "-g",
+        "daemon off; pid /tmp/nginx.pid;",
+    ];
+    assert_eq!(command, expected.map(String::from));
 }
 
 // ---------------------------------------------------------------------------
@@ -638,11 +651,10 @@ fn proxy_pods_stop_gracefully() {
     let nginx = container(&desired.deployment);
     let hook = nginx.lifecycle.as_ref().and_then(|l| l.pre_stop.as_ref()).and_then(|h| h.exec.as_ref());
     let command = hook.and_then(|e| e.command.clone()).expect("a preStop exec hook");
-    assert_eq!(command[..2], ["/bin/sh", "-c"]);
+    assert_eq!(command, ["sleep", "5"]);
     assert_eq!(
-        command[2],
-        "sleep 5; nginx -c /etc/balancer/nginx.conf -e stderr -g 'pid /tmp/nginx.pid;' -s quit; \
-         while [ -e /tmp/nginx.pid ]; do sleep 1; done"
+        children::STOP_GRACEFULLY,
+        r#"trap 'kill -QUIT "$nginx"; wait "$nginx"; exit $?' TERM; nginx "$@" & nginx=$!; wait "$nginx""#
     );
     assert!(desired.nginx_conf.contains("\nworker_shutdown_timeout 20s;\n"), "{}", desired.nginx_conf);
     assert_eq!(pod_spec(&desired.deployment).termination_grace_period_seconds, Some(30), "5 s + 20 s + 5 s to spare");
