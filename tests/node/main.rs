@@ -107,53 +107,88 @@ fn main() -> ExitCode {
 
     let runtime = tokio::runtime::Runtime::new().expect("runtime");
     runtime.block_on(async move {
-        let started = Instant::now();
-        let host = Host::up(&state);
-        let options = PlaneOptions {
-            address: NODE_IP.into(),
-            service_cidr: SERVICE_CIDR.into(),
-            extra_sans: vec![KUBERNETES_SERVICE_IP.into(), "kubernetes.default.svc".into()],
-            pods: true,
-        };
-        let plane = ControlPlane::start_with(&assets, &options).await;
-        let node = Node::start(&host, &plane, &assets, &images).await;
-        let admin = plane.client("admin").await;
-        println!("node: Ready {:.1} s after start", started.elapsed().as_secs_f64());
-        let mut world = World { node, plane, admin, _host: host };
-        let all = scenarios![
-            the_operator_installs_from_deploy_as_a_user_would,
-            the_walkthrough_splits_traffic_by_weight,
-            weights_change_under_load_without_a_failed_connection,
-            udp_is_proxied_to_udp_echo_pods,
-            the_other_replica_takes_over_when_the_leader_pod_is_deleted,
-            a_replaced_certificate_is_served_without_a_restart,
-            deleting_the_balancer_removes_every_child_and_pod,
-        ];
-        let filter = std::env::args().skip(1).find(|a| !a.starts_with('-'));
-        let last = match &filter {
-            Some(f) => all.iter().rposition(|(name, _)| name.contains(f.as_str())).map_or(0, |i| i + 1),
-            None => all.len(),
-        };
-        let (mut passed, mut failed) = (0, 0);
-        for (name, scenario) in all.into_iter().take(last) {
-            let began = Instant::now();
-            match std::panic::AssertUnwindSafe(scenario(&mut world)).catch_unwind().await {
-                Ok(()) => {
-                    passed += 1;
-                    println!("test {name} ... ok ({:.1} s)", began.elapsed().as_secs_f64());
-                }
-                Err(_) => {
-                    failed += 1;
-                    println!("test {name} ... FAILED");
-                    diagnose(&world);
-                    break;
-                }
+        // Dropping the suite's future tears the node down, as the end of a run does.
+        tokio::select! {
+            code = run_suite(&assets, &images, &state) => code,
+            signal = interrupted() => {
+                println!("node: {signal}: tearing the node down");
+                ExitCode::FAILURE
             }
         }
-        println!("node: {passed} passed, {failed} failed, {:.0} s in all", started.elapsed().as_secs_f64());
-        drop(world);
-        if failed == 0 { ExitCode::SUCCESS } else { ExitCode::FAILURE }
     })
+}
+
+/// SIGINT or SIGTERM, by name.
+async fn interrupted() -> &'static str {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut interrupt), Ok(mut terminate)) = (signal(SignalKind::interrupt()), signal(SignalKind::terminate()))
+    else {
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = interrupt.recv() => "SIGINT",
+        _ = terminate.recv() => "SIGTERM",
+    }
+}
+
+/// Brings the node up, runs the scenarios in order (up to the last one a name filter matches),
+/// and tears everything down.
+async fn run_suite(assets: &Path, images: &Path, state: &Path) -> ExitCode {
+    let started = Instant::now();
+    let host = Host::up(state);
+    let options = PlaneOptions {
+        address: NODE_IP.into(),
+        service_cidr: SERVICE_CIDR.into(),
+        extra_sans: vec![KUBERNETES_SERVICE_IP.into(), "kubernetes.default.svc".into()],
+        pods: true,
+    };
+    let plane = ControlPlane::start_with(assets, &options).await;
+    let node = Node::start(&host, &plane, assets, images).await;
+    let admin = plane.client("admin").await;
+    println!("node: Ready {:.1} s after start", started.elapsed().as_secs_f64());
+    let mut world = World { node, plane, admin, _host: host };
+    let all = scenarios![
+        the_operator_installs_from_deploy_as_a_user_would,
+        the_walkthrough_splits_traffic_by_weight,
+        weights_change_under_load_without_a_failed_connection,
+        udp_is_proxied_to_udp_echo_pods,
+        the_other_replica_takes_over_when_the_leader_pod_is_deleted,
+        a_replaced_certificate_is_served_without_a_restart,
+        deleting_the_balancer_removes_every_child_and_pod,
+    ];
+    let filter = std::env::args().skip(1).find(|a| !a.starts_with('-'));
+    let last = match &filter {
+        Some(f) => all.iter().rposition(|(name, _)| name.contains(f.as_str())).map_or(0, |i| i + 1),
+        None => all.len(),
+    };
+    let (mut passed, mut failed) = (0, 0);
+    for (name, scenario) in all.into_iter().take(last) {
+        let began = Instant::now();
+        match std::panic::AssertUnwindSafe(scenario(&mut world)).catch_unwind().await {
+            Ok(()) => {
+                passed += 1;
+                println!("test {name} ... ok ({:.1} s)", began.elapsed().as_secs_f64());
+            }
+            Err(_) => {
+                failed += 1;
+                println!("test {name} ... FAILED");
+                diagnose(&world);
+                break;
+            }
+        }
+    }
+    println!("node: {passed} passed, {failed} failed, {:.0} s in all", started.elapsed().as_secs_f64());
+    hold(&world).await;
+    drop(world);
+    if failed == 0 { ExitCode::SUCCESS } else { ExitCode::FAILURE }
+}
+
+/// With BALANCER_NODE_HOLD=<seconds>, keeps the cluster up that long for a look
+/// (`kubectl --kubeconfig <printed path>`) before tearing it down.
+async fn hold(world: &World) {
+    let Some(seconds) = std::env::var("BALANCER_NODE_HOLD").ok().and_then(|s| s.parse().ok()) else { return };
+    println!("node: holding for {seconds} s: kubectl --kubeconfig {}", world.plane.kubeconfig("admin").display());
+    tokio::time::sleep(Duration::from_secs(seconds)).await;
 }
 
 /// What a failed scenario leaves to read: pods, events, and the logs of the operator and the node.
@@ -816,12 +851,24 @@ async fn deleting_the_balancer_removes_every_child_and_pod(world: &mut World) {
     let config_maps: Api<ConfigMap> = Api::namespaced(world.admin.clone(), NS);
     let deployments: Api<Deployment> = Api::namespaced(world.admin.clone(), NS);
     let pods: Api<Pod> = Api::namespaced(world.admin.clone(), NS);
-    eventually("every child and proxy pod gone", Duration::from_secs(90), || async {
+    let deleted = Instant::now();
+    eventually("every child gone", Duration::from_secs(60), || async {
         let left = services.list(&params).await.ok()?.items.len()
             + config_maps.list(&params).await.ok()?.items.len()
-            + deployments.list(&params).await.ok()?.items.len()
-            + pods.list(&params).await.ok()?.items.len();
+            + deployments.list(&params).await.ok()?.items.len();
         (left == 0).then_some(())
     })
     .await;
+    let children_gone = deleted.elapsed();
+    // Up to 5 s of preStop and 20 s of draining: the probes' sessions wait on backend
+    // Services that garbage collection has already removed.
+    eventually("every proxy pod gone", Duration::from_secs(90), || async {
+        pods.list(&params).await.ok()?.items.is_empty().then_some(())
+    })
+    .await;
+    println!(
+        "node: children collected {:.1} s after the delete, proxy pods gone after {:.1} s",
+        children_gone.as_secs_f64(),
+        deleted.elapsed().as_secs_f64()
+    );
 }
