@@ -273,12 +273,7 @@ async fn the_operator_installs_from_deploy_as_a_user_would(world: &mut World) {
     // The README's manual-certificate path: everything but the cert-manager objects...
     let dir = tempfile::TempDir::new().expect("temp dir");
     test_kustomization(dir.path());
-    let kustomization = dir.path().display().to_string();
-    kubectl(
-        world,
-        &["apply", "-k", &kustomization, "-l", "balancer.exposer.hliangzhao.io/requires!=cert-manager"],
-        None,
-    );
+    kubectl(world, &["apply", "-k", &dir.path().display().to_string()], None);
     // ...then a certificate of our own, its Secret, and the CA in both webhook configurations.
     let certs = dir.path().join("certs");
     let out = Command::new(env!("CARGO_BIN_EXE_balancer"))
