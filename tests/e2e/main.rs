@@ -438,7 +438,11 @@ async fn balancers_are_reconciled_into_children_and_status(world: &mut World) {
             {"name": "v1", "weight": 40, "selector": {"version": "v1"}},
             {"name": "v3", "weight": 40, "selector": {"version": "v3"}}]}});
     balancers(world).patch(SAMPLE, &PatchParams::default(), &Patch::Merge(patch)).await.unwrap();
+    // Only once the proxy has rolled out (the test plays the kubelet for the new pod).
     eventually("v2's Service to go", Duration::from_secs(30), || async {
+        if world.plane.has_controller_manager() {
+            run_proxy_pods(world, SAMPLE).await;
+        }
         services.get_opt("example-balancer-v2-backend").await.ok()?.is_none().then_some(())
     })
     .await;
