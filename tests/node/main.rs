@@ -20,15 +20,14 @@
 #[path = "../e2e/cluster.rs"]
 mod cluster;
 mod node;
+#[path = "../e2e/runner.rs"]
+mod runner;
 
 use std::collections::BTreeMap;
-use std::future::Future;
 use std::path::{Path, PathBuf};
-use std::pin::Pin;
 use std::process::{Command, ExitCode};
 use std::time::{Duration, Instant};
 
-use futures::FutureExt;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Service};
@@ -39,6 +38,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use cluster::{ControlPlane, PlaneOptions};
 use node::{Host, KUBERNETES_SERVICE_IP, NODE_IP, Node, SERVICE_CIDR};
+use runner::{eventually, scenarios};
 
 const OPERATOR_NS: &str = "balancer-system";
 const NS: &str = "default";
@@ -53,12 +53,6 @@ struct World {
     plane: ControlPlane,
     admin: Client,
     _host: Host,
-}
-
-type Scenario = for<'a> fn(&'a mut World) -> Pin<Box<dyn Future<Output = ()> + 'a>>;
-
-macro_rules! scenarios {
-    ($($name:ident),* $(,)?) => { vec![$((stringify!($name), (|w| Box::pin($name(w))) as Scenario)),*] };
 }
 
 fn repo(path: &str) -> PathBuf {
@@ -147,7 +141,7 @@ async fn run_suite(assets: &Path, images: &Path, state: &Path) -> ExitCode {
     let admin = plane.client("admin").await;
     println!("node: Ready {:.1} s after start", started.elapsed().as_secs_f64());
     let mut world = World { node, plane, admin, _host: host };
-    let all = scenarios![
+    let all = scenarios![World:
         the_operator_installs_from_deploy_as_a_user_would,
         the_walkthrough_splits_traffic_by_weight,
         weights_change_under_load_without_a_failed_connection,
@@ -156,27 +150,7 @@ async fn run_suite(assets: &Path, images: &Path, state: &Path) -> ExitCode {
         a_replaced_certificate_is_served_without_a_restart,
         deleting_the_balancer_removes_every_child_and_pod,
     ];
-    let filter = std::env::args().skip(1).find(|a| !a.starts_with('-'));
-    let last = match &filter {
-        Some(f) => all.iter().rposition(|(name, _)| name.contains(f.as_str())).map_or(0, |i| i + 1),
-        None => all.len(),
-    };
-    let (mut passed, mut failed) = (0, 0);
-    for (name, scenario) in all.into_iter().take(last) {
-        let began = Instant::now();
-        match std::panic::AssertUnwindSafe(scenario(&mut world)).catch_unwind().await {
-            Ok(()) => {
-                passed += 1;
-                println!("test {name} ... ok ({:.1} s)", began.elapsed().as_secs_f64());
-            }
-            Err(_) => {
-                failed += 1;
-                println!("test {name} ... FAILED");
-                diagnose(&world);
-                break;
-            }
-        }
-    }
+    let (passed, failed) = runner::run_in_order(&mut world, all, diagnose).await;
     println!("node: {passed} passed, {failed} failed, {:.0} s in all", started.elapsed().as_secs_f64());
     hold(&world).await;
     drop(world);
@@ -202,22 +176,6 @@ fn diagnose(world: &World) {
         println!("--- kubectl {}:\n{out}{err}", args.join(" "));
     }
     println!("--- kubelet:\n{}", world.node.log_tail("kubelet", 20));
-}
-
-/// Polls `check` until it returns `Some`, or panics with `what` after `timeout`.
-async fn eventually<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Option<T>>,
-{
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(value) = check().await {
-            return value;
-        }
-        assert!(Instant::now() < deadline, "timed out after {timeout:?} waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
 }
 
 fn kubectl(world: &World, args: &[&str], stdin: Option<&str>) -> String {
@@ -276,14 +234,7 @@ async fn the_operator_installs_from_deploy_as_a_user_would(world: &mut World) {
     kubectl(world, &["apply", "-k", &dir.path().display().to_string()], None);
     // ...then a certificate of our own, its Secret, and the CA in both webhook configurations.
     let certs = dir.path().join("certs");
-    let out = Command::new(env!("CARGO_BIN_EXE_balancer"))
-        .args(["certs", "--out", &certs.display().to_string()])
-        .args(["--dns-name", "balancer-webhook.balancer-system.svc"])
-        .args(["--dns-name", "balancer-webhook.balancer-system.svc.cluster.local"])
-        .output()
-        .expect("balancer certs");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let bundle = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let bundle = new_certificates(&certs);
     kubectl(
         world,
         &[
