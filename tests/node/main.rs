@@ -235,20 +235,7 @@ async fn the_operator_installs_from_deploy_as_a_user_would(world: &mut World) {
     // ...then a certificate of our own, its Secret, and the CA in both webhook configurations.
     let certs = dir.path().join("certs");
     let bundle = new_certificates(&certs);
-    kubectl(
-        world,
-        &[
-            "-n",
-            OPERATOR_NS,
-            "create",
-            "secret",
-            "tls",
-            "balancer-webhook-tls",
-            &format!("--cert={}", certs.join("tls.crt").display()),
-            &format!("--key={}", certs.join("tls.key").display()),
-        ],
-        None,
-    );
+    kubectl(world, &["apply", "-f", "-"], Some(&webhook_secret(world, &certs)));
     patch_ca_bundle(world, &bundle);
 
     // Both replicas go Ready (their readiness waits for the caches, so the controller runs).
@@ -681,6 +668,14 @@ fn cluster_kubectl(kubeconfig: &Path, args: &[&str], stdin: &str) -> Result<(), 
 // 6. Certificate rotation
 // ---------------------------------------------------------------------------
 
+/// The webhook's TLS Secret holding the pair in `dir`, as YAML to apply (create or replace).
+fn webhook_secret(world: &World, dir: &Path) -> String {
+    let cert = format!("--cert={}", dir.join("tls.crt").display());
+    let key = format!("--key={}", dir.join("tls.key").display());
+    let args = ["-n", OPERATOR_NS, "create", "secret", "tls", "balancer-webhook-tls", &cert, &key];
+    kubectl(world, &[&args[..], &["--dry-run=client", "-o", "yaml"]].concat(), None)
+}
+
 /// `balancer certs` into `dir`: the CA bundle (base64 PEM) it prints.
 fn new_certificates(dir: &Path) -> String {
     let out = Command::new(env!("CARGO_BIN_EXE_balancer"))
@@ -714,23 +709,7 @@ async fn a_replaced_certificate_is_served_without_a_restart(world: &mut World) {
     // Trust both CAs while the pods switch, as a rotation should.
     let both = [b64.decode(old_bundle.trim()).expect("base64"), new_ca.clone().into_bytes()].concat();
     patch_ca_bundle(world, &b64.encode(both));
-    let secret = kubectl(
-        world,
-        &[
-            "-n",
-            OPERATOR_NS,
-            "create",
-            "secret",
-            "tls",
-            "balancer-webhook-tls",
-            &format!("--cert={}", dir.path().join("tls.crt").display()),
-            &format!("--key={}", dir.path().join("tls.key").display()),
-            "--dry-run=client",
-            "-o",
-            "yaml",
-        ],
-        None,
-    );
+    let secret = webhook_secret(world, dir.path());
     let replaced = Instant::now();
     kubectl(world, &["apply", "-f", "-"], Some(&secret));
 
