@@ -523,7 +523,17 @@ async fn weights_change_under_load_without_a_failed_connection(world: &mut World
 // 4. UDP
 // ---------------------------------------------------------------------------
 
-/// A UDP echo Deployment: socat answers each datagram's line as `<version> <line>`.
+/// Answers every datagram with `<version> <datagram>`, from one socket (socat's `fork` shares
+/// its socket with the child that answers, which can swallow the next datagram).
+const UDP_ECHO: &str = "import socket, sys
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.bind(('', 5353))
+while True:
+    data, peer = s.recvfrom(512)
+    s.sendto(sys.argv[1].encode() + b' ' + data, peer)
+";
+
+/// A UDP echo Deployment: each datagram answered as `<version> <datagram>`.
 fn udp_echo_backend(version: &str) -> String {
     json!({
         "apiVersion": "apps/v1", "kind": "Deployment",
@@ -537,7 +547,7 @@ fn udp_echo_backend(version: &str) -> String {
                     "name": "echo",
                     "image": BASE_IMAGE,
                     "imagePullPolicy": "Never",
-                    "command": ["socat", "UDP4-RECVFROM:5353,fork", format!("SYSTEM:read -r line; echo {version} $line")],
+                    "command": ["python3", "-c", UDP_ECHO, version],
                     "ports": [{"containerPort": 5353, "protocol": "UDP"}],
                 }]},
             },
@@ -563,10 +573,15 @@ async fn udp_is_proxied_to_udp_echo_pods(world: &mut World) {
     kubectl(world, &["apply", "-f", "-"], Some(&balancer));
     wait_ready_balancer(world, UDP_BALANCER, Duration::from_secs(120)).await;
     let front = front_ip(world, UDP_BALANCER).await;
+    // Ready follows the Deployment; kube-proxy learns the new endpoints a moment later.
+    let first = Instant::now();
+    eventually("a first UDP reply", Duration::from_secs(60), || udp_exchange(&front, "hello")).await;
+    println!("node: first UDP reply {:.1} s after Ready", first.elapsed().as_secs_f64());
     let mut replies = BTreeMap::new();
     for i in 0..40 {
         let line = format!("ping {i}");
-        let reply = eventually("a UDP reply", Duration::from_secs(20), || udp_exchange(&front, &line)).await;
+        let what = format!("a reply to UDP exchange {i}");
+        let reply = eventually(&what, Duration::from_secs(10), || udp_exchange(&front, &line)).await;
         let (version, echoed) = reply.trim().split_once(' ').unwrap_or_default();
         assert_eq!(echoed, format!("ping {i}"), "the reply echoes the request: {reply:?}");
         *replies.entry(version.to_string()).or_insert(0) += 1;
