@@ -8,6 +8,7 @@
 
 mod cluster;
 mod operator;
+mod scale;
 
 use std::future::Future;
 use std::path::PathBuf;
@@ -83,6 +84,10 @@ fn main() -> ExitCode {
         return ExitCode::FAILURE;
     }
     let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    if std::env::args().any(|a| a == "--ignored") {
+        // The benchmarks: not tests, never run by default (`-- --ignored scale`).
+        return runtime.block_on(scale::run(&assets));
+    }
     runtime.block_on(async move {
         let plane = ControlPlane::start(&assets).await;
         let admin = plane.client("admin").await;
@@ -224,7 +229,8 @@ async fn crd_is_accepted_and_established(world: &mut World) {
 // 2. RBAC: the operator as a token user bound only to deploy/rbac.yaml
 // ---------------------------------------------------------------------------
 
-async fn operator_runs_with_only_the_shipped_rbac(world: &mut World) {
+/// Binds the operator's token user to exactly deploy/rbac.yaml (in namespace balancer-system).
+fn apply_shipped_rbac(world: &World) {
     let mut items = vec![json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "balancer-system"}})];
     for mut doc in yaml_docs(&repo_file("deploy/rbac.yaml")) {
         let kind = doc["kind"].as_str().unwrap().to_string();
@@ -238,6 +244,10 @@ async fn operator_runs_with_only_the_shipped_rbac(world: &mut World) {
     }
     let (ok, out) = apply(world, "admin", &as_list(items));
     assert!(ok, "applying deploy/rbac.yaml failed: {out}");
+}
+
+async fn operator_runs_with_only_the_shipped_rbac(world: &mut World) {
+    apply_shipped_rbac(world);
     // Ready means the caches synced: list and watch were allowed.
     let operator = Operator::start(&world.plane, "operator-a", &[]).await;
     world.operators.push(operator);
