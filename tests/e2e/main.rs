@@ -233,7 +233,12 @@ async fn crd_is_accepted_and_established(world: &mut World) {
 /// Binds the operator's token user to exactly deploy/rbac.yaml (in namespace balancer-system).
 fn apply_shipped_rbac(world: &World) {
     let mut items = vec![json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "balancer-system"}})];
-    for mut doc in yaml_docs(&repo_file("deploy/rbac.yaml")) {
+    // Another build's RBAC goes with another build's binary (BALANCER_E2E_BINARY).
+    let rbac = match std::env::var_os("BALANCER_E2E_RBAC") {
+        Some(path) => std::fs::read_to_string(path).expect("BALANCER_E2E_RBAC is readable"),
+        None => repo_file("deploy/rbac.yaml"),
+    };
+    for mut doc in yaml_docs(&rbac) {
         let kind = doc["kind"].as_str().unwrap().to_string();
         if ["ServiceAccount", "Role", "RoleBinding"].contains(&kind.as_str()) {
             doc["metadata"]["namespace"] = json!("balancer-system");

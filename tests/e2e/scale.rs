@@ -18,7 +18,8 @@
 //! The webhooks are not registered unless `BALANCER_SCALE_WEBHOOKS=1`: the applies are then
 //! faster and the burst on the controller sharper. `BALANCER_SCALE_FLAGS` adds `balancer run` flags (space-separated), to measure one lever at a time;
 //! `BALANCER_SCALE_TIMEOUT` (seconds, default 900) bounds the wait; `BALANCER_E2E_BINARY` runs
-//! another build of `balancer` (e.g. main's, for a before/after in the same conditions).
+//! another build of `balancer` (e.g. main's, for a before/after in the same conditions), with
+//! `BALANCER_E2E_RBAC` naming that build's `deploy/rbac.yaml`.
 
 use std::collections::{BTreeMap, HashSet};
 use std::io::{BufRead, BufReader, Read, Seek, SeekFrom};
