@@ -21,7 +21,6 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{DeleteParams, Patch, PatchParams, Preconditions};
 use kube::core::PartialObjectMeta;
 use kube::runtime::controller::{self, Action};
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{Controller, WatchStreamExt, predicates, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
@@ -36,6 +35,7 @@ use crate::children::{self, BALANCER_NAME_LABEL, COMPONENT_BACKEND, COMPONENT_LA
 use crate::children::{BackendHosts, Owner, OwnerError, ProxySettings};
 use crate::defaulting::with_defaults;
 use crate::echo::cut;
+use crate::events::{EventType, Events, Note, Published};
 use crate::stored::StoredBalancer;
 use crate::telemetry::{Metrics, ReconcileResult};
 use crate::validation::{FieldError, ObjectName, validate};
@@ -122,20 +122,19 @@ impl Error {
 /// What reconciles share: the client, the children's caches and the settings.
 pub struct Context {
     pub client: Client,
-    pub recorder: Recorder,
+    pub events: Events,
     pub children: ChildCaches,
     pub settings: ProxySettings,
     pub metrics: Arc<Metrics>,
     /// Consecutive failures per Balancer uid (a recreated namesake starts afresh), for backoff.
     failures: Mutex<HashMap<String, u32>>,
-    events: EventBudget,
 }
 
 impl Context {
     pub fn new(client: Client, children: ChildCaches, settings: ProxySettings, metrics: Arc<Metrics>) -> Self {
-        let recorder = Recorder::new(client.clone(), Reporter::from(FIELD_MANAGER));
+        let events = Events::new(client.clone(), FIELD_MANAGER);
         let failures = Mutex::new(HashMap::new());
-        Context { client, recorder, children, settings, metrics, failures, events: EventBudget::default() }
+        Context { client, events, children, settings, metrics, failures }
     }
 
     fn failures(&self) -> std::sync::MutexGuard<'_, HashMap<String, u32>> {
@@ -547,58 +546,15 @@ async fn publish(
     note: String,
     related: Option<ObjectReference>,
 ) {
-    if !ctx.events.allow(&balancer.uid().unwrap_or_default()) {
-        ctx.metrics.controller.event_dropped();
-        tracing::debug!(reason, %note, "event budget spent: not published");
-        return;
-    }
     // The events API refuses notes over 1 KiB.
-    let note = Some(cut(&note, 1024).into_owned());
-    let event = Event { type_, reason: reason.into(), note, action: "Reconcile".into(), secondary: related };
-    if let Err(e) = ctx.recorder.publish(&event, &balancer.object_ref(&())).await {
-        tracing::debug!(error = %e, reason, "could not record an event");
-    }
-}
-
-/// Events one Balancer may publish at once; then one per [`EVENT_REFILL`].
-const EVENT_BURST: f64 = 8.0;
-const EVENT_REFILL: Duration = Duration::from_secs(60);
-
-/// A token bucket of events per Balancer, as client-go's spam filter keeps per object: repeats
-/// of one event are folded into a series by the recorder, and this bounds the rest (a child
-/// edited by hand in a loop, a Ready condition that flaps) so events never crowd the API server.
-#[derive(Default)]
-struct EventBudget {
-    buckets: Mutex<EventBuckets>,
-}
-
-#[derive(Default)]
-struct EventBuckets {
-    /// Tokens left, and when they were counted, by Balancer uid.
-    by_uid: HashMap<String, (f64, Instant)>,
-    pruned: Option<Instant>,
-}
-
-impl EventBudget {
-    /// Takes a token for the Balancer `uid`; false when its budget is spent.
-    fn allow(&self, uid: &str) -> bool {
-        let mut buckets = self.buckets.lock().unwrap_or_else(|e| e.into_inner());
-        let now = Instant::now();
-        // A bucket untouched for this long is full again, as good as absent: forget it.
-        let full_after = EVENT_REFILL.mul_f64(EVENT_BURST);
-        if buckets.pruned.is_none_or(|at| now.duration_since(at) > full_after) {
-            buckets.by_uid.retain(|_, (_, at)| now.duration_since(*at) < full_after);
-            buckets.pruned = Some(now);
+    let note = cut(&note, 1024);
+    match ctx.events.publish(&balancer.object_ref(&()), Note { type_, reason, note: &note, related }).await {
+        Ok(Published::Sent) => {}
+        Ok(Published::Dropped) => {
+            ctx.metrics.controller.event_dropped();
+            tracing::debug!(reason, %note, "event budget spent: not published");
         }
-        let (tokens, at) = buckets.by_uid.entry(uid.to_string()).or_insert((EVENT_BURST, now));
-        let refill = now.duration_since(*at).as_secs_f64() / EVENT_REFILL.as_secs_f64();
-        *tokens = (*tokens + refill).min(EVENT_BURST);
-        *at = now;
-        if *tokens < 1.0 {
-            return false;
-        }
-        *tokens -= 1.0;
-        true
+        Err(e) => tracing::debug!(error = %e, reason, "could not record an event"),
     }
 }
 

@@ -13,6 +13,7 @@ pub mod cli;
 pub mod controller;
 pub mod defaulting;
 pub mod echo;
+pub mod events;
 pub mod leader;
 pub mod listener;
 pub mod metrics_auth;

@@ -641,3 +641,28 @@ async fn repeated_429s_without_retry_after_back_off_exponentially() {
         assert!(*gap >= want * 0.95 && *gap < want + 0.5, "pauses {gaps:?}, wanted 0.5, 1, 2 s");
     }
 }
+
+/// A repeat of one event is counted into its series (one PATCH), not created again, and the
+/// publisher remembers only its name and count.
+#[tokio::test]
+async fn a_repeated_event_is_folded_into_its_series() {
+    use balancer::events::{EventType, Events, Note, Published};
+    let (service, mut server) = mock::pair::<Request<Body>, Response<Body>>();
+    let events = Events::new(Client::new(service, "default"), "balancer");
+    let regarding = sample().object_ref(&());
+    let verifier = tokio::spawn(async move {
+        let (event, respond) = expect(&mut server, Method::POST, EVENTS).await;
+        assert_eq!((event["reason"].as_str(), event["type"].as_str()), (Some("Updated"), Some("Normal")));
+        let name = event["metadata"]["name"].as_str().unwrap().to_string();
+        ok(respond, &event);
+        let path = format!("/apis/events.k8s.io/v1/namespaces/ns/events/{name}?");
+        let (patch, respond) = expect(&mut server, Method::PATCH, &path).await;
+        assert_eq!(patch["series"]["count"], 2, "{patch}");
+        ok(respond, &event);
+    });
+    for _ in 0..2 {
+        let note = Note { type_: EventType::Normal, reason: "Updated", note: "updated ConfigMap x", related: None };
+        assert_eq!(events.publish(&regarding, note).await.unwrap(), Published::Sent);
+    }
+    verifier.await.unwrap();
+}
