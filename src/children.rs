@@ -9,8 +9,8 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
 use k8s_openapi::api::core::v1::{
     Capabilities, ConfigMap, ConfigMapVolumeSource, Container, ContainerPort, EmptyDirVolumeSource, ExecAction,
-    PodSecurityContext, PodSpec, PodTemplateSpec, Probe, ResourceRequirements, SeccompProfile, SecurityContext,
-    Service, ServicePort, ServiceSpec, Sysctl, TCPSocketAction, Volume, VolumeMount,
+    Lifecycle, LifecycleHandler, PodSecurityContext, PodSpec, PodTemplateSpec, Probe, ResourceRequirements,
+    SeccompProfile, SecurityContext, Service, ServicePort, ServiceSpec, Sysctl, TCPSocketAction, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
@@ -36,6 +36,13 @@ pub const CONFIG_HASH_ANNOTATION: &str = "balancer.exposer.hliangzhao.io/config-
 pub const COMPONENT_BACKEND: &str = "backend";
 pub const COMPONENT_PROXY: &str = "proxy";
 pub const COMPONENT_FRONTEND: &str = "frontend";
+
+/// Seconds a terminating proxy pod keeps serving before nginx stops listening, so that
+/// kube-proxy on every node has dropped it from the front Service first.
+const ENDPOINT_REMOVAL_SECONDS: i64 = 5;
+
+/// nginx's pid file, on the writable /tmp: `nginx -s quit` finds the master through it.
+const PID_FILE: &str = "/tmp/nginx.pid";
 
 /// Where the proxy's files live inside its container.
 const CONFIG_DIR: &str = "/etc/balancer";
@@ -259,7 +266,7 @@ fn proxy_pod_spec(owner: &Owner, spec: &BalancerSpec, settings: &ProxySettings) 
         name: "nginx".into(),
         image: Some(settings.image.clone()),
         image_pull_policy: Some("IfNotPresent".into()),
-        command: Some(vec!["nginx".into()]),
+        command: Some(vec!["/bin/sh".into(), "-c".into(), STOP_GRACEFULLY.into(), "nginx".into()]),
         args: Some(nginx_args()),
         ports: Some(
             spec.ports
@@ -272,6 +279,7 @@ fn proxy_pod_spec(owner: &Owner, spec: &BalancerSpec, settings: &ProxySettings) 
                 .collect(),
         ),
         readiness_probe: Some(readiness_probe(spec)),
+        lifecycle: Some(graceful_stop()),
         resources: Some(ResourceRequirements {
             requests: Some(BTreeMap::from([
                 ("cpu".to_string(), Quantity("50m".into())),
@@ -300,6 +308,8 @@ fn proxy_pod_spec(owner: &Owner, spec: &BalancerSpec, settings: &ProxySettings) 
     };
     PodSpec {
         automount_service_account_token: Some(false),
+        // The stop hook's wait, nginx's drain, and a few seconds to spare.
+        termination_grace_period_seconds: Some(ENDPOINT_REMOVAL_SECONDS + nginx::DRAIN_SECONDS + 5),
         security_context: Some(PodSecurityContext {
             run_as_non_root: Some(true),
             run_as_user: Some(PROXY_UID),
@@ -332,8 +342,28 @@ pub fn nginx_args() -> Vec<String> {
         "-e".into(),
         "stderr".into(),
         "-g".into(),
-        "daemon off; pid /tmp/nginx.pid;".into(),
+        format!("daemon off; pid {PID_FILE};"),
     ]
+}
+
+/// The proxy container's entrypoint: nginx with the container's args, under a shell that turns
+/// the kubelet's SIGTERM into SIGQUIT, nginx's graceful quit (open connections finish, within
+/// `worker_shutdown_timeout`); SIGTERM would make nginx drop them at once. Pods cannot choose
+/// their stop signal before Kubernetes 1.33. Needs `/bin/sh`, as nginx images have.
+pub const STOP_GRACEFULLY: &str =
+    "trap 'kill -QUIT \"$nginx\"; wait \"$nginx\"; exit $?' TERM; nginx \"$@\" & nginx=$!; wait \"$nginx\"";
+
+/// A rollout or a drain drops no connection: the pod keeps serving while it leaves the front
+/// Service's endpoints; the SIGTERM that follows starts nginx's graceful quit.
+fn graceful_stop() -> Lifecycle {
+    let sleep = vec!["sleep".to_string(), ENDPOINT_REMOVAL_SECONDS.to_string()];
+    Lifecycle {
+        pre_stop: Some(LifecycleHandler {
+            exec: Some(ExecAction { command: Some(sleep) }),
+            ..LifecycleHandler::default()
+        }),
+        ..Lifecycle::default()
+    }
 }
 
 /// Ready when the first TCP port accepts connections; a UDP-only proxy is
@@ -346,8 +376,9 @@ fn readiness_probe(spec: &BalancerSpec) -> Probe {
             probe.tcp_socket = Some(TCPSocketAction { port: IntOrString::Int(port), host: None });
         }
         None => {
+            // Every argument, the pid file's path included: nginx -t opens it.
             let mut command = vec!["nginx".to_string(), "-t".into(), "-q".into()];
-            command.extend(nginx_args().into_iter().take(4));
+            command.extend(nginx_args());
             probe.exec = Some(ExecAction { command: Some(command) });
         }
     }

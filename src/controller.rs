@@ -446,15 +446,18 @@ fn counts_from_cache(balancer: &StoredBalancer, ctx: &Context) -> Counts {
     Counts { active: active.len(), obsolete: obsolete.len() }
 }
 
-/// `Ready` from the proxy Deployment: rolled out and available.
+/// `Ready` from the proxy Deployment: rolled out (no pod of an older template left, as
+/// `kubectl rollout status` has it) and available. Until then the old pods may still send
+/// traffic to backends the spec no longer names.
 fn proxy_condition(balancer: &StoredBalancer, deployment: &Deployment, active: usize) -> Condition {
     let name = deployment.name_any();
     let want = deployment.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
     let status = deployment.status.clone().unwrap_or_default();
     let observed = status.observed_generation.unwrap_or(0) >= deployment.metadata.generation.unwrap_or(0);
     let updated = status.updated_replicas.unwrap_or(0);
+    let old = status.replicas.unwrap_or(0) - updated;
     let available = status.available_replicas.unwrap_or(0);
-    if observed && updated >= want && available >= want {
+    if observed && updated >= want && old <= 0 && available >= want {
         let message = format!("proxy Deployment {name} is available ({available}/{want}); {active} backends active");
         condition(balancer, true, "ProxyAvailable", &message)
     } else {

@@ -19,6 +19,10 @@ impl<F: Fn(&BackendSpec, &BalancerPort) -> String> UpstreamAddress for F {
     }
 }
 
+/// Seconds a gracefully quitting nginx lets open connections finish (`worker_shutdown_timeout`)
+/// before it closes them.
+pub const DRAIN_SECONDS: i64 = 20;
+
 /// The file name nginx reads, also the ConfigMap key.
 pub const CONFIG_FILE: &str = "nginx.conf";
 
@@ -36,7 +40,9 @@ pub fn render(balancer: &str, spec: &BalancerSpec, load_modules: &[String], upst
     for module in load_modules {
         let _ = writeln!(conf, "load_module {module};");
     }
-    conf.push_str("worker_processes 2;\n\nevents {\n    worker_connections 4096;\n}\n\nstream {\n");
+    conf.push_str("worker_processes 2;\n");
+    let _ = writeln!(conf, "worker_shutdown_timeout {DRAIN_SECONDS}s;");
+    conf.push_str("\nevents {\n    worker_connections 4096;\n}\n\nstream {\n");
     for port in &spec.ports {
         let name = upstream_name(port);
         let _ = writeln!(conf, "    upstream {name} {{");

@@ -221,17 +221,45 @@ fn rbac_grants_exactly_what_the_controller_uses() {
     assert!(viewer.iter().all(|(_, _, verb)| ["get", "list", "watch"].contains(&verb.as_str())));
 }
 
-/// Without cert-manager, the README's recipe leaves out exactly the cert-manager objects.
+/// Without cert-manager, the README's overlay (deploy/ plus the without-cert-manager component)
+/// leaves out exactly the cert-manager objects and the CA injection annotations.
 #[test]
-fn cert_manager_objects_can_be_selected_out() {
+fn the_without_cert_manager_component_leaves_out_exactly_the_cert_manager_objects() {
     let Some(docs) = rendered() else { return };
+    let overlay = tempfile::TempDir::new().expect("temp dir");
+    // Kustomize takes only relative paths to other kustomizations: up to / and down again.
+    let up = "../".repeat(overlay.path().components().count() - 1);
+    let deploy = format!("{up}{}", repo("deploy").display().to_string().trim_start_matches('/'));
+    std::fs::write(
+        overlay.path().join("kustomization.yaml"),
+        format!("resources: [{deploy}]\ncomponents: [{deploy}/components/without-cert-manager]\n"),
+    )
+    .unwrap();
+    let without = support::kustomize(overlay.path());
+
+    let needs_cert_manager = |d: &&Value| d["apiVersion"].as_str().unwrap().starts_with("cert-manager.io/");
     let labelled: Vec<&str> = docs
         .iter()
         .filter(|d| d["metadata"]["labels"]["balancer.exposer.hliangzhao.io/requires"] == "cert-manager")
         .map(|d| d["kind"].as_str().unwrap())
         .collect();
     assert_eq!(labelled, ["Certificate", "Certificate", "Issuer", "Issuer"]);
-    assert!(docs.iter().filter(|d| d["apiVersion"].as_str().unwrap().starts_with("cert-manager.io/")).count() == 4);
+    assert_eq!(docs.iter().filter(needs_cert_manager).count(), 4);
+    assert_eq!(without.iter().filter(needs_cert_manager).count(), 0);
+    let mut expected: Vec<Value> = docs.iter().filter(|d| !needs_cert_manager(d)).cloned().collect();
+    for doc in &mut expected {
+        let metadata = doc["metadata"].as_object_mut().unwrap();
+        if let Some(annotations) = metadata.get_mut("annotations").and_then(Value::as_object_mut) {
+            annotations.remove("cert-manager.io/inject-ca-from");
+            if annotations.is_empty() {
+                metadata.remove("annotations");
+            }
+        }
+    }
+    assert_eq!(without.len(), expected.len());
+    for (got, want) in without.iter().zip(&expected) {
+        assert!(got == want, "{} {} differs from deploy/'s", want["kind"], want["metadata"]["name"]);
+    }
 }
 
 /// The paths the webhook configurations call are routes the real server answers.

@@ -362,11 +362,24 @@ async fn an_obsolete_backend_service_is_deleted() {
 
 #[tokio::test]
 async fn an_obsolete_backend_keeps_serving_until_the_proxy_has_rolled_out() {
+    // No proxy pod available yet.
+    obsolete_backend_kept_while(|status| status.available_replicas = Some(0)).await;
+    // The new pod is not available yet, the old one still is (and still counted): the rollout
+    // is not over, whatever `availableReplicas` says.
+    obsolete_backend_kept_while(|status| {
+        status.replicas = Some(2);
+        status.updated_replicas = Some(1);
+        status.available_replicas = Some(1);
+    })
+    .await;
+}
+
+async fn obsolete_backend_kept_while(rolling_status: fn(&mut DeploymentStatus)) {
     let (ctx, mut server, mut caches) = context();
     let balancer = sample();
     converged(&mut caches, &balancer);
     let mut rolling: Deployment = ctx.children.deployments.state()[0].as_ref().clone();
-    rolling.status.as_mut().unwrap().available_replicas = Some(0);
+    rolling_status(rolling.status.as_mut().unwrap());
     caches.deployments.apply_watcher_event(&watcher::Event::Apply(rolling));
     let owner = Owner::of(&balancer).unwrap();
     let mut old_spec = with_defaults(&balancer.spec);

@@ -81,17 +81,21 @@ pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("free port")
 }
 
-/// A reqwest client trusting `ca_pem`.
-pub fn http_client(ca_pem: &str) -> reqwest::Client {
+/// A rustls client configuration trusting `ca_pem` alone.
+pub fn tls_config(ca_pem: &str) -> rustls::ClientConfig {
     let mut roots = rustls::RootCertStore::empty();
     use rustls::pki_types::pem::PemObject;
     roots.add(rustls::pki_types::CertificateDer::from_pem_slice(ca_pem.as_bytes()).unwrap()).unwrap();
-    let config =
-        rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(rustls::crypto::ring::default_provider()))
-            .with_safe_default_protocol_versions()
-            .unwrap()
-            .with_root_certificates(roots)
-            .with_no_client_auth();
+    rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(rustls::crypto::ring::default_provider()))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth()
+}
+
+/// A reqwest client trusting `ca_pem`.
+pub fn http_client(ca_pem: &str) -> reqwest::Client {
+    let config = tls_config(ca_pem);
     reqwest::Client::builder().tls_backend_preconfigured(config).timeout(Duration::from_secs(10)).build().unwrap()
 }
 

@@ -75,8 +75,12 @@ log "building ${commands[*]} $version in one make (10-20 minutes)"
 log "building the static pause binary"
 gcc -Os -static -DVERSION=v3.4.1 -o "$work/pause" "$work/src/build/pause/linux/pause.c"
 
-mkdir -p "$cache"
-for command in "${commands[@]}"; do cp "$work/src/_output/bin/$command" "$cache/"; done
-cp "$work/pause" "$work/etcd/usr/bin/etcd" "$cache/"
+# Staged beside the cache, then renamed into place: a binary still running from an
+# earlier build is replaced without "Text file busy".
+mkdir -p "$cache/.staging"
+for command in "${commands[@]}"; do cp "$work/src/_output/bin/$command" "$cache/.staging/"; done
+cp "$work/pause" "$work/etcd/usr/bin/etcd" "$cache/.staging/"
+for file in "$cache/.staging"/*; do mv -f "$file" "$cache/"; done
+rmdir "$cache/.staging"
 log "ready in $cache"
 echo "$cache"

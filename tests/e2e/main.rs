@@ -8,17 +8,15 @@
 
 mod cluster;
 mod operator;
+mod runner;
 mod scale;
 
-use std::future::Future;
 use std::path::PathBuf;
-use std::pin::Pin;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use balancer::api::Balancer;
 use base64::Engine;
-use futures::FutureExt;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Service};
@@ -31,6 +29,7 @@ use serde_json::{Value, json};
 
 use cluster::{ControlPlane, NOBODY_TOKEN, NOBODY_USER, OPERATOR_USER, SCRAPER_TOKEN, SCRAPER_USER, http_client};
 use operator::Operator;
+use runner::{eventually, scenarios};
 
 const NS: &str = "default";
 const SAMPLE: &str = "example-balancer";
@@ -40,12 +39,6 @@ struct World {
     plane: ControlPlane,
     admin: Client,
     operators: Vec<Operator>,
-}
-
-type Scenario = for<'a> fn(&'a mut World) -> Pin<Box<dyn Future<Output = ()> + 'a>>;
-
-macro_rules! scenarios {
-    ($($name:ident),* $(,)?) => { vec![$((stringify!($name), (|w| Box::pin($name(w))) as Scenario)),*] };
 }
 
 fn assets() -> Option<PathBuf> {
@@ -92,7 +85,7 @@ fn main() -> ExitCode {
         let plane = ControlPlane::start(&assets).await;
         let admin = plane.client("admin").await;
         let mut world = World { plane, admin, operators: Vec::new() };
-        let all = scenarios![
+        let all = scenarios![World:
             crd_is_accepted_and_established,
             operator_runs_with_only_the_shipped_rbac,
             webhooks_are_called_by_the_api_server,
@@ -105,60 +98,20 @@ fn main() -> ExitCode {
             metrics_need_a_token_allowed_to_get_them,
             an_unreadable_stored_balancer_is_reported_on_itself,
         ];
-        // A filter runs the scenarios up to the last one whose name matches: later ones build on earlier ones.
-        let filter = std::env::args().skip(1).find(|a| !a.starts_with('-'));
-        let last = match &filter {
-            Some(f) => all.iter().rposition(|(name, _)| name.contains(f.as_str())).map_or(0, |i| i + 1),
-            None => all.len(),
-        };
-        let (mut passed, mut failed) = (0, 0);
-        for (name, scenario) in all.into_iter().take(last) {
-            let started = Instant::now();
-            let result = std::panic::AssertUnwindSafe(scenario(&mut world)).catch_unwind().await;
-            match result {
-                Ok(()) => {
-                    passed += 1;
-                    println!("test {name} ... ok ({:.1} s)", started.elapsed().as_secs_f64());
-                }
-                Err(_) => {
-                    failed += 1;
-                    println!("test {name} ... FAILED");
-                    for op in &world.operators {
-                        let log = op.log(&world.plane);
-                        let tail: Vec<&str> = log.lines().rev().take(15).collect();
-                        println!(
-                            "--- last lines of {}:\n{}",
-                            op.name,
-                            tail.into_iter().rev().collect::<Vec<_>>().join("\n")
-                        );
-                    }
-                    // Later scenarios build on earlier ones.
-                    break;
-                }
+        let (passed, failed) = runner::run_in_order(&mut world, all, |world| {
+            for op in &world.operators {
+                let log = op.log(&world.plane);
+                let tail: Vec<&str> = log.lines().rev().take(15).collect();
+                println!("--- last lines of {}:\n{}", op.name, tail.into_iter().rev().collect::<Vec<_>>().join("\n"));
             }
-        }
+        })
+        .await;
         println!("e2e: {passed} passed, {failed} failed");
         // Operators first, then the control plane.
         world.operators.clear();
         drop(world);
         if failed == 0 { ExitCode::SUCCESS } else { ExitCode::FAILURE }
     })
-}
-
-/// Polls `check` until it returns `Some`, or panics with `what` after `timeout`.
-async fn eventually<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Option<T>>,
-{
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(value) = check().await {
-            return value;
-        }
-        assert!(Instant::now() < deadline, "timed out after {timeout:?} waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
 }
 
 fn repo_file(path: &str) -> String {
@@ -464,7 +417,11 @@ async fn balancers_are_reconciled_into_children_and_status(world: &mut World) {
             {"name": "v1", "weight": 40, "selector": {"version": "v1"}},
             {"name": "v3", "weight": 40, "selector": {"version": "v3"}}]}});
     balancers(world).patch(SAMPLE, &PatchParams::default(), &Patch::Merge(patch)).await.unwrap();
+    // Only once the proxy has rolled out (the test plays the kubelet for the new pod).
     eventually("v2's Service to go", Duration::from_secs(30), || async {
+        if world.plane.has_controller_manager() {
+            run_proxy_pods(world, SAMPLE).await;
+        }
         services.get_opt("example-balancer-v2-backend").await.ok()?.is_none().then_some(())
     })
     .await;

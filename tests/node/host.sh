@@ -70,6 +70,8 @@ unmount_under() { # every mount point under $1, deepest first
 
 down() {
   stop_containers
+  # The node's own processes, left running by a run that was killed outright.
+  pkill -KILL -f -- "$state/" 2>/dev/null
   unmount_under "$state"
   for ns in $(ip netns list 2>/dev/null | awk '/^cni-/ { print $1 }'); do
     ip netns delete "$ns" 2>/dev/null

@@ -20,15 +20,14 @@
 #[path = "../e2e/cluster.rs"]
 mod cluster;
 mod node;
+#[path = "../e2e/runner.rs"]
+mod runner;
 
 use std::collections::BTreeMap;
-use std::future::Future;
 use std::path::{Path, PathBuf};
-use std::pin::Pin;
 use std::process::{Command, ExitCode};
 use std::time::{Duration, Instant};
 
-use futures::FutureExt;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Service};
@@ -39,6 +38,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use cluster::{ControlPlane, PlaneOptions};
 use node::{Host, KUBERNETES_SERVICE_IP, NODE_IP, Node, SERVICE_CIDR};
+use runner::{eventually, scenarios};
 
 const OPERATOR_NS: &str = "balancer-system";
 const NS: &str = "default";
@@ -53,12 +53,6 @@ struct World {
     plane: ControlPlane,
     admin: Client,
     _host: Host,
-}
-
-type Scenario = for<'a> fn(&'a mut World) -> Pin<Box<dyn Future<Output = ()> + 'a>>;
-
-macro_rules! scenarios {
-    ($($name:ident),* $(,)?) => { vec![$((stringify!($name), (|w| Box::pin($name(w))) as Scenario)),*] };
 }
 
 fn repo(path: &str) -> PathBuf {
@@ -107,78 +101,81 @@ fn main() -> ExitCode {
 
     let runtime = tokio::runtime::Runtime::new().expect("runtime");
     runtime.block_on(async move {
-        let started = Instant::now();
-        let host = Host::up(&state);
-        let options = PlaneOptions {
-            address: NODE_IP.into(),
-            service_cidr: SERVICE_CIDR.into(),
-            extra_sans: vec![KUBERNETES_SERVICE_IP.into(), "kubernetes.default.svc".into()],
-            pods: true,
-        };
-        let plane = ControlPlane::start_with(&assets, &options).await;
-        let node = Node::start(&host, &plane, &assets, &images).await;
-        let admin = plane.client("admin").await;
-        println!("node: Ready {:.1} s after start", started.elapsed().as_secs_f64());
-        let mut world = World { node, plane, admin, _host: host };
-        let all = scenarios![
-            the_operator_installs_from_deploy_as_a_user_would,
-            the_walkthrough_splits_traffic_by_weight,
-            deleting_the_balancer_removes_every_child_and_pod,
-        ];
-        let filter = std::env::args().skip(1).find(|a| !a.starts_with('-'));
-        let last = match &filter {
-            Some(f) => all.iter().rposition(|(name, _)| name.contains(f.as_str())).map_or(0, |i| i + 1),
-            None => all.len(),
-        };
-        let (mut passed, mut failed) = (0, 0);
-        for (name, scenario) in all.into_iter().take(last) {
-            let began = Instant::now();
-            match std::panic::AssertUnwindSafe(scenario(&mut world)).catch_unwind().await {
-                Ok(()) => {
-                    passed += 1;
-                    println!("test {name} ... ok ({:.1} s)", began.elapsed().as_secs_f64());
-                }
-                Err(_) => {
-                    failed += 1;
-                    println!("test {name} ... FAILED");
-                    diagnose(&world);
-                    break;
-                }
+        // Dropping the suite's future tears the node down, as the end of a run does.
+        tokio::select! {
+            code = run_suite(&assets, &images, &state) => code,
+            signal = interrupted() => {
+                println!("node: {signal}: tearing the node down");
+                ExitCode::FAILURE
             }
         }
-        println!("node: {passed} passed, {failed} failed, {:.0} s in all", started.elapsed().as_secs_f64());
-        drop(world);
-        if failed == 0 { ExitCode::SUCCESS } else { ExitCode::FAILURE }
     })
+}
+
+/// SIGINT or SIGTERM, by name.
+async fn interrupted() -> &'static str {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut interrupt), Ok(mut terminate)) = (signal(SignalKind::interrupt()), signal(SignalKind::terminate()))
+    else {
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = interrupt.recv() => "SIGINT",
+        _ = terminate.recv() => "SIGTERM",
+    }
+}
+
+/// Brings the node up, runs the scenarios in order (up to the last one a name filter matches),
+/// and tears everything down.
+async fn run_suite(assets: &Path, images: &Path, state: &Path) -> ExitCode {
+    let started = Instant::now();
+    let host = Host::up(state);
+    let options = PlaneOptions {
+        address: NODE_IP.into(),
+        service_cidr: SERVICE_CIDR.into(),
+        extra_sans: vec![KUBERNETES_SERVICE_IP.into(), "kubernetes.default.svc".into()],
+        pods: true,
+    };
+    let plane = ControlPlane::start_with(assets, &options).await;
+    let node = Node::start(&host, &plane, assets, images).await;
+    let admin = plane.client("admin").await;
+    println!("node: Ready {:.1} s after start", started.elapsed().as_secs_f64());
+    let mut world = World { node, plane, admin, _host: host };
+    let all = scenarios![World:
+        the_operator_installs_from_deploy_as_a_user_would,
+        the_walkthrough_splits_traffic_by_weight,
+        weights_change_under_load_without_a_failed_connection,
+        udp_is_proxied_to_udp_echo_pods,
+        the_other_replica_takes_over_when_the_leader_pod_is_deleted,
+        a_replaced_certificate_is_served_without_a_restart,
+        deleting_the_balancer_removes_every_child_and_pod,
+    ];
+    let (passed, failed) = runner::run_in_order(&mut world, all, diagnose).await;
+    println!("node: {passed} passed, {failed} failed, {:.0} s in all", started.elapsed().as_secs_f64());
+    hold(&world).await;
+    drop(world);
+    if failed == 0 { ExitCode::SUCCESS } else { ExitCode::FAILURE }
+}
+
+/// With BALANCER_NODE_HOLD=<seconds>, keeps the cluster up that long for a look
+/// (`kubectl --kubeconfig <printed path>`) before tearing it down.
+async fn hold(world: &World) {
+    let Some(seconds) = std::env::var("BALANCER_NODE_HOLD").ok().and_then(|s| s.parse().ok()) else { return };
+    println!("node: holding for {seconds} s: kubectl --kubeconfig {}", world.plane.kubeconfig("admin").display());
+    tokio::time::sleep(Duration::from_secs(seconds)).await;
 }
 
 /// What a failed scenario leaves to read: pods, events, and the logs of the operator and the node.
 fn diagnose(world: &World) {
     for args in [
         &["get", "pods", "-A", "-o", "wide"][..],
-        &["get", "events", "-A", "--sort-by=.lastTimestamp"][..],
+        &["get", "events", "-A", "--field-selector=type=Warning", "--sort-by=.lastTimestamp"][..],
         &["-n", OPERATOR_NS, "logs", "-l", "app.kubernetes.io/name=balancer", "--tail=20", "--prefix"][..],
     ] {
         let (_, out, err) = world.plane.kubectl("admin", args, None);
         println!("--- kubectl {}:\n{out}{err}", args.join(" "));
     }
     println!("--- kubelet:\n{}", world.node.log_tail("kubelet", 20));
-}
-
-/// Polls `check` until it returns `Some`, or panics with `what` after `timeout`.
-async fn eventually<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Option<T>>,
-{
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(value) = check().await {
-            return value;
-        }
-        assert!(Instant::now() < deadline, "timed out after {timeout:?} waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
 }
 
 fn kubectl(world: &World, args: &[&str], stdin: Option<&str>) -> String {
@@ -191,14 +188,20 @@ fn kubectl(world: &World, args: &[&str], stdin: Option<&str>) -> String {
 // 1. Install as a user would
 // ---------------------------------------------------------------------------
 
-/// A kustomization over `deploy/` with the locally built images, and the two v1.20 bridges.
+/// The README's overlay for a cluster without cert-manager, with the locally built images
+/// and the two v1.20 bridges.
 fn test_kustomization(dir: &Path) {
-    let deploy = repo("deploy");
+    // Kustomize takes only relative paths to other kustomizations: up to / and down again.
+    let up = "../".repeat(dir.components().count() - 1);
+    let deploy = format!("{up}{}", repo("deploy").display().to_string().trim_start_matches('/'));
+    let component = format!("{deploy}/components/without-cert-manager");
     let text = format!(
         r#"apiVersion: kustomize.config.k8s.io/v1beta1
 kind: Kustomization
 resources:
   - {deploy}
+components:
+  - {component}
 images:
   - name: balancer
     newName: localhost/balancer
@@ -220,7 +223,6 @@ patches:
         path: /spec/template/spec/containers/0/env/-
         value: {{name: BALANCER_PROXY_LOAD_MODULES, value: "{STREAM_MODULE}"}}
 "#,
-        deploy = deploy.display()
     );
     std::fs::write(dir.join("kustomization.yaml"), text).expect("kustomization");
 }
@@ -229,51 +231,17 @@ async fn the_operator_installs_from_deploy_as_a_user_would(world: &mut World) {
     // The README's manual-certificate path: everything but the cert-manager objects...
     let dir = tempfile::TempDir::new().expect("temp dir");
     test_kustomization(dir.path());
-    let kustomization = dir.path().display().to_string();
-    kubectl(
-        world,
-        &["apply", "-k", &kustomization, "-l", "balancer.exposer.hliangzhao.io/requires!=cert-manager"],
-        None,
-    );
+    kubectl(world, &["apply", "-k", &dir.path().display().to_string()], None);
     // ...then a certificate of our own, its Secret, and the CA in both webhook configurations.
     let certs = dir.path().join("certs");
-    let out = Command::new(env!("CARGO_BIN_EXE_balancer"))
-        .args(["certs", "--out", &certs.display().to_string()])
-        .args(["--dns-name", "balancer-webhook.balancer-system.svc"])
-        .args(["--dns-name", "balancer-webhook.balancer-system.svc.cluster.local"])
-        .output()
-        .expect("balancer certs");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let bundle = String::from_utf8_lossy(&out.stdout).trim().to_string();
-    kubectl(
-        world,
-        &[
-            "-n",
-            OPERATOR_NS,
-            "create",
-            "secret",
-            "tls",
-            "balancer-webhook-tls",
-            &format!("--cert={}", certs.join("tls.crt").display()),
-            &format!("--key={}", certs.join("tls.key").display()),
-        ],
-        None,
-    );
+    let bundle = new_certificates(&certs);
+    kubectl(world, &["apply", "-f", "-"], Some(&webhook_secret(world, &certs)));
     patch_ca_bundle(world, &bundle);
 
     // Both replicas go Ready (their readiness waits for the caches, so the controller runs).
-    let deployments: Api<Deployment> = Api::namespaced(world.admin.clone(), OPERATOR_NS);
-    eventually("both operator replicas Ready", Duration::from_secs(120), || async {
-        let d = deployments.get("balancer").await.ok()?;
-        (d.status?.ready_replicas == Some(2)).then_some(())
-    })
-    .await;
+    wait_available(world, OPERATOR_NS, "balancer", 2).await;
     let pods = operator_pods(world).await;
-    let leases: Api<Lease> = Api::namespaced(world.admin.clone(), OPERATOR_NS);
-    let holder = eventually("a leader", Duration::from_secs(60), || async {
-        leases.get("balancer-leader").await.ok()?.spec?.holder_identity
-    })
-    .await;
+    let holder = eventually("a leader", Duration::from_secs(60), || lease_holder(world)).await;
     assert!(pods.contains(&holder), "the Lease is held by {holder}, not one of {pods:?}");
 
     // The API server reaches the webhooks through their Service: a bad Balancer gets our message.
@@ -284,7 +252,8 @@ async fn the_operator_installs_from_deploy_as_a_user_would(world: &mut World) {
     let invalid = std::fs::read_to_string(repo("deploy/samples/invalid-balancer.yaml")).expect("sample");
     let (ok, out, err) = world.plane.kubectl("admin", &["apply", "-f", "-"], Some(&invalid));
     assert!(!ok, "the invalid sample was accepted: {out}");
-    assert!(err.contains("admission webhook") && err.contains("duplicate port name"), "{err}");
+    // Only the webhook knows this rule (the CRD schema has no notion of duplicate names).
+    assert!(err.contains("duplicate port name \"http\""), "{err}");
 }
 
 fn patch_ca_bundle(world: &World, bundle: &str) {
@@ -347,6 +316,9 @@ async fn the_walkthrough_splits_traffic_by_weight(world: &mut World) {
     for version in ["v1", "v2", "v3"] {
         kubectl(world, &["apply", "-f", "-"], Some(&echo_backend(version)));
     }
+    for version in ["v1", "v2", "v3"] {
+        wait_available(world, NS, &format!("echo-{version}"), 1).await;
+    }
     let sample = std::fs::read_to_string(repo("deploy/samples/balancer.yaml")).expect("sample");
     kubectl(world, &["-n", NS, "apply", "-f", "-"], Some(&sample));
     wait_ready_balancer(world, SAMPLE, Duration::from_secs(120)).await;
@@ -360,19 +332,34 @@ async fn the_walkthrough_splits_traffic_by_weight(world: &mut World) {
     assert_eq!(spec.containers[0].security_context.as_ref().and_then(|s| s.read_only_root_filesystem), Some(true));
 
     let front = front_ip(world, SAMPLE).await;
+    // Ready follows the Deployment; kube-proxy learns the new endpoints a moment later.
+    let address = format!("{front}:80");
+    eventually("the front Service answering", Duration::from_secs(30), || async { one_request(&address).await.ok() })
+        .await;
     let counts = split(&front, 80, 3000).await;
     println!("node: 3000 requests through {front}:80: {counts:?}");
     assert_eq!(counts.get("failed"), None, "every request answered: {counts:?}");
     assert_shares(&counts, &[("hello world v1", 40), ("hello world v2", 20), ("hello world v3", 40)], 3.0);
 }
 
-/// Waits for `Ready=True` on a Balancer, and returns its status.
+/// Waits for a Deployment to have `replicas` ready pods.
+async fn wait_available(world: &World, namespace: &str, name: &str, replicas: i32) {
+    let deployments: Api<Deployment> = Api::namespaced(world.admin.clone(), namespace);
+    eventually(&format!("Deployment {name} with {replicas} ready"), Duration::from_secs(120), || async {
+        (deployments.get(name).await.ok()?.status?.ready_replicas == Some(replicas)).then_some(())
+    })
+    .await;
+}
+
+/// Waits for `Ready=True` on a Balancer's current generation, and returns its status.
 async fn wait_ready_balancer(world: &World, name: &str, timeout: Duration) -> Value {
     let api: Api<kube::api::DynamicObject> = Api::namespaced_with(world.admin.clone(), NS, &balancer_resource());
     eventually(&format!("Balancer {name} Ready=True"), timeout, || async {
-        let status = api.get(name).await.ok()?.data.get("status").cloned()?;
+        let balancer = api.get(name).await.ok()?;
+        let status = balancer.data.get("status").cloned()?;
+        let current = status["observedGeneration"].as_i64() == balancer.metadata.generation;
         let ready = status["conditions"].as_array()?.iter().any(|c| c["type"] == "Ready" && c["status"] == "True");
-        ready.then_some(status)
+        (current && ready).then_some(status)
     })
     .await
 }
@@ -392,21 +379,30 @@ async fn front_ip(world: &World, name: &str) -> String {
 async fn split(ip: &str, port: u16, requests: usize) -> BTreeMap<String, usize> {
     let address = format!("{ip}:{port}");
     let mut tasks = tokio::task::JoinSet::new();
-    let per_task = requests / 16;
-    for _ in 0..16 {
+    for task in 0..16 {
         let address = address.clone();
+        let share = requests / 16 + usize::from(task < requests % 16);
         tasks.spawn(async move {
-            let mut answers = Vec::with_capacity(per_task);
-            for _ in 0..per_task {
+            let mut answers = Vec::with_capacity(share);
+            for _ in 0..share {
                 answers.push(one_request(&address).await.unwrap_or_else(|e| format!("failed: {e}")));
             }
             answers
         });
     }
     let mut counts = BTreeMap::new();
+    let mut failures = Vec::new();
     for answer in tasks.join_all().await.into_iter().flatten() {
-        let key = if answer.starts_with("failed") { "failed".to_string() } else { answer };
+        let key = if answer.starts_with("failed") {
+            failures.push(answer);
+            "failed".to_string()
+        } else {
+            answer
+        };
         *counts.entry(key).or_insert(0) += 1;
+    }
+    if !failures.is_empty() {
+        println!("node: failures through {address}, first ones: {:?}", &failures[..failures.len().min(5)]);
     }
     counts
 }
@@ -440,6 +436,350 @@ fn assert_shares(counts: &BTreeMap<String, usize>, weights: &[(&str, u32)], poin
 }
 
 // ---------------------------------------------------------------------------
+// 3. Weights change under load
+// ---------------------------------------------------------------------------
+
+/// Clients sending requests back to back until stopped: every failure, with its error.
+struct Load {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    tasks: tokio::task::JoinSet<(usize, Vec<String>)>,
+}
+
+impl Load {
+    fn start(address: String, clients: usize) -> Load {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let mut tasks = tokio::task::JoinSet::new();
+        for _ in 0..clients {
+            let (address, stop) = (address.clone(), stop.clone());
+            tasks.spawn(async move {
+                let (mut sent, mut failures) = (0, Vec::new());
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    sent += 1;
+                    if let Err(e) = one_request(&address).await {
+                        failures.push(e);
+                    }
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+                (sent, failures)
+            });
+        }
+        Load { stop, tasks }
+    }
+
+    /// Stops the clients: how many requests they sent, and every failure.
+    async fn finish(self) -> (usize, Vec<String>) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.tasks.join_all().await.into_iter().fold((0, Vec::new()), |(sent, mut failed), (s, f)| {
+            failed.extend(f);
+            (sent + s, failed)
+        })
+    }
+}
+
+fn patch_balancer(world: &World, name: &str, patch: Value) {
+    kubectl(world, &["-n", NS, "patch", "balancer", name, "--type=json", "-p", &patch.to_string()], None);
+}
+
+async fn weights_change_under_load_without_a_failed_connection(world: &mut World) {
+    let front = front_ip(world, SAMPLE).await;
+    let load = Load::start(format!("{front}:80"), 4);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    patch_balancer(
+        world,
+        SAMPLE,
+        json!([
+            {"op": "replace", "path": "/spec/backends/0/weight", "value": 80},
+            {"op": "replace", "path": "/spec/backends/1/weight", "value": 10},
+            {"op": "replace", "path": "/spec/backends/2/weight", "value": 10},
+        ]),
+    );
+    wait_ready_balancer(world, SAMPLE, Duration::from_secs(120)).await;
+    let counts = split(&front, 80, 3000).await;
+    println!("node: after the weight change, 3000 requests: {counts:?}");
+    assert_shares(&counts, &[("hello world v1", 80), ("hello world v2", 10), ("hello world v3", 10)], 3.0);
+
+    // Removing a backend: the rollout fails nothing, and its Service goes once it is over.
+    patch_balancer(world, SAMPLE, json!([{"op": "remove", "path": "/spec/backends/2"}]));
+    let status = wait_ready_balancer(world, SAMPLE, Duration::from_secs(120)).await;
+    let services: Api<Service> = Api::namespaced(world.admin.clone(), NS);
+    eventually("the removed backend's Service deleted", Duration::from_secs(30), || async {
+        services.get_opt("example-balancer-v3-backend").await.ok()?.is_none().then_some(())
+    })
+    .await;
+    let (sent, failures) = load.finish().await;
+    println!("node: {sent} requests during two proxy rollouts, {} failed", failures.len());
+    assert!(
+        failures.is_empty(),
+        "{} of {sent} requests failed during the rollouts: {:?}",
+        failures.len(),
+        &failures[..failures.len().min(10)]
+    );
+    assert_eq!(status["activeBackendsNum"], 2, "{status}");
+    let counts = split(&front, 80, 600).await;
+    assert_shares(&counts, &[("hello world v1", 80), ("hello world v2", 10)], 4.0);
+}
+
+// ---------------------------------------------------------------------------
+// 4. UDP
+// ---------------------------------------------------------------------------
+
+/// Answers every datagram with `<version> <datagram>`, from one socket (socat's `fork` shares
+/// its socket with the child that answers, which can swallow the next datagram).
+const UDP_ECHO: &str = "import socket, sys
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.bind(('', 5353))
+while True:
+    data, peer = s.recvfrom(512)
+    s.sendto(sys.argv[1].encode() + b' ' + data, peer)
+";
+
+/// A UDP echo Deployment: each datagram answered as `<version> <datagram>`.
+fn udp_echo_backend(version: &str) -> String {
+    json!({
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": format!("udp-echo-{version}"), "namespace": NS},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": {"app": "udp-echo", "version": version}},
+            "template": {
+                "metadata": {"labels": {"app": "udp-echo", "version": version}},
+                "spec": {"containers": [{
+                    "name": "echo",
+                    "image": BASE_IMAGE,
+                    "imagePullPolicy": "Never",
+                    "command": ["python3", "-c", UDP_ECHO, version],
+                    "ports": [{"containerPort": 5353, "protocol": "UDP"}],
+                }]},
+            },
+        },
+    })
+    .to_string()
+}
+
+const UDP_BALANCER: &str = "udp-echo";
+
+async fn udp_is_proxied_to_udp_echo_pods(world: &mut World) {
+    for version in ["u1", "u2"] {
+        kubectl(world, &["apply", "-f", "-"], Some(&udp_echo_backend(version)));
+    }
+    for version in ["u1", "u2"] {
+        wait_available(world, NS, &format!("udp-echo-{version}"), 1).await;
+    }
+    let balancer = format!(
+        "apiVersion: exposer.hliangzhao.io/v1alpha1\nkind: Balancer\nmetadata:\n  name: {UDP_BALANCER}\n  namespace: {NS}\n\
+         spec:\n  ports:\n    - {{name: echo, protocol: UDP, port: 53, targetPort: 5353}}\n  selector: {{app: udp-echo}}\n\
+         \x20 backends:\n    - {{name: u1, weight: 50, selector: {{version: u1}}}}\n    - {{name: u2, weight: 50, selector: {{version: u2}}}}\n"
+    );
+    kubectl(world, &["apply", "-f", "-"], Some(&balancer));
+    wait_ready_balancer(world, UDP_BALANCER, Duration::from_secs(120)).await;
+    let front = front_ip(world, UDP_BALANCER).await;
+    // Ready follows the Deployment; kube-proxy learns the new endpoints a moment later.
+    let first = Instant::now();
+    eventually("a first UDP reply", Duration::from_secs(60), || udp_exchange(&front, "hello")).await;
+    println!("node: first UDP reply {:.1} s after Ready", first.elapsed().as_secs_f64());
+    let mut replies = BTreeMap::new();
+    for i in 0..40 {
+        let line = format!("ping {i}");
+        let what = format!("a reply to UDP exchange {i}");
+        let reply = eventually(&what, Duration::from_secs(10), || udp_exchange(&front, &line)).await;
+        let (version, echoed) = reply.trim().split_once(' ').unwrap_or_default();
+        assert_eq!(echoed, format!("ping {i}"), "the reply echoes the request: {reply:?}");
+        *replies.entry(version.to_string()).or_insert(0) += 1;
+    }
+    println!("node: 40 UDP exchanges through {front}:53: {replies:?}");
+    assert_eq!(replies.keys().collect::<Vec<_>>(), ["u1", "u2"], "both backends answer: {replies:?}");
+    kubectl(world, &["-n", NS, "delete", "balancer", UDP_BALANCER], None);
+}
+
+/// One datagram from a fresh socket to `ip:53`, and the reply, if one came within a second.
+async fn udp_exchange(ip: &str, line: &str) -> Option<String> {
+    let socket = tokio::net::UdpSocket::bind("0.0.0.0:0").await.ok()?;
+    socket.send_to(format!("{line}\n").as_bytes(), format!("{ip}:53")).await.ok()?;
+    let mut buffer = [0u8; 512];
+    let (n, _) = tokio::time::timeout(Duration::from_secs(1), socket.recv_from(&mut buffer)).await.ok()?.ok()?;
+    Some(String::from_utf8_lossy(&buffer[..n]).into_owned())
+}
+
+// ---------------------------------------------------------------------------
+// 5. Leader failover in the cluster
+// ---------------------------------------------------------------------------
+
+/// The pod holding the leader Lease (identities are `<pod name>_<process>`).
+async fn lease_holder(world: &World) -> Option<String> {
+    let leases: Api<Lease> = Api::namespaced(world.admin.clone(), OPERATOR_NS);
+    let identity = leases.get("balancer-leader").await.ok()?.spec?.holder_identity?;
+    Some(identity.rsplit_once('_').map_or(identity.as_str(), |(pod, _)| pod).to_string())
+}
+
+async fn the_other_replica_takes_over_when_the_leader_pod_is_deleted(world: &mut World) {
+    let leader = eventually("a leader", Duration::from_secs(30), || lease_holder(world)).await;
+    // Balancer writes go through the webhooks all along.
+    let plane_kubeconfig = world.plane.kubeconfig("admin");
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writer = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let (mut writes, mut failures) = (0, Vec::new());
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let weight = 1 + writes % 50;
+                let yaml = format!(
+                    "apiVersion: exposer.hliangzhao.io/v1alpha1\nkind: Balancer\nmetadata:\n  name: failover-probe\n  namespace: {NS}\n\
+                     spec:\n  ports: [{{port: 8080}}]\n  selector: {{app: nothing}}\n  backends: [{{name: a, weight: {weight}, selector: {{v: a}}}}]\n"
+                );
+                let out = cluster_kubectl(&plane_kubeconfig, &["apply", "-f", "-"], &yaml);
+                writes += 1;
+                if let Err(e) = out {
+                    failures.push(e);
+                }
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            (writes, failures)
+        })
+    };
+    let deleted = Instant::now();
+    kubectl(world, &["-n", OPERATOR_NS, "delete", "pod", &leader, "--wait=false"], None);
+    let successor = eventually("a new leader", Duration::from_secs(40), || async {
+        lease_holder(world).await.filter(|holder| *holder != leader)
+    })
+    .await;
+    let took = deleted.elapsed();
+    println!("node: {successor} took the Lease {:.1} s after {leader} was deleted", took.as_secs_f64());
+    assert!(took <= Duration::from_secs(20), "the Lease lasts 15 s; the new leader took {took:?}");
+
+    // The new leader reconciles a change.
+    patch_balancer(world, SAMPLE, json!([{"op": "replace", "path": "/spec/backends/1/weight", "value": 30}]));
+    let config_maps: Api<ConfigMap> = Api::namespaced(world.admin.clone(), NS);
+    eventually("the new leader applies the change", Duration::from_secs(60), || async {
+        let data = config_maps.get("example-balancer-proxy-configmap").await.ok()?.data?;
+        data.get("nginx.conf")?.contains("weight=30;").then_some(())
+    })
+    .await;
+    // Through the old leader's replacement starting, too.
+    wait_available(world, OPERATOR_NS, "balancer", 2).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (writes, failures) = writer.join().expect("the writer thread");
+    println!("node: {writes} Balancer applies during the failover, {} failed", failures.len());
+    assert!(failures.is_empty(), "applies failed during the failover: {failures:?}");
+    kubectl(world, &["-n", NS, "delete", "balancer", "failover-probe"], None);
+}
+
+/// `kubectl apply` from a plain thread: Ok, or the error output.
+fn cluster_kubectl(kubeconfig: &Path, args: &[&str], stdin: &str) -> Result<(), String> {
+    use std::io::Write;
+    let mut child = Command::new("kubectl")
+        .arg(format!("--kubeconfig={}", kubeconfig.display()))
+        .args(args)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .map_err(|e| e.to_string())?;
+    child.stdin.take().map(|mut s| s.write_all(stdin.as_bytes()));
+    let out = child.wait_with_output().map_err(|e| e.to_string())?;
+    if out.status.success() { Ok(()) } else { Err(String::from_utf8_lossy(&out.stderr).into_owned()) }
+}
+
+// ---------------------------------------------------------------------------
+// 6. Certificate rotation
+// ---------------------------------------------------------------------------
+
+/// The webhook's TLS Secret holding the pair in `dir`, as YAML to apply (create or replace).
+fn webhook_secret(world: &World, dir: &Path) -> String {
+    let cert = format!("--cert={}", dir.join("tls.crt").display());
+    let key = format!("--key={}", dir.join("tls.key").display());
+    let args = ["-n", OPERATOR_NS, "create", "secret", "tls", "balancer-webhook-tls", &cert, &key];
+    kubectl(world, &[&args[..], &["--dry-run=client", "-o", "yaml"]].concat(), None)
+}
+
+/// `balancer certs` into `dir`: the CA bundle (base64 PEM) it prints.
+fn new_certificates(dir: &Path) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_balancer"))
+        .args(["certs", "--out", &dir.display().to_string()])
+        .args(["--dns-name", "balancer-webhook.balancer-system.svc"])
+        .args(["--dns-name", "balancer-webhook.balancer-system.svc.cluster.local"])
+        .output()
+        .expect("balancer certs");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+async fn a_replaced_certificate_is_served_without_a_restart(world: &mut World) {
+    use base64::Engine;
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let before = operator_pod_restarts(world).await;
+    let old_bundle = kubectl(
+        world,
+        &[
+            "get",
+            "validatingwebhookconfiguration",
+            "balancer-validating",
+            "-o",
+            "jsonpath={.webhooks[0].clientConfig.caBundle}",
+        ],
+        None,
+    );
+    let dir = tempfile::TempDir::new().expect("temp dir");
+    let new_bundle = new_certificates(dir.path());
+    let new_ca = String::from_utf8(b64.decode(&new_bundle).expect("base64")).expect("PEM");
+    // Trust both CAs while the pods switch, as a rotation should.
+    let both = [b64.decode(old_bundle.trim()).expect("base64"), new_ca.clone().into_bytes()].concat();
+    patch_ca_bundle(world, &b64.encode(both));
+    let secret = webhook_secret(world, dir.path());
+    let replaced = Instant::now();
+    kubectl(world, &["apply", "-f", "-"], Some(&secret));
+
+    // Every replica serves the new certificate: 20 handshakes in a row through the Service verify
+    // against the new CA alone.
+    let services: Api<Service> = Api::namespaced(world.admin.clone(), OPERATOR_NS);
+    let ip =
+        services.get("balancer-webhook").await.expect("webhook Service").spec.and_then(|s| s.cluster_ip).expect("IP");
+    let host = "balancer-webhook.balancer-system.svc";
+    let client = reqwest::Client::builder()
+        .tls_backend_preconfigured(cluster::tls_config(&new_ca))
+        .resolve(host, std::net::SocketAddr::new(ip.parse().expect("IP"), 443))
+        .timeout(Duration::from_secs(3))
+        .build()
+        .expect("client");
+    eventually("the new certificate on every replica", Duration::from_secs(120), || async {
+        for _ in 0..20 {
+            client.get(format!("https://{host}/healthz")).send().await.ok()?;
+        }
+        Some(())
+    })
+    .await;
+    println!("node: new certificate served {:.1} s after the Secret was replaced", replaced.elapsed().as_secs_f64());
+    assert_eq!(operator_pod_restarts(world).await, before, "no replica restarted");
+
+    // The new CA alone, and writes go on.
+    patch_ca_bundle(world, &new_bundle);
+    let yaml =
+        std::fs::read_to_string(repo("deploy/samples/balancer.yaml")).expect("sample").replace(SAMPLE, "rotated");
+    eventually("a Balancer write after the rotation", Duration::from_secs(30), || async {
+        world.plane.kubectl("admin", &["-n", NS, "apply", "-f", "-"], Some(&yaml)).0.then_some(())
+    })
+    .await;
+    kubectl(world, &["-n", NS, "delete", "balancer", "rotated"], None);
+}
+
+/// Each operator pod's name and container restarts.
+async fn operator_pod_restarts(world: &World) -> BTreeMap<String, i32> {
+    let pods: Api<Pod> = Api::namespaced(world.admin.clone(), OPERATOR_NS);
+    let params = ListParams::default().labels("app.kubernetes.io/name=balancer");
+    let list = pods.list(&params).await.expect("pods");
+    list.items
+        .iter()
+        .map(|p| {
+            let restarts = p
+                .status
+                .as_ref()
+                .and_then(|s| s.container_statuses.as_ref())
+                .map_or(0, |c| c.iter().map(|c| c.restart_count).sum());
+            (p.name_any(), restarts)
+        })
+        .collect()
+}
+
+// ---------------------------------------------------------------------------
 // 7. Delete
 // ---------------------------------------------------------------------------
 
@@ -451,12 +791,24 @@ async fn deleting_the_balancer_removes_every_child_and_pod(world: &mut World) {
     let config_maps: Api<ConfigMap> = Api::namespaced(world.admin.clone(), NS);
     let deployments: Api<Deployment> = Api::namespaced(world.admin.clone(), NS);
     let pods: Api<Pod> = Api::namespaced(world.admin.clone(), NS);
-    eventually("every child and proxy pod gone", Duration::from_secs(90), || async {
+    let deleted = Instant::now();
+    eventually("every child gone", Duration::from_secs(60), || async {
         let left = services.list(&params).await.ok()?.items.len()
             + config_maps.list(&params).await.ok()?.items.len()
-            + deployments.list(&params).await.ok()?.items.len()
-            + pods.list(&params).await.ok()?.items.len();
+            + deployments.list(&params).await.ok()?.items.len();
         (left == 0).then_some(())
     })
     .await;
+    let children_gone = deleted.elapsed();
+    // Up to 5 s of preStop and 20 s of draining: the probes' sessions wait on backend
+    // Services that garbage collection has already removed.
+    eventually("every proxy pod gone", Duration::from_secs(90), || async {
+        pods.list(&params).await.ok()?.items.is_empty().then_some(())
+    })
+    .await;
+    println!(
+        "node: children collected {:.1} s after the delete, proxy pods gone after {:.1} s",
+        children_gone.as_secs_f64(),
+        deleted.elapsed().as_secs_f64()
+    );
 }

@@ -95,7 +95,10 @@ impl Node {
         wait_for("containerd's socket", Duration::from_secs(30), || socket.exists()).await;
         node.import_images(images);
 
-        let kubeconfig = plane.kubeconfig("admin");
+        // A copy under the state directory: every node process names it, so `host.sh down`
+        // can find them after a run that was killed outright.
+        let kubeconfig = state.join("node.kubeconfig");
+        std::fs::copy(plane.kubeconfig("admin"), &kubeconfig).expect("node kubeconfig");
         let endpoint = format!("unix://{}", socket.display());
         node.processes.push(Proc::spawn(
             "kubelet",

@@ -1,0 +1,62 @@
+//! Scenarios that build on each other, run in order against one world, each
+//! reported as a test. Shared by the e2e and node suites.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::time::{Duration, Instant};
+
+use futures::FutureExt;
+
+/// One scenario: an async step over the shared world.
+pub type Scenario<W> = for<'a> fn(&'a mut W) -> Pin<Box<dyn Future<Output = ()> + 'a>>;
+
+/// `[(name, scenario)]` from the scenario functions' names.
+macro_rules! scenarios {
+    ($world:ty: $($name:ident),* $(,)?) => {
+        vec![$((stringify!($name), (|w| Box::pin($name(w))) as crate::runner::Scenario<$world>)),*]
+    };
+}
+pub(crate) use scenarios;
+
+/// Runs `all` in order, up to the last one whose name contains the command line's filter
+/// (later scenarios build on earlier ones), and stops at the first failure after `diagnose`.
+/// Returns how many passed and failed.
+pub async fn run_in_order<W>(world: &mut W, all: Vec<(&str, Scenario<W>)>, diagnose: impl Fn(&W)) -> (usize, usize) {
+    let filter = std::env::args().skip(1).find(|a| !a.starts_with('-'));
+    let last = match &filter {
+        Some(f) => all.iter().rposition(|(name, _)| name.contains(f.as_str())).map_or(0, |i| i + 1),
+        None => all.len(),
+    };
+    let mut passed = 0;
+    for (name, scenario) in all.into_iter().take(last) {
+        let started = Instant::now();
+        match std::panic::AssertUnwindSafe(scenario(world)).catch_unwind().await {
+            Ok(()) => {
+                passed += 1;
+                println!("test {name} ... ok ({:.1} s)", started.elapsed().as_secs_f64());
+            }
+            Err(_) => {
+                println!("test {name} ... FAILED");
+                diagnose(world);
+                return (passed, 1);
+            }
+        }
+    }
+    (passed, 0)
+}
+
+/// Polls `check` until it returns `Some`, or panics with `what` after `timeout`.
+pub async fn eventually<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(value) = check().await {
+            return value;
+        }
+        assert!(Instant::now() < deadline, "timed out after {timeout:?} waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
