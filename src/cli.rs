@@ -121,6 +121,16 @@ pub struct ControllerArgs {
     /// How long a leader's Lease lasts without renewal, in seconds.
     #[arg(long, env = "BALANCER_LEASE_DURATION", default_value_t = 15, value_parser = clap::value_parser!(u64).range(2..=300))]
     pub lease_duration: u64,
+    /// Balancers reconciled at the same time (never the same one twice at once).
+    #[arg(long, env = "BALANCER_MAX_CONCURRENT_RECONCILES", default_value_t = 8, value_parser = clap::value_parser!(u16).range(1..=256))]
+    pub max_concurrent_reconciles: u16,
+    /// Requests per second the controller sends to the API server, at most (halved whenever the
+    /// API server answers that it is overloaded, then grown back).
+    #[arg(long, env = "BALANCER_API_QPS", default_value_t = 200, value_parser = clap::value_parser!(u32).range(1..=10000))]
+    pub api_qps: u32,
+    /// Requests that may start at once after a lull.
+    #[arg(long, env = "BALANCER_API_BURST", default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=10000))]
+    pub api_burst: u32,
     #[command(flatten)]
     pub proxy: ProxyArgs,
 }

@@ -11,6 +11,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use futures::stream::BoxStream;
 use futures::{FutureExt, StreamExt};
 use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::apps::v1::Deployment;
@@ -18,8 +19,8 @@ use k8s_openapi::api::core::v1::{ConfigMap, ObjectReference, Service};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{DeleteParams, Patch, PatchParams, Preconditions};
+use kube::core::PartialObjectMeta;
 use kube::runtime::controller::{self, Action};
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{Controller, WatchStreamExt, predicates, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
@@ -34,6 +35,7 @@ use crate::children::{self, BALANCER_NAME_LABEL, COMPONENT_BACKEND, COMPONENT_LA
 use crate::children::{BackendHosts, Owner, OwnerError, ProxySettings};
 use crate::defaulting::with_defaults;
 use crate::echo::cut;
+use crate::events::{EventType, Events, Note, Published};
 use crate::stored::StoredBalancer;
 use crate::telemetry::{Metrics, ReconcileResult};
 use crate::validation::{FieldError, ObjectName, validate};
@@ -49,17 +51,17 @@ pub const READY: &str = "Ready";
 pub type Permission = (&'static str, &'static str, &'static [&'static str]);
 
 /// Every cluster-wide permission the controller uses; `deploy/rbac.yaml` grants exactly these.
-/// Reads come from watch caches (list, watch), plus a get when a child is missing from the cache
-/// (to never adopt a namesake); server-side apply may create, so it needs create and patch.
+/// Reads come from watch caches only (list, watch), the names of objects balancer does not manage
+/// included (to never adopt a namesake); server-side apply may create, so it needs create and patch.
 pub const CLUSTER_PERMISSIONS: &[Permission] = &[
     ("exposer.hliangzhao.io", "balancers", &["list", "watch"]),
     ("exposer.hliangzhao.io", "balancers/status", &["patch"]),
     // Never called: clusters enforcing OwnerReferencesPermissionEnforcement require it to set
     // blockOwnerDeletion on the children's ownerReferences.
     ("exposer.hliangzhao.io", "balancers/finalizers", &["update"]),
-    ("", "services", &["get", "list", "watch", "create", "patch", "delete"]),
-    ("", "configmaps", &["get", "list", "watch", "create", "patch"]),
-    ("apps", "deployments", &["get", "list", "watch", "create", "patch"]),
+    ("", "services", &["list", "watch", "create", "patch", "delete"]),
+    ("", "configmaps", &["list", "watch", "create", "patch"]),
+    ("apps", "deployments", &["list", "watch", "create", "patch"]),
     ("events.k8s.io", "events", &["create", "patch"]),
     // The protected /metrics endpoint reviews scrapers' tokens.
     ("authentication.k8s.io", "tokenreviews", &["create"]),
@@ -82,14 +84,37 @@ pub enum Error {
     NoClusterIp { name: String },
 }
 
-impl Error {
-    /// A short machine-readable kind, for metrics and the condition reason.
-    pub fn kind(&self) -> &'static str {
+/// What kind of failure an [`Error`] is: the one list, for metrics and logs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ErrorKind {
+    ApiError,
+    InvalidObject,
+    Conflict,
+    NoClusterIp,
+}
+
+impl ErrorKind {
+    /// Every kind, so the metrics can start each series at zero.
+    pub const ALL: [ErrorKind; 4] =
+        [ErrorKind::ApiError, ErrorKind::InvalidObject, ErrorKind::Conflict, ErrorKind::NoClusterIp];
+
+    pub fn as_str(self) -> &'static str {
         match self {
-            Error::Api { .. } => "ApiError",
-            Error::Owner(_) => "InvalidObject",
-            Error::Conflict { .. } => "Conflict",
-            Error::NoClusterIp { .. } => "NoClusterIP",
+            ErrorKind::ApiError => "ApiError",
+            ErrorKind::InvalidObject => "InvalidObject",
+            ErrorKind::Conflict => "Conflict",
+            ErrorKind::NoClusterIp => "NoClusterIP",
+        }
+    }
+}
+
+impl Error {
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            Error::Api { .. } => ErrorKind::ApiError,
+            Error::Owner(_) => ErrorKind::InvalidObject,
+            Error::Conflict { .. } => ErrorKind::Conflict,
+            Error::NoClusterIp { .. } => ErrorKind::NoClusterIp,
         }
     }
 }
@@ -97,7 +122,7 @@ impl Error {
 /// What reconciles share: the client, the children's caches and the settings.
 pub struct Context {
     pub client: Client,
-    pub recorder: Recorder,
+    pub events: Events,
     pub children: ChildCaches,
     pub settings: ProxySettings,
     pub metrics: Arc<Metrics>,
@@ -107,8 +132,9 @@ pub struct Context {
 
 impl Context {
     pub fn new(client: Client, children: ChildCaches, settings: ProxySettings, metrics: Arc<Metrics>) -> Self {
-        let recorder = Recorder::new(client.clone(), Reporter::from(FIELD_MANAGER));
-        Context { client, recorder, children, settings, metrics, failures: Mutex::new(HashMap::new()) }
+        let events = Events::new(client.clone(), FIELD_MANAGER);
+        let failures = Mutex::new(HashMap::new());
+        Context { client, events, children, settings, metrics, failures }
     }
 
     fn failures(&self) -> std::sync::MutexGuard<'_, HashMap<String, u32>> {
@@ -118,9 +144,10 @@ impl Context {
 
 /// Reconciles one Balancer, recording metrics and, on failure, the error in its status.
 pub async fn reconcile(balancer: Arc<StoredBalancer>, ctx: Arc<Context>) -> Result<Action, Error> {
-    let _in_flight = ctx.metrics.reconcile_started();
+    let _in_flight = ctx.metrics.controller.reconcile_started();
     let started = Instant::now();
-    let result = converge(&balancer, &ctx).await;
+    let mut written = Written::default();
+    let result = converge(&balancer, &ctx, &mut written).await;
     let outcome = match &result {
         Ok(_) => {
             ctx.failures().remove(&balancer.uid().unwrap_or_default());
@@ -128,11 +155,13 @@ pub async fn reconcile(balancer: Arc<StoredBalancer>, ctx: Arc<Context>) -> Resu
         }
         Err(e) => {
             tracing::warn!(balancer = %ObjectRef::from_obj(balancer.as_ref()), error = %e, "reconcile failed");
+            // What was written before the failure is still news.
+            announce(&balancer, &ctx, &mut written).await;
             report_failure(&balancer, &ctx, e).await;
             ReconcileResult::Error
         }
     };
-    ctx.metrics.reconciled(outcome, result.as_ref().err().map(Error::kind), started.elapsed());
+    ctx.metrics.controller.reconciled(outcome, result.as_ref().err().map(Error::kind), started.elapsed());
     result
 }
 
@@ -150,7 +179,7 @@ pub fn backoff(failures: u32) -> Duration {
     Duration::from_secs(secs).min(RESYNC)
 }
 
-async fn converge(balancer: &StoredBalancer, ctx: &Context) -> Result<Action, Error> {
+async fn converge(balancer: &StoredBalancer, ctx: &Context, written: &mut Written) -> Result<Action, Error> {
     // Nothing is written before every child cache has listed (false only when stopping).
     ctx.children.synced().await;
     if balancer.meta().deletion_timestamp.is_some() {
@@ -172,14 +201,16 @@ async fn converge(balancer: &StoredBalancer, ctx: &Context) -> Result<Action, Er
 
     let backend_services = children::backend_services(&owner, &spec);
     let mut cluster_ips = Vec::with_capacity(backend_services.len());
+    let caches = &ctx.children;
     for service in &backend_services {
-        let applied = ensure(balancer, ctx, &owner, &ctx.children.services, service).await?;
+        let applied = ensure(ctx, &owner, caches.services(), service, written).await?;
         cluster_ips.push(cluster_ip(&applied).ok_or_else(|| Error::NoClusterIp { name: applied.name_any() })?);
     }
     let proxy = children::proxy(&owner, &spec, &ctx.settings, BackendHosts::ClusterIps(&cluster_ips));
-    ensure(balancer, ctx, &owner, &ctx.children.config_maps, &proxy.config_map).await?;
-    let deployment = ensure(balancer, ctx, &owner, &ctx.children.deployments, &proxy.deployment).await?;
-    ensure(balancer, ctx, &owner, &ctx.children.services, &proxy.front_service).await?;
+    ensure(ctx, &owner, caches.config_maps(), &proxy.config_map, written).await?;
+    let deployment = ensure(ctx, &owner, caches.deployments(), &proxy.deployment, written).await?;
+    ensure(ctx, &owner, caches.services(), &proxy.front_service, written).await?;
+    announce(balancer, ctx, written).await;
 
     let ready = proxy_condition(balancer, &deployment, backend_services.len());
     // Obsolete backends keep serving the running proxy pods until the new ones have rolled out.
@@ -225,51 +256,92 @@ fn names_spec(status: &kube::core::Status) -> bool {
 /// Applies `desired` unless the cached object already holds every field it sets.
 /// Returns the object as the API server has it (cached or just applied).
 ///
-/// Only objects this Balancer controls are ever written: a namesake that exists but is
-/// not in the cache (the cache holds labelled children only) or is controlled by
-/// another owner is a [`Error::Conflict`], never adopted.
+/// Only objects this Balancer controls are ever written: a name held by an object it does not
+/// control is a [`Error::Conflict`], never adopted. Both caches have listed before any
+/// reconcile, so the check costs no request: `cache` holds balancer's children (labelled), and
+/// `others` the names and owners of every other object of the kind.
 async fn ensure<K>(
-    balancer: &StoredBalancer,
     ctx: &Context,
     owner: &Owner,
-    cache: &Store<K>,
+    (cache, others): (&Store<K>, &Store<PartialObjectMeta<K>>),
     desired: &K,
+    written: &mut Written,
 ) -> Result<Arc<K>, Error>
 where
     K: Resource<DynamicType = (), Scope = NamespaceResourceScope> + Clone + Debug + Serialize + DeserializeOwned,
 {
     let name = desired.name_any();
     let namespace = desired.namespace().unwrap_or_default();
-    let kind = K::kind(&()).into_owned();
-    let api: Api<K> = Api::namespaced(ctx.client.clone(), &namespace);
-    let existing = match cache.get(&ObjectRef::new(&name).within(&namespace)) {
-        Some(cached) => Some(cached),
-        None => api
-            .get_opt(&name)
-            .await
-            .map_err(|source| Error::Api { verb: "get", kind: kind.clone(), name: name.clone(), source })?
-            .map(Arc::new),
+    let conflict = || Error::Conflict { kind: K::kind(&()).into_owned(), name: name.clone() };
+    let verb = match cache.get(&ObjectRef::new(&name).within(&namespace)) {
+        Some(cached) if !controlled_by(cached.as_ref(), owner) => return Err(conflict()),
+        Some(cached) if is_subset(desired, cached.as_ref()) => return Ok(cached),
+        Some(_) => Verb::Updated,
+        // Not labelled as balancer's: a namesake, unless it is this Balancer's own child whose
+        // label was removed by hand (the apply puts it back).
+        None => match others.get(&ObjectRef::new(&name).within(&namespace)) {
+            Some(other) if !controlled_by(other.as_ref(), owner) => return Err(conflict()),
+            Some(_) => Verb::Updated,
+            None => Verb::Created,
+        },
     };
-    if let Some(existing) = &existing {
-        if !controlled_by(existing.as_ref(), owner) {
-            return Err(Error::Conflict { kind, name });
-        }
-        if is_subset(desired, existing.as_ref()) {
-            return Ok(existing.clone());
-        }
-    }
+    let api: Api<K> = Api::namespaced(ctx.client.clone(), &namespace);
     let params = PatchParams::apply(FIELD_MANAGER).force();
     let applied = api.patch(&name, &params, &Patch::Apply(desired)).await.map_err(|source| Error::Api {
         verb: "apply",
-        kind: kind.clone(),
+        kind: K::kind(&()).into_owned(),
         name: name.clone(),
         source,
     })?;
-    let (reason, verb) = if existing.is_some() { ("Updated", "updated") } else { ("Created", "created") };
-    ctx.metrics.child_applied(&kind);
-    let note = format!("{verb} {kind} {name}");
-    publish(balancer, ctx, EventType::Normal, reason, note, Some(desired.object_ref(&()))).await;
-    Ok(Arc::new(applied))
+    Ok(written.add(ctx, verb, applied))
+}
+
+/// How a child was written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Verb {
+    Created,
+    Updated,
+}
+
+/// The children one reconcile wrote, told in one event: a new Balancer gets one `Created`
+/// event for its children, not one per child.
+#[derive(Default)]
+struct Written {
+    children: Vec<(Verb, ObjectReference)>,
+}
+
+impl Written {
+    /// Records a child just written (and counts it); returns it for the caller to use.
+    fn add<K: Resource<DynamicType = ()>>(&mut self, ctx: &Context, verb: Verb, child: K) -> Arc<K> {
+        ctx.metrics.controller.child_applied(&K::kind(&()));
+        self.children.push((verb, child.object_ref(&())));
+        Arc::new(child)
+    }
+}
+
+/// Publishes one event for the children written so far, and forgets them:
+/// `created Service a, ConfigMap b; updated Deployment c`.
+async fn announce(balancer: &StoredBalancer, ctx: &Context, written: &mut Written) {
+    let children = std::mem::take(&mut written.children);
+    let Some((_, first)) = children.first() else { return };
+    let list = |verb: Verb| {
+        let names: Vec<String> = children
+            .iter()
+            .filter(|(v, _)| *v == verb)
+            .map(|(_, r)| {
+                format!("{} {}", r.kind.as_deref().unwrap_or_default(), r.name.as_deref().unwrap_or_default())
+            })
+            .collect();
+        (!names.is_empty()).then(|| names.join(", "))
+    };
+    let (created, updated) = (list(Verb::Created), list(Verb::Updated));
+    let reason = if created.is_some() { "Created" } else { "Updated" };
+    let parts: Vec<String> = [("created", created), ("updated", updated)]
+        .into_iter()
+        .filter_map(|(verb, names)| names.map(|n| format!("{verb} {n}")))
+        .collect();
+    // The first child keeps the recorder from folding different news into one series.
+    publish(balancer, ctx, EventType::Normal, reason, parts.join("; "), Some(first.clone())).await;
 }
 
 /// Whether `object`'s controller ownerReference is `owner`.
@@ -332,7 +404,7 @@ async fn delete_obsolete_backends(
             Err(kube::Error::Api(status)) if status.code == 404 => {}
             Err(source) => return Err(Error::Api { verb: "delete", kind: "Service".into(), name, source }),
         }
-        ctx.metrics.child_deleted("Service");
+        ctx.metrics.controller.child_deleted("Service");
         let note = format!("deleted obsolete backend Service {name}");
         publish(balancer, ctx, EventType::Normal, "Deleted", note, Some(service.object_ref(&()))).await;
     }
@@ -389,9 +461,9 @@ fn proxy_condition(balancer: &StoredBalancer, deployment: &Deployment, active: u
         let message = format!("proxy Deployment {name} is available ({available}/{want}); {active} backends active");
         condition(balancer, true, "ProxyAvailable", &message)
     } else {
-        let message = format!(
-            "waiting for proxy Deployment {name} to become available ({available}/{want} available, {updated}/{want} updated)"
-        );
+        // Only the available count: the updated count moves as the Deployment controller starts a
+        // rollout, and every change of the message is a status write.
+        let message = format!("waiting for proxy Deployment {name} to roll out ({available}/{want} available)");
         condition(balancer, false, "ProxyNotAvailable", &message)
     }
 }
@@ -478,10 +550,14 @@ async fn publish(
     related: Option<ObjectReference>,
 ) {
     // The events API refuses notes over 1 KiB.
-    let note = Some(cut(&note, 1024).into_owned());
-    let event = Event { type_, reason: reason.into(), note, action: "Reconcile".into(), secondary: related };
-    if let Err(e) = ctx.recorder.publish(&event, &balancer.object_ref(&())).await {
-        tracing::debug!(error = %e, reason, "could not record an event");
+    let note = cut(&note, 1024);
+    match ctx.events.publish(&balancer.object_ref(&()), Note { type_, reason, note: &note, related }).await {
+        Ok(Published::Sent) => {}
+        Ok(Published::Dropped) => {
+            ctx.metrics.controller.event_dropped();
+            tracing::debug!(reason, %note, "event budget spent: not published");
+        }
+        Err(e) => tracing::debug!(error = %e, reason, "could not record an event"),
     }
 }
 
@@ -502,40 +578,127 @@ where
     }
 }
 
+/// How the controller runs and what it builds.
+#[derive(Debug, Clone)]
+pub struct Options {
+    pub scope: Scope,
+    pub proxy: ProxySettings,
+    /// Balancers reconciled at the same time. kube-runtime's default is no bound at all, and
+    /// 1,000 new Balancers then send thousands of requests at once.
+    pub concurrency: u16,
+}
+
+/// kubectl's copy of the whole object it applied, kept in an annotation.
+const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
+
+/// Drops what no reconcile reads before an object is cached: `managedFields` (often larger than
+/// the rest of the object) and kubectl's last-applied annotation (a copy of it). The subset
+/// comparison reads only the fields balancer sets, and it sets neither.
+pub fn slim<K: Resource>(object: &mut K) {
+    let meta = object.meta_mut();
+    meta.managed_fields = None;
+    if let Some(annotations) = meta.annotations.as_mut() {
+        annotations.remove(LAST_APPLIED);
+    }
+}
+
+/// Keeps of an object only what the namesake check reads: its name, namespace, uid and owners.
+pub fn names_only<K: Resource>(object: &mut K) {
+    let meta = object.meta_mut();
+    meta.managed_fields = None;
+    meta.annotations = None;
+    meta.labels = None;
+}
+
+/// One watched kind: the cache the reconciles read, and the changes that trigger them.
+struct Reflected<K: Resource<DynamicType = ()> + 'static> {
+    store: Store<K>,
+    changes: BoxStream<'static, Result<K, watcher::Error>>,
+}
+
+impl<K> Reflected<K>
+where
+    K: Resource<Scope = NamespaceResourceScope, DynamicType = ()> + Clone + Debug + DeserializeOwned + Send + Sync,
+{
+    /// balancer's own children of one kind (selected by label), slimmed as they are cached.
+    fn children(client: &Client, scope: &Scope) -> Self {
+        let config = watcher::Config::default().labels(&format!("{MANAGED_BY_LABEL}={MANAGED_BY}"));
+        let (store, writer) = reflector::store();
+        let changes = watcher(api(client, scope), config)
+            .default_backoff()
+            .modify(slim)
+            .reflect(writer)
+            .touched_objects()
+            .boxed();
+        Reflected { store, changes }
+    }
+}
+
+impl<K> Reflected<PartialObjectMeta<K>>
+where
+    K: Resource<Scope = NamespaceResourceScope, DynamicType = ()> + Clone + Debug + DeserializeOwned + Send + Sync,
+{
+    /// The names (metadata only, slimmed to name and owners) of every object of kind K in scope
+    /// that balancer does not manage: where a child's name could be taken.
+    fn others(client: &Client, scope: &Scope) -> Self {
+        let config = watcher::Config::default().labels(&format!("{MANAGED_BY_LABEL}!={MANAGED_BY}"));
+        let (store, writer) = reflector::store();
+        let changes = watcher(api::<PartialObjectMeta<K>>(client, scope), config)
+            .default_backoff()
+            .modify(names_only)
+            .reflect(writer)
+            .touched_objects()
+            .boxed();
+        Reflected { store, changes }
+    }
+}
+
+impl Reflected<StoredBalancer> {
+    /// Every Balancer in scope, slimmed as cached. Only generation changes trigger: status
+    /// updates do not change it, so the controller's own status writes never come back to it.
+    fn balancers(client: &Client, scope: &Scope) -> Self {
+        let (store, writer) = reflector::store();
+        let changes = watcher(api(client, scope), watcher::Config::default())
+            .default_backoff()
+            .modify(slim)
+            .reflect(writer)
+            .applied_objects()
+            .predicate_filter(predicates::generation, Default::default())
+            .boxed();
+        Reflected { store, changes }
+    }
+}
+
 /// Runs the controller until `stop` is cancelled; sets `synced` once every cache has listed.
 pub async fn run(
     client: Client,
-    scope: Scope,
-    settings: ProxySettings,
+    options: Options,
     metrics: Arc<Metrics>,
     synced: Arc<AtomicBool>,
     stop: CancellationToken,
 ) {
-    // Only balancer's own children are cached, selected by label.
-    let children = watcher::Config::default().labels(&format!("{MANAGED_BY_LABEL}={MANAGED_BY}"));
-    let (services, services_writer) = reflector::store::<Service>();
-    let (config_maps, config_maps_writer) = reflector::store::<ConfigMap>();
-    let (deployments, deployments_writer) = reflector::store::<Deployment>();
-    let service_events =
-        watcher(api(&client, &scope), children.clone()).default_backoff().reflect(services_writer).touched_objects();
-    let config_map_events =
-        watcher(api(&client, &scope), children.clone()).default_backoff().reflect(config_maps_writer).touched_objects();
-    let deployment_events =
-        watcher(api(&client, &scope), children).default_backoff().reflect(deployments_writer).touched_objects();
+    let scope = &options.scope;
+    let services = Reflected::<Service>::children(&client, scope);
+    let config_maps = Reflected::<ConfigMap>::children(&client, scope);
+    let deployments = Reflected::<Deployment>::children(&client, scope);
+    let other_services = Reflected::<PartialObjectMeta<Service>>::others(&client, scope);
+    let other_config_maps = Reflected::<PartialObjectMeta<ConfigMap>>::others(&client, scope);
+    let other_deployments = Reflected::<PartialObjectMeta<Deployment>>::others(&client, scope);
+    let balancers = Reflected::balancers(&client, scope);
 
-    // Status-only updates do not change the generation: filtering on it keeps our own status writes
-    // from triggering another reconcile.
-    let (balancers, balancers_writer) = reflector::store::<StoredBalancer>();
-    let balancer_events = watcher(api::<StoredBalancer>(&client, &scope), watcher::Config::default())
-        .default_backoff()
-        .reflect(balancers_writer)
-        .applied_objects()
-        .predicate_filter(predicates::generation, Default::default());
-
-    let census = count_balancers(balancers.clone(), metrics.clone(), stop.clone());
-    let children = ChildCaches { services, config_maps, deployments };
-    let caches = Caches { balancers: balancers.clone(), children: children.clone() };
-    let ctx = Arc::new(Context::new(client, children, settings, metrics.clone()));
+    let census = count_balancers(balancers.store.clone(), metrics.clone(), stop.clone());
+    let children = ChildCaches {
+        services: services.store.clone(),
+        config_maps: config_maps.store.clone(),
+        deployments: deployments.store.clone(),
+        others: OtherNames {
+            services: other_services.store.clone(),
+            config_maps: other_config_maps.store.clone(),
+            deployments: other_deployments.store.clone(),
+        },
+    };
+    let caches = Caches { balancers: balancers.store.clone(), children: children.clone() };
+    let ctx = Arc::new(Context::new(client, children, options.proxy, metrics.clone()));
     let readiness = {
         let caches = caches.clone();
         async move {
@@ -559,11 +722,17 @@ pub async fn run(
             }
         }
     };
-    let controller = Controller::for_stream(balancer_events, balancers)
-        .owns_stream(service_events)
-        .owns_stream(config_map_events)
-        .owns_stream(deployment_events)
-        .with_config(controller::Config::default().debounce(Duration::from_millis(200)))
+    let config = controller::Config::default().debounce(Duration::from_millis(200)).concurrency(options.concurrency);
+    let controller = Controller::for_stream(balancers.changes, balancers.store)
+        .owns_stream(services.changes)
+        .owns_stream(config_maps.changes)
+        .owns_stream(deployments.changes)
+        // Kept current, but no reconcile follows: the name alone does not tell which Balancer
+        // wanted it, and a Balancer in conflict retries with its backoff anyway.
+        .watches_stream(other_services.changes, |_| None)
+        .watches_stream(other_config_maps.changes, |_| None)
+        .watches_stream(other_deployments.changes, |_| None)
+        .with_config(config)
         .graceful_shutdown_on(stop.cancelled_owned())
         .run(reconcile, error_policy, ctx)
         .for_each(|result| {
@@ -579,15 +748,26 @@ pub async fn run(
         }
     };
     tokio::join!(controller, readiness, census);
-    metrics.set_balancers(0, 0, 0);
+    metrics.controller.set_balancers(0, 0, 0);
 }
 
-/// The caches of the children balancer writes (only its own, selected by label).
+/// The caches of the children balancer writes (only its own, selected by label), and the names
+/// of every other object of those kinds, so that a namesake is known without asking.
 #[derive(Clone)]
 pub struct ChildCaches {
     pub services: Store<Service>,
     pub config_maps: Store<ConfigMap>,
     pub deployments: Store<Deployment>,
+    pub others: OtherNames,
+}
+
+/// Every object of the children's kinds that balancer does not manage, as metadata slimmed to
+/// name and owners (see [`names_only`]).
+#[derive(Clone)]
+pub struct OtherNames {
+    pub services: Store<PartialObjectMeta<Service>>,
+    pub config_maps: Store<PartialObjectMeta<ConfigMap>>,
+    pub deployments: Store<PartialObjectMeta<Deployment>>,
 }
 
 impl ChildCaches {
@@ -596,6 +776,21 @@ impl ChildCaches {
         self.services.wait_until_ready().await.is_ok()
             && self.config_maps.wait_until_ready().await.is_ok()
             && self.deployments.wait_until_ready().await.is_ok()
+            && self.others.services.wait_until_ready().await.is_ok()
+            && self.others.config_maps.wait_until_ready().await.is_ok()
+            && self.others.deployments.wait_until_ready().await.is_ok()
+    }
+
+    fn services(&self) -> (&Store<Service>, &Store<PartialObjectMeta<Service>>) {
+        (&self.services, &self.others.services)
+    }
+
+    fn config_maps(&self) -> (&Store<ConfigMap>, &Store<PartialObjectMeta<ConfigMap>>) {
+        (&self.config_maps, &self.others.config_maps)
+    }
+
+    fn deployments(&self) -> (&Store<Deployment>, &Store<PartialObjectMeta<Deployment>>) {
+        (&self.deployments, &self.others.deployments)
     }
 }
 
@@ -635,7 +830,7 @@ async fn count_balancers(balancers: Store<StoredBalancer>, metrics: Arc<Metrics>
                 _ => unknown += 1,
             }
         }
-        metrics.set_balancers(ready, not_ready, unknown);
+        metrics.controller.set_balancers(ready, not_ready, unknown);
     }
 }
 

@@ -165,7 +165,7 @@ async fn mutate(State(state): State<AppState>, request: Request) -> Response {
 }
 
 async fn admit(state: &AppState, webhook: Webhook, request: Request) -> Response {
-    let _in_flight = state.metrics.admission_started(webhook);
+    let _in_flight = state.metrics.admission.started(webhook);
     let started = Instant::now();
     let (outcome, response) = match read_review_body(state, request).await {
         Err(rejection) => (Outcome::BadRequest, rejection),
@@ -184,7 +184,7 @@ async fn admit(state: &AppState, webhook: Webhook, request: Request) -> Response
     if outcome == Outcome::BadRequest {
         tracing::debug!(?webhook, status = %response.status(), "rejected an unusable admission request");
     }
-    state.metrics.admission_finished(webhook, outcome, started.elapsed());
+    state.metrics.admission.finished(webhook, outcome, started.elapsed());
     response
 }
 

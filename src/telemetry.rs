@@ -3,6 +3,7 @@
 //! Every metric lives under the `balancer_` prefix in one registry that the
 //! probe server encodes on `GET /metrics`.
 
+use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
 use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder};
@@ -14,6 +15,7 @@ use prometheus_client::registry::Registry;
 use tracing_subscriber::EnvFilter;
 
 use crate::admission::{Outcome, Webhook};
+use crate::controller::ErrorKind;
 
 /// Result of an attempt to load a changed certificate.
 #[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
@@ -61,7 +63,13 @@ struct ReadyLabels {
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ErrorLabels {
-    kind: String,
+    kind: ErrorKind,
+}
+
+impl EncodeLabelValue for ErrorKind {
+    fn encode(&self, encoder: &mut LabelValueEncoder) -> std::fmt::Result {
+        self.as_str().encode(encoder)
+    }
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -85,6 +93,11 @@ struct ReloadLabels {
     result: ReloadResult,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CodeLabels {
+    code: String,
+}
+
 /// Latency buckets from 50µs to ~0.8s: admission is sub-millisecond when healthy.
 fn latency_histogram() -> Histogram {
     Histogram::new([0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0])
@@ -101,50 +114,92 @@ struct AdmissionSeries {
 const OUTCOMES: [Outcome; 4] = [Outcome::Allowed, Outcome::Denied, Outcome::Patched, Outcome::BadRequest];
 const WEBHOOKS: [Webhook; 2] = [Webhook::Validate, Webhook::Mutate];
 
-/// The operator's metrics and the registry that exposes them.
+/// The operator's metrics, one area each, and the registry that exposes them.
+///
+/// Each area registers its own series (the controller-rs layout) and creates every series it
+/// knows at zero, so a fresh process already exports them: `rate()` sees the first increment
+/// and `absent()` alerts mean what they say.
 pub struct Metrics {
     registry: Registry,
-    /// By [`Webhook`], in declaration order.
-    admission: [AdmissionSeries; 2],
-    tls_reloads: Family<ReloadLabels, Counter>,
-    certificate_expiry: Gauge,
-    reconciles: Family<ReconcileLabels, Counter>,
-    reconcile_errors: Family<ErrorLabels, Counter>,
-    reconcile_duration: Histogram,
-    reconciles_in_flight: Gauge,
-    children_applied: Family<KindLabels, Counter>,
-    children_deleted: Family<KindLabels, Counter>,
-    leader: Gauge,
-    balancers: Family<ReadyLabels, Gauge>,
+    pub admission: AdmissionMetrics,
+    pub tls: TlsMetrics,
+    pub controller: ControllerMetrics,
+    pub api: ApiMetrics,
 }
 
 impl Default for Metrics {
     fn default() -> Self {
         let mut registry = Registry::with_prefix("balancer");
-        let admission_requests = Family::<AdmissionLabels, Counter>::default();
-        let admission_duration =
-            Family::<WebhookLabels, Histogram>::new_with_constructor(latency_histogram as fn() -> Histogram);
-        let admission_in_flight = Family::<WebhookLabels, Gauge>::default();
-        let tls_reloads = Family::<ReloadLabels, Counter>::default();
-        registry.register(
-            "admission_requests",
-            "Admission reviews served, by webhook and outcome",
-            admission_requests.clone(),
-        );
+        let admission = AdmissionMetrics::register(&mut registry);
+        let tls = TlsMetrics::register(&mut registry);
+        let controller = ControllerMetrics::register(&mut registry);
+        let api = ApiMetrics::register(&mut registry);
+        Metrics { registry, admission, tls, controller, api }
+    }
+}
+
+impl Metrics {
+    /// The OpenMetrics text exposition of every metric.
+    pub fn encode(&self) -> Result<String, std::fmt::Error> {
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &self.registry)?;
+        Ok(out)
+    }
+}
+
+/// The webhooks: reviews by outcome, their latency, and those in flight.
+pub struct AdmissionMetrics {
+    /// By [`Webhook`], in declaration order.
+    series: [AdmissionSeries; 2],
+}
+
+impl AdmissionMetrics {
+    fn register(registry: &mut Registry) -> Self {
+        let requests = Family::<AdmissionLabels, Counter>::default();
+        let duration = Family::<WebhookLabels, Histogram>::new_with_constructor(latency_histogram as fn() -> Histogram);
+        let in_flight = Family::<WebhookLabels, Gauge>::default();
+        registry.register("admission_requests", "Admission reviews served, by webhook and outcome", requests.clone());
         registry.register(
             "admission_duration_seconds",
             "Time to answer an admission review, body read to response",
-            admission_duration.clone(),
+            duration.clone(),
         );
-        registry.register(
-            "admission_in_flight_requests",
-            "Admission reviews being answered now",
-            admission_in_flight.clone(),
-        );
+        registry.register("admission_in_flight_requests", "Admission reviews being answered now", in_flight.clone());
+        let series = WEBHOOKS.map(|webhook| AdmissionSeries {
+            in_flight: in_flight.get_or_create(&WebhookLabels { webhook }).clone(),
+            duration: duration.get_or_create(&WebhookLabels { webhook }).clone(),
+            requests: OUTCOMES.map(|outcome| requests.get_or_create(&AdmissionLabels { webhook, outcome }).clone()),
+        });
+        AdmissionMetrics { series }
+    }
+
+    /// Marks a review as started; the guard counts it out of the in-flight gauge when dropped.
+    pub fn started(&self, webhook: Webhook) -> InFlight {
+        let gauge = &self.series[webhook as usize].in_flight;
+        gauge.inc();
+        InFlight(gauge.clone())
+    }
+
+    pub fn finished(&self, webhook: Webhook, outcome: Outcome, elapsed: Duration) {
+        let series = &self.series[webhook as usize];
+        series.requests[outcome as usize].inc();
+        series.duration.observe(elapsed.as_secs_f64());
+    }
+}
+
+/// The serving certificate: reloads and expiry.
+pub struct TlsMetrics {
+    reloads: Family<ReloadLabels, Counter>,
+    certificate_expiry: Gauge,
+}
+
+impl TlsMetrics {
+    fn register(registry: &mut Registry) -> Self {
+        let reloads = Family::<ReloadLabels, Counter>::default();
         registry.register(
             "tls_certificate_reloads",
             "Attempts to load a changed serving certificate, by result",
-            tls_reloads.clone(),
+            reloads.clone(),
         );
         let certificate_expiry = Gauge::default();
         registry.register(
@@ -152,98 +207,88 @@ impl Default for Metrics {
             "When the serving certificate expires (notAfter), as a Unix time",
             certificate_expiry.clone(),
         );
-        let reconciles = Family::<ReconcileLabels, Counter>::default();
-        let reconcile_errors = Family::<ErrorLabels, Counter>::default();
-        let reconcile_duration = Histogram::new([0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0]);
-        let reconciles_in_flight = Gauge::default();
-        let children_applied = Family::<KindLabels, Counter>::default();
-        let children_deleted = Family::<KindLabels, Counter>::default();
-        let leader = Gauge::default();
-        let balancers = Family::<ReadyLabels, Gauge>::default();
-        registry.register(
-            "balancers",
-            "Balancers seen by the leader, by their Ready condition (true, false, unknown)",
-            balancers.clone(),
-        );
-        registry.register("reconciles", "Balancer reconciles, by result", reconciles.clone());
-        registry.register("reconcile_errors", "Failed reconciles, by error kind", reconcile_errors.clone());
-        registry.register("reconcile_duration_seconds", "Time one reconcile takes", reconcile_duration.clone());
-        registry.register(
-            "reconciles_in_flight",
-            "Reconciles running now (the controller's work in progress)",
-            reconciles_in_flight.clone(),
-        );
-        registry.register("children_applied", "Child objects created or updated, by kind", children_applied.clone());
-        registry.register("children_deleted", "Child objects deleted, by kind", children_deleted.clone());
-        registry.register(
-            "controller_leader",
-            "1 while this replica runs the reconcile loop (leader, or leader election off), else 0",
-            leader.clone(),
-        );
-        let admission = WEBHOOKS.map(|webhook| AdmissionSeries {
-            in_flight: admission_in_flight.get_or_create(&WebhookLabels { webhook }).clone(),
-            duration: admission_duration.get_or_create(&WebhookLabels { webhook }).clone(),
-            requests: OUTCOMES
-                .map(|outcome| admission_requests.get_or_create(&AdmissionLabels { webhook, outcome }).clone()),
-        });
-        let metrics = Metrics {
-            registry,
-            admission,
-            tls_reloads,
-            certificate_expiry,
-            reconciles,
-            reconcile_errors,
-            reconcile_duration,
-            reconciles_in_flight,
-            children_applied,
-            children_deleted,
-            leader,
-            balancers,
-        };
-        metrics.initialize_series();
-        metrics
-    }
-}
-
-impl Metrics {
-    /// Creates every known series at zero, so a fresh process already exports them:
-    /// `rate()` sees the first increment and `absent()` alerts mean what they say.
-    fn initialize_series(&self) {
         for result in [ReloadResult::Success, ReloadResult::Failure] {
-            let _ = self.tls_reloads.get_or_create(&ReloadLabels { result });
+            let _ = reloads.get_or_create(&ReloadLabels { result });
         }
-        for result in [ReconcileResult::Success, ReconcileResult::Error] {
-            let _ = self.reconciles.get_or_create(&ReconcileLabels { result });
-        }
-        for kind in ["ApiError", "InvalidObject", "Conflict"] {
-            let _ = self.reconcile_errors.get_or_create(&ErrorLabels { kind: kind.into() });
-        }
-        for kind in ["Service", "ConfigMap", "Deployment"] {
-            let _ = self.children_applied.get_or_create(&KindLabels { kind: kind.into() });
-        }
-        let _ = self.children_deleted.get_or_create(&KindLabels { kind: "Service".into() });
-        self.set_balancers(0, 0, 0);
+        TlsMetrics { reloads, certificate_expiry }
     }
 
-    /// Marks a review as started; the guard counts it out of the in-flight gauge when dropped.
-    pub fn admission_started(&self, webhook: Webhook) -> InFlight {
-        let gauge = &self.admission[webhook as usize].in_flight;
-        gauge.inc();
-        InFlight(gauge.clone())
-    }
-
-    pub fn admission_finished(&self, webhook: Webhook, outcome: Outcome, elapsed: Duration) {
-        let series = &self.admission[webhook as usize];
-        series.requests[outcome as usize].inc();
-        series.duration.observe(elapsed.as_secs_f64());
-    }
-
-    pub fn tls_reloaded(&self, result: ReloadResult) {
-        self.tls_reloads.get_or_create(&ReloadLabels { result }).inc();
+    pub fn reloaded(&self, result: ReloadResult) {
+        self.reloads.get_or_create(&ReloadLabels { result }).inc();
     }
 
     pub fn set_certificate_expiry(&self, unix_seconds: i64) {
         self.certificate_expiry.set(unix_seconds);
+    }
+}
+
+/// The reconcile loop: reconciles, their errors and duration, children written, leadership.
+pub struct ControllerMetrics {
+    reconciles: Family<ReconcileLabels, Counter>,
+    reconcile_errors: Family<ErrorLabels, Counter>,
+    reconcile_duration: Histogram,
+    reconciles_in_flight: Gauge,
+    children_applied: Family<KindLabels, Counter>,
+    children_deleted: Family<KindLabels, Counter>,
+    events_dropped: Counter,
+    leader: Gauge,
+    balancers: Family<ReadyLabels, Gauge>,
+}
+
+impl ControllerMetrics {
+    fn register(registry: &mut Registry) -> Self {
+        let metrics = ControllerMetrics {
+            reconciles: Family::default(),
+            reconcile_errors: Family::default(),
+            reconcile_duration: Histogram::new([0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0]),
+            reconciles_in_flight: Gauge::default(),
+            children_applied: Family::default(),
+            children_deleted: Family::default(),
+            events_dropped: Counter::default(),
+            leader: Gauge::default(),
+            balancers: Family::default(),
+        };
+        registry.register(
+            "balancers",
+            "Balancers seen by the leader, by their Ready condition (true, false, unknown)",
+            metrics.balancers.clone(),
+        );
+        registry.register("reconciles", "Balancer reconciles, by result", metrics.reconciles.clone());
+        registry.register("reconcile_errors", "Failed reconciles, by error kind", metrics.reconcile_errors.clone());
+        registry.register("reconcile_duration_seconds", "Time one reconcile takes", metrics.reconcile_duration.clone());
+        registry.register(
+            "reconciles_in_flight",
+            "Reconciles running now (the controller's work in progress)",
+            metrics.reconciles_in_flight.clone(),
+        );
+        registry.register(
+            "children_applied",
+            "Child objects created or updated, by kind",
+            metrics.children_applied.clone(),
+        );
+        registry.register("children_deleted", "Child objects deleted, by kind", metrics.children_deleted.clone());
+        registry.register(
+            "events_dropped",
+            "Events not published because their Balancer exceeded its event budget",
+            metrics.events_dropped.clone(),
+        );
+        registry.register(
+            "controller_leader",
+            "1 while this replica runs the reconcile loop (leader, or leader election off), else 0",
+            metrics.leader.clone(),
+        );
+        for result in [ReconcileResult::Success, ReconcileResult::Error] {
+            let _ = metrics.reconciles.get_or_create(&ReconcileLabels { result });
+        }
+        for kind in ErrorKind::ALL {
+            let _ = metrics.reconcile_errors.get_or_create(&ErrorLabels { kind });
+        }
+        for kind in ["Service", "ConfigMap", "Deployment"] {
+            let _ = metrics.children_applied.get_or_create(&KindLabels { kind: kind.into() });
+        }
+        let _ = metrics.children_deleted.get_or_create(&KindLabels { kind: "Service".into() });
+        metrics.set_balancers(0, 0, 0);
+        metrics
     }
 
     /// Marks a reconcile as started; the guard counts it out when dropped.
@@ -252,10 +297,10 @@ impl Metrics {
         InFlight(self.reconciles_in_flight.clone())
     }
 
-    pub fn reconciled(&self, result: ReconcileResult, error_kind: Option<&str>, elapsed: Duration) {
+    pub fn reconciled(&self, result: ReconcileResult, error_kind: Option<ErrorKind>, elapsed: Duration) {
         self.reconciles.get_or_create(&ReconcileLabels { result }).inc();
         if let Some(kind) = error_kind {
-            self.reconcile_errors.get_or_create(&ErrorLabels { kind: kind.to_string() }).inc();
+            self.reconcile_errors.get_or_create(&ErrorLabels { kind }).inc();
         }
         self.reconcile_duration.observe(elapsed.as_secs_f64());
     }
@@ -268,6 +313,10 @@ impl Metrics {
         self.children_deleted.get_or_create(&KindLabels { kind: kind.to_string() }).inc();
     }
 
+    pub fn event_dropped(&self) {
+        self.events_dropped.inc();
+    }
+
     /// Balancers by Ready condition; all zero when this replica does not reconcile.
     pub fn set_balancers(&self, ready: i64, not_ready: i64, unknown: i64) {
         for (label, count) in [("true", ready), ("false", not_ready), ("unknown", unknown)] {
@@ -278,12 +327,38 @@ impl Metrics {
     pub fn set_leader(&self, leading: bool) {
         self.leader.set(i64::from(leading));
     }
+}
 
-    /// The OpenMetrics text exposition of every metric.
-    pub fn encode(&self) -> Result<String, std::fmt::Error> {
-        let mut out = String::new();
-        prometheus_client::encoding::text::encode(&mut out, &self.registry)?;
-        Ok(out)
+/// The client's manners towards the API server (see [`crate::throttle`]).
+#[derive(Clone)]
+pub struct ApiMetrics {
+    refusals: Family<CodeLabels, Counter>,
+    waited: Counter<f64, AtomicU64>,
+}
+
+impl ApiMetrics {
+    fn register(registry: &mut Registry) -> Self {
+        let metrics = ApiMetrics { refusals: Family::default(), waited: Counter::default() };
+        registry.register(
+            "api_overload_responses",
+            "Answers from the API server that it is overloaded (429, 503, 504, 5xx with Retry-After), by code",
+            metrics.refusals.clone(),
+        );
+        registry.register(
+            "api_throttle_wait_seconds",
+            "Time requests to the API server waited for the client-side rate limit or an overload pause",
+            metrics.waited.clone(),
+        );
+        let _ = metrics.refusals.get_or_create(&CodeLabels { code: "429".into() });
+        metrics
+    }
+
+    pub fn refused(&self, code: u16) {
+        self.refusals.get_or_create(&CodeLabels { code: code.to_string() }).inc();
+    }
+
+    pub fn waited(&self, waited: Duration) {
+        self.waited.inc_by(waited.as_secs_f64());
     }
 }
 
@@ -337,7 +412,7 @@ mod tests {
     #[test]
     fn an_admission_is_counted_under_its_labels() {
         let metrics = Metrics::default();
-        metrics.admission_finished(Webhook::Mutate, Outcome::Patched, Duration::from_micros(80));
+        metrics.admission.finished(Webhook::Mutate, Outcome::Patched, Duration::from_micros(80));
         let text = metrics.encode().unwrap();
         let line = "balancer_admission_requests_total{webhook=\"mutate\",outcome=\"patched\"} 1";
         assert!(text.contains(line), "{text}");

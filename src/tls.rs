@@ -156,7 +156,7 @@ impl CertWatcher {
         let cert_pem = read(&paths.cert)?;
         let key_pem = read(&paths.key)?;
         let key = certified_key_from_pem(&paths, &cert_pem, &key_pem)?;
-        metrics.set_certificate_expiry(not_after(&key, &paths.cert)?);
+        metrics.tls.set_certificate_expiry(not_after(&key, &paths.cert)?);
         let resolver = Arc::new(CertResolver::new(key));
         let watcher = CertWatcher { paths, resolver: resolver.clone(), metrics, last_seen: (cert_pem, key_pem) };
         Ok((watcher, resolver))
@@ -179,13 +179,13 @@ impl CertWatcher {
             .and_then(|key| not_after(&key, &self.paths.cert).map(|expiry| (key, expiry)));
         match loaded {
             Ok((key, expiry)) => {
-                self.metrics.set_certificate_expiry(expiry);
+                self.metrics.tls.set_certificate_expiry(expiry);
                 self.resolver.replace(key);
-                self.metrics.tls_reloaded(ReloadResult::Success);
+                self.metrics.tls.reloaded(ReloadResult::Success);
                 tracing::info!(cert = %self.paths.cert.display(), "serving certificate reloaded");
             }
             Err(e) => {
-                self.metrics.tls_reloaded(ReloadResult::Failure);
+                self.metrics.tls.reloaded(ReloadResult::Failure);
                 tracing::error!(error = %e, "new certificate files do not load; still serving the previous certificate");
             }
         }

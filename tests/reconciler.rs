@@ -8,16 +8,20 @@ use std::time::Duration;
 use axum::http::{Method, Request, Response, StatusCode};
 use balancer::api::{BackendSpec, Balancer, BalancerPort, BalancerSpec};
 use balancer::children::{self, BackendHosts, Owner, ProxySettings};
-use balancer::controller::{self, ChildCaches, Context, backoff, error_policy, is_subset, reconcile};
+use balancer::controller::{
+    self, ChildCaches, Context, ErrorKind, OtherNames, backoff, error_policy, is_subset, reconcile,
+};
 use balancer::defaulting::with_defaults;
 use balancer::stored::StoredBalancer;
 use balancer::telemetry::Metrics;
+use balancer::throttle::{Rate, ThrottleLayer};
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentStatus};
 use k8s_openapi::api::core::v1::{ConfigMap, Service};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::client::Body;
+use kube::core::PartialObjectMeta;
 use kube::runtime::controller::Action;
-use kube::runtime::reflector::{self, store::Writer};
+use kube::runtime::reflector::{self, Store, store::Writer};
 use kube::runtime::watcher;
 use kube::{Client, Resource};
 use serde_json::{Value, json};
@@ -68,21 +72,41 @@ struct Caches {
     services: Writer<Service>,
     config_maps: Writer<ConfigMap>,
     deployments: Writer<Deployment>,
+    other_services: Writer<PartialObjectMeta<Service>>,
+}
+
+/// A cache that has listed (nothing).
+fn synced_store<K>() -> (Store<K>, Writer<K>)
+where
+    K: Resource<DynamicType = ()> + Clone + 'static,
+{
+    let (store, mut writer) = reflector::store::<K>();
+    writer.apply_watcher_event(&watcher::Event::InitDone);
+    (store, writer)
+}
+
+/// Synced, empty child caches, and their writers.
+fn child_caches() -> (ChildCaches, Caches) {
+    let (services, services_writer) = synced_store();
+    let (config_maps, config_maps_writer) = synced_store();
+    let (deployments, deployments_writer) = synced_store();
+    let (other_services, other_services_writer) = synced_store();
+    let others = OtherNames { services: other_services, config_maps: synced_store().0, deployments: synced_store().0 };
+    let caches = Caches {
+        services: services_writer,
+        config_maps: config_maps_writer,
+        deployments: deployments_writer,
+        other_services: other_services_writer,
+    };
+    (ChildCaches { services, config_maps, deployments, others }, caches)
 }
 
 /// A context whose client talks to the returned mock, with synced (empty) caches.
 fn context() -> (Arc<Context>, ApiServer, Caches) {
     let (service, handle) = mock::pair::<Request<Body>, Response<Body>>();
     let client = Client::new(service, "default");
-    let (services, mut services_writer) = reflector::store::<Service>();
-    let (config_maps, mut config_maps_writer) = reflector::store::<ConfigMap>();
-    let (deployments, mut deployments_writer) = reflector::store::<Deployment>();
-    services_writer.apply_watcher_event(&watcher::Event::InitDone);
-    config_maps_writer.apply_watcher_event(&watcher::Event::InitDone);
-    deployments_writer.apply_watcher_event(&watcher::Event::InitDone);
-    let children = ChildCaches { services, config_maps, deployments };
+    let (children, caches) = child_caches();
     let ctx = Context::new(client, children, settings(), Arc::new(Metrics::default()));
-    let caches = Caches { services: services_writer, config_maps: config_maps_writer, deployments: deployments_writer };
     (Arc::new(ctx), handle, caches)
 }
 
@@ -177,33 +201,17 @@ fn ok(respond: tower_test::mock::SendResponse<Response<Body>>, body: &Value) {
     respond.send_response(Response::builder().body(Body::from(serde_json::to_vec(body).unwrap())).unwrap());
 }
 
-fn not_found(respond: tower_test::mock::SendResponse<Response<Body>>) {
-    let status = json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-                        "message": "not found", "reason": "NotFound", "code": 404});
-    respond.send_response(
-        Response::builder()
-            .status(StatusCode::NOT_FOUND)
-            .body(Body::from(serde_json::to_vec(&status).unwrap()))
-            .unwrap(),
-    );
-}
-
-/// A child missing from the cache is looked up first (never adopting a namesake), then
-/// applied; answers the apply with the applied object and the event with itself.
+/// A child missing from both caches is applied at once (no GET: no other object holds its name);
+/// answers the apply with the applied object.
 async fn expect_apply(server: &mut ApiServer, path: &str, kind: &str) -> Value {
-    let (_, respond) = expect(server, Method::GET, path).await;
-    not_found(respond);
     let (body, respond) = expect(server, Method::PATCH, &format!("{path}{SSA}")).await;
     assert_eq!(body["kind"], kind);
     let mut stored = body.clone();
+    stored["metadata"]["resourceVersion"] = json!("7");
     if kind == "Service" {
         stored["spec"]["clusterIP"] = json!(CLUSTER_IP);
     }
     ok(respond, &stored);
-    let (event, respond) = expect(server, Method::POST, EVENTS).await;
-    assert_eq!(event["reason"], "Created", "{event}");
-    assert_eq!(event["related"]["kind"], kind, "{event}");
-    ok(respond, &event);
     body
 }
 
@@ -244,6 +252,14 @@ async fn first_reconcile_applies_every_child_in_order_then_the_status() {
         assert!(conf.contains("server 10.96.0.10:80 weight=20;  # example-balancer-v2-backend"), "{conf}");
         expect_apply(&mut server, "/apis/apps/v1/namespaces/ns/deployments/example-balancer-proxy", "Deployment").await;
         expect_apply(&mut server, "/api/v1/namespaces/ns/services/example-balancer", "Service").await;
+        // One event tells of all six children.
+        let event = expect_event(&mut server, "Created").await;
+        assert_eq!(
+            event["note"],
+            "created Service example-balancer-v1-backend, Service example-balancer-v2-backend, \
+             Service example-balancer-v3-backend, ConfigMap example-balancer-proxy-configmap, \
+             Deployment example-balancer-proxy, Service example-balancer"
+        );
         let status = expect_status(&mut server, &sample()).await;
         assert_eq!(status["activeBackendsNum"], 3);
         assert_eq!(status["obsoleteBackendsNum"], 0);
@@ -388,9 +404,6 @@ async fn obsolete_backend_kept_while(rolling_status: fn(&mut DeploymentStatus)) 
 async fn an_api_error_fails_the_reconcile_and_backs_off() {
     let (ctx, mut server, _caches) = context();
     let verifier = tokio::spawn(async move {
-        let (_, respond) =
-            expect(&mut server, Method::GET, "/api/v1/namespaces/ns/services/example-balancer-v1-backend").await;
-        not_found(respond);
         let (_, respond) = expect(
             &mut server,
             Method::PATCH,
@@ -417,7 +430,7 @@ async fn an_api_error_fails_the_reconcile_and_backs_off() {
     });
     let balancer = Arc::new(StoredBalancer::from(sample()));
     let error = reconcile(balancer.clone(), ctx.clone()).await.expect_err("reconcile fails");
-    assert_eq!(error.kind(), "ApiError");
+    assert_eq!(error.kind(), ErrorKind::ApiError);
     verifier.await.unwrap();
     assert_eq!(error_policy(balancer.clone(), &error, ctx.clone()), Action::requeue(Duration::from_secs(1)));
     assert_eq!(error_policy(balancer.clone(), &error, ctx.clone()), Action::requeue(Duration::from_secs(2)));
@@ -480,17 +493,15 @@ async fn an_unreadable_spec_is_reported_even_when_its_status_cannot_be_written()
     verifier.await.unwrap();
 }
 
+/// A hand-made object holds a child's name: it is in the cache of other objects' names, so the
+/// conflict is known without a request, and nothing is written but the status.
 #[tokio::test]
 async fn a_namesake_not_owned_by_the_balancer_is_never_adopted() {
-    let (ctx, mut server, _caches) = context();
+    let (ctx, mut server, mut caches) = context();
+    let foreign = json!({"apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": "example-balancer-v1-backend", "namespace": "ns", "uid": "someone-else"}});
+    caches.other_services.apply_watcher_event(&watcher::Event::Apply(serde_json::from_value(foreign).unwrap()));
     let verifier = tokio::spawn(async move {
-        let path = "/api/v1/namespaces/ns/services/example-balancer-v1-backend";
-        let (_, respond) = expect(&mut server, Method::GET, path).await;
-        let foreign = json!({"apiVersion": "v1", "kind": "Service",
-            "metadata": {"name": "example-balancer-v1-backend", "namespace": "ns", "uid": "someone-else"},
-            "spec": {"selector": {"app": "legacy"}, "ports": [{"port": 8080, "protocol": "TCP"}]}});
-        ok(respond, &foreign);
-        // No apply: the failure goes to the status and an event.
         let status = expect_status(&mut server, &sample()).await;
         assert_eq!(status["conditions"][0]["reason"], "Conflict");
         assert_eq!(
@@ -500,7 +511,7 @@ async fn a_namesake_not_owned_by_the_balancer_is_never_adopted() {
         expect_event(&mut server, "Conflict").await;
     });
     let error = reconcile(Arc::new(sample().into()), ctx).await.expect_err("a conflict fails the reconcile");
-    assert_eq!(error.kind(), "Conflict");
+    assert_eq!(error.kind(), ErrorKind::Conflict);
     verifier.await.unwrap();
 }
 
@@ -528,4 +539,143 @@ fn the_object_ref_of_children_points_at_the_balancer() {
     let reference = balancer.controller_owner_ref(&()).unwrap();
     assert_eq!(reference.uid, UID);
     assert_eq!(reference.controller, Some(true));
+}
+
+/// Its own child whose label was removed by hand (so it sits among the other objects' names):
+/// applied again, which puts the label back, and told as an update.
+#[tokio::test]
+async fn an_own_child_without_its_label_is_taken_back() {
+    let (ctx, mut server, mut caches) = context();
+    let unlabelled = json!({"apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": "example-balancer-v1-backend", "namespace": "ns", "uid": "child-uid",
+                     "ownerReferences": [{"apiVersion": "exposer.hliangzhao.io/v1alpha1", "kind": "Balancer",
+                                          "name": NAME, "uid": UID, "controller": true}]}});
+    caches.other_services.apply_watcher_event(&watcher::Event::Apply(serde_json::from_value(unlabelled).unwrap()));
+    let verifier = tokio::spawn(async move {
+        for name in ["example-balancer-v1-backend", "example-balancer-v2-backend", "example-balancer-v3-backend"] {
+            let body = expect_apply(&mut server, &format!("/api/v1/namespaces/ns/services/{name}"), "Service").await;
+            assert_eq!(body["metadata"]["labels"]["app.kubernetes.io/managed-by"], "balancer");
+        }
+        expect_apply(&mut server, "/api/v1/namespaces/ns/configmaps/example-balancer-proxy-configmap", "ConfigMap")
+            .await;
+        expect_apply(&mut server, "/apis/apps/v1/namespaces/ns/deployments/example-balancer-proxy", "Deployment").await;
+        expect_apply(&mut server, "/api/v1/namespaces/ns/services/example-balancer", "Service").await;
+        let event = expect_event(&mut server, "Created").await;
+        let note = event["note"].as_str().unwrap();
+        assert!(note.starts_with("created Service example-balancer-v2-backend, "), "{note}");
+        assert!(note.ends_with("; updated Service example-balancer-v1-backend"), "{note}");
+        expect_status(&mut server, &sample()).await;
+        expect_event(&mut server, "ProxyNotAvailable").await;
+    });
+    reconcile(Arc::new(sample().into()), ctx).await.expect("reconcile succeeds");
+    verifier.await.unwrap();
+}
+
+/// A client whose requests go through the controller's throttle, over a mock API server.
+fn throttled_context() -> (Arc<Context>, ApiServer, Arc<Metrics>) {
+    use tower::Layer;
+    let (service, handle) = mock::pair::<Request<Body>, Response<Body>>();
+    let metrics = Arc::new(Metrics::default());
+    let layer = ThrottleLayer::new(Rate { qps: 100.0, burst: 100 }, metrics.api.clone());
+    let client = Client::new(layer.layer(service), "default");
+    let (children, _) = child_caches();
+    (Arc::new(Context::new(client, children, settings(), metrics.clone())), handle, metrics)
+}
+
+fn too_many_requests(respond: tower_test::mock::SendResponse<Response<Body>>, retry_after: Option<u64>) {
+    let status = json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+        "message": "Too many requests, please try again later.", "reason": "TooManyRequests", "code": 429});
+    let mut response = Response::builder().status(StatusCode::TOO_MANY_REQUESTS);
+    if let Some(seconds) = retry_after {
+        response = response.header("Retry-After", seconds.to_string());
+    }
+    respond.send_response(response.body(Body::from(serde_json::to_vec(&status).unwrap())).unwrap());
+}
+
+/// Four Balancers reconciled at once against an API server that answers every request 429
+/// (Retry-After: 1): the whole controller waits out each answer, not just the request that got
+/// it, so about one request a second reaches the server, where four reconciles retrying on their
+/// own would send four times as many; and no reconcile spins.
+#[tokio::test]
+async fn a_burst_of_429s_slows_the_whole_controller_down() {
+    let (ctx, mut server, metrics) = throttled_context();
+    let reconciles: Vec<_> = (0..4)
+        .map(|i| {
+            let mut balancer = sample();
+            balancer.metadata.name = Some(format!("b{i}"));
+            balancer.metadata.uid = Some(format!("uid-{i}"));
+            tokio::spawn(reconcile(Arc::new(balancer.into()), ctx.clone()))
+        })
+        .collect();
+    let started = std::time::Instant::now();
+    let mut arrivals = Vec::new();
+    while started.elapsed() < Duration::from_millis(3500) {
+        let left = Duration::from_millis(3500).saturating_sub(started.elapsed());
+        let Ok(Some((_, respond))) = tokio::time::timeout(left, server.next_request()).await else { break };
+        arrivals.push(started.elapsed());
+        too_many_requests(respond, Some(1));
+    }
+    for reconcile in &reconciles {
+        reconcile.abort();
+    }
+    // The first wave: at most one request per reconcile, already on its way. Then nothing until
+    // Retry-After has passed, for every reconcile; then one request per (growing) pause, since the
+    // rate was halved and the first refusal pauses everybody again.
+    let first_wave = arrivals.iter().filter(|t| **t < Duration::from_millis(100)).count();
+    assert!((1..=4).contains(&first_wave), "{arrivals:?}");
+    let paused = Duration::from_millis(100)..Duration::from_millis(950);
+    assert!(!arrivals.iter().any(|t| paused.contains(t)), "a request did not wait out Retry-After: {arrivals:?}");
+    assert!(arrivals.len() <= first_wave + 3, "{} requests in 3.5 s: {arrivals:?}", arrivals.len());
+    let text = metrics.encode().unwrap();
+    let refused = format!("balancer_api_overload_responses_total{{code=\"429\"}} {}", arrivals.len());
+    assert!(text.contains(&refused), "{text}");
+}
+
+/// Without Retry-After, refusals of requests sent after a pause lengthen the next pause
+/// (0.5 s, 1 s, 2 s …), and the first success ends the episode.
+#[tokio::test]
+async fn repeated_429s_without_retry_after_back_off_exponentially() {
+    let (ctx, mut server, _metrics) = throttled_context();
+    let api: kube::Api<ConfigMap> = kube::Api::namespaced(ctx.client.clone(), NS);
+    let get = tokio::spawn(async move { api.get("x").await });
+    let started = std::time::Instant::now();
+    let mut arrivals = Vec::new();
+    for _ in 0..3 {
+        let (_, respond) = server.next_request().await.expect("a request");
+        arrivals.push(started.elapsed());
+        too_many_requests(respond, None);
+    }
+    let (_, respond) = server.next_request().await.expect("the fourth attempt");
+    arrivals.push(started.elapsed());
+    ok(respond, &json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "x", "namespace": NS}}));
+    get.await.unwrap().expect("retried until it succeeds");
+    let gaps: Vec<f64> = arrivals.windows(2).map(|w| (w[1] - w[0]).as_secs_f64()).collect();
+    for (gap, want) in gaps.iter().zip([0.5, 1.0, 2.0]) {
+        assert!(*gap >= want * 0.95 && *gap < want + 0.5, "pauses {gaps:?}, wanted 0.5, 1, 2 s");
+    }
+}
+
+/// A repeat of one event is counted into its series (one PATCH), not created again, and the
+/// publisher remembers only its name and count.
+#[tokio::test]
+async fn a_repeated_event_is_folded_into_its_series() {
+    use balancer::events::{EventType, Events, Note, Published};
+    let (service, mut server) = mock::pair::<Request<Body>, Response<Body>>();
+    let events = Events::new(Client::new(service, "default"), "balancer");
+    let regarding = sample().object_ref(&());
+    let verifier = tokio::spawn(async move {
+        let (event, respond) = expect(&mut server, Method::POST, EVENTS).await;
+        assert_eq!((event["reason"].as_str(), event["type"].as_str()), (Some("Updated"), Some("Normal")));
+        let name = event["metadata"]["name"].as_str().unwrap().to_string();
+        ok(respond, &event);
+        let path = format!("/apis/events.k8s.io/v1/namespaces/ns/events/{name}?");
+        let (patch, respond) = expect(&mut server, Method::PATCH, &path).await;
+        assert_eq!(patch["series"]["count"], 2, "{patch}");
+        ok(respond, &event);
+    });
+    for _ in 0..2 {
+        let note = Note { type_: EventType::Normal, reason: "Updated", note: "updated ConfigMap x", related: None };
+        assert_eq!(events.publish(&regarding, note).await.unwrap(), Published::Sent);
+    }
+    verifier.await.unwrap();
 }

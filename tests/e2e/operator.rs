@@ -6,6 +6,11 @@ use std::time::{Duration, Instant};
 
 use crate::cluster::{ControlPlane, Proc, free_port};
 
+/// The binary under test: this build's, or `BALANCER_E2E_BINARY` (to compare two builds on one harness).
+fn binary() -> std::path::PathBuf {
+    std::env::var_os("BALANCER_E2E_BINARY").map_or_else(|| env!("CARGO_BIN_EXE_balancer").into(), Into::into)
+}
+
 pub struct Operator {
     pub name: String,
     pub process: Proc,
@@ -38,7 +43,7 @@ impl Operator {
         let pki = plane.dir.path().join("pki");
         let process = Proc::spawn(
             name,
-            Command::new(env!("CARGO_BIN_EXE_balancer"))
+            Command::new(binary())
                 .arg("run")
                 .arg(format!("--webhook-addr=127.0.0.1:{webhook_port}"))
                 .arg(format!("--probe-addr=127.0.0.1:{probe_port}"))

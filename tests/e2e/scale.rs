@@ -1,0 +1,345 @@
+//! The scale benchmark: N copies of the sample Balancer against the real API server.
+//!
+//! `cargo test --test e2e -- --ignored scale` (not part of the suite, not timed in CI). It
+//! starts a fresh control plane (with a /16 of Service IPs), the operator out of cluster as the
+//! token user bound to `deploy/rbac.yaml`, applies
+//! `BALANCER_SCALE_N` Balancers (default 1000) in batches of `BALANCER_SCALE_BATCH` (200),
+//! and prints:
+//! - the time from the first apply until every Balancer has its children and
+//!   `activeBackendsNum: 3` for its current generation;
+//! - the operator's requests per Balancer over that time, from the audit log;
+//! - the answers `429 Too Many Requests` it got, by resource;
+//! - the events it created or patched;
+//! - its RSS (and peak) once converged;
+//! - its writes while things settle (`BALANCER_SCALE_SETTLE`, seconds, default 20: the Deployment
+//!   controller still reports on the new Deployments), then in a quiet window
+//!   (`BALANCER_SCALE_QUIET`, default 30).
+//!
+//! The webhooks are not registered unless `BALANCER_SCALE_WEBHOOKS=1`: the applies are then
+//! faster and the burst on the controller sharper. `BALANCER_SCALE_FLAGS` adds `balancer run` flags (space-separated), to measure one lever at a time;
+//! `BALANCER_SCALE_TIMEOUT` (seconds, default 900) bounds the wait; `BALANCER_E2E_BINARY` runs
+//! another build of `balancer` (e.g. main's, for a before/after in the same conditions), with
+//! `BALANCER_E2E_RBAC` naming that build's `deploy/rbac.yaml`.
+
+use std::collections::{BTreeMap, HashSet};
+use std::io::{BufRead, BufReader, Read, Seek, SeekFrom};
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode, Stdio};
+use std::time::{Duration, Instant};
+
+use balancer::api::Balancer;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{ConfigMap, Service};
+use kube::api::ListParams;
+use kube::{Api, Client};
+use serde::Deserialize;
+use serde_json::json;
+
+use crate::cluster::{ControlPlane, OPERATOR_USER, PlaneOptions};
+use crate::operator::Operator;
+use crate::{NS, World, apply_shipped_rbac, as_list, crd_is_accepted_and_established, register_webhooks};
+
+fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
+    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
+/// Runs the benchmarks the arguments select (only `scale` exists).
+pub async fn run(assets: &Path) -> ExitCode {
+    let filter = std::env::args().skip(1).find(|a| !a.starts_with('-'));
+    if filter.as_deref().is_some_and(|f| !"scale".contains(f)) {
+        println!("e2e: no benchmark matches {filter:?} (there is `scale`)");
+        return ExitCode::SUCCESS;
+    }
+    let n: usize = env_or("BALANCER_SCALE_N", 1000);
+    let batch: usize = env_or("BALANCER_SCALE_BATCH", 200).max(1);
+    let settle = Duration::from_secs(env_or("BALANCER_SCALE_SETTLE", 20));
+    let quiet = Duration::from_secs(env_or("BALANCER_SCALE_QUIET", 30));
+    let timeout = Duration::from_secs(env_or("BALANCER_SCALE_TIMEOUT", 900));
+    let flags: Vec<String> =
+        std::env::var("BALANCER_SCALE_FLAGS").unwrap_or_default().split_whitespace().map(String::from).collect();
+
+    // Four Services per Balancer: a /16 of cluster IPs.
+    let options = PlaneOptions { service_cidr: "10.0.0.0/16".into(), ..PlaneOptions::default() };
+    let plane = ControlPlane::start_with(assets, &options).await;
+    let admin = plane.client("admin").await;
+    let mut world = World { plane, admin, operators: Vec::new() };
+    crd_is_accepted_and_established(&mut world).await;
+    apply_shipped_rbac(&world);
+    let flag_refs: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let operator = Operator::start(&world.plane, "operator-scale", &flag_refs).await;
+    let webhooks = env_or("BALANCER_SCALE_WEBHOOKS", 0) != 0;
+    if webhooks {
+        register_webhooks(&world, &operator).await;
+        // The API server picks up webhook configurations a moment later: one Balancer through them first.
+        wait_for_webhooks(&world).await;
+    }
+    let pid = operator.process.child.id();
+    world.operators.push(operator);
+    println!("scale: {n} Balancers in batches of {batch}; webhooks: {webhooks}; operator flags: {flags:?}");
+
+    let audit_start = audit_len(&world.plane.audit_log);
+    let started = Instant::now();
+    let applies = apply_in_batches(world.plane.kubeconfig("admin"), n, batch, started);
+    let converged = wait_converged(&world.admin, n, started, timeout);
+    let (applied_in, converged_in) = tokio::join!(applies, converged);
+    let rss = memory(pid);
+    let audit_converged = audit_len(&world.plane.audit_log);
+    let during = audit_summary(&world.plane.audit_log, audit_start, audit_converged);
+
+    // Settling: the Deployment controller reports on the new Deployments for a while.
+    tokio::time::sleep(settle).await;
+    let audit_settled = audit_len(&world.plane.audit_log);
+    let settling = audit_summary(&world.plane.audit_log, audit_converged, audit_settled);
+    tokio::time::sleep(quiet).await;
+    let after = audit_summary(&world.plane.audit_log, audit_settled, audit_len(&world.plane.audit_log));
+    let metrics = world.operators[0].metrics(&world.plane).await;
+
+    println!("scale: ---- {n} Balancers ----");
+    println!("scale: kubectl apply of all batches       {:.1} s", applied_in.as_secs_f64());
+    match converged_in {
+        Some(took) => println!("scale: first apply -> all converged        {:.1} s", took.as_secs_f64()),
+        None => println!("scale: first apply -> all converged        NOT within {timeout:?}"),
+    }
+    println!(
+        "scale: requests by the operator            {} ({:.1} per Balancer)",
+        during.requests,
+        during.requests as f64 / n as f64
+    );
+    println!("scale:   by verb and resource             {:?}", during.by_kind);
+    println!("scale: 429 answers to the operator        {} {:?}", during.throttled, during.throttled_by_kind);
+    println!(
+        "scale: events created/patched             {} ({:.1} per Balancer)",
+        during.events,
+        during.events as f64 / n as f64
+    );
+    println!("scale: operator RSS when converged        {:.1} MiB (peak {:.1} MiB)", rss.0, rss.1);
+    println!(
+        "scale: settling {:>3} s after: operator writes {} (of {} requests) {:?}",
+        settle.as_secs(),
+        settling.writes,
+        settling.requests,
+        settling.by_kind
+    );
+    println!(
+        "scale: quiet {:>3} s after that: operator writes {} (of {} requests) {:?}",
+        quiet.as_secs(),
+        after.writes,
+        after.requests,
+        after.write_list
+    );
+    for line in metrics.lines().filter(|l| l.starts_with("balancer_reconcile") || l.starts_with("balancer_api_")) {
+        println!("scale:   {line}");
+    }
+    drop(world);
+    if converged_in.is_some() { ExitCode::SUCCESS } else { ExitCode::FAILURE }
+}
+
+async fn wait_for_webhooks(world: &World) {
+    let probe = crate::balancer_yaml(
+        "scale-probe",
+        "spec:\n  ports: [{port: 80}]\n  backends: [{name: a, selector: {app: a}}]\n",
+    );
+    crate::eventually("the webhooks to be called", Duration::from_secs(30), || async {
+        // The mutating webhook's default (weight 1) shows the webhook ran.
+        let (ok, _) = crate::apply(world, "admin", &probe);
+        let stored = crate::balancers(world).get_opt("scale-probe").await.ok().flatten()?;
+        (ok && stored.spec.backends[0].weight == Some(1)).then_some(())
+    })
+    .await;
+    crate::balancers(world).delete("scale-probe", &Default::default()).await.expect("delete the probe");
+}
+
+/// The sample Balancer named `scale-<i>`.
+fn sample(i: usize) -> serde_json::Value {
+    let mut doc = crate::yaml_docs(&crate::repo_file("deploy/samples/balancer.yaml")).remove(0);
+    doc["metadata"] = json!({"name": format!("scale-{i:05}"), "namespace": NS});
+    doc
+}
+
+/// `kubectl apply` of `n` Balancers, `batch` per call, as the user would; returns how long it took.
+async fn apply_in_batches(kubeconfig: PathBuf, n: usize, batch: usize, started: Instant) -> Duration {
+    tokio::task::spawn_blocking(move || {
+        let docs: Vec<serde_json::Value> = (0..n).map(sample).collect();
+        for (i, chunk) in docs.chunks(batch).enumerate() {
+            let list = as_list(chunk.to_vec());
+            let t = Instant::now();
+            let ok = kubectl_apply(&kubeconfig, &list);
+            println!(
+                "scale: batch {} applied in {:.1} s (at {:.1} s){}",
+                i + 1,
+                t.elapsed().as_secs_f64(),
+                started.elapsed().as_secs_f64(),
+                if ok { "" } else { " with errors" }
+            );
+        }
+        started.elapsed()
+    })
+    .await
+    .expect("the apply task")
+}
+
+fn kubectl_apply(kubeconfig: &Path, input: &str) -> bool {
+    use std::io::Write;
+    let mut child = Command::new("kubectl")
+        .arg(format!("--kubeconfig={}", kubeconfig.display()))
+        .args(["apply", "-f", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("kubectl runs");
+    child.stdin.take().expect("stdin").write_all(input.as_bytes()).expect("write to kubectl");
+    let out = child.wait_with_output().expect("kubectl ends");
+    if !out.status.success() {
+        let err = String::from_utf8_lossy(&out.stderr);
+        println!("scale: kubectl apply: {}", err.lines().take(3).collect::<Vec<_>>().join(" | "));
+    }
+    out.status.success()
+}
+
+/// Waits until `n` Balancers report `activeBackendsNum: 3` for their generation and every child
+/// exists; `None` past `timeout`.
+async fn wait_converged(admin: &Client, n: usize, started: Instant, timeout: Duration) -> Option<Duration> {
+    let balancers: Api<Balancer> = Api::namespaced(admin.clone(), NS);
+    // From the API server's watch cache: cheap enough to poll every second.
+    let cached = ListParams::default().match_any();
+    let mut last_report = Instant::now();
+    loop {
+        if started.elapsed() > timeout {
+            return None;
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let Ok(list) = balancers.list(&cached).await else { continue };
+        let done = list
+            .items
+            .iter()
+            .filter(|b| {
+                b.status.as_ref().is_some_and(|s| {
+                    s.active_backends_num == 3
+                        && s.observed_generation.is_some()
+                        && s.observed_generation == b.metadata.generation
+                })
+            })
+            .count();
+        if last_report.elapsed() > Duration::from_secs(15) {
+            println!("scale: {done}/{n} converged at {:.0} s", started.elapsed().as_secs_f64());
+            last_report = Instant::now();
+        }
+        if done >= n && children_complete(admin, n).await {
+            return Some(started.elapsed());
+        }
+    }
+}
+
+/// Every Balancer's six children exist (4 Services, a ConfigMap, a Deployment).
+async fn children_complete(admin: &Client, n: usize) -> bool {
+    let lp = ListParams::default().labels("app.kubernetes.io/managed-by=balancer").match_any();
+    let services = Api::<Service>::namespaced(admin.clone(), NS).list_metadata(&lp).await.map(|l| l.items.len());
+    let maps = Api::<ConfigMap>::namespaced(admin.clone(), NS).list_metadata(&lp).await.map(|l| l.items.len());
+    let deployments = Api::<Deployment>::namespaced(admin.clone(), NS).list_metadata(&lp).await.map(|l| l.items.len());
+    matches!((services, maps, deployments), (Ok(s), Ok(c), Ok(d)) if s >= 4 * n && c >= n && d >= n)
+}
+
+/// The operator's resident and peak memory, in MiB, from /proc.
+fn memory(pid: u32) -> (f64, f64) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let kib = |key: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(key))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    (kib("VmRSS:") / 1024.0, kib("VmHWM:") / 1024.0)
+}
+
+fn audit_len(path: &Path) -> u64 {
+    std::fs::metadata(path).map(|m| m.len()).unwrap_or(0)
+}
+
+/// The fields of an audit event the summary reads.
+#[derive(Deserialize)]
+struct AuditEvent {
+    #[serde(rename = "auditID")]
+    audit_id: String,
+    verb: String,
+    user: AuditUser,
+    #[serde(rename = "objectRef", default)]
+    object_ref: Option<AuditObject>,
+    #[serde(rename = "responseStatus", default)]
+    response_status: Option<AuditStatus>,
+    #[serde(rename = "requestURI")]
+    request_uri: String,
+}
+
+#[derive(Deserialize)]
+struct AuditUser {
+    username: String,
+}
+
+#[derive(Deserialize)]
+struct AuditObject {
+    #[serde(default)]
+    resource: String,
+    #[serde(default)]
+    subresource: String,
+}
+
+#[derive(Deserialize)]
+struct AuditStatus {
+    #[serde(default)]
+    code: u16,
+}
+
+#[derive(Default, Debug)]
+struct AuditSummary {
+    requests: usize,
+    by_kind: BTreeMap<String, usize>,
+    throttled: usize,
+    throttled_by_kind: BTreeMap<String, usize>,
+    events: usize,
+    writes: usize,
+    write_list: Vec<String>,
+}
+
+/// The operator's requests in the audit log between two byte offsets, each counted once
+/// (a watch logs a start and an end stage).
+fn audit_summary(path: &Path, from: u64, to: u64) -> AuditSummary {
+    let mut summary = AuditSummary::default();
+    let Ok(mut file) = std::fs::File::open(path) else { return summary };
+    if file.seek(SeekFrom::Start(from)).is_err() {
+        return summary;
+    }
+    let mut seen = HashSet::new();
+    let mut reader = BufReader::new(file).take(to.saturating_sub(from));
+    let mut line = String::new();
+    while reader.read_line(&mut line).unwrap_or(0) > 0 {
+        let event: Option<AuditEvent> = serde_json::from_str(&line).ok();
+        line.clear();
+        let Some(event) = event.filter(|e| e.user.username == OPERATOR_USER) else { continue };
+        if !seen.insert(event.audit_id.clone()) {
+            continue;
+        }
+        let resource = event.object_ref.as_ref().map_or_else(String::new, |o| match o.subresource.as_str() {
+            "" => o.resource.clone(),
+            sub => format!("{}/{sub}", o.resource),
+        });
+        let kind = format!("{} {resource}", event.verb);
+        summary.requests += 1;
+        *summary.by_kind.entry(kind.clone()).or_default() += 1;
+        if event.response_status.as_ref().is_some_and(|s| s.code == 429) {
+            summary.throttled += 1;
+            *summary.throttled_by_kind.entry(kind.clone()).or_default() += 1;
+        }
+        if resource == "events" {
+            summary.events += 1;
+        }
+        if ["create", "update", "patch", "delete"].contains(&event.verb.as_str()) {
+            summary.writes += 1;
+            if summary.write_list.len() < 10 {
+                summary.write_list.push(format!("{} {}", event.verb, event.request_uri));
+            }
+        }
+    }
+    summary
+}
