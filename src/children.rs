@@ -41,7 +41,8 @@ pub const COMPONENT_FRONTEND: &str = "frontend";
 /// kube-proxy on every node has dropped it from the front Service first.
 const ENDPOINT_REMOVAL_SECONDS: i64 = 5;
 
-/// nginx's pid file, on the writable /tmp: `nginx -s quit` finds the master through it.
+/// nginx's pid file, on the writable /tmp: the compiled-in default lies on the read-only root,
+/// and `nginx -t` opens it too.
 const PID_FILE: &str = "/tmp/nginx.pid";
 
 /// Where the proxy's files live inside its container.
@@ -96,8 +97,9 @@ impl Owner {
 #[derive(Debug, Clone, Copy)]
 pub enum BackendHosts<'a> {
     /// The backend Services' cluster IPs, in the spec's backend order, as the API server
-    /// assigned them (an empty or missing one falls back to the Service's name). The proxy then needs no cluster DNS: nginx refuses to start when it
-    /// cannot resolve an upstream name, so a DNS outage would stop proxy pods from restarting.
+    /// assigned them (an empty or missing one falls back to the Service's name). The proxy
+    /// then needs no cluster DNS: nginx refuses to start when it cannot resolve an upstream
+    /// name, so a DNS outage would stop proxy pods from restarting.
     ClusterIps(&'a [String]),
     /// `<service>.<namespace>.svc` names: what an offline preview (`balancer render`) shows,
     /// since no cluster IP exists before the Services do.
