@@ -59,9 +59,9 @@ pub const CLUSTER_PERMISSIONS: &[Permission] = &[
     // Never called: clusters enforcing OwnerReferencesPermissionEnforcement require it to set
     // blockOwnerDeletion on the children's ownerReferences.
     ("exposer.hliangzhao.io", "balancers/finalizers", &["update"]),
-    ("", "services", &["list", "watch", "create", "patch", "delete"]),
-    ("", "configmaps", &["list", "watch", "create", "patch"]),
-    ("apps", "deployments", &["list", "watch", "create", "patch"]),
+    ("", "services", &["get", "list", "watch", "create", "patch", "delete"]),
+    ("", "configmaps", &["get", "list", "watch", "create", "patch"]),
+    ("apps", "deployments", &["get", "list", "watch", "create", "patch"]),
     ("events.k8s.io", "events", &["create", "patch"]),
     // The protected /metrics endpoint reviews scrapers' tokens.
     ("authentication.k8s.io", "tokenreviews", &["create"]),
@@ -257,9 +257,11 @@ fn names_spec(status: &kube::core::Status) -> bool {
 /// Returns the object as the API server has it (cached or just applied).
 ///
 /// Only objects this Balancer controls are ever written: a name held by an object it does not
-/// control is a [`Error::Conflict`], never adopted. Both caches have listed before any
-/// reconcile, so the check costs no request: `cache` holds balancer's children (labelled), and
-/// `others` the names and owners of every other object of the kind.
+/// control is a [`Error::Conflict`], never adopted. `cache` holds balancer's children
+/// (labelled), and `others` the names and owners of every other object of the kind, so a known
+/// name costs no request. A name neither knows is read from the API server before the first
+/// write: the caches may lag behind a namesake created a moment ago (a user's Service applied
+/// with the Balancer, say), and a forced apply would take it over.
 async fn ensure<K>(
     ctx: &Context,
     owner: &Owner,
@@ -273,6 +275,8 @@ where
     let name = desired.name_any();
     let namespace = desired.namespace().unwrap_or_default();
     let conflict = || Error::Conflict { kind: K::kind(&()).into_owned(), name: name.clone() };
+    let api: Api<K> = Api::namespaced(ctx.client.clone(), &namespace);
+    let api_error = |verb, source| Error::Api { verb, kind: K::kind(&()).into_owned(), name: name.clone(), source };
     let verb = match cache.get(&ObjectRef::new(&name).within(&namespace)) {
         Some(cached) if !controlled_by(cached.as_ref(), owner) => return Err(conflict()),
         Some(cached) if is_subset(desired, cached.as_ref()) => return Ok(cached),
@@ -282,17 +286,15 @@ where
         None => match others.get(&ObjectRef::new(&name).within(&namespace)) {
             Some(other) if !controlled_by(other.as_ref(), owner) => return Err(conflict()),
             Some(_) => Verb::Updated,
-            None => Verb::Created,
+            None => match api.get_metadata_opt(&name).await.map_err(|e| api_error("get", e))? {
+                Some(found) if !controlled_by(&found, owner) => return Err(conflict()),
+                Some(_) => Verb::Updated,
+                None => Verb::Created,
+            },
         },
     };
-    let api: Api<K> = Api::namespaced(ctx.client.clone(), &namespace);
     let params = PatchParams::apply(FIELD_MANAGER).force();
-    let applied = api.patch(&name, &params, &Patch::Apply(desired)).await.map_err(|source| Error::Api {
-        verb: "apply",
-        kind: K::kind(&()).into_owned(),
-        name: name.clone(),
-        source,
-    })?;
+    let applied = api.patch(&name, &params, &Patch::Apply(desired)).await.map_err(|e| api_error("apply", e))?;
     Ok(written.add(ctx, verb, applied))
 }
 

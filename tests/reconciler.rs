@@ -201,8 +201,22 @@ fn ok(respond: tower_test::mock::SendResponse<Response<Body>>, body: &Value) {
     respond.send_response(Response::builder().body(Body::from(serde_json::to_vec(body).unwrap())).unwrap());
 }
 
-/// A child missing from both caches is applied at once (no GET: no other object holds its name);
-/// answers the apply with the applied object.
+/// A child missing from both caches is read first (the caches may lag behind a namesake), then
+/// applied; answers the read with 404 and the apply with the applied object.
+async fn expect_create(server: &mut ApiServer, path: &str, kind: &str) -> Value {
+    let (_, respond) = expect(server, Method::GET, path).await;
+    not_found(respond);
+    expect_apply(server, path, kind).await
+}
+
+fn not_found(respond: tower_test::mock::SendResponse<Response<Body>>) {
+    let status = json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                        "reason": "NotFound", "code": 404, "message": "not found"});
+    respond
+        .send_response(Response::builder().status(404).body(Body::from(serde_json::to_vec(&status).unwrap())).unwrap());
+}
+
+/// Answers the apply of a child with the applied object.
 async fn expect_apply(server: &mut ApiServer, path: &str, kind: &str) -> Value {
     let (body, respond) = expect(server, Method::PATCH, &format!("{path}{SSA}")).await;
     assert_eq!(body["kind"], kind);
@@ -236,7 +250,7 @@ async fn first_reconcile_applies_every_child_in_order_then_the_status() {
     let balancer = sample();
     let verifier = tokio::spawn(async move {
         for backend in ["v1", "v2", "v3"] {
-            let service = expect_apply(
+            let service = expect_create(
                 &mut server,
                 &format!("/api/v1/namespaces/ns/services/example-balancer-{backend}-backend"),
                 "Service",
@@ -245,13 +259,17 @@ async fn first_reconcile_applies_every_child_in_order_then_the_status() {
             assert_eq!(service["spec"]["selector"], json!({"app": "test", "version": backend}));
             assert_eq!(service["metadata"]["ownerReferences"][0]["uid"], UID);
         }
-        let config_map =
-            expect_apply(&mut server, "/api/v1/namespaces/ns/configmaps/example-balancer-proxy-configmap", "ConfigMap")
-                .await;
+        let config_map = expect_create(
+            &mut server,
+            "/api/v1/namespaces/ns/configmaps/example-balancer-proxy-configmap",
+            "ConfigMap",
+        )
+        .await;
         let conf = config_map["data"]["nginx.conf"].as_str().unwrap();
         assert!(conf.contains("server 10.96.0.10:80 weight=20;  # example-balancer-v2-backend"), "{conf}");
-        expect_apply(&mut server, "/apis/apps/v1/namespaces/ns/deployments/example-balancer-proxy", "Deployment").await;
-        expect_apply(&mut server, "/api/v1/namespaces/ns/services/example-balancer", "Service").await;
+        expect_create(&mut server, "/apis/apps/v1/namespaces/ns/deployments/example-balancer-proxy", "Deployment")
+            .await;
+        expect_create(&mut server, "/api/v1/namespaces/ns/services/example-balancer", "Service").await;
         // One event tells of all six children.
         let event = expect_event(&mut server, "Created").await;
         assert_eq!(
@@ -404,12 +422,10 @@ async fn obsolete_backend_kept_while(rolling_status: fn(&mut DeploymentStatus)) 
 async fn an_api_error_fails_the_reconcile_and_backs_off() {
     let (ctx, mut server, _caches) = context();
     let verifier = tokio::spawn(async move {
-        let (_, respond) = expect(
-            &mut server,
-            Method::PATCH,
-            &format!("/api/v1/namespaces/ns/services/example-balancer-v1-backend{SSA}"),
-        )
-        .await;
+        let path = "/api/v1/namespaces/ns/services/example-balancer-v1-backend";
+        let (_, respond) = expect(&mut server, Method::GET, path).await;
+        not_found(respond);
+        let (_, respond) = expect(&mut server, Method::PATCH, &format!("{path}{SSA}")).await;
         let forbidden = json!({
             "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
             "message": "services is forbidden: User \"balancer\" cannot patch resource \"services\"",
@@ -553,13 +569,20 @@ async fn an_own_child_without_its_label_is_taken_back() {
     caches.other_services.apply_watcher_event(&watcher::Event::Apply(serde_json::from_value(unlabelled).unwrap()));
     let verifier = tokio::spawn(async move {
         for name in ["example-balancer-v1-backend", "example-balancer-v2-backend", "example-balancer-v3-backend"] {
-            let body = expect_apply(&mut server, &format!("/api/v1/namespaces/ns/services/{name}"), "Service").await;
+            let path = format!("/api/v1/namespaces/ns/services/{name}");
+            // v1 is known by name (among the unlabelled objects); the others are read first.
+            let body = if name.contains("-v1-") {
+                expect_apply(&mut server, &path, "Service").await
+            } else {
+                expect_create(&mut server, &path, "Service").await
+            };
             assert_eq!(body["metadata"]["labels"]["app.kubernetes.io/managed-by"], "balancer");
         }
-        expect_apply(&mut server, "/api/v1/namespaces/ns/configmaps/example-balancer-proxy-configmap", "ConfigMap")
+        expect_create(&mut server, "/api/v1/namespaces/ns/configmaps/example-balancer-proxy-configmap", "ConfigMap")
             .await;
-        expect_apply(&mut server, "/apis/apps/v1/namespaces/ns/deployments/example-balancer-proxy", "Deployment").await;
-        expect_apply(&mut server, "/api/v1/namespaces/ns/services/example-balancer", "Service").await;
+        expect_create(&mut server, "/apis/apps/v1/namespaces/ns/deployments/example-balancer-proxy", "Deployment")
+            .await;
+        expect_create(&mut server, "/api/v1/namespaces/ns/services/example-balancer", "Service").await;
         let event = expect_event(&mut server, "Created").await;
         let note = event["note"].as_str().unwrap();
         assert!(note.starts_with("created Service example-balancer-v2-backend, "), "{note}");
@@ -677,5 +700,27 @@ async fn a_repeated_event_is_folded_into_its_series() {
         let note = Note { type_: EventType::Normal, reason: "Updated", note: "updated ConfigMap x", related: None };
         assert_eq!(events.publish(&regarding, note).await.unwrap(), Published::Sent);
     }
+    verifier.await.unwrap();
+}
+
+/// A namesake neither cache knows yet (created a moment ago, say with the Balancer in one
+/// `kubectl apply`): the read before the first write finds it, and nothing is written to it.
+#[tokio::test]
+async fn a_namesake_the_caches_have_not_seen_yet_is_never_taken_over() {
+    let (ctx, mut server, _caches) = context();
+    let verifier = tokio::spawn(async move {
+        let path = "/api/v1/namespaces/ns/services/example-balancer-v1-backend";
+        let (_, respond) = expect(&mut server, Method::GET, path).await;
+        let users = json!({"apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadata",
+                           "metadata": {"name": "example-balancer-v1-backend", "namespace": "ns", "uid": "users"}});
+        ok(respond, &users);
+        // No apply: the failure goes straight to the status.
+        let status = expect_status(&mut server, &sample()).await;
+        let message = status["conditions"][0]["message"].as_str().unwrap();
+        assert!(message.contains("already exists and is not controlled by this Balancer"), "{message}");
+        expect_event(&mut server, "Conflict").await;
+    });
+    let error = reconcile(Arc::new(sample().into()), ctx).await.expect_err("reconcile fails");
+    assert_eq!(error.kind(), ErrorKind::Conflict);
     verifier.await.unwrap();
 }
