@@ -139,12 +139,15 @@ impl Shared {
                     limiter.refilled = now;
                     if limiter.tokens >= 1.0 {
                         limiter.tokens -= 1.0;
-                        let waited = asked.elapsed();
+                        // The epoch under the same lock: a pause starting right after belongs
+                        // to requests admitted before it.
+                        let epoch = limiter.epoch;
                         drop(limiter);
+                        let waited = asked.elapsed();
                         if !waited.is_zero() {
                             self.metrics.waited(waited);
                         }
-                        return self.limiter().epoch;
+                        return epoch;
                     }
                     Duration::from_secs_f64((1.0 - limiter.tokens) / limiter.qps)
                 }
@@ -217,6 +220,9 @@ async fn send<S, B>(mut inner: S, shared: Arc<Shared>, mut request: Request<Body
 where
     S: Service<Request<Body>, Response = Response<B>>,
 {
+    // A 503 or 504 without `Retry-After` may come after the write went through (the handler
+    // timed out): only requests that mean the same when sent twice are sent again then.
+    let idempotent = request.method() != http::Method::POST;
     let mut attempt = 0;
     loop {
         let epoch = shared.admit().await;
@@ -228,8 +234,10 @@ where
                 return Ok(response);
             }
             Signal::Overloaded { retry_after, retry } => {
-                shared.overloaded(epoch, retry_after, response.status());
-                match again.filter(|_| retry) {
+                let status = response.status();
+                shared.overloaded(epoch, retry_after, status);
+                let unprocessed = status == StatusCode::TOO_MANY_REQUESTS || retry_after.is_some();
+                match again.filter(|_| retry && (unprocessed || idempotent)) {
                     Some(next) => {
                         request = next;
                         attempt += 1;
