@@ -688,7 +688,6 @@ pub async fn run(
     let other_deployments = Reflected::<PartialObjectMeta<Deployment>>::others(&client, scope);
     let balancers = Reflected::balancers(&client, scope);
 
-    let census = count_balancers(balancers.store.clone(), metrics.clone(), stop.clone());
     let children = ChildCaches {
         services: services.store.clone(),
         config_maps: config_maps.store.clone(),
@@ -701,6 +700,7 @@ pub async fn run(
     };
     let caches = Caches { balancers: balancers.store.clone(), children: children.clone() };
     let ctx = Arc::new(Context::new(client, children, options.proxy, metrics.clone()));
+    let census = count_balancers(balancers.store.clone(), ctx.clone(), stop.clone());
     let readiness = {
         let caches = caches.clone();
         async move {
@@ -712,7 +712,7 @@ pub async fn run(
     };
     // Graceful shutdown drains in-flight reconciles, but kube-runtime's runner waits for the
     // Balancer cache to sync before it can end, and that cache's writer lives in the stream the
-    // runner owns. Every reconcile waits for all four caches before it writes, and a cache once
+    // runner owns. Every reconcile waits for every cache before it writes, and a cache once
     // synced stays so: with any of them unsynced at the stop (RBAC, a missing CRD), nothing is in
     // flight and the controller is dropped instead.
     let stopped_unsynced = {
@@ -815,8 +815,9 @@ impl Caches {
     }
 }
 
-/// Keeps `balancer_balancers{ready=…}` current from the cache, every 10 s until `stop`.
-async fn count_balancers(balancers: Store<StoredBalancer>, metrics: Arc<Metrics>, stop: CancellationToken) {
+/// Every 10 s: the Balancers by readiness, for the metrics, and the failure counts of
+/// Balancers deleted while failing forgotten (deleted objects are never reconciled again).
+async fn count_balancers(balancers: Store<StoredBalancer>, ctx: Arc<Context>, stop: CancellationToken) {
     let mut ticker = tokio::time::interval(Duration::from_secs(10));
     loop {
         tokio::select! {
@@ -824,7 +825,9 @@ async fn count_balancers(balancers: Store<StoredBalancer>, metrics: Arc<Metrics>
             _ = ticker.tick() => {}
         }
         let (mut ready, mut not_ready, mut unknown) = (0, 0, 0);
+        let mut uids = std::collections::HashSet::new();
         for balancer in balancers.state() {
+            uids.extend(balancer.uid());
             let condition = balancer.status.as_ref().and_then(|s| s.conditions.iter().find(|c| c.type_ == READY));
             match condition.map(|c| c.status.as_str()) {
                 Some("True") => ready += 1,
@@ -832,7 +835,8 @@ async fn count_balancers(balancers: Store<StoredBalancer>, metrics: Arc<Metrics>
                 _ => unknown += 1,
             }
         }
-        metrics.controller.set_balancers(ready, not_ready, unknown);
+        ctx.metrics.controller.set_balancers(ready, not_ready, unknown);
+        ctx.failures().retain(|uid, _| uids.contains(uid));
     }
 }
 
