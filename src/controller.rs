@@ -604,7 +604,8 @@ pub fn slim<K: Resource>(object: &mut K) {
     }
 }
 
-/// Keeps of an object only what the namesake check reads: its name, namespace, uid and owners.
+/// Drops from an object what the namesake check never reads (managed fields, annotations,
+/// labels); its name, namespace, uid and owners stay.
 pub fn names_only<K: Resource>(object: &mut K) {
     let meta = object.meta_mut();
     meta.managed_fields = None;
