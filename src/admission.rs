@@ -24,9 +24,10 @@ use serde_json::value::RawValue;
 
 use crate::api::{BalancerSpec, GROUP, KIND};
 use crate::bounded::ObjectOnly;
-use crate::defaulting::defaults_patch;
+use crate::admit::admit;
+use crate::defaulting::{Defaults, defaults_patch};
 use crate::echo::cut;
-use crate::validation::{self, FieldError, ObjectName};
+use crate::validation::{FieldError, ObjectName};
 
 /// Largest answer the webhook sends, whatever the request: every echoed value is cut to fit.
 pub const MAX_ANSWER_BYTES: usize = 64 * 1024;
@@ -226,8 +227,8 @@ struct MetaIn<'a> {
     deletion_timestamp: Option<IgnoredAny>,
 }
 
-/// Parses `body` and answers it with `webhook`'s rules.
-pub fn review(webhook: Webhook, body: &[u8]) -> Result<Answer, BadRequest> {
+/// Parses `body` and answers it with `webhook`'s rules, defaulting with `defaults`.
+pub fn review(webhook: Webhook, body: &[u8], defaults: &Defaults) -> Result<Answer, BadRequest> {
     let request = parse_request(body)?;
     let allowed = allowed(&request.uid);
     let (response, outcome) = match balancer_write(&request) {
@@ -242,8 +243,8 @@ pub fn review(webhook: Webhook, body: &[u8]) -> Result<Answer, BadRequest> {
         Some(Some(object)) => match read_spec(object.spec) {
             Err(unreadable) => (deny(allowed, &request, vec![unreadable]), Outcome::Denied),
             Ok(spec) => match webhook {
-                Webhook::Validate => validate(allowed, &request, object, &spec),
-                Webhook::Mutate => mutate(allowed, &spec),
+                Webhook::Validate => validate(allowed, &request, object, spec, defaults),
+                Webhook::Mutate => mutate(allowed, &spec, defaults),
             },
         },
     };
@@ -361,27 +362,33 @@ fn validate(
     response: AdmissionResponse,
     request: &RequestIn<'_>,
     object: &ObjectIn<'_>,
-    spec: &BalancerSpec,
+    spec: BalancerSpec,
+    defaults: &Defaults,
 ) -> (AdmissionResponse, Outcome) {
-    let report = validation::validate(object_name(object), spec);
-    let mut response = if report.is_valid() { response } else { deny(response, request, report.errors) };
-    if !report.warnings.is_empty() {
-        response.warnings = Some(bounded_warnings(&report.warnings));
+    let (mut response, warnings) = match admit(object_name(object), spec, defaults) {
+        Ok(admitted) => (response, admitted.warnings().to_vec()),
+        Err(report) => (deny(response, request, report.errors), report.warnings),
+    };
+    if !warnings.is_empty() {
+        response.warnings = Some(bounded_warnings(&warnings));
     }
     let outcome = if response.allowed { Outcome::Allowed } else { Outcome::Denied };
     (response, outcome)
 }
 
-fn mutate(response: AdmissionResponse, spec: &BalancerSpec) -> (AdmissionResponse, Outcome) {
-    let patch = defaults_patch(spec);
-    if patch.0.is_empty() {
-        return (response, Outcome::Allowed);
-    }
-    match response.clone().with_patch(patch) {
-        Ok(patched) => (patched, Outcome::Patched),
-        // Serializing a patch of strings and numbers cannot fail; if it ever did,
-        // refusing is safer than letting an undefaulted object through.
-        Err(e) => (response.deny(format!("internal error: cannot encode the defaults patch: {e}")), Outcome::Denied),
+fn mutate(response: AdmissionResponse, spec: &BalancerSpec, defaults: &Defaults) -> (AdmissionResponse, Outcome) {
+    // Serializing a patch of strings and numbers cannot fail; if it ever did,
+    // refusing is safer than letting an undefaulted object through.
+    let refuse = |response: AdmissionResponse, e: &dyn std::fmt::Display| {
+        (response.deny(format!("internal error: cannot encode the defaults patch: {e}")), Outcome::Denied)
+    };
+    match defaults_patch(spec, defaults) {
+        Ok(patch) if patch.0.is_empty() => (response, Outcome::Allowed),
+        Ok(patch) => match response.clone().with_patch(patch) {
+            Ok(patched) => (patched, Outcome::Patched),
+            Err(e) => refuse(response, &e),
+        },
+        Err(e) => refuse(response, &e),
     }
 }
 

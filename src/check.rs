@@ -3,11 +3,14 @@
 use std::fmt::Write as _;
 
 use serde_json::Value;
+use serde_json::value::to_raw_value;
 
 use crate::admission::parse_spec;
-use crate::api::{GROUP, KIND, VERSION};
-use crate::defaulting::with_defaults;
-use crate::validation::{FieldError, ObjectName, Report, validate};
+use crate::admit::{Admitted, admit};
+use crate::api::conversion::{Version, convert};
+use crate::api::{GROUP, KIND};
+use crate::defaulting::Defaults;
+use crate::validation::{FieldError, ObjectName, Report};
 
 /// The verdict on one Balancer document.
 #[derive(Debug)]
@@ -25,16 +28,29 @@ pub struct YamlError {
     pub reason: String,
 }
 
+/// Every document of a (multi-document) YAML text, read as data.
+pub fn yaml_documents(source_name: &str, text: &str) -> Result<Vec<Value>, YamlError> {
+    serde_saphyr::from_multiple(text).map_err(|e| YamlError { source_name: source_name.to_string(), reason: e.to_string() })
+}
+
+/// A Balancer document (its apiVersion is checked when it is read).
+pub fn is_balancer(doc: &Value) -> bool {
+    doc.get("kind").and_then(Value::as_str) == Some(KIND)
+}
+
+/// What `kubectl get -o yaml` prints for several objects.
+pub fn is_list(kind: &str) -> bool {
+    kind == "List" || kind == "BalancerList"
+}
+
 /// The Balancer documents of a (multi-document) YAML text, with their 1-based positions.
 /// The items of a `List` (what `kubectl get -o yaml` prints) count as its document's.
 pub fn balancer_documents(source_name: &str, text: &str) -> Result<Vec<(usize, Value)>, YamlError> {
-    let documents: Vec<Value> = serde_saphyr::from_multiple(text)
-        .map_err(|e| YamlError { source_name: source_name.to_string(), reason: e.to_string() })?;
-    let is_balancer = |doc: &Value| doc.get("kind").and_then(Value::as_str) == Some(KIND);
     let mut balancers = Vec::new();
-    for (i, mut doc) in documents.into_iter().enumerate() {
+    for (i, mut doc) in yaml_documents(source_name, text)?.into_iter().enumerate() {
+        let kind = doc.get("kind").and_then(Value::as_str).unwrap_or("").to_string();
         match doc.get_mut("items").map(Value::take) {
-            Some(Value::Array(items)) if doc.get("kind").and_then(Value::as_str) == Some("List") => {
+            Some(Value::Array(items)) if is_list(&kind) => {
                 balancers.extend(items.into_iter().filter(is_balancer).map(|item| (i + 1, item)));
             }
             _ if is_balancer(&doc) => balancers.push((i + 1, doc)),
@@ -45,10 +61,10 @@ pub fn balancer_documents(source_name: &str, text: &str) -> Result<Vec<(usize, V
 }
 
 /// Checks every Balancer in a (multi-document) YAML text; other kinds are skipped.
-pub fn check_yaml(source_name: &str, text: &str) -> Result<Vec<Finding>, YamlError> {
+pub fn check_yaml(source_name: &str, text: &str, defaults: &Defaults) -> Result<Vec<Finding>, YamlError> {
     Ok(balancer_documents(source_name, text)?
         .into_iter()
-        .map(|(document, doc)| Finding { document, name: doc_name(&doc), report: check_document(&doc) })
+        .map(|(document, doc)| Finding { document, name: doc_name(&doc), report: check_document(&doc, defaults) })
         .collect())
 }
 
@@ -64,22 +80,42 @@ pub fn doc_name(doc: &Value) -> String {
 }
 
 /// Defaults then validates one document, exactly as the two webhooks would in sequence.
-pub fn check_document(doc: &Value) -> Report {
-    let expected = format!("{GROUP}/{VERSION}");
-    let api_version = doc.get("apiVersion").and_then(Value::as_str).unwrap_or("");
-    if api_version != expected {
-        return invalid(FieldError {
-            field: "apiVersion".into(),
-            detail: format!("must be {expected}, got {api_version:?}"),
-        });
+pub fn check_document(doc: &Value, defaults: &Defaults) -> Report {
+    match admit_document(doc, defaults) {
+        Ok(admitted) => Report { errors: vec![], warnings: admitted.warnings().to_vec() },
+        Err(report) => report,
     }
-    let spec = match parse_spec(doc) {
-        Ok(spec) => with_defaults(&spec),
-        Err(e) => return invalid(e),
+}
+
+/// One document of either version through the spec pipeline: v1alpha1 is converted to
+/// v1beta1 first, as the API server would before calling the webhooks.
+pub fn admit_document(doc: &Value, defaults: &Defaults) -> Result<Admitted, Report> {
+    let api_version = doc.get("apiVersion").and_then(Value::as_str).unwrap_or("");
+    let hub = match Version::from_api_version(api_version) {
+        Some(Version::V1beta1) => parse_spec(doc),
+        Some(Version::V1alpha1) => as_v1beta1(doc).and_then(|doc| parse_spec(&doc)),
+        None => Err(FieldError {
+            field: "apiVersion".into(),
+            detail: format!("must be {GROUP}/v1beta1 or {GROUP}/v1alpha1, got {api_version:?}"),
+        }),
     };
+    let spec = hub.map_err(invalid)?;
     let meta = doc.get("metadata");
     let field = |f: &str| meta.and_then(|m| m.get(f)).and_then(Value::as_str);
-    validate(ObjectName::from_meta(field("name"), field("generateName")), &spec)
+    admit(ObjectName::from_meta(field("name"), field("generateName")), spec, defaults)
+}
+
+/// A document converted to v1beta1 (see [`crate::api::conversion`]).
+pub fn as_v1beta1(doc: &Value) -> Result<Value, FieldError> {
+    convert_document(doc, Version::V1beta1)
+}
+
+/// A Balancer document converted to `to`, exactly as the conversion webhook would.
+pub fn convert_document(doc: &Value, to: Version) -> Result<Value, FieldError> {
+    let failed = |detail: String| FieldError { field: "apiVersion".into(), detail };
+    let text = to_raw_value(doc).map_err(|e| failed(e.to_string()))?;
+    let converted = convert(&text, to).map_err(|e| failed(format!("cannot convert: {e}")))?;
+    serde_json::from_str(converted.get()).map_err(|e| failed(e.to_string()))
 }
 
 fn invalid(error: FieldError) -> Report {

@@ -17,6 +17,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, 
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::Resource;
 
+use crate::admit::Admitted;
+use crate::defaulting::Defaults;
 use crate::api::{self, BackendSpec, BalancerPort, BalancerSpec};
 use crate::nginx::{self, CONFIG_FILE};
 
@@ -55,11 +57,11 @@ const PROXY_UID: i64 = 101;
 pub struct ProxySettings {
     /// nginx image with the stream module, running as a non-root user.
     pub image: String,
-    /// Proxy pods per Balancer.
-    pub replicas: i32,
     /// Dynamic modules `nginx.conf` loads first (`load_module`), for images whose stream
     /// module is not built in (Debian, Ubuntu, UBI).
     pub load_modules: Vec<String>,
+    /// What a Balancer that does not say gets (`spec.replicas`).
+    pub defaults: Defaults,
 }
 
 /// The identity children point back to.
@@ -118,14 +120,14 @@ pub struct Proxy {
 
 /// The backend Services of a defaulted, valid spec, in backend order: applied first,
 /// because their cluster IPs go into `nginx.conf`.
-pub fn backend_services(owner: &Owner, spec: &BalancerSpec) -> Vec<Service> {
+pub fn backend_services(owner: &Owner, spec: &Admitted) -> Vec<Service> {
     spec.backends.iter().map(|b| backend_service(owner, spec, b)).collect()
 }
 
 /// The ConfigMap, Deployment and front Service of a defaulted, valid spec. The pod template
 /// carries the hash of `nginx.conf`, which holds the backends' addresses: a new configuration,
 /// or a backend Service recreated with a new cluster IP, rolls the proxy pods.
-pub fn proxy(owner: &Owner, spec: &BalancerSpec, settings: &ProxySettings, hosts: BackendHosts<'_>) -> Proxy {
+pub fn proxy(owner: &Owner, spec: &Admitted, settings: &ProxySettings, hosts: BackendHosts<'_>) -> Proxy {
     let position = |backend: &BackendSpec| spec.backends.iter().position(|b| b.name == backend.name);
     let address = |backend: &BackendSpec, port: &BalancerPort| {
         let service = api::backend_service_name(&owner.name, &backend.name);
@@ -165,6 +167,12 @@ pub fn proxy_selector(balancer: &str) -> BTreeMap<String, String> {
     ])
 }
 
+/// [`proxy_selector`] as the string a scale subresource reports (`status.selector`), which a
+/// HorizontalPodAutoscaler uses to find the pods whose metrics it averages.
+pub fn proxy_selector_string(balancer: &str) -> String {
+    proxy_selector(balancer).iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(",")
+}
+
 fn metadata(owner: &Owner, name: String, labels: BTreeMap<String, String>) -> ObjectMeta {
     ObjectMeta {
         name: Some(name),
@@ -190,7 +198,7 @@ fn service_ports(spec: &BalancerSpec, target: impl Fn(&BalancerPort) -> IntOrStr
 }
 
 /// `<balancer>-<backend>-backend`: ClusterIP, the merged selector, one port per Balancer port.
-pub fn backend_service(owner: &Owner, spec: &BalancerSpec, backend: &BackendSpec) -> Service {
+pub fn backend_service(owner: &Owner, spec: &Admitted, backend: &BackendSpec) -> Service {
     let mut labels = labels(&owner.name, COMPONENT_BACKEND);
     labels.insert(BACKEND_LABEL.to_string(), backend.name.clone());
     let ports = service_ports(spec, BalancerPort::effective_target_port);
@@ -232,7 +240,7 @@ pub fn proxy_config_map(owner: &Owner, nginx_conf: &str) -> ConfigMap {
 }
 
 /// `<balancer>-proxy`: unprivileged nginx reading the ConfigMap, rolled when `config_hash` changes.
-pub fn proxy_deployment(owner: &Owner, spec: &BalancerSpec, settings: &ProxySettings, config_hash: &str) -> Deployment {
+pub fn proxy_deployment(owner: &Owner, spec: &Admitted, settings: &ProxySettings, config_hash: &str) -> Deployment {
     let mut pod_labels = labels(&owner.name, COMPONENT_PROXY);
     pod_labels.extend(proxy_selector(&owner.name));
     let template = PodTemplateSpec {
@@ -246,7 +254,7 @@ pub fn proxy_deployment(owner: &Owner, spec: &BalancerSpec, settings: &ProxySett
     Deployment {
         metadata: metadata(owner, api::proxy_deployment_name(&owner.name), labels(&owner.name, COMPONENT_PROXY)),
         spec: Some(DeploymentSpec {
-            replicas: Some(settings.replicas),
+            replicas: Some(spec.replicas()),
             selector: LabelSelector { match_labels: Some(proxy_selector(&owner.name)), match_expressions: None },
             template,
             ..DeploymentSpec::default()

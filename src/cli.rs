@@ -6,7 +6,9 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 
+use crate::api::conversion::Version;
 use crate::children::ProxySettings;
+use crate::defaulting::Defaults;
 use crate::telemetry::LogFormat;
 
 #[derive(Debug, Parser)]
@@ -32,6 +34,8 @@ pub enum Command {
     Check(CheckArgs),
     /// Print, as YAML, every object the controller would apply for the Balancers in FILE (a dry run).
     Render(RenderArgs),
+    /// Rewrite the Balancers in FILE to another API version, as the conversion webhook would.
+    Convert(ConvertArgs),
 }
 
 #[derive(Debug, Args)]
@@ -141,7 +145,8 @@ pub struct ProxyArgs {
     /// nginx image for the proxy Deployments (needs the stream module and a non-root user, uid 101).
     #[arg(long, env = "BALANCER_PROXY_IMAGE", default_value = "nginxinc/nginx-unprivileged:1.28.0-alpine")]
     pub proxy_image: String,
-    /// Proxy pods per Balancer.
+    /// Proxy pods of a Balancer that does not set spec.replicas: the mutating webhook writes it
+    /// into new and changed Balancers, and the controller uses it for older ones.
     #[arg(long, env = "BALANCER_PROXY_REPLICAS", default_value_t = 1, value_parser = clap::value_parser!(i32).range(1..=100))]
     pub proxy_replicas: i32,
     /// Dynamic nginx module to load first in nginx.conf, for proxy images whose stream module
@@ -161,11 +166,15 @@ fn module_path(path: &str) -> Result<String, String> {
 }
 
 impl ProxyArgs {
+    pub fn defaults(&self) -> Defaults {
+        Defaults { replicas: self.proxy_replicas }
+    }
+
     pub fn settings(&self) -> ProxySettings {
         ProxySettings {
             image: self.proxy_image.clone(),
-            replicas: self.proxy_replicas,
             load_modules: self.proxy_load_modules.clone(),
+            defaults: self.defaults(),
         }
     }
 }
@@ -199,4 +208,38 @@ pub struct CheckArgs {
     /// YAML files (multi-document allowed); `-` reads standard input.
     #[arg(required = true)]
     pub files: Vec<PathBuf>,
+    /// The spec.replicas default the webhook would write (its --proxy-replicas).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(i32).range(1..=100))]
+    pub proxy_replicas: i32,
+}
+
+impl CheckArgs {
+    pub fn defaults(&self) -> Defaults {
+        Defaults { replicas: self.proxy_replicas }
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct ConvertArgs {
+    /// The API version to write.
+    #[arg(long, value_enum)]
+    pub to: ApiVersionArg,
+    /// YAML file with Balancers (multi-document allowed); `-` reads standard input.
+    pub file: PathBuf,
+}
+
+/// A served Balancer API version, as `balancer convert --to` names it.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub enum ApiVersionArg {
+    V1alpha1,
+    V1beta1,
+}
+
+impl From<ApiVersionArg> for Version {
+    fn from(arg: ApiVersionArg) -> Version {
+        match arg {
+            ApiVersionArg::V1alpha1 => Version::V1alpha1,
+            ApiVersionArg::V1beta1 => Version::V1beta1,
+        }
+    }
 }

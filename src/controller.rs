@@ -30,15 +30,15 @@ use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
 use crate::admission::denial_message;
+use crate::admit::admit;
 use crate::api::BalancerStatus;
 use crate::children::{self, BALANCER_NAME_LABEL, COMPONENT_BACKEND, COMPONENT_LABEL, MANAGED_BY, MANAGED_BY_LABEL};
 use crate::children::{BackendHosts, Owner, OwnerError, ProxySettings};
-use crate::defaulting::with_defaults;
 use crate::echo::cut;
 use crate::events::{EventType, Events, Note, Published};
 use crate::stored::StoredBalancer;
 use crate::telemetry::{Metrics, ReconcileResult};
-use crate::validation::{FieldError, ObjectName, validate};
+use crate::validation::{FieldError, ObjectName};
 
 /// The field manager of every write, and the events' reporting controller.
 pub const FIELD_MANAGER: &str = "balancer";
@@ -191,13 +191,13 @@ async fn converge(balancer: &StoredBalancer, ctx: &Context, written: &mut Writte
     // The webhooks normally stop both; without them (or under an older schema), the
     // Balancer is refused children and told why, and every other Balancer carries on.
     let spec = match &balancer.spec {
-        Ok(spec) => with_defaults(spec),
+        Ok(spec) => spec.clone(),
         Err(unreadable) => return refuse(balancer, ctx, &owner, std::slice::from_ref(unreadable)).await,
     };
-    let report = validate(ObjectName::Name(&owner.name), &spec);
-    if !report.is_valid() {
-        return refuse(balancer, ctx, &owner, &report.errors).await;
-    }
+    let spec = match admit(ObjectName::Name(&owner.name), spec, &ctx.settings.defaults) {
+        Ok(admitted) => admitted,
+        Err(report) => return refuse(balancer, ctx, &owner, &report.errors).await,
+    };
 
     let backend_services = children::backend_services(&owner, &spec);
     let mut cluster_ips = Vec::with_capacity(backend_services.len());
@@ -220,7 +220,7 @@ async fn converge(balancer: &StoredBalancer, ctx: &Context, written: &mut Writte
     } else {
         obsolete_backends(ctx, &owner, &backend_services).len()
     };
-    let counts = Counts { active: backend_services.len(), obsolete };
+    let counts = Counts { active: backend_services.len(), obsolete, proxy: ProxyCounts::of(&deployment) };
     write_status(balancer, ctx, counts, ready).await?;
     Ok(Action::requeue(RESYNC))
 }
@@ -434,18 +434,46 @@ fn owned_backend_services(cache: &Store<Service>, owner: &Owner) -> Vec<Arc<Serv
 struct Counts {
     active: usize,
     obsolete: usize,
+    proxy: ProxyCounts,
+}
+
+/// The proxy pods, for the scale subresource.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+struct ProxyCounts {
+    replicas: i32,
+    ready: i32,
+}
+
+impl ProxyCounts {
+    fn of(deployment: &Deployment) -> Self {
+        let status = deployment.status.as_ref();
+        ProxyCounts {
+            replicas: status.and_then(|s| s.replicas).unwrap_or(0),
+            ready: status.and_then(|s| s.ready_replicas).unwrap_or(0),
+        }
+    }
+
+    /// What the status said last (a reconcile that stops early does not look at the Deployment).
+    fn previous(balancer: &StoredBalancer) -> Self {
+        let status = balancer.status.as_ref();
+        ProxyCounts {
+            replicas: status.map_or(0, |s| s.replicas),
+            ready: status.map_or(0, |s| s.ready_replicas),
+        }
+    }
 }
 
 /// Counts from the cache alone (when a reconcile could not finish): owned backend
 /// Services the spec names, and those it no longer names.
 fn counts_from_cache(balancer: &StoredBalancer, ctx: &Context) -> Counts {
-    let Ok(owner) = Owner::of(balancer) else { return Counts { active: 0, obsolete: 0 } };
+    let proxy = ProxyCounts::previous(balancer);
+    let Ok(owner) = Owner::of(balancer) else { return Counts { active: 0, obsolete: 0, proxy } };
     // An unreadable spec names no backend: every owned one counts as obsolete.
     let backends = balancer.spec.as_ref().map(|s| s.backends.as_slice()).unwrap_or_default();
     let named: Vec<String> = backends.iter().map(|b| crate::api::backend_service_name(&owner.name, &b.name)).collect();
     let (active, obsolete): (Vec<_>, Vec<_>) =
         owned_backend_services(&ctx.children.services, &owner).into_iter().partition(|s| named.contains(&s.name_any()));
-    Counts { active: active.len(), obsolete: obsolete.len() }
+    Counts { active: active.len(), obsolete: obsolete.len(), proxy }
 }
 
 /// `Ready` from the proxy Deployment: rolled out (no pod of an older template left, as
@@ -459,6 +487,10 @@ fn proxy_condition(balancer: &StoredBalancer, deployment: &Deployment, active: u
     let updated = status.updated_replicas.unwrap_or(0);
     let old = status.replicas.unwrap_or(0) - updated;
     let available = status.available_replicas.unwrap_or(0);
+    if want == 0 {
+        let message = format!("proxy Deployment {name} is scaled to zero: no traffic is served");
+        return condition(balancer, false, "ScaledToZero", &message);
+    }
     if observed && updated >= want && old <= 0 && available >= want {
         let message = format!("proxy Deployment {name} is available ({available}/{want}); {active} backends active");
         condition(balancer, true, "ProxyAvailable", &message)
@@ -497,8 +529,11 @@ fn next_status(balancer: &StoredBalancer, counts: Counts, ready: Condition) -> B
         .unwrap_or_default();
     conditions.push(ready);
     BalancerStatus {
-        active_backends_num: i32::try_from(counts.active).unwrap_or(i32::MAX),
-        obsolete_backends_num: i32::try_from(counts.obsolete).unwrap_or(i32::MAX),
+        replicas: counts.proxy.replicas,
+        ready_replicas: counts.proxy.ready,
+        selector: balancer.metadata.name.as_deref().map(children::proxy_selector_string),
+        active_backends: i32::try_from(counts.active).unwrap_or(i32::MAX),
+        obsolete_backends: i32::try_from(counts.obsolete).unwrap_or(i32::MAX),
         observed_generation: balancer.metadata.generation,
         conditions,
     }

@@ -1,77 +1,69 @@
-//! Defaults the mutating webhook fills in, as an RFC 6902 JSON Patch.
+//! Defaults, written once: [`with_defaults`] fills them in, and the mutating webhook's
+//! JSON Patch is derived from the spec before and after (as controller-runtime's
+//! `CustomDefaulter` does), so the two can never disagree.
 //!
-//! Only fields that are missing get a value, so the patch for an object that
-//! is already defaulted is empty: mutation is idempotent.
+//! Only fields that are missing get a value, so the patch for an object that is already
+//! defaulted is empty: mutation is idempotent.
 
-use json_patch::jsonptr::PointerBuf;
-use json_patch::{AddOperation, Patch, PatchOperation};
+use json_patch::Patch;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
-use serde_json::{Value, json};
+use serde_json::{Map, Value};
 
 use crate::api::{BalancerSpec, DEFAULT_PROTOCOL, DEFAULT_WEIGHT, MAX_BACKENDS, MAX_PORTS};
 
-/// The patch that sets protocol `TCP`, `targetPort` = `port` and weight 1 wherever they are missing.
-pub fn defaults_patch(spec: &BalancerSpec) -> Patch {
-    let mut ops = Vec::new();
-    if !within_bounds(spec) {
-        return Patch(ops);
-    }
-    for (i, port) in spec.ports.iter().enumerate() {
-        if protocol_missing(&port.protocol) {
-            ops.push(add(["spec", "ports", &i.to_string(), "protocol"], json!(DEFAULT_PROTOCOL)));
-        }
-        if target_port_missing(&port.target_port) {
-            ops.push(add(["spec", "ports", &i.to_string(), "targetPort"], json!(port.port)));
-        }
-    }
-    for (i, backend) in spec.backends.iter().enumerate() {
-        if backend.weight.is_none() {
-            ops.push(add(["spec", "backends", &i.to_string(), "weight"], json!(DEFAULT_WEIGHT)));
-        }
-    }
-    Patch(ops)
+/// Defaults that come from the operator's configuration rather than the API.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Defaults {
+    /// `spec.replicas` when a Balancer does not say (`--proxy-replicas`).
+    pub replicas: i32,
 }
 
-/// Validation refuses longer lists; defaulting them would only cost memory.
-fn within_bounds(spec: &BalancerSpec) -> bool {
-    spec.ports.len() <= MAX_PORTS && spec.backends.len() <= MAX_BACKENDS
-}
-
-/// An empty protocol is as good as none: nginx and Services need one.
-fn protocol_missing(protocol: &Option<String>) -> bool {
-    protocol.as_deref().is_none_or(str::is_empty)
-}
-
-/// An empty named port is as good as none.
-fn target_port_missing(target: &Option<IntOrString>) -> bool {
-    match target {
-        None => true,
-        Some(IntOrString::String(s)) => s.is_empty(),
-        Some(IntOrString::Int(_)) => false,
+impl Default for Defaults {
+    fn default() -> Self {
+        Defaults { replicas: 1 }
     }
 }
 
-/// `add` replaces a member that exists (e.g. an explicit `null`) and creates one that does not.
-fn add<const N: usize>(tokens: [&str; N], value: Value) -> PatchOperation {
-    PatchOperation::Add(AddOperation { path: PointerBuf::from_tokens(tokens), value })
-}
-
-/// The spec with its defaults filled in, the way the API server stores it after mutation.
-pub fn with_defaults(spec: &BalancerSpec) -> BalancerSpec {
+/// The spec with its defaults filled in, the way the API server stores it after mutation:
+/// protocol `TCP`, `targetPort` = `port`, weight 1, and `replicas` from `defaults`.
+pub fn with_defaults(spec: &BalancerSpec, defaults: &Defaults) -> BalancerSpec {
     let mut spec = spec.clone();
-    if !within_bounds(&spec) {
-        return spec;
+    fill_defaults(&mut spec, defaults);
+    spec
+}
+
+/// [`with_defaults`] in place: the one place defaults are written.
+pub fn fill_defaults(spec: &mut BalancerSpec, defaults: &Defaults) {
+    // Validation refuses longer lists; defaulting them would only cost memory.
+    if spec.ports.len() > MAX_PORTS || spec.backends.len() > MAX_BACKENDS {
+        return;
     }
+    spec.replicas.get_or_insert(defaults.replicas);
     for port in &mut spec.ports {
-        if protocol_missing(&port.protocol) {
+        if port.protocol.as_deref().is_none_or(str::is_empty) {
             port.protocol = Some(DEFAULT_PROTOCOL.to_string());
         }
-        if target_port_missing(&port.target_port) {
+        // An empty named port is as good as none.
+        let missing = match &port.target_port {
+            None => true,
+            Some(IntOrString::String(name)) => name.is_empty(),
+            Some(IntOrString::Int(_)) => false,
+        };
+        if missing {
             port.target_port = Some(IntOrString::Int(port.port));
         }
     }
     for backend in &mut spec.backends {
         backend.weight.get_or_insert(DEFAULT_WEIGHT);
     }
-    spec
+}
+
+/// The RFC 6902 patch that turns `spec` (at `/spec` of the reviewed object) into
+/// [`with_defaults`]'s result. Lists keep their indices, so every path names a member
+/// that the reviewed object has or can take.
+pub fn defaults_patch(spec: &BalancerSpec, defaults: &Defaults) -> Result<Patch, serde_json::Error> {
+    let at_spec = |spec: &BalancerSpec| -> Result<Value, serde_json::Error> {
+        Ok(Value::Object(Map::from_iter([("spec".to_string(), serde_json::to_value(spec)?)])))
+    };
+    Ok(json_patch::diff(&at_spec(spec)?, &at_spec(&with_defaults(spec, defaults))?))
 }

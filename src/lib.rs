@@ -5,12 +5,14 @@
 //! the README for the user's guide.
 
 pub mod admission;
+pub mod admit;
 pub mod api;
 pub mod bounded;
 pub mod check;
 pub mod children;
 pub mod cli;
 pub mod controller;
+pub mod convert;
 pub mod defaulting;
 pub mod echo;
 pub mod events;

@@ -5,11 +5,9 @@ use std::time::Duration;
 
 use base64::Engine;
 use clap::Parser;
-use kube::CustomResourceExt;
 
-use balancer::api::Balancer;
 use balancer::check;
-use balancer::cli::{CertsArgs, CheckArgs, Cli, Command, RenderArgs};
+use balancer::cli::{CertsArgs, CheckArgs, Cli, Command, ConvertArgs, RenderArgs};
 use balancer::run;
 use balancer::telemetry::{LogFormat, init_logging};
 use balancer::tls;
@@ -24,6 +22,7 @@ fn main() -> ExitCode {
         Command::Crd => crd(),
         Command::Check(args) => check_files(&args),
         Command::Render(args) => render(&args),
+        Command::Convert(args) => convert(&args),
     }
 }
 
@@ -64,7 +63,11 @@ fn certs(args: &CertsArgs) -> ExitCode {
 }
 
 fn crd() -> ExitCode {
-    match serde_saphyr::to_string(&Balancer::crd()) {
+    let crd = match balancer::api::crd() {
+        Ok(crd) => crd,
+        Err(e) => return fail(&format!("cannot merge the CRD's versions: {e}")),
+    };
+    match serde_saphyr::to_string(&crd) {
         Ok(yaml) => out(&yaml),
         Err(e) => fail(&format!("cannot encode the CRD: {e}")),
     }
@@ -77,7 +80,7 @@ fn check_files(args: &CheckArgs) -> ExitCode {
             Ok(input) => input,
             Err(message) => return fail(&message),
         };
-        match check::check_yaml(&name, &text) {
+        match check::check_yaml(&name, &text, &args.defaults()) {
             Ok(findings) => {
                 invalid |= findings.iter().any(|f| !f.report.is_valid());
                 let _ = std::io::stdout().write_all(check::render(&name, &findings).as_bytes());
@@ -94,6 +97,17 @@ fn render(args: &RenderArgs) -> ExitCode {
         Err(message) => return fail(&message),
     };
     match balancer::render::render_yaml(&name, &text, &args.namespace, &args.proxy.settings()) {
+        Ok(yaml) => out(&yaml),
+        Err(e) => fail(&e.to_string()),
+    }
+}
+
+fn convert(args: &ConvertArgs) -> ExitCode {
+    let (name, text) = match read_input(&args.file) {
+        Ok(input) => input,
+        Err(message) => return fail(&message),
+    };
+    match balancer::convert::convert_yaml(&name, &text, args.to.into()) {
         Ok(yaml) => out(&yaml),
         Err(e) => fail(&e.to_string()),
     }

@@ -5,11 +5,10 @@ use std::fmt::Write as _;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use serde_json::Value;
 
-use crate::admission::{denial_message, parse_spec};
-use crate::api::{GROUP, KIND, VERSION};
-use crate::check::{YamlError, balancer_documents, check_document, doc_name};
+use crate::admission::denial_message;
+use crate::api::{GROUP, KIND, STORAGE_VERSION};
+use crate::check::{YamlError, admit_document, balancer_documents, doc_name};
 use crate::children::{BackendHosts, Owner, ProxySettings, backend_services, proxy};
-use crate::defaulting::with_defaults;
 
 /// Stands in for the uid the API server assigns, which a file does not have.
 pub const PLACEHOLDER_UID: &str = "00000000-0000-0000-0000-000000000000";
@@ -35,17 +34,13 @@ pub fn render_yaml(
     for (document, doc) in balancer_documents(source_name, text)? {
         let name = doc_name(&doc);
         let invalid = |message: String| RenderError::Invalid { source_name: source_name.into(), document, message };
-        let report = check_document(&doc);
-        if !report.is_valid() {
-            return Err(invalid(denial_message(&name, &report.errors)));
-        }
-        let spec = with_defaults(&parse_spec(&doc).map_err(|e| invalid(e.to_string()))?);
+        let spec = admit_document(&doc, &settings.defaults).map_err(|report| invalid(denial_message(&name, &report.errors)))?;
         let namespace = doc.pointer("/metadata/namespace").and_then(Value::as_str).unwrap_or(namespace);
         let owner = Owner {
             name: name.clone(),
             namespace: namespace.to_string(),
             reference: OwnerReference {
-                api_version: format!("{GROUP}/{VERSION}"),
+                api_version: format!("{GROUP}/{STORAGE_VERSION}"),
                 kind: KIND.into(),
                 name: name.clone(),
                 uid: PLACEHOLDER_UID.into(),

@@ -66,7 +66,7 @@ pub async fn start(
     let metrics = Arc::new(Metrics::default());
     let (watcher, resolver) = CertWatcher::start(cert_paths(args)?, metrics.clone())?;
     let tls_config = Arc::new(tls::server_config(resolver)?);
-    let mut readiness = Readiness::default();
+    let readiness = Readiness::default();
     readiness.certificate.store(true, Ordering::Release);
     let clients = connect(&args.controller, &metrics).await?;
     let metrics_auth = match (&clients, args.insecure_metrics) {
@@ -78,7 +78,6 @@ pub async fn start(
     };
     let controller = clients.map(|Clients { plain, throttled }| {
         let synced = Arc::new(AtomicBool::new(false));
-        readiness.controller = Some(synced.clone());
         let args = args.controller.clone();
         tokio::spawn(supervise(plain, throttled, args, metrics.clone(), synced, shutdown.clone()))
     });
@@ -86,7 +85,9 @@ pub async fn start(
     let budget = limits.max_body_bytes_in_flight.max(limits.max_body_bytes);
     let body_budget = Arc::new(Semaphore::new(budget.min(Semaphore::MAX_PERMITS)));
     let limits = Arc::new(limits);
-    let state = AppState { metrics, readiness: readiness.clone(), limits: limits.clone(), body_budget, metrics_auth };
+    let defaults = args.controller.proxy.defaults();
+    let state =
+        AppState { metrics, readiness: readiness.clone(), limits: limits.clone(), defaults, body_budget, metrics_auth };
 
     let webhook_listener = listener::bind(args.webhook_addr, "the webhook").await?;
     let probe_listener = listener::bind(args.probe_addr, "probes").await?;
@@ -233,9 +234,6 @@ async fn supervise(
         metrics.controller.set_leader(false);
         return;
     }
-    // Under leader election readiness means "can serve the webhooks": a standby or a new
-    // leader still syncing its caches must not take every webhook endpoint out of service.
-    synced.store(true, Ordering::Release);
     let ignored_sync = Arc::new(AtomicBool::new(false));
     let reconcile = |stop: CancellationToken| {
         controller::run(controller_client.clone(), options.clone(), metrics.clone(), ignored_sync.clone(), stop)

@@ -20,6 +20,10 @@ use serde_json::json;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::admission::{self, BadRequest, Outcome, Webhook};
+use crate::api::CONVERT_PATH;
+use crate::convert::{Converted, conversion_review};
+use crate::defaulting::Defaults;
+use crate::telemetry::ConversionResult;
 use crate::listener::ConnectionLimits;
 use crate::metrics_auth::{MetricsAuth, ReviewError, Verdict};
 use crate::telemetry::Metrics;
@@ -33,6 +37,8 @@ pub struct Limits {
     pub probe_connections: ConnectionLimits,
     /// Largest request body accepted (413 above it).
     pub max_body_bytes: usize,
+    /// Largest ConversionReview body accepted: it carries a whole list page of Balancers.
+    pub max_conversion_body_bytes: usize,
     /// Bytes of review bodies held at once, by all reviews together.
     pub max_body_bytes_in_flight: usize,
     /// How long a review may wait for room in that budget before it gets 503; the wait counts
@@ -54,6 +60,7 @@ impl Default for Limits {
                 ..ConnectionLimits::default()
             },
             max_body_bytes: 1024 * 1024,
+            max_conversion_body_bytes: 16 * 1024 * 1024,
             max_body_bytes_in_flight: 32 * 1024 * 1024,
             budget_wait: Duration::from_secs(2),
             body_timeout: Duration::from_secs(3),
@@ -67,6 +74,8 @@ pub struct AppState {
     pub metrics: Arc<Metrics>,
     pub readiness: Readiness,
     pub limits: Arc<Limits>,
+    /// What the mutating webhook fills in that the operator's flags decide.
+    pub defaults: Defaults,
     /// Bytes of review bodies that may be held at once (see [`Limits::max_body_bytes_in_flight`]).
     pub body_budget: Arc<Semaphore>,
     /// Reviews scrape tokens on the protected metrics port; `None` without a cluster.
@@ -74,12 +83,15 @@ pub struct AppState {
 }
 
 /// Readiness flags that `/readyz` reports: each part must be ready.
+///
+/// Readiness means "can answer the API server": reviews and conversions. It never waits for
+/// the controller's caches, because listing Balancers stored as v1alpha1 needs this very
+/// conversion webhook, which the API server reaches only through Ready pods (see the
+/// README, "Versions and conversion").
 #[derive(Clone, Default)]
 pub struct Readiness {
     /// A serving certificate is loaded.
     pub certificate: Arc<AtomicBool>,
-    /// `None` when the controller is off; otherwise whether its caches have synced.
-    pub controller: Option<Arc<AtomicBool>>,
     /// Set on SIGTERM, so endpoints drop this replica before it stops listening.
     pub shutting_down: Arc<AtomicBool>,
 }
@@ -93,11 +105,6 @@ impl Readiness {
         if !self.certificate.load(Ordering::Acquire) {
             problems.push("serving certificate not loaded");
         }
-        if let Some(synced) = &self.controller
-            && !synced.load(Ordering::Acquire)
-        {
-            problems.push("controller caches not synced");
-        }
         problems
     }
 }
@@ -107,6 +114,7 @@ pub fn webhook_router(state: AppState) -> Router {
     Router::new()
         .route("/validate", post(validate))
         .route("/mutate", post(mutate))
+        .route(CONVERT_PATH, post(convert))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .fallback(not_found)
@@ -167,10 +175,10 @@ async fn mutate(State(state): State<AppState>, request: Request) -> Response {
 async fn admit(state: &AppState, webhook: Webhook, request: Request) -> Response {
     let _in_flight = state.metrics.admission.started(webhook);
     let started = Instant::now();
-    let (outcome, response) = match read_review_body(state, request).await {
+    let (outcome, response) = match read_review_body(state, request, state.limits.max_body_bytes).await {
         Err(rejection) => (Outcome::BadRequest, rejection),
         // The budget stays held until the answer is built: parsing borrows from the body.
-        Ok((body, _budget)) => match admission::review(webhook, &body) {
+        Ok((body, _budget)) => match admission::review(webhook, &body, &state.defaults) {
             Err(bad) => (Outcome::BadRequest, bad_request(&bad)),
             Ok(answer) => match answer.to_json() {
                 Ok(body) => (answer.outcome, json_bytes(StatusCode::OK, body)),
@@ -188,26 +196,48 @@ async fn admit(state: &AppState, webhook: Webhook, request: Request) -> Response
     response
 }
 
-/// Checks the content type and reads the body within the size, time and memory limits.
-async fn read_review_body(state: &AppState, request: Request) -> Result<(Vec<u8>, BodyBudget), Response> {
+/// Answers a ConversionReview: v1alpha1 ↔ v1beta1 for the API server.
+async fn convert(State(state): State<AppState>, request: Request) -> Response {
+    let started = Instant::now();
+    let (result, response) = match read_review_body(&state, request, state.limits.max_conversion_body_bytes).await {
+        Err(rejection) => (ConversionResult::BadRequest, rejection),
+        Ok((body, _budget)) => match conversion_review(&body) {
+            Err(bad) => (ConversionResult::BadRequest, bad_request(&bad)),
+            Ok(Converted { body, success: true }) => (ConversionResult::Converted, json_bytes(StatusCode::OK, body)),
+            Ok(Converted { body, success: false }) => (ConversionResult::Failed, json_bytes(StatusCode::OK, body)),
+        },
+    };
+    if result != ConversionResult::Converted {
+        tracing::warn!(status = %response.status(), ?result, "a conversion request was not answered with success");
+    }
+    state.metrics.admission.converted(result, started.elapsed());
+    response
+}
+
+/// Checks the content type and reads the body within the size (`limit`), time and memory limits.
+async fn read_review_body(
+    state: &AppState,
+    request: Request,
+    limit: usize,
+) -> Result<(Vec<u8>, BodyBudget), Response> {
     let (parts, body) = request.into_parts();
     if !is_json(&parts.headers) {
         return Err(error(StatusCode::UNSUPPORTED_MEDIA_TYPE, "Content-Type must be application/json"));
     }
     let limits = &state.limits;
     let declared = parts.headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
-    if declared.is_some_and(|len| len > limits.max_body_bytes as u64) {
-        return Err(too_large(limits.max_body_bytes));
+    if declared.is_some_and(|len| len > limit as u64) {
+        return Err(too_large(limit));
     }
     let budget = BodyBudget { pool: state.body_budget.clone(), held: None, wait: limits.budget_wait };
     // The declared length sizes the first allocation (never past FIRST_ALLOCATION_MAX), still
     // paid for from the budget only when the first bytes arrive.
     let declared = declared.map(|len| len as usize);
     let first = declared.map_or(FIRST_ALLOCATION_MAX, |len| len.min(FIRST_ALLOCATION_MAX));
-    let size = BodySize { limit: limits.max_body_bytes, first, declared };
+    let size = BodySize { limit, first, declared };
     match tokio::time::timeout(limits.body_timeout, read_within(body, size, budget)).await {
         Err(_) => Err(error(StatusCode::REQUEST_TIMEOUT, "the body was not received in time")),
-        Ok(Err(BodyError::TooLarge)) => Err(too_large(limits.max_body_bytes)),
+        Ok(Err(BodyError::TooLarge)) => Err(too_large(limit)),
         Ok(Err(BodyError::Busy)) => Err(error(StatusCode::SERVICE_UNAVAILABLE, "too many reviews being read; retry")),
         Ok(Err(BodyError::Read(e))) => Err(error(StatusCode::BAD_REQUEST, &format!("cannot read the body: {e}"))),
         Ok(Ok(read)) => Ok(read),

@@ -85,7 +85,7 @@ mod tests {
 
     fn stored(spec: Value, status: Value) -> StoredBalancer {
         let object = json!({
-            "apiVersion": "exposer.hliangzhao.io/v1alpha1",
+            "apiVersion": "exposer.hliangzhao.io/v1beta1",
             "kind": "Balancer",
             "metadata": {"name": "b", "namespace": "ns", "uid": "u"},
             "spec": spec,
@@ -106,7 +106,7 @@ mod tests {
     #[test]
     fn an_unreadable_status_counts_as_absent() {
         let spec = json!({"ports": [{"port": 80}], "backends": [{"name": "a"}]});
-        let balancer = stored(spec, json!({"activeBackendsNum": 5_000_000_000u64}));
+        let balancer = stored(spec, json!({"activeBackends": 5_000_000_000u64}));
         assert!(balancer.spec.is_ok());
         assert_eq!(balancer.status, None);
     }

@@ -83,6 +83,36 @@ struct AdmissionLabels {
     outcome: Outcome,
 }
 
+/// How a ConversionReview ended.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+pub enum ConversionResult {
+    /// Every object converted.
+    Converted,
+    /// Answered with `Failure`: an object could not be converted.
+    Failed,
+    /// The HTTP request itself was unusable (HTTP 4xx).
+    BadRequest,
+}
+
+impl EncodeLabelValue for ConversionResult {
+    fn encode(&self, encoder: &mut LabelValueEncoder) -> std::fmt::Result {
+        let value = match self {
+            ConversionResult::Converted => "converted",
+            ConversionResult::Failed => "failed",
+            ConversionResult::BadRequest => "bad_request",
+        };
+        value.encode(encoder)
+    }
+}
+
+const CONVERSION_RESULTS: [ConversionResult; 3] =
+    [ConversionResult::Converted, ConversionResult::Failed, ConversionResult::BadRequest];
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ConversionLabels {
+    result: ConversionResult,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct WebhookLabels {
     webhook: Webhook,
@@ -151,6 +181,9 @@ impl Metrics {
 pub struct AdmissionMetrics {
     /// By [`Webhook`], in declaration order.
     series: [AdmissionSeries; 2],
+    /// ConversionReviews by [`ConversionResult`], in declaration order.
+    conversions: [Counter; 3],
+    conversion_duration: Histogram,
 }
 
 impl AdmissionMetrics {
@@ -170,7 +203,21 @@ impl AdmissionMetrics {
             duration: duration.get_or_create(&WebhookLabels { webhook }).clone(),
             requests: OUTCOMES.map(|outcome| requests.get_or_create(&AdmissionLabels { webhook, outcome }).clone()),
         });
-        AdmissionMetrics { series }
+        let conversions = Family::<ConversionLabels, Counter>::default();
+        let conversion_duration = latency_histogram();
+        registry.register("conversion_requests", "ConversionReviews served, by result", conversions.clone());
+        registry.register(
+            "conversion_duration_seconds",
+            "Time to answer a ConversionReview, body read to response",
+            conversion_duration.clone(),
+        );
+        let conversions = CONVERSION_RESULTS.map(|result| conversions.get_or_create(&ConversionLabels { result }).clone());
+        AdmissionMetrics { series, conversions, conversion_duration }
+    }
+
+    pub fn converted(&self, result: ConversionResult, elapsed: Duration) {
+        self.conversions[result as usize].inc();
+        self.conversion_duration.observe(elapsed.as_secs_f64());
     }
 
     /// Marks a review as started; the guard counts it out of the in-flight gauge when dropped.

@@ -10,7 +10,7 @@ use std::hash::{Hash, Hasher};
 
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
-use crate::api::{self, BalancerSpec, MAX_BACKENDS, MAX_PORTS, MAX_SELECTOR_LABELS, MAX_WEIGHT, PROTOCOLS};
+use crate::api::{self, BalancerSpec, MAX_BACKENDS, MAX_PORTS, MAX_REPLICAS, MAX_SELECTOR_LABELS, MAX_WEIGHT, PROTOCOLS};
 use crate::echo::{MAX_QUOTED_BYTES, cut, quoted};
 
 /// Longest DNS-1123 / DNS-1035 label, and so longest Service name.
@@ -97,10 +97,17 @@ impl<'a> ObjectName<'a> {
 pub fn validate(name: ObjectName<'_>, spec: &BalancerSpec) -> Report {
     let mut report = Report::default();
     validate_name(name, &mut report);
+    validate_replicas(spec.replicas, &mut report);
     validate_ports(spec, &mut report);
     validate_selector(&"spec.selector", spec.selector.as_ref(), &mut report);
     validate_backends(name, spec, &mut report);
     report
+}
+
+fn validate_replicas(replicas: Option<i32>, report: &mut Report) {
+    if let Some(n) = replicas.filter(|n| !(0..=MAX_REPLICAS).contains(n)) {
+        report.error("spec.replicas", format!("must be between 0 and {MAX_REPLICAS}, got {n}"));
+    }
 }
 
 fn validate_name(name: ObjectName<'_>, report: &mut Report) {

@@ -1,25 +1,38 @@
-//! The `Balancer` custom resource (`exposer.hliangzhao.io/v1alpha1`).
+//! The `Balancer` custom resource (`exposer.hliangzhao.io`), in two versions.
 //!
-//! Field names and shapes match the original Go project's manifests, so its
-//! YAML applies unchanged. The CRD schema carries the simple bounds (ranges,
-//! enums, list sizes) so the API server enforces them even when the webhook is
-//! unreachable; the webhook ([`crate::validation`]) is the complete rule set.
+//! - [`v1alpha1`] is the Go project's API, served unchanged so its manifests apply as they are.
+//! - [`v1beta1`] is the storage version and the hub every other part of the operator works
+//!   on: the webhooks, the controller, `check` and `render` all read a [`BalancerSpec`]
+//!   (v1beta1's), and [`conversion`] turns objects of either version into the other.
+//!
+//! The CRD schema carries the simple bounds (ranges, enums, list sizes) so the API server
+//! enforces them even when the webhook is unreachable; the webhook ([`crate::validation`])
+//! is the complete rule set.
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
+    CustomResourceConversion, CustomResourceDefinition, ServiceReference, WebhookClientConfig, WebhookConversion,
+};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
-use kube::CustomResource;
+use kube::CustomResourceExt;
+use kube::core::crd::{MergeError, merge_crds};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
+
+pub mod conversion;
+pub mod v1alpha1;
+pub mod v1beta1;
+
+pub use v1beta1::{Balancer, BalancerSpec, BalancerStatus};
 
 use crate::bounded;
 use crate::validation::{MAX_IANA_SVC_NAME_LEN, MAX_LABEL_LEN};
 
 /// API group of the Balancer resource.
 pub const GROUP: &str = "exposer.hliangzhao.io";
-/// API version of the Balancer resource.
-pub const VERSION: &str = "v1alpha1";
+/// The version stored in etcd, and the one the operator works on.
+pub const STORAGE_VERSION: &str = v1beta1::VERSION;
 /// Kind of the Balancer resource.
 pub const KIND: &str = "Balancer";
 
@@ -35,6 +48,8 @@ pub const MAX_WEIGHT: i32 = 100;
 pub const DEFAULT_WEIGHT: i32 = 1;
 /// Protocol given to a port that does not set one.
 pub const DEFAULT_PROTOCOL: &str = "TCP";
+/// Most proxy pods one Balancer may ask for (`spec.replicas`, v1beta1).
+pub const MAX_REPLICAS: i32 = 100;
 /// Protocols nginx's stream module can proxy.
 pub const PROTOCOLS: [&str; 2] = ["TCP", "UDP"];
 
@@ -44,55 +59,6 @@ pub const BACKEND_SERVICE_SUFFIX: &str = "-backend";
 pub const PROXY_DEPLOYMENT_SUFFIX: &str = "-proxy";
 /// Suffix of the ConfigMap holding `nginx.conf`.
 pub const PROXY_CONFIGMAP_SUFFIX: &str = "-proxy-configmap";
-
-/// A weighted TCP/UDP load balancer in front of a set of backends.
-// Several printcolumns share a `type_`, which clippy mistakes for a repeated attribute.
-#[allow(clippy::duplicated_attributes)]
-#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
-#[kube(
-    group = "exposer.hliangzhao.io",
-    version = "v1alpha1",
-    kind = "Balancer",
-    plural = "balancers",
-    shortname = "bal",
-    namespaced,
-    status = "BalancerStatus",
-    printcolumn(name = "Ports", type_ = "string", json_path = ".spec.ports[*].port", description = "Front-end ports"),
-    printcolumn(
-        name = "Backends",
-        type_ = "string",
-        json_path = ".spec.backends[*].name",
-        description = "Backend names"
-    ),
-    printcolumn(
-        name = "Active",
-        type_ = "integer",
-        json_path = ".status.activeBackendsNum",
-        description = "Backend Services present and matching the spec"
-    ),
-    printcolumn(
-        name = "Obsolete",
-        type_ = "integer",
-        json_path = ".status.obsoleteBackendsNum",
-        description = "Owned backend Services no longer in the spec"
-    ),
-    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
-)]
-#[serde(rename_all = "camelCase")]
-pub struct BalancerSpec {
-    /// Front-end ports; each is proxied to the same port of every backend.
-    #[serde(deserialize_with = "read_ports")]
-    #[schemars(length(min = 1, max = 32))]
-    pub ports: Vec<BalancerPort>,
-    /// Labels common to the pods of every backend.
-    #[serde(default, skip_serializing_if = "Option::is_none", deserialize_with = "read_selector")]
-    #[schemars(schema_with = "selector_schema")]
-    pub selector: Option<BTreeMap<String, String>>,
-    /// The backends traffic is split across, by weight.
-    #[serde(deserialize_with = "read_backends")]
-    #[schemars(length(min = 1, max = 64))]
-    pub backends: Vec<BackendSpec>,
-}
 
 /// One front-end port of a Balancer.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
@@ -132,42 +98,24 @@ pub struct BackendSpec {
     pub selector: Option<BTreeMap<String, String>>,
 }
 
-/// Observed state of a Balancer.
-#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct BalancerStatus {
-    /// Backend Services present and matching the spec.
-    #[serde(default)]
-    pub active_backends_num: i32,
-    /// Owned backend Services no longer named by the spec, still present.
-    #[serde(default)]
-    pub obsolete_backends_num: i32,
-    /// The `metadata.generation` this status describes.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub observed_generation: Option<i64>,
-    /// Standard conditions; `Ready` summarises whether traffic flows as specified.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub conditions: Vec<Condition>,
-}
-
 // Lists and selectors are read within their bounds (see `crate::bounded`): a stored
 // object or a review with a huge list costs no more memory than the limit.
 
-fn read_ports<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<BalancerPort>, D::Error> {
+pub(crate) fn read_ports<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<BalancerPort>, D::Error> {
     bounded::list(d, MAX_PORTS, "ports")
 }
 
-fn read_backends<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<BackendSpec>, D::Error> {
+pub(crate) fn read_backends<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<BackendSpec>, D::Error> {
     bounded::list(d, MAX_BACKENDS, "backends")
 }
 
-fn read_selector<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<BTreeMap<String, String>>, D::Error> {
+pub(crate) fn read_selector<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<BTreeMap<String, String>>, D::Error> {
     bounded::optional_string_map(d, MAX_SELECTOR_LABELS, "labels")
 }
 
 /// At most 32 labels, each value a label value (at most 63 characters). Label keys (at most
 /// 317 characters) cannot be bounded in a structural schema without CEL; the webhook checks them.
-fn selector_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+pub(crate) fn selector_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
     schemars::json_schema!({
         "type": "object",
         "nullable": true,
@@ -237,26 +185,71 @@ pub fn proxy_configmap_name(balancer: &str) -> String {
     format!("{balancer}{PROXY_CONFIGMAP_SUFFIX}")
 }
 
+/// Where `deploy/` runs the webhook Service that also answers conversions.
+pub const WEBHOOK_SERVICE: &str = "balancer-webhook";
+/// The namespace `deploy/` installs into.
+pub const INSTALL_NAMESPACE: &str = "balancer-system";
+/// The cert-manager Certificate whose CA is injected into the CRD and webhook configurations.
+pub const SERVING_CERTIFICATE: &str = "balancer-serving-cert";
+/// Path of the conversion webhook on the TLS server.
+pub const CONVERT_PATH: &str = "/convert";
+
+/// The CustomResourceDefinition: both versions, v1beta1 stored, converted by our webhook.
+///
+/// The API server reaches `/convert` through the webhook Service, with the CA cert-manager
+/// injects (or that the README's manual path patches in).
+pub fn crd() -> Result<CustomResourceDefinition, MergeError> {
+    let mut crd = merge_crds(vec![v1beta1::Balancer::crd(), v1alpha1::Balancer::crd()], STORAGE_VERSION)?;
+    crd.metadata.annotations = Some(BTreeMap::from([(
+        "cert-manager.io/inject-ca-from".to_string(),
+        format!("{INSTALL_NAMESPACE}/{SERVING_CERTIFICATE}"),
+    )]));
+    crd.spec.conversion = Some(CustomResourceConversion {
+        strategy: "Webhook".into(),
+        webhook: Some(WebhookConversion {
+            client_config: Some(WebhookClientConfig {
+                service: Some(ServiceReference {
+                    name: WEBHOOK_SERVICE.into(),
+                    namespace: INSTALL_NAMESPACE.into(),
+                    path: Some(CONVERT_PATH.into()),
+                    port: Some(443),
+                }),
+                ..WebhookClientConfig::default()
+            }),
+            conversion_review_versions: vec!["v1".into()],
+        }),
+    });
+    Ok(crd)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use kube::CustomResourceExt;
 
     #[test]
     fn crd_identity_matches_the_go_project() {
-        let crd = Balancer::crd();
+        let crd = crd().expect("the versions merge");
         assert_eq!(crd.metadata.name.as_deref(), Some("balancers.exposer.hliangzhao.io"));
         assert_eq!(crd.spec.group, GROUP);
         assert_eq!(crd.spec.scope, "Namespaced");
         assert_eq!(crd.spec.names.kind, KIND);
         assert_eq!(crd.spec.names.short_names, Some(vec!["bal".to_string()]));
-        assert_eq!(crd.spec.versions[0].name, VERSION);
-        assert!(crd.spec.versions[0].subresources.as_ref().and_then(|s| s.status.as_ref()).is_some());
+        let versions: Vec<_> = crd.spec.versions.iter().map(|v| (v.name.as_str(), v.served, v.storage)).collect();
+        assert_eq!(versions, [("v1beta1", true, true), ("v1alpha1", true, false)]);
+        for version in &crd.spec.versions {
+            assert!(version.subresources.as_ref().and_then(|s| s.status.as_ref()).is_some(), "{}", version.name);
+        }
+        let scale = crd.spec.versions[0].subresources.as_ref().and_then(|s| s.scale.as_ref()).expect("v1beta1 scales");
+        assert_eq!(
+            (scale.spec_replicas_path.as_str(), scale.status_replicas_path.as_str(), scale.label_selector_path.as_deref()),
+            (".spec.replicas", ".status.replicas", Some(".status.selector"))
+        );
     }
 
     #[test]
     fn merged_selector_lets_the_backend_win() {
         let spec = BalancerSpec {
+            replicas: None,
             ports: vec![],
             selector: Some(BTreeMap::from([("app".into(), "a".into()), ("tier".into(), "x".into())])),
             backends: vec![],

@@ -1,0 +1,49 @@
+//! The one spec pipeline: a Balancer's spec is read (see [`crate::admission::parse_spec`]),
+//! defaulted ([`crate::defaulting`]) and validated ([`crate::validation`]) here, and only
+//! what passes becomes an [`Admitted`] spec, the type every builder of children requires.
+//!
+//! The validating webhook, the controller, `balancer check` and `balancer render` all go
+//! through [`admit`], so they cannot disagree about what a Balancer means.
+
+use std::ops::Deref;
+
+use crate::api::BalancerSpec;
+use crate::defaulting::{Defaults, fill_defaults};
+use crate::validation::{ObjectName, Report, validate};
+
+/// A spec with its defaults filled in that passed every rule.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Admitted {
+    spec: BalancerSpec,
+    warnings: Vec<String>,
+}
+
+impl Admitted {
+    /// Legal but suspicious things about it (a weight of 0 on every backend, say).
+    pub fn warnings(&self) -> &[String] {
+        &self.warnings
+    }
+
+    /// The number of proxy pods (always set once defaulted).
+    pub fn replicas(&self) -> i32 {
+        self.spec.replicas.unwrap_or_default()
+    }
+}
+
+impl Deref for Admitted {
+    type Target = BalancerSpec;
+
+    fn deref(&self) -> &BalancerSpec {
+        &self.spec
+    }
+}
+
+/// Defaults `spec` and checks it against every rule; the report lists every violation.
+pub fn admit(name: ObjectName<'_>, mut spec: BalancerSpec, defaults: &Defaults) -> Result<Admitted, Report> {
+    fill_defaults(&mut spec, defaults);
+    let report = validate(name, &spec);
+    match report.is_valid() {
+        true => Ok(Admitted { spec, warnings: report.warnings }),
+        false => Err(report),
+    }
+}

@@ -1,0 +1,310 @@
+//! v1alpha1 ↔ v1beta1, losslessly, for `POST /convert` and `balancer convert`.
+//!
+//! The API server converts every object it stores (v1beta1) to the version a client asks
+//! for, and back. The conversion must never lose a field, or a read-modify-write through
+//! v1alpha1 (a Go-era manifest re-applied, say) would reset what only v1beta1 can say.
+//! So, as the kubebuilder tutorial does, the v1beta1-only fields ride along in an
+//! annotation on the v1alpha1 object ([`PRESERVED_ANNOTATION`]) and come back from it.
+//!
+//! Objects are converted as JSON text, field by field at the top levels only: everything
+//! the conversion does not touch is copied through verbatim and never parsed into a tree,
+//! so a stored object is converted even when its spec would not pass the rules (an
+//! unreadable object must stay readable, or one bad Balancer would fail every list), and a
+//! large object costs about its own size in memory.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+use serde_json::value::{RawValue, to_raw_value};
+
+use super::{GROUP, v1alpha1, v1beta1};
+
+/// The annotation that carries, on a v1alpha1 object, the fields only v1beta1 has:
+/// `{"spec":{…},"status":{…}}`, as JSON.
+pub const PRESERVED_ANNOTATION: &str = "exposer.hliangzhao.io/v1beta1-fields";
+
+/// The spec fields both versions have; every other spec field is v1beta1's alone.
+const SHARED_SPEC_FIELDS: [&str; 3] = ["ports", "selector", "backends"];
+/// Status fields renamed between the versions, as (v1alpha1, v1beta1).
+const RENAMED_STATUS_FIELDS: [(&str, &str); 2] =
+    [("activeBackendsNum", "activeBackends"), ("obsoleteBackendsNum", "obsoleteBackends")];
+/// The status fields both versions have (by their v1alpha1 names).
+const SHARED_STATUS_FIELDS: [&str; 4] = ["activeBackendsNum", "obsoleteBackendsNum", "observedGeneration", "conditions"];
+
+/// A served version of the Balancer API.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Version {
+    V1alpha1,
+    V1beta1,
+}
+
+impl Version {
+    /// The version named by a full `apiVersion` (`exposer.hliangzhao.io/v1beta1`).
+    pub fn from_api_version(api_version: &str) -> Option<Self> {
+        match api_version.strip_prefix(GROUP)?.strip_prefix('/')? {
+            v1alpha1::VERSION => Some(Version::V1alpha1),
+            v1beta1::VERSION => Some(Version::V1beta1),
+            _ => None,
+        }
+    }
+
+    /// `exposer.hliangzhao.io/<version>`.
+    pub fn api_version(self) -> String {
+        let version = match self {
+            Version::V1alpha1 => v1alpha1::VERSION,
+            Version::V1beta1 => v1beta1::VERSION,
+        };
+        format!("{GROUP}/{version}")
+    }
+}
+
+/// Why an object cannot be converted.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ConversionError {
+    #[error("not a JSON object with an apiVersion: {0}")]
+    NotAnObject(String),
+    #[error("apiVersion {0:?} is not a served version of {GROUP} Balancers (v1alpha1, v1beta1)")]
+    UnknownVersion(String),
+    #[error("{field}: {reason}")]
+    Field { field: &'static str, reason: String },
+}
+
+/// Fields of one JSON object, each kept as its own text.
+type Fields = BTreeMap<String, Box<RawValue>>;
+
+/// The v1beta1-only fields of one object, as the annotation carries them.
+#[derive(Default, serde::Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+struct Preserved {
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    spec: Fields,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    status: Fields,
+}
+
+/// Converts one Balancer, given as JSON text, to `to`; an object already at `to` comes back as it is.
+pub fn convert(object: &RawValue, to: Version) -> Result<Box<RawValue>, ConversionError> {
+    let mut fields: Fields =
+        serde_json::from_str(object.get()).map_err(|e| ConversionError::NotAnObject(e.to_string()))?;
+    let api_version: String = match fields.get("apiVersion") {
+        Some(raw) => serde_json::from_str(raw.get()).map_err(|e| ConversionError::NotAnObject(e.to_string()))?,
+        None => return Err(ConversionError::NotAnObject("apiVersion is missing".into())),
+    };
+    let from = Version::from_api_version(&api_version).ok_or(ConversionError::UnknownVersion(api_version))?;
+    if from == to {
+        return Ok(object.to_owned());
+    }
+    match to {
+        Version::V1beta1 => to_v1beta1(&mut fields)?,
+        Version::V1alpha1 => to_v1alpha1(&mut fields)?,
+    }
+    fields.insert("apiVersion".into(), raw(&to.api_version())?);
+    raw(&fields)
+}
+
+/// v1alpha1 → v1beta1: the annotation's fields come back; status counts are renamed.
+fn to_v1beta1(object: &mut Fields) -> Result<(), ConversionError> {
+    let preserved = take_preserved(object)?;
+    let mut spec = object_field(object, "spec")?;
+    let mut status = object_field(object, "status")?;
+    if let Some(status) = &mut status {
+        rename(status, RENAMED_STATUS_FIELDS);
+    }
+    // A field v1alpha1 has itself wins over one of the same name in the annotation.
+    merge_missing(object, "spec", &mut spec, preserved.spec)?;
+    merge_missing(object, "status", &mut status, preserved.status)?;
+    put_back(object, "spec", spec)?;
+    put_back(object, "status", status)
+}
+
+/// v1beta1 → v1alpha1: fields v1alpha1 lacks move into the annotation; counts get their old names.
+fn to_v1alpha1(object: &mut Fields) -> Result<(), ConversionError> {
+    let mut preserved = Preserved::default();
+    let mut spec = object_field(object, "spec")?;
+    let mut status = object_field(object, "status")?;
+    if let Some(spec) = &mut spec {
+        preserved.spec = split_off(spec, |name| SHARED_SPEC_FIELDS.contains(&name));
+    }
+    if let Some(status) = &mut status {
+        rename(status, RENAMED_STATUS_FIELDS.map(|(alpha, beta)| (beta, alpha)));
+        preserved.status = split_off(status, |name| SHARED_STATUS_FIELDS.contains(&name));
+    }
+    // Emptied by the move: the object had it only for v1beta1's fields.
+    let emptied = |map: &Option<Fields>, moved: &Fields| map.as_ref().is_some_and(BTreeMap::is_empty) && !moved.is_empty();
+    if emptied(&spec, &preserved.spec) {
+        spec = None;
+    }
+    if emptied(&status, &preserved.status) {
+        status = None;
+    }
+    put_back(object, "spec", spec)?;
+    put_back(object, "status", status)?;
+    if !preserved.spec.is_empty() || !preserved.status.is_empty() {
+        let text = serde_json::to_string(&preserved).map_err(|e| field("metadata.annotations", e))?;
+        set_annotation(object, text)?;
+    }
+    Ok(())
+}
+
+/// Removes and reads the annotation. One that does not read as ours is left in place
+/// untouched (nothing is lost), and nothing is restored from it.
+fn take_preserved(object: &mut Fields) -> Result<Preserved, ConversionError> {
+    let Some(mut metadata) = object_field(object, "metadata")? else { return Ok(Preserved::default()) };
+    let Some(mut annotations) = annotations(&metadata)? else { return Ok(Preserved::default()) };
+    let Some(Ok(preserved)) = annotations.get(PRESERVED_ANNOTATION).map(|text| serde_json::from_str(text)) else {
+        return Ok(Preserved::default());
+    };
+    annotations.remove(PRESERVED_ANNOTATION);
+    match annotations.is_empty() {
+        true => metadata.remove("annotations"),
+        false => metadata.insert("annotations".into(), raw(&annotations)?),
+    };
+    object.insert("metadata".into(), raw(&metadata)?);
+    Ok(preserved)
+}
+
+fn set_annotation(object: &mut Fields, text: String) -> Result<(), ConversionError> {
+    let mut metadata = object_field(object, "metadata")?.unwrap_or_default();
+    let mut annotations = annotations(&metadata)?.unwrap_or_default();
+    annotations.insert(PRESERVED_ANNOTATION.into(), text);
+    metadata.insert("annotations".into(), raw(&annotations)?);
+    object.insert("metadata".into(), raw(&metadata)?);
+    Ok(())
+}
+
+fn annotations(metadata: &Fields) -> Result<Option<BTreeMap<String, String>>, ConversionError> {
+    match metadata.get("annotations") {
+        None => Ok(None),
+        Some(text) => serde_json::from_str(text.get()).map_err(|e| field("metadata.annotations", e)),
+    }
+}
+
+/// An object-valued field read one level deep; `None` when absent or null.
+fn object_field(object: &Fields, name: &'static str) -> Result<Option<Fields>, ConversionError> {
+    match object.get(name) {
+        None => Ok(None),
+        Some(text) => serde_json::from_str(text.get()).map_err(|e| field(name, e)),
+    }
+}
+
+/// Writes `value` back as `name`, or leaves `name` as it was when there is nothing to write.
+fn put_back(object: &mut Fields, name: &str, value: Option<Fields>) -> Result<(), ConversionError> {
+    match value {
+        Some(value) => object.insert(name.into(), raw(&value)?),
+        None if object.get(name).is_some_and(|v| v.get() != "null") => object.remove(name),
+        None => None,
+    };
+    Ok(())
+}
+
+/// Adds the annotation's fields that `map` lacks, creating `map` if it had none.
+fn merge_missing(
+    object: &Fields,
+    name: &'static str,
+    map: &mut Option<Fields>,
+    from: Fields,
+) -> Result<(), ConversionError> {
+    if from.is_empty() {
+        return Ok(());
+    }
+    if map.is_none() && object.get(name).is_some_and(|v| v.get() != "null") {
+        return Err(field(name, "is not an object"));
+    }
+    let map = map.get_or_insert_with(Fields::new);
+    for (key, value) in from {
+        map.entry(key).or_insert(value);
+    }
+    Ok(())
+}
+
+fn rename<const N: usize>(map: &mut Fields, pairs: [(&str, &str); N]) {
+    for (from, to) in pairs {
+        if let Some(value) = map.remove(from) {
+            map.insert(to.into(), value);
+        }
+    }
+}
+
+/// Removes and returns the fields `keep` does not accept.
+fn split_off(map: &mut Fields, keep: impl Fn(&str) -> bool) -> Fields {
+    let moved: Vec<String> = map.keys().filter(|k| !keep(k)).cloned().collect();
+    moved.into_iter().filter_map(|k| map.remove(&k).map(|v| (k, v))).collect()
+}
+
+fn raw<T: Serialize + ?Sized>(value: &T) -> Result<Box<RawValue>, ConversionError> {
+    to_raw_value(value).map_err(|e| field("object", e))
+}
+
+fn field(field: &'static str, reason: impl std::fmt::Display) -> ConversionError {
+    ConversionError::Field { field, reason: reason.to_string() }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::{Value, json};
+
+    fn convert_value(object: Value, to: Version) -> Value {
+        let text = to_raw_value(&object).expect("encodes");
+        serde_json::from_str(convert(&text, to).expect("converts").get()).expect("decodes")
+    }
+
+    fn alpha() -> Value {
+        json!({
+            "apiVersion": "exposer.hliangzhao.io/v1alpha1",
+            "kind": "Balancer",
+            "metadata": {"name": "b", "namespace": "ns"},
+            "spec": {"ports": [{"port": 80}], "backends": [{"name": "a", "weight": 1}]},
+            "status": {"activeBackendsNum": 1, "obsoleteBackendsNum": 0},
+        })
+    }
+
+    #[test]
+    fn v1alpha1_becomes_v1beta1_with_renamed_counts() {
+        let beta = convert_value(alpha(), Version::V1beta1);
+        assert_eq!(beta["apiVersion"], "exposer.hliangzhao.io/v1beta1");
+        assert_eq!(beta["status"], json!({"activeBackends": 1, "obsoleteBackends": 0}));
+        assert_eq!(beta["spec"], alpha()["spec"]);
+        assert_eq!(beta["metadata"], alpha()["metadata"]);
+    }
+
+    #[test]
+    fn v1beta1_only_fields_ride_in_the_annotation_and_come_back() {
+        let mut beta = convert_value(alpha(), Version::V1beta1);
+        beta["spec"]["replicas"] = json!(3);
+        beta["status"]["selector"] = json!("balancer.exposer.hliangzhao.io/name=b");
+        let alpha = convert_value(beta.clone(), Version::V1alpha1);
+        assert_eq!(alpha["spec"].get("replicas"), None);
+        let annotation = alpha["metadata"]["annotations"][PRESERVED_ANNOTATION].as_str().expect("annotated");
+        assert_eq!(
+            serde_json::from_str::<Value>(annotation).expect("JSON"),
+            json!({"spec": {"replicas": 3}, "status": {"selector": "balancer.exposer.hliangzhao.io/name=b"}})
+        );
+        assert_eq!(convert_value(alpha, Version::V1beta1), beta);
+    }
+
+    #[test]
+    fn an_unreadable_annotation_is_kept_and_restores_nothing() {
+        let mut object = alpha();
+        object["metadata"]["annotations"] = json!({PRESERVED_ANNOTATION: "{not json"});
+        let beta = convert_value(object.clone(), Version::V1beta1);
+        assert_eq!(beta["metadata"]["annotations"][PRESERVED_ANNOTATION], "{not json");
+        assert_eq!(beta["spec"].get("replicas"), None);
+    }
+
+    #[test]
+    fn an_unreadable_spec_is_carried_through_verbatim() {
+        let mut object = alpha();
+        object["spec"] = json!({"ports": [{"port": 80, "targetPort": 3_000_000_000u64}], "backends": "x"});
+        let beta = convert_value(object.clone(), Version::V1beta1);
+        assert_eq!(beta["spec"], object["spec"]);
+    }
+
+    #[test]
+    fn foreign_objects_are_refused_with_a_reason() {
+        let not_ours = to_raw_value(&json!({"apiVersion": "v1", "kind": "Service"})).expect("encodes");
+        assert_eq!(convert(&not_ours, Version::V1beta1).err(), Some(ConversionError::UnknownVersion("v1".into())));
+        let array = to_raw_value(&json!([1, 2])).expect("encodes");
+        assert!(matches!(convert(&array, Version::V1beta1), Err(ConversionError::NotAnObject(_))));
+    }
+}

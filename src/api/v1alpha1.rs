@@ -1,0 +1,84 @@
+//! `exposer.hliangzhao.io/v1alpha1`: the Go project's API, served unchanged.
+//!
+//! Field names and shapes match the Go project's manifests, so its YAML applies as
+//! it is. Nothing in the operator reads this type: objects of this version reach it
+//! converted to v1beta1 (see [`super::conversion`]). It exists for its schema.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use super::{BackendSpec, BalancerPort, read_backends, read_ports, read_selector, selector_schema};
+
+/// This version's name.
+pub const VERSION: &str = "v1alpha1";
+
+/// A weighted TCP/UDP load balancer in front of a set of backends.
+// Several printcolumns share a `type_`, which clippy mistakes for a repeated attribute.
+#[allow(clippy::duplicated_attributes)]
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[kube(
+    group = "exposer.hliangzhao.io",
+    version = "v1alpha1",
+    kind = "Balancer",
+    plural = "balancers",
+    shortname = "bal",
+    namespaced,
+    status = "BalancerStatus",
+    printcolumn(name = "Ports", type_ = "string", json_path = ".spec.ports[*].port", description = "Front-end ports"),
+    printcolumn(
+        name = "Backends",
+        type_ = "string",
+        json_path = ".spec.backends[*].name",
+        description = "Backend names"
+    ),
+    printcolumn(
+        name = "Active",
+        type_ = "integer",
+        json_path = ".status.activeBackendsNum",
+        description = "Backend Services present and matching the spec"
+    ),
+    printcolumn(
+        name = "Obsolete",
+        type_ = "integer",
+        json_path = ".status.obsoleteBackendsNum",
+        description = "Owned backend Services no longer in the spec"
+    ),
+    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+)]
+#[serde(rename_all = "camelCase")]
+pub struct BalancerSpec {
+    /// Front-end ports; each is proxied to the same port of every backend.
+    #[serde(deserialize_with = "read_ports")]
+    #[schemars(length(min = 1, max = 32))]
+    pub ports: Vec<BalancerPort>,
+    /// Labels common to the pods of every backend.
+    #[serde(default, skip_serializing_if = "Option::is_none", deserialize_with = "read_selector")]
+    #[schemars(schema_with = "selector_schema")]
+    pub selector: Option<BTreeMap<String, String>>,
+    /// The backends traffic is split across, by weight.
+    #[serde(deserialize_with = "read_backends")]
+    #[schemars(length(min = 1, max = 64))]
+    pub backends: Vec<BackendSpec>,
+}
+
+/// Observed state of a Balancer, as the Go project names it.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct BalancerStatus {
+    /// Backend Services present and matching the spec.
+    #[serde(default)]
+    pub active_backends_num: i32,
+    /// Owned backend Services no longer named by the spec, still present.
+    #[serde(default)]
+    pub obsolete_backends_num: i32,
+    /// The `metadata.generation` this status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// Standard conditions; `Ready` summarises whether traffic flows as specified.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+}

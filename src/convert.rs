@@ -1,0 +1,186 @@
+//! ConversionReview handling: from request bytes to the review the API server expects back.
+//!
+//! Transport-free, like [`crate::admission`]. A body that is not a usable review is a
+//! [`BadRequest`] (HTTP 400); a usable review always gets an answer carrying its `uid`,
+//! `Success` with every object converted, or `Failure` saying which object could not be.
+//! Objects are converted one at a time from their own text (see [`crate::api::conversion`]),
+//! so memory follows the body's size, which the server bounds.
+
+use std::borrow::Cow;
+use std::fmt;
+
+use serde::de::{Deserializer, SeqAccess, Visitor};
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
+
+use crate::admission::{BadRequest, MAX_UID_BYTES};
+use crate::api::conversion::{Version, convert};
+use crate::echo::cut;
+
+/// The only ConversionReview version served (the CRD asks for v1).
+pub const CONVERSION_REVIEW_API_VERSION: &str = "apiextensions.k8s.io/v1";
+/// Most objects one review may carry: a list page of the API server is 500.
+pub const MAX_CONVERSION_OBJECTS: usize = 10_000;
+/// Encoded size at most of a failure message.
+const MAX_MESSAGE_BYTES: usize = 1024;
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct ReviewIn<'a> {
+    #[serde(borrow)]
+    api_version: Cow<'a, str>,
+    #[serde(default, borrow)]
+    request: Option<RequestIn<'a>>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct RequestIn<'a> {
+    #[serde(borrow)]
+    uid: Cow<'a, str>,
+    #[serde(rename = "desiredAPIVersion", borrow)]
+    desired_api_version: Cow<'a, str>,
+    #[serde(borrow)]
+    objects: Objects<'a>,
+}
+
+/// The objects to convert, each as its own text, at most [`MAX_CONVERSION_OBJECTS`].
+struct Objects<'a>(Vec<&'a RawValue>);
+
+impl<'de: 'a, 'a> Deserialize<'de> for Objects<'a> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct ObjectsVisitor;
+        impl<'de> Visitor<'de> for ObjectsVisitor {
+            type Value = Vec<&'de RawValue>;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                write!(f, "a list of at most {MAX_CONVERSION_OBJECTS} objects")
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+                let mut objects = Vec::new();
+                while let Some(object) = seq.next_element::<&RawValue>()? {
+                    if objects.len() == MAX_CONVERSION_OBJECTS {
+                        let message = format_args!("must have at most {MAX_CONVERSION_OBJECTS} objects");
+                        return Err(serde::de::Error::custom(message));
+                    }
+                    objects.push(object);
+                }
+                Ok(objects)
+            }
+        }
+        deserializer.deserialize_seq(ObjectsVisitor).map(Objects)
+    }
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct ReviewOut<'a> {
+    api_version: &'a str,
+    kind: &'a str,
+    response: ResponseOut<'a>,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct ResponseOut<'a> {
+    uid: &'a str,
+    result: ResultOut,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    converted_objects: Vec<Box<RawValue>>,
+}
+
+#[derive(Serialize)]
+struct ResultOut {
+    status: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    message: Option<String>,
+}
+
+/// The answer to one ConversionReview, encoded, and whether every object converted.
+pub struct Converted {
+    pub body: Vec<u8>,
+    pub success: bool,
+}
+
+/// Parses `body` and converts its objects to the desired version.
+pub fn conversion_review(body: &[u8]) -> Result<Converted, BadRequest> {
+    let review: ReviewIn<'_> =
+        serde_json::from_slice(body).map_err(|e| BadRequest::Malformed(cut(&e.to_string(), MAX_MESSAGE_BYTES).into()))?;
+    if review.api_version != CONVERSION_REVIEW_API_VERSION {
+        let got = cut(&review.api_version, 256).into_owned();
+        return Err(BadRequest::UnsupportedVersion(got));
+    }
+    let request = review.request.ok_or(BadRequest::MissingRequest)?;
+    match request.uid.len() {
+        0 => return Err(BadRequest::MissingUid),
+        n if n > MAX_UID_BYTES => return Err(BadRequest::UidTooLong(n)),
+        _ => {}
+    }
+    let (result, converted_objects) = match convert_all(&request) {
+        Ok(objects) => (ResultOut { status: "Success", message: None }, objects),
+        Err(message) => (ResultOut { status: "Failure", message: Some(message) }, Vec::new()),
+    };
+    let success = result.status == "Success";
+    let review = ReviewOut {
+        api_version: CONVERSION_REVIEW_API_VERSION,
+        kind: "ConversionReview",
+        response: ResponseOut { uid: &request.uid, result, converted_objects },
+    };
+    let body = serde_json::to_vec(&review).map_err(|e| BadRequest::Malformed(e.to_string()))?;
+    Ok(Converted { body, success })
+}
+
+/// Every object converted, or why the first that cannot be was refused.
+fn convert_all(request: &RequestIn<'_>) -> Result<Vec<Box<RawValue>>, String> {
+    let Some(to) = Version::from_api_version(&request.desired_api_version) else {
+        let desired = cut(&request.desired_api_version, 256);
+        return Err(format!("desiredAPIVersion {desired:?} is not a served version of Balancers"));
+    };
+    let mut converted = Vec::with_capacity(request.objects.0.len());
+    for (i, object) in request.objects.0.iter().enumerate() {
+        let object = convert(object, to).map_err(|e| cut(&format!("objects[{i}]: {e}"), MAX_MESSAGE_BYTES).into_owned())?;
+        converted.push(object);
+    }
+    Ok(converted)
+}
+
+/// Why `balancer convert` cannot rewrite a file.
+#[derive(Debug, thiserror::Error)]
+pub enum ConvertFileError {
+    #[error(transparent)]
+    Yaml(#[from] crate::check::YamlError),
+    #[error("{source_name}: document {document}: {reason}")]
+    Document { source_name: String, document: usize, reason: String },
+    #[error("cannot encode YAML: {0}")]
+    Encode(String),
+}
+
+/// `balancer convert`: every Balancer in a (multi-document) YAML text rewritten to `to`, the
+/// way the conversion webhook does it; other documents are copied as they are. Comments and
+/// key order are not kept (the text is read as data).
+pub fn convert_yaml(source_name: &str, text: &str, to: Version) -> Result<String, ConvertFileError> {
+    let documents = crate::check::yaml_documents(source_name, text)?;
+    let mut out = String::new();
+    for (i, mut doc) in documents.into_iter().enumerate() {
+        let failed = |e: crate::validation::FieldError| ConvertFileError::Document {
+            source_name: source_name.into(),
+            document: i + 1,
+            reason: e.detail,
+        };
+        if crate::check::is_balancer(&doc) {
+            doc = crate::check::convert_document(&doc, to).map_err(failed)?;
+        } else if crate::check::is_list(&doc_kind(&doc))
+            && let Some(items) = doc.get_mut("items").and_then(serde_json::Value::as_array_mut)
+        {
+            for item in items.iter_mut().filter(|item| crate::check::is_balancer(item)) {
+                *item = crate::check::convert_document(item, to).map_err(failed)?;
+            }
+        }
+        out.push_str("---\n");
+        out.push_str(&serde_saphyr::to_string(&doc).map_err(|e| ConvertFileError::Encode(e.to_string()))?);
+    }
+    Ok(out)
+}
+
+fn doc_kind(doc: &serde_json::Value) -> String {
+    doc.get("kind").and_then(serde_json::Value::as_str).unwrap_or("").to_string()
+}
