@@ -5,11 +5,18 @@
 use std::hint::black_box;
 
 use balancer::admission::parse_spec;
-use balancer::admission::{Webhook, review};
-use balancer::defaulting::defaults_patch;
+use balancer::admission::{Answer, BadRequest, Outcome, Webhook};
+use balancer::defaulting::{Defaults, defaults_patch};
 use balancer::validation::{ObjectName, validate};
 use criterion::{Criterion, criterion_group, criterion_main};
 use serde_json::{Value, json};
+
+/// What the server defaults with (`--proxy-replicas` 1).
+const DEFAULTS: Defaults = Defaults { replicas: 1 };
+
+fn review(webhook: Webhook, body: &[u8]) -> Result<Answer, BadRequest> {
+    balancer::admission::review(webhook, body, &DEFAULTS)
+}
 
 fn sample_review(defaulted: bool) -> Vec<u8> {
     let port = if defaulted {
@@ -17,7 +24,7 @@ fn sample_review(defaulted: bool) -> Vec<u8> {
     } else {
         json!({"name": "http", "port": 80})
     };
-    let spec = json!({
+    let mut spec = json!({
         "ports": [port],
         "selector": {"app": "test"},
         "backends": [
@@ -26,6 +33,9 @@ fn sample_review(defaulted: bool) -> Vec<u8> {
             {"name": "v3", "weight": 40, "selector": {"version": "v3"}}
         ]
     });
+    if defaulted {
+        spec["replicas"] = json!(DEFAULTS.replicas);
+    }
     review_of(spec)
 }
 
@@ -43,7 +53,7 @@ fn largest_valid_review() -> Vec<u8> {
             json!({"name": format!("backend-{b}"), "weight": 1 + b % 100, "selector": own})
         })
         .collect();
-    review_of(json!({"ports": ports, "selector": common, "backends": backends}))
+    review_of(json!({"replicas": 1, "ports": ports, "selector": common, "backends": backends}))
 }
 
 fn review_of(spec: Value) -> Vec<u8> {
@@ -52,14 +62,14 @@ fn review_of(spec: Value) -> Vec<u8> {
         "kind": "AdmissionReview",
         "request": {
             "uid": "705ab4f5-6393-11e8-b7cc-42010a800002",
-            "kind": {"group": "exposer.hliangzhao.io", "version": "v1alpha1", "kind": "Balancer"},
-            "resource": {"group": "exposer.hliangzhao.io", "version": "v1alpha1", "resource": "balancers"},
+            "kind": {"group": "exposer.hliangzhao.io", "version": "v1beta1", "kind": "Balancer"},
+            "resource": {"group": "exposer.hliangzhao.io", "version": "v1beta1", "resource": "balancers"},
             "name": "example-balancer",
             "namespace": "default",
             "operation": "CREATE",
             "userInfo": {"username": "kubernetes-admin", "groups": ["system:masters"]},
             "object": {
-                "apiVersion": "exposer.hliangzhao.io/v1alpha1",
+                "apiVersion": "exposer.hliangzhao.io/v1beta1",
                 "kind": "Balancer",
                 "metadata": {"name": "example-balancer", "namespace": "default"},
                 "spec": spec
@@ -76,6 +86,10 @@ fn bench(c: &mut Criterion) {
     let undefaulted = sample_review(false);
     let object: Value = serde_json::from_slice::<Value>(&defaulted).unwrap()["request"]["object"].clone();
     let spec = parse_spec(&object).unwrap();
+
+    let unpatched = review(Webhook::Mutate, &defaulted).unwrap();
+    assert_eq!(unpatched.outcome, Outcome::Allowed, "the defaulted sample needs no patch");
+    assert_eq!(review(Webhook::Mutate, &undefaulted).unwrap().outcome, Outcome::Patched);
 
     let mut group = c.benchmark_group("admission");
     group.bench_function("baseline: parse body as serde_json::Value", |b| {
@@ -102,7 +116,7 @@ fn bench(c: &mut Criterion) {
     group.bench_function("rules only: validation::validate", |b| {
         b.iter(|| validate(ObjectName::Name("example-balancer"), black_box(&spec)))
     });
-    group.bench_function("rules only: defaults_patch", |b| b.iter(|| defaults_patch(black_box(&spec))));
+    group.bench_function("rules only: defaults_patch", |b| b.iter(|| defaults_patch(black_box(&spec), &DEFAULTS)));
     group.finish();
 }
 

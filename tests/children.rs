@@ -5,13 +5,15 @@ mod support;
 
 use std::collections::BTreeMap;
 
+use balancer::admit::{Admitted, admit};
 use balancer::api::{BackendSpec, Balancer, BalancerPort, BalancerSpec};
 use balancer::children::{
     self, BACKEND_LABEL, BALANCER_NAME_LABEL, BackendHosts, COMPONENT_LABEL, CONFIG_HASH_ANNOTATION, MANAGED_BY_LABEL,
     Owner, OwnerError, ProxySettings,
 };
-use balancer::defaulting::with_defaults;
+use balancer::defaulting::{Defaults, with_defaults};
 use balancer::nginx;
+use balancer::validation::ObjectName;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Container, PodSpec, Service, ServicePort};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -22,16 +24,27 @@ const UID: &str = "6a1c3b3e-1f0e-4d2a-9b7c-0123456789ab";
 // Fixtures
 // ---------------------------------------------------------------------------
 
-/// The original sample as the API server stores it: defaulted, with a uid.
+/// The original sample as the API server stores it (v1beta1): defaulted, with a uid.
 fn sample() -> Balancer {
     let mut balancer: Balancer = serde_json::from_value(support::sample_balancer()).expect("sample parses");
     balancer.metadata.uid = Some(UID.to_string());
-    balancer.spec = with_defaults(&balancer.spec);
+    balancer.spec = with_defaults(&balancer.spec, &settings().defaults);
     balancer
 }
 
 fn settings() -> ProxySettings {
-    ProxySettings { image: "nginxinc/nginx-unprivileged:1.28.0-alpine".into(), replicas: 2, load_modules: Vec::new() }
+    ProxySettings {
+        image: "nginxinc/nginx-unprivileged:1.28.0-alpine".into(),
+        load_modules: Vec::new(),
+        defaults: Defaults { replicas: 2 },
+    }
+}
+
+/// A Balancer's spec through the pipeline the controller uses; the fixtures are all valid.
+fn admitted(balancer: &Balancer, settings: &ProxySettings) -> Admitted {
+    let name = balancer.metadata.name.as_deref().expect("a name");
+    admit(ObjectName::Name(name), balancer.spec.clone(), &settings.defaults)
+        .unwrap_or_else(|report| panic!("the fixture is valid: {report:?}"))
 }
 
 /// Every child of one Balancer, as the controller applies them.
@@ -48,7 +61,7 @@ fn cluster_ips(spec: &BalancerSpec) -> Vec<String> {
     (0..spec.backends.len()).map(|i| format!("10.96.0.{}", 10 + i)).collect()
 }
 
-fn desired_with(owner: &Owner, spec: &BalancerSpec, settings: &ProxySettings, ips: &[String]) -> Desired {
+fn desired_with(owner: &Owner, spec: &Admitted, settings: &ProxySettings, ips: &[String]) -> Desired {
     let proxy = children::proxy(owner, spec, settings, BackendHosts::ClusterIps(ips));
     Desired {
         backend_services: children::backend_services(owner, spec),
@@ -59,7 +72,7 @@ fn desired_with(owner: &Owner, spec: &BalancerSpec, settings: &ProxySettings, ip
     }
 }
 
-fn desired(owner: &Owner, spec: &BalancerSpec, settings: &ProxySettings) -> Desired {
+fn desired(owner: &Owner, spec: &Admitted, settings: &ProxySettings) -> Desired {
     desired_with(owner, spec, settings, &cluster_ips(spec))
 }
 
@@ -68,7 +81,8 @@ fn owner(balancer: &Balancer) -> Owner {
 }
 
 fn desired_for(balancer: &Balancer) -> Desired {
-    desired(&owner(balancer), &balancer.spec, &settings())
+    let settings = settings();
+    desired(&owner(balancer), &admitted(balancer, &settings), &settings)
 }
 
 fn port(name: Option<&str>, protocol: &str, number: i32) -> BalancerPort {
@@ -87,7 +101,7 @@ fn backend(name: &str, weight: i32) -> BackendSpec {
 fn with_ports(ports: Vec<BalancerPort>) -> Balancer {
     let mut balancer = sample();
     balancer.spec.ports = ports;
-    balancer.spec = with_defaults(&balancer.spec);
+    balancer.spec = with_defaults(&balancer.spec, &settings().defaults);
     balancer
 }
 
@@ -153,7 +167,7 @@ fn owner_reference_is_the_controller_reference_of_the_balancer() {
     assert_eq!(owner.name, "example-balancer");
     assert_eq!(owner.namespace, "default");
     let reference = &owner.reference;
-    assert_eq!(reference.api_version, "exposer.hliangzhao.io/v1alpha1");
+    assert_eq!(reference.api_version, "exposer.hliangzhao.io/v1beta1", "the storage version");
     assert_eq!(reference.kind, "Balancer");
     assert_eq!(reference.name, "example-balancer");
     assert_eq!(reference.uid, UID);
@@ -266,9 +280,12 @@ fn backend_selector_is_the_spec_selector_overlaid_by_the_backend_selector() {
     assert_eq!(selector(&desired.backend_services[1]), &labels(&[("app", "test"), ("tier", "web")]));
     assert_eq!(selector(&desired.backend_services[2]), &labels(&[("app", "test"), ("tier", "web"), ("version", "v3")]));
 
+    // Without spec.selector, each backend's own (a backend with none would select every pod: invalid).
     balancer.spec.selector = None;
+    balancer.spec.backends[1].selector = Some(labels(&[("version", "v2")]));
     let desired = desired_for(&balancer);
     assert_eq!(selector(&desired.backend_services[0]), &labels(&[("version", "v1"), ("tier", "canary")]));
+    assert_eq!(selector(&desired.backend_services[1]), &labels(&[("version", "v2")]));
 }
 
 #[test]
@@ -310,21 +327,71 @@ fn backend_services_expose_every_port_with_its_target_port() {
     }
 }
 
+/// A Balancer stored without the mutating webhook's defaults (before it ran, or with it
+/// off) gets the same children as a defaulted one: `admit` fills the defaults in.
 #[test]
-fn target_port_defaults_to_port_even_without_the_webhook_defaults() {
-    let spec = BalancerSpec {
+fn admit_fills_in_the_defaults_the_webhook_did_not() {
+    let mut balancer = sample();
+    balancer.spec = BalancerSpec {
+        replicas: None,
         ports: vec![BalancerPort { name: None, protocol: None, port: 8080, target_port: None }],
         selector: None,
-        backends: vec![BackendSpec { name: "a".into(), weight: None, selector: None }],
+        backends: vec![BackendSpec { name: "a".into(), weight: None, selector: Some(labels(&[("app", "a")])) }],
     };
-    let built = desired(&owner(&sample()), &spec, &settings());
+    let settings = settings();
+    let spec = admitted(&balancer, &settings);
+    assert_eq!(*spec, with_defaults(&balancer.spec, &settings.defaults));
+    assert_eq!(spec.replicas(), 2, "the operator's default");
+    let built = desired(&owner(&balancer), &spec, &settings);
     let backend_port = &service_ports(&built.backend_services[0])[0];
     assert_eq!(backend_port.target_port, Some(IntOrString::Int(8080)));
     assert_eq!(backend_port.protocol.as_deref(), Some("TCP"));
     assert_eq!(backend_port.name, None, "an unnamed port stays unnamed");
     assert!(built.nginx_conf.contains("weight=1;"), "weight defaults to 1:\n{}", built.nginx_conf);
-    let defaulted = desired(&owner(&sample()), &with_defaults(&spec), &settings());
-    assert_eq!(as_json(&built), as_json(&defaulted), "the same children as for the defaulted spec");
+    assert_eq!(built.deployment.spec.as_ref().and_then(|s| s.replicas), Some(2));
+
+    let mut defaulted = balancer.clone();
+    defaulted.spec = with_defaults(&balancer.spec, &settings.defaults);
+    let from_defaulted = desired(&owner(&defaulted), &admitted(&defaulted, &settings), &settings);
+    assert_eq!(as_json(&built), as_json(&from_defaulted), "the same children as for the defaulted spec");
+}
+
+/// `spec.replicas` sizes the proxy; `--proxy-replicas` only stands in when a Balancer does not say.
+#[test]
+fn the_proxy_has_the_replicas_the_balancer_asks_for() {
+    let replicas = |spec_replicas: Option<i32>, default: i32| {
+        let mut balancer = sample();
+        balancer.spec.replicas = spec_replicas;
+        let settings = ProxySettings { defaults: Defaults { replicas: default }, ..settings() };
+        let spec = admitted(&balancer, &settings);
+        let deployment = desired(&owner(&balancer), &spec, &settings).deployment;
+        let replicas = deployment.spec.as_ref().and_then(|s| s.replicas);
+        assert_eq!(replicas, Some(spec.replicas()), "Admitted::replicas is what the Deployment gets");
+        replicas
+    };
+    assert_eq!(replicas(Some(5), 2), Some(5));
+    assert_eq!(replicas(Some(5), 7), Some(5), "the spec wins over the default");
+    assert_eq!(replicas(Some(0), 2), Some(0), "scaled to zero");
+    assert_eq!(replicas(Some(100), 1), Some(100));
+    assert_eq!(replicas(None, 3), Some(3), "the default when the spec does not say");
+    assert_eq!(replicas(None, 1), Some(1));
+}
+
+/// The scale subresource's `status.selector`: a label selector string that selects exactly
+/// the proxy pods (what a HorizontalPodAutoscaler averages its metrics over).
+#[test]
+fn the_selector_string_selects_the_proxy_pods() {
+    let selector = children::proxy_selector_string("example-balancer");
+    assert_eq!(
+        selector,
+        "app.kubernetes.io/component=proxy,balancer.exposer.hliangzhao.io/balancer-name=example-balancer"
+    );
+    let parsed: BTreeMap<String, String> = selector
+        .split(',')
+        .map(|term| term.split_once('=').map(|(k, v)| (k.to_string(), v.to_string())).expect("key=value"))
+        .collect();
+    assert_eq!(parsed, children::proxy_selector("example-balancer"));
+    assert!(is_subset(&parsed, pod_labels(&desired_for(&sample()).deployment)));
 }
 
 // ---------------------------------------------------------------------------
@@ -617,7 +684,8 @@ fn nginx_conf_sends_traffic_to_the_backend_cluster_ips_and_names_the_services() 
 fn ipv6_cluster_ips_are_bracketed() {
     let balancer = sample();
     let ips = ["fd00::a".to_string(), "fd00::b".into(), "fd00::c".into()];
-    let conf = desired_with(&owner(&balancer), &balancer.spec, &settings(), &ips).nginx_conf;
+    let settings = settings();
+    let conf = desired_with(&owner(&balancer), &admitted(&balancer, &settings), &settings, &ips).nginx_conf;
     assert!(conf.contains("server [fd00::b]:80 weight=20;"), "{conf}");
 }
 
@@ -625,7 +693,9 @@ fn ipv6_cluster_ips_are_bracketed() {
 fn an_offline_preview_names_the_backend_services() {
     let mut balancer = sample();
     balancer.metadata.namespace = Some("edge".into());
-    let proxy = children::proxy(&owner(&balancer), &balancer.spec, &settings(), BackendHosts::ServiceNames);
+    let settings = settings();
+    let spec = admitted(&balancer, &settings);
+    let proxy = children::proxy(&owner(&balancer), &spec, &settings, BackendHosts::ServiceNames);
     assert!(
         proxy.nginx_conf.contains("server example-balancer-v2-backend.edge.svc:80 weight=20;"),
         "{}",
@@ -638,7 +708,7 @@ fn load_modules_come_first() {
     let settings =
         ProxySettings { load_modules: vec!["/usr/lib/nginx/modules/ngx_stream_module.so".into()], ..settings() };
     let balancer = sample();
-    let conf = desired(&owner(&balancer), &balancer.spec, &settings).nginx_conf;
+    let conf = desired(&owner(&balancer), &admitted(&balancer, &settings), &settings).nginx_conf;
     let directives: Vec<&str> = conf.lines().filter(|l| !l.starts_with('#')).take(2).collect();
     assert_eq!(directives, ["load_module /usr/lib/nginx/modules/ngx_stream_module.so;", "worker_processes 2;"]);
 }
@@ -713,7 +783,7 @@ fn config_hash_changes_exactly_when_nginx_conf_changes() {
     let base = desired_for(&sample());
     type Change = fn(&mut Balancer, &mut ProxySettings, &mut Vec<String>);
     // (change, whether it changes nginx.conf)
-    let changes: [(&str, Change, bool); 14] = [
+    let changes: [(&str, Change, bool); 16] = [
         ("weight", |b, _, _| b.spec.backends[0].weight = Some(41), true),
         ("weight to 0", |b, _, _| b.spec.backends[1].weight = Some(0), true),
         ("backend added", |b, _, _| b.spec.backends.push(backend("v4", 1)), true),
@@ -724,7 +794,9 @@ fn config_hash_changes_exactly_when_nginx_conf_changes() {
         ("module loaded", |_, s, _| s.load_modules = vec!["/m.so".into()], true),
         ("namespace", |b, _, _| b.metadata.namespace = Some("other".into()), false),
         ("proxy image", |_, s, _| s.image = "nginx:1.29".into(), false),
-        ("replicas", |_, s, _| s.replicas = 5, false),
+        ("replicas", |b, _, _| b.spec.replicas = Some(5), false),
+        ("scaled to zero", |b, _, _| b.spec.replicas = Some(0), false),
+        ("default replicas", |b, s, _| (b.spec.replicas, s.defaults.replicas) = (None, 5), false),
         ("selector", |b, _, _| b.spec.selector = Some(labels(&[("app", "other")])), false),
         ("targetPort", |b, _, _| b.spec.ports[0].target_port = Some(IntOrString::String("web".into())), false),
         ("port name", |b, _, _| b.spec.ports[0].name = Some("web".into()), false),
@@ -735,7 +807,7 @@ fn config_hash_changes_exactly_when_nginx_conf_changes() {
         // One IP more than the sample has backends, for the one added.
         let mut ips: Vec<String> = (0..4).map(|i| format!("10.96.0.{}", 10 + i)).collect();
         change(&mut balancer, &mut settings, &mut ips);
-        let desired = desired_with(&owner(&balancer), &balancer.spec, &settings, &ips);
+        let desired = desired_with(&owner(&balancer), &admitted(&balancer, &settings), &settings, &ips);
         let conf_changed = desired.nginx_conf != base.nginx_conf;
         let hash_changed = config_hash(&desired.deployment) != config_hash(&base.deployment);
         assert_eq!(conf_changed, changes_conf, "{what}: nginx.conf changed = {conf_changed}");
@@ -745,6 +817,11 @@ fn config_hash_changes_exactly_when_nginx_conf_changes() {
     // The image change still reaches the Deployment, just without a config roll.
     let mut settings = settings();
     settings.image = "nginx:1.29".into();
-    let desired = desired(&owner(&sample()), &sample().spec, &settings);
+    let desired = desired(&owner(&sample()), &admitted(&sample(), &settings), &settings);
     assert_eq!(container(&desired.deployment).image.as_deref(), Some("nginx:1.29"));
+    // So does a replica count, by the Deployment's own field.
+    let mut scaled = sample();
+    scaled.spec.replicas = Some(5);
+    let scaled = self::desired(&owner(&scaled), &admitted(&scaled, &settings), &settings);
+    assert_eq!(scaled.deployment.spec.as_ref().and_then(|s| s.replicas), Some(5));
 }

@@ -24,10 +24,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use balancer::admit::{Admitted, admit};
 use balancer::api::{BackendSpec, BalancerPort, BalancerSpec};
-use balancer::defaulting::with_defaults;
+use balancer::defaulting::Defaults;
 use balancer::nginx;
-use balancer::validation::{self, ObjectName};
+use balancer::validation::ObjectName;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use tempfile::TempDir;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
@@ -447,12 +448,18 @@ fn the_swrr_model_matches_nginx_documented_sequence() {
 // Specs
 // ---------------------------------------------------------------------------
 
-/// The original project's sample Balancer, defaulted, listening on `port`.
+/// The original project's sample Balancer, listening on `port`.
 fn sample_spec(port: u16) -> BalancerSpec {
     let sample = support::sample_balancer();
     let mut spec: BalancerSpec = serde_json::from_value(sample["spec"].clone()).expect("sample spec");
     spec.ports[0].port = i32::from(port);
-    with_defaults(&spec)
+    spec
+}
+
+/// A spec through the pipeline the controller renders from: defaulted and validated.
+fn admitted(spec: BalancerSpec) -> Admitted {
+    admit(ObjectName::Name("test"), spec, &Defaults::default())
+        .unwrap_or_else(|report| panic!("the test holds valid specs only: {:?}", report.errors))
 }
 
 fn port(name: Option<&str>, protocol: &str, number: i32) -> BalancerPort {
@@ -507,8 +514,10 @@ async fn tcp_sample_splits_500_connections_40_20_40() {
     let Some(bin) = nginx_binary() else { return };
     let backends = tcp_backends(&["v1", "v2", "v3"]).await;
     let address = addresses(&backends);
-    let (nginx, listen) =
-        start_nginx(&bin, free_tcp_port, |p| nginx::render("example-balancer", &sample_spec(p), &[], &address)).await;
+    let (nginx, listen) = start_nginx(&bin, free_tcp_port, |p| {
+        nginx::render("example-balancer", &admitted(sample_spec(p)), &[], &address)
+    })
+    .await;
 
     let mut replies = Vec::with_capacity(REQUESTS);
     for _ in 0..REQUESTS {
@@ -531,7 +540,7 @@ async fn tcp_weight_zero_backend_is_down_and_gets_nothing() {
         let mut spec = sample_spec(p);
         spec.backends[1].weight = Some(0);
         spec.backends[2].weight = Some(10);
-        spec
+        admitted(spec)
     };
     let (nginx, listen) = start_nginx(&bin, free_tcp_port, |p| {
         let rendered = nginx::render("example-balancer", &spec(p), &[], &address);
@@ -567,7 +576,8 @@ async fn udp_datagrams_are_answered_by_the_backends_by_weight() {
     let backends = udp_backends(&["v1", "v2", "v3"]).await;
     let address = addresses(&backends);
     let spec = |p: u16| {
-        with_defaults(&BalancerSpec {
+        admitted(BalancerSpec {
+            replicas: None,
             ports: vec![port(Some("dns"), "UDP", i32::from(p))],
             selector: Some(BTreeMap::from([("app".to_string(), "dns".to_string())])),
             backends: vec![backend("v1", 50), backend("v2", 30), backend("v3", 20)],
@@ -610,7 +620,8 @@ async fn tcp_and_udp_on_the_same_port_number_reach_their_own_servers() {
         servers.iter().find(|s| s.name == b.name).expect("server").addr.to_string()
     };
     let spec = |p: u16| {
-        with_defaults(&BalancerSpec {
+        admitted(BalancerSpec {
+            replicas: None,
             ports: vec![port(Some("stream"), "TCP", i32::from(p)), port(Some("dgram"), "UDP", i32::from(p))],
             selector: None,
             backends: vec![backend("v1", 1), backend("v2", 1)],
@@ -648,7 +659,8 @@ async fn udp_sessions_end_once_answered() {
     let backends = udp_backends(&["v1"]).await;
     let address = addresses(&backends);
     let spec = |p: u16| {
-        with_defaults(&BalancerSpec {
+        admitted(BalancerSpec {
+            replicas: None,
             ports: vec![port(Some("dns"), "UDP", i32::from(p))],
             selector: Some(BTreeMap::from([("app".to_string(), "dns".to_string())])),
             backends: vec![backend("v1", 1)],
@@ -687,7 +699,7 @@ fn loopback_addresses(spec: &BalancerSpec) -> impl Fn(&BackendSpec, &BalancerPor
 
 fn config_table() -> Vec<(&'static str, BalancerSpec)> {
     let three = || vec![backend("v1", 40), backend("v2", 20), backend("v3", 40)];
-    let spec = |ports, backends| BalancerSpec { ports, selector: None, backends };
+    let spec = |ports, backends| BalancerSpec { replicas: None, ports, selector: None, backends };
     let mut named_target = port(Some("dns"), "UDP", 53);
     named_target.target_port = Some(IntOrString::String("dns".into()));
     let mut named_tcp = port(Some("http"), "TCP", 80);
@@ -747,9 +759,8 @@ fn nginx_t_accepts_every_rendered_config() {
     let Some(bin) = nginx_binary() else { return };
     let mut rejected = Vec::new();
     for (case, spec) in config_table() {
-        let spec = with_defaults(&spec);
-        let report = validation::validate(ObjectName::Name("table"), &spec);
-        assert!(report.is_valid(), "{case}: the table holds valid specs only: {:?}", report.errors);
+        let spec = admit(ObjectName::Name("table"), spec, &Defaults::default())
+            .unwrap_or_else(|report| panic!("{case}: the table holds valid specs only: {:?}", report.errors));
         let rendered = nginx::render("table", &spec, &[], &loopback_addresses(&spec));
         if let Err(log) = nginx_check(&bin, &rendered) {
             rejected.push(format!("--- {case} ---\n{log}\n{rendered}"));
@@ -762,7 +773,7 @@ fn nginx_t_accepts_every_rendered_config() {
 fn nginx_t_rejects_a_broken_config() {
     // The check above must be able to fail: a config nginx cannot load is reported.
     let Some(bin) = nginx_binary() else { return };
-    let spec = sample_spec(80);
+    let spec = admitted(sample_spec(80));
     let rendered = nginx::render("table", &spec, &[], &loopback_addresses(&spec)).replace("weight=40", "weight=0");
     let log = nginx_check(&bin, &rendered).expect_err("weight=0 is invalid for nginx");
     assert!(log.contains("weight"), "{log}");

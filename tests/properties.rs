@@ -1,17 +1,22 @@
-//! Property tests of the admission rules, the defaults and the AdmissionReview handling.
+//! Property tests of the admission rules, the defaults, the AdmissionReview handling and
+//! the conversion between API versions.
 //!
 //! (a) validation and defaulting never panic on arbitrary specs;
 //! (b) mutation is idempotent: after the defaults patch is applied, a second one is empty;
 //! (c) the JSON-patched spec is exactly `with_defaults(spec)`;
 //! (d) a valid Balancer with its optional fields dropped is still valid once mutated;
 //! (e) `admission::review` never panics and never fails server-side, whatever the body,
-//!     and echoes the request's uid whenever it answers.
+//!     and echoes the request's uid whenever it answers;
+//! (f) v1alpha1 → v1beta1 → v1alpha1 and v1beta1 → v1alpha1 → v1beta1 are the identity
+//!     (the v1beta1-only fields ride in an annotation), and `conversion_review` never panics
+//!     and answers every usable review with its uid.
 
 use std::collections::BTreeMap;
 
 use balancer::admission::{self, Answer, BadRequest, MAX_ANSWER_BYTES, MAX_UID_BYTES, MAX_WARNINGS, Outcome, Webhook};
+use balancer::admit::admit;
 use balancer::api::{BackendSpec, Balancer, BalancerPort, BalancerSpec};
-use balancer::defaulting::{defaults_patch, with_defaults};
+use balancer::defaulting::{Defaults, with_defaults};
 use balancer::validation::{self, ObjectName, Report};
 use base64::Engine as _;
 use json_patch::{Patch, PatchOperation};
@@ -24,6 +29,18 @@ use serde_json::{Value, json};
 
 const CASES: u32 = 256;
 
+/// What the webhooks default with in these tests (`--proxy-replicas 3`: not the type's default,
+/// so a test cannot pass by accident with `Defaults::default()`).
+const DEFAULTS: Defaults = Defaults { replicas: 3 };
+
+/// The defaults patch, which cannot fail to encode for a spec of strings and numbers.
+fn defaults_patch(spec: &BalancerSpec) -> Patch {
+    balancer::defaulting::defaults_patch(spec, &DEFAULTS).expect("a spec encodes")
+}
+
+fn defaulted(spec: &BalancerSpec) -> BalancerSpec {
+    with_defaults(spec, &DEFAULTS)
+}
 // ---------------------------------------------------------------------------
 // Strategies: arbitrary specs
 // ---------------------------------------------------------------------------
@@ -73,11 +90,9 @@ fn arb_backend() -> impl Strategy<Value = BackendSpec> {
 fn arb_spec() -> impl Strategy<Value = BalancerSpec> {
     let ports = prop_oneof![3 => vec(arb_port(), 0..4), 1 => vec(arb_port(), 0..40)];
     let backends = prop_oneof![3 => vec(arb_backend(), 0..4), 1 => vec(arb_backend(), 0..70)];
-    (ports, option::of(arb_labels(5)), backends).prop_map(|(ports, selector, backends)| BalancerSpec {
-        ports,
-        selector,
-        backends,
-    })
+    let replicas = option::of(prop_oneof![0i32..=100, arb_number()]);
+    (replicas, ports, option::of(arb_labels(5)), backends)
+        .prop_map(|(replicas, ports, selector, backends)| BalancerSpec { replicas, ports, selector, backends })
 }
 
 /// Specs within the list bounds: longer lists are refused while being read, so only
@@ -140,12 +155,14 @@ fn valid_ports() -> impl Strategy<Value = Vec<BalancerPort>> {
 fn valid_balancer() -> impl Strategy<Value = ValidBalancer> {
     (
         "[a-z]([a-z0-9-]{0,20}[a-z0-9])?",
+        0i32..=100,
         valid_ports(),
         option::of(valid_selector()),
         vec(("[a-z0-9]{1,8}", 0i32..=100, option::of(valid_selector())), 1..8),
     )
-        .prop_map(|(name, ports, selector, backends)| {
+        .prop_map(|(name, replicas, ports, selector, backends)| {
             let mut spec = BalancerSpec {
+                replicas: Some(replicas),
                 ports,
                 selector,
                 backends: backends
@@ -183,8 +200,12 @@ fn drop_optional_fields(
     ports: &[PortDrop],
     weights: &[bool],
     single_port_name: bool,
+    replicas: bool,
 ) -> BalancerSpec {
     let mut spec = spec.clone();
+    if replicas {
+        spec.replicas = None;
+    }
     for (port, how) in spec.ports.iter_mut().zip(ports) {
         match how.protocol {
             1 => port.protocol = None,
@@ -309,8 +330,8 @@ fn envelope(uid: &str, operation: &str, object: Value) -> Value {
         "kind": "AdmissionReview",
         "request": {
             "uid": uid,
-            "kind": {"group": "exposer.hliangzhao.io", "version": "v1alpha1", "kind": "Balancer"},
-            "resource": {"group": "exposer.hliangzhao.io", "version": "v1alpha1", "resource": "balancers"},
+            "kind": {"group": "exposer.hliangzhao.io", "version": "v1beta1", "kind": "Balancer"},
+            "resource": {"group": "exposer.hliangzhao.io", "version": "v1beta1", "resource": "balancers"},
             "name": object.pointer("/metadata/name").cloned().unwrap_or(json!("")),
             "namespace": "default",
             "operation": operation,
@@ -323,7 +344,7 @@ fn envelope(uid: &str, operation: &str, object: Value) -> Value {
 }
 
 fn review(webhook: Webhook, body: &Value) -> Result<Answer, BadRequest> {
-    admission::review(webhook, &serde_json::to_vec(body).expect("JSON serializes"))
+    admission::review(webhook, &serde_json::to_vec(body).expect("JSON serializes"), &DEFAULTS)
 }
 
 /// Checks an answer the way the server would send it: it encodes (else the
@@ -410,11 +431,20 @@ proptest! {
             );
             prop_assert!(!error.detail.is_empty());
         }
-        let defaulted = with_defaults(&spec);
+        let defaulted = defaulted(&spec);
         let _ = validate_as(&meta, &defaulted);
         let patch = defaults_patch(&spec);
-        prop_assert!(patch.0.len() <= 2 * spec.ports.len() + spec.backends.len());
+        prop_assert!(patch.0.len() <= 1 + 2 * spec.ports.len() + spec.backends.len());
         prop_assert!(defaults_patch(&defaulted).0.is_empty(), "with_defaults leaves nothing to default");
+        // admit is exactly: defaults, then the rules.
+        match admit(ObjectName::from_meta(meta.0.as_deref(), meta.1.as_deref()), spec.clone(), &DEFAULTS) {
+            Ok(admitted) => {
+                prop_assert_eq!(&*admitted, &defaulted);
+                prop_assert_eq!(admitted.warnings().to_vec(), validate_as(&meta, &defaulted).warnings);
+                prop_assert_eq!(admitted.replicas(), defaulted.replicas.unwrap_or_default());
+            }
+            Err(report) => prop_assert_eq!(report, validate_as(&meta, &defaulted)),
+        }
     }
 }
 
@@ -435,8 +465,10 @@ proptest! {
         json_patch::patch(&mut doc, &patch.0)
             .map_err(|e| TestCaseError::fail(format!("the defaults patch does not apply: {e}")))?;
         let patched = spec_of(&doc);
-        prop_assert_eq!(&patched, &with_defaults(&spec));
+        prop_assert_eq!(&patched, &defaulted(&spec));
         prop_assert!(defaults_patch(&patched).0.is_empty(), "second patch: {:?}", defaults_patch(&patched));
+        // A spec within the list bounds always gets a replica count.
+        prop_assert_eq!(patched.replicas, Some(spec.replicas.unwrap_or(DEFAULTS.replicas)));
 
         // The patch only touches the spec.
         prop_assert_eq!(&doc["metadata"], &original["metadata"]);
@@ -455,7 +487,7 @@ proptest! {
         let mut doc = original;
         json_patch::patch(&mut doc, &patch.0)
             .map_err(|e| TestCaseError::fail(format!("the webhook's patch does not apply: {e}")))?;
-        prop_assert_eq!(&spec_of(&doc), &with_defaults(&spec));
+        prop_assert_eq!(&spec_of(&doc), &defaulted(&spec));
 
         let second = review(Webhook::Mutate, &envelope("uid-2", "UPDATE", doc))
             .map_err(|e| TestCaseError::fail(format!("refused as a bad request: {e}")))?;
@@ -481,6 +513,9 @@ proptest! {
         let report = validation::validate(ObjectName::Name(&valid.name), &valid.spec);
         prop_assert!(report.is_valid(), "{:#?}", report.errors);
         prop_assert!(defaults_patch(&valid.spec).0.is_empty(), "every optional field is set");
+        let admitted = admit(ObjectName::Name(&valid.name), valid.spec.clone(), &DEFAULTS)
+            .map_err(|r| TestCaseError::fail(format!("not admitted: {:?}", r.errors)))?;
+        prop_assert_eq!(&*admitted, &valid.spec);
     }
 
     #[test]
@@ -489,9 +524,10 @@ proptest! {
         ports in port_drops(),
         weights in vec(any::<bool>(), 8),
         single_port_name in any::<bool>(),
+        replicas in any::<bool>(),
     ) {
-        let dropped = drop_optional_fields(&valid.spec, &ports, &weights, single_port_name);
-        let defaulted = with_defaults(&dropped);
+        let dropped = drop_optional_fields(&valid.spec, &ports, &weights, single_port_name, replicas);
+        let defaulted = defaulted(&dropped);
         let report = validation::validate(ObjectName::Name(&valid.name), &defaulted);
         prop_assert!(report.is_valid(), "{:#?}", report.errors);
 
@@ -542,7 +578,7 @@ proptest! {
 
     #[test]
     fn review_survives_arbitrary_bytes(webhook in any_webhook(), body in vec(any::<u8>(), 0..512)) {
-        checked(admission::review(webhook, &body))?;
+        checked(admission::review(webhook, &body, &DEFAULTS))?;
     }
 
     #[test]
@@ -560,7 +596,7 @@ proptest! {
         spec in prop_oneof![arb_json(), spec_like_json()],
     ) {
         let object = json!({
-            "apiVersion": "exposer.hliangzhao.io/v1alpha1",
+            "apiVersion": "exposer.hliangzhao.io/v1beta1",
             "kind": "Balancer",
             "metadata": {"name": name, "namespace": "default"},
             "spec": spec,
@@ -580,14 +616,17 @@ proptest! {
             }
             Ok(parsed) => match webhook {
                 Webhook::Validate => {
-                    let report = validation::validate(ObjectName::Name(&name), &parsed);
-                    let expected = if report.is_valid() { Outcome::Allowed } else { Outcome::Denied };
+                    // The validating webhook judges the spec as it will be stored: defaulted.
+                    let (expected, report_warnings) = match admit(ObjectName::Name(&name), parsed, &DEFAULTS) {
+                        Ok(admitted) => (Outcome::Allowed, admitted.warnings().to_vec()),
+                        Err(report) => (Outcome::Denied, report.warnings),
+                    };
                     prop_assert_eq!(answer.outcome, expected);
                     let warnings = answer.review.response.as_ref().unwrap().warnings.clone().unwrap_or_default();
-                    let listed = report.warnings.len().min(MAX_WARNINGS);
-                    prop_assert_eq!(&warnings[..listed], &report.warnings[..listed]);
-                    if report.warnings.len() > MAX_WARNINGS {
-                        let more = format!("and {} more warnings", report.warnings.len() - MAX_WARNINGS);
+                    let listed = report_warnings.len().min(MAX_WARNINGS);
+                    prop_assert_eq!(&warnings[..listed], &report_warnings[..listed]);
+                    if report_warnings.len() > MAX_WARNINGS {
+                        let more = format!("and {} more warnings", report_warnings.len() - MAX_WARNINGS);
                         prop_assert_eq!(warnings.last(), Some(&more));
                     }
                 }
@@ -640,7 +679,7 @@ fn hostile_object() -> impl Strategy<Value = Value> {
     (hostile_text(), vec(port, 0..34), vec(backend, 0..66), btree_map(hostile_text(), hostile_text(), 0..34)).prop_map(
         |(name, ports, backends, selector)| {
             json!({
-                "apiVersion": "exposer.hliangzhao.io/v1alpha1",
+                "apiVersion": "exposer.hliangzhao.io/v1beta1",
                 "kind": "Balancer",
                 "metadata": {"name": name},
                 "spec": {"ports": ports, "backends": backends, "selector": selector},
@@ -678,7 +717,7 @@ proptest! {
 
 fn sample_object() -> Value {
     json!({
-        "apiVersion": "exposer.hliangzhao.io/v1alpha1",
+        "apiVersion": "exposer.hliangzhao.io/v1beta1",
         "kind": "Balancer",
         "metadata": {"name": "example-balancer"},
         "spec": {
@@ -707,7 +746,7 @@ fn deeply_nested_specs_are_answered_or_refused_without_overflowing() {
             .expect("serializes")
             .replace("\"metadata\":", &format!("\"spec\":{spec},\"metadata\":"));
         for webhook in [Webhook::Validate, Webhook::Mutate] {
-            match admission::review(webhook, body.as_bytes()) {
+            match admission::review(webhook, body.as_bytes(), &DEFAULTS) {
                 Ok(answer) => {
                     assert_eq!(answer.outcome, Outcome::Denied, "depth {depth}");
                     let response = answer.review.response.as_ref().expect("a response");
@@ -787,9 +826,10 @@ fn the_sample_is_patched_then_allowed() {
     assert_eq!(
         patch,
         json!([
+            {"op": "add", "path": "/spec/backends/0/weight", "value": 1},
             {"op": "add", "path": "/spec/ports/0/protocol", "value": "TCP"},
             {"op": "add", "path": "/spec/ports/0/targetPort", "value": 80},
-            {"op": "add", "path": "/spec/backends/0/weight", "value": 1}
+            {"op": "add", "path": "/spec/replicas", "value": DEFAULTS.replicas}
         ])
     );
     let mut doc = sample_object();

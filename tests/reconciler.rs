@@ -6,15 +6,17 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::http::{Method, Request, Response, StatusCode};
-use balancer::api::{BackendSpec, Balancer, BalancerPort, BalancerSpec};
+use balancer::admit::{Admitted, admit};
+use balancer::api::{BackendSpec, Balancer, BalancerPort, BalancerSpec, BalancerStatus};
 use balancer::children::{self, BackendHosts, Owner, ProxySettings};
 use balancer::controller::{
     self, ChildCaches, Context, ErrorKind, OtherNames, backoff, error_policy, is_subset, reconcile,
 };
-use balancer::defaulting::with_defaults;
+use balancer::defaulting::Defaults;
 use balancer::stored::StoredBalancer;
 use balancer::telemetry::Metrics;
 use balancer::throttle::{Rate, ThrottleLayer};
+use balancer::validation::ObjectName;
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentStatus};
 use k8s_openapi::api::core::v1::{ConfigMap, Service};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -32,7 +34,10 @@ const NAME: &str = "example-balancer";
 const UID: &str = "6a1c5e2e-0f2a-4d8c-9c57-6c1f4b5e8d11";
 const SSA: &str = "?&force=true&fieldManager=balancer";
 const EVENTS: &str = "/apis/events.k8s.io/v1/namespaces/ns/events?";
-const STATUS: &str = "/apis/exposer.hliangzhao.io/v1alpha1/namespaces/ns/balancers/example-balancer/status?";
+const STATUS: &str = "/apis/exposer.hliangzhao.io/v1beta1/namespaces/ns/balancers/example-balancer/status?";
+/// The proxy pods' selector, as the scale subresource reports it.
+const SELECTOR: &str =
+    "app.kubernetes.io/component=proxy,balancer.exposer.hliangzhao.io/balancer-name=example-balancer";
 
 type ApiServer = Handle<Request<Body>, Response<Body>>;
 
@@ -40,7 +45,12 @@ type ApiServer = Handle<Request<Body>, Response<Body>>;
 const CLUSTER_IP: &str = "10.96.0.10";
 
 fn settings() -> ProxySettings {
-    ProxySettings { image: "nginx-test:1".into(), replicas: 1, load_modules: Vec::new() }
+    ProxySettings { image: "nginx-test:1".into(), load_modules: Vec::new(), defaults: Defaults { replicas: 1 } }
+}
+
+/// A spec through the pipeline the controller uses.
+fn admitted(balancer: &Balancer) -> Admitted {
+    admit(ObjectName::Name(NAME), balancer.spec.clone(), &settings().defaults).expect("a valid fixture")
 }
 
 fn sample() -> Balancer {
@@ -52,6 +62,7 @@ fn sample() -> Balancer {
     let mut balancer = Balancer::new(
         NAME,
         BalancerSpec {
+            replicas: None,
             ports: vec![BalancerPort {
                 name: Some("http".into()),
                 protocol: Some("TCP".into()),
@@ -113,10 +124,11 @@ fn context() -> (Arc<Context>, ApiServer, Caches) {
 /// Fills the caches with the children as the API server would hold them, the proxy available.
 fn converged(caches: &mut Caches, balancer: &Balancer) {
     let owner = Owner::of(balancer).unwrap();
-    let spec = with_defaults(&balancer.spec);
+    let spec = admitted(balancer);
     let backend_services = children::backend_services(&owner, &spec);
     let ips = vec![CLUSTER_IP.to_string(); backend_services.len()];
     let proxy = children::proxy(&owner, &spec, &settings(), BackendHosts::ClusterIps(&ips));
+    let replicas = spec.replicas();
     let stored = |mut value: Value| {
         value["metadata"]["uid"] = json!("child-uid");
         value["metadata"]["resourceVersion"] = json!("42");
@@ -138,10 +150,10 @@ fn converged(caches: &mut Caches, balancer: &Balancer) {
     deployment.spec.as_mut().unwrap().template.spec.as_mut().unwrap().dns_policy = Some("ClusterFirst".into());
     deployment.status = Some(DeploymentStatus {
         observed_generation: Some(1),
-        replicas: Some(1),
-        updated_replicas: Some(1),
-        ready_replicas: Some(1),
-        available_replicas: Some(1),
+        replicas: Some(replicas),
+        updated_replicas: Some(replicas),
+        ready_replicas: Some(replicas),
+        available_replicas: Some(replicas),
         ..DeploymentStatus::default()
     });
     caches.deployments.apply_watcher_event(&watcher::Event::Apply(deployment));
@@ -229,12 +241,49 @@ async fn expect_apply(server: &mut ApiServer, path: &str, kind: &str) -> Value {
     body
 }
 
+/// Answers the status write (a merge patch of the status alone) and returns the status.
 async fn expect_status(server: &mut ApiServer, balancer: &Balancer) -> Value {
     let (body, respond) = expect(server, Method::PATCH, STATUS).await;
+    let keys: Vec<&String> = body.as_object().expect("a merge patch").keys().collect();
+    assert_eq!(keys, ["status"], "only the status is written: {body}");
     let mut stored = serde_json::to_value(balancer).unwrap();
     stored["status"] = body["status"].clone();
     ok(respond, &stored);
     body["status"].clone()
+}
+
+/// The whole status a reconcile writes, field by field: the proxy's pods (for the scale
+/// subresource), the backend counts, and one `Ready` condition (its transition time is
+/// checked to be a timestamp, then left out of the comparison).
+fn assert_status(
+    written: &Value,
+    (replicas, ready_replicas): (i32, i32),
+    (active, obsolete): (i32, i32),
+    ready: Value,
+) {
+    let mut status = written.clone();
+    let conditions = status["conditions"].as_array_mut().expect("conditions");
+    assert_eq!(conditions.len(), 1, "{conditions:?}");
+    let time = conditions[0].as_object_mut().unwrap().remove("lastTransitionTime").expect("lastTransitionTime");
+    let time = time.as_str().expect("a string");
+    assert!(time.len() >= 20 && time.ends_with('Z') && time.as_bytes()[10] == b'T', "RFC 3339: {time}");
+    let mut expected_ready = ready;
+    expected_ready["type"] = json!("Ready");
+    expected_ready["observedGeneration"] = json!(1);
+    assert_eq!(
+        status,
+        json!({
+            "replicas": replicas,
+            "readyReplicas": ready_replicas,
+            "selector": SELECTOR,
+            "activeBackends": active,
+            "obsoleteBackends": obsolete,
+            "observedGeneration": 1,
+            "conditions": [expected_ready],
+        })
+    );
+    let typed: BalancerStatus = serde_json::from_value(written.clone()).expect("reads back as a v1beta1 status");
+    assert_eq!((typed.replicas, typed.ready_replicas), (replicas, ready_replicas));
 }
 
 async fn expect_event(server: &mut ApiServer, reason: &str) -> Value {
@@ -279,12 +328,14 @@ async fn first_reconcile_applies_every_child_in_order_then_the_status() {
              Deployment example-balancer-proxy, Service example-balancer"
         );
         let status = expect_status(&mut server, &sample()).await;
-        assert_eq!(status["activeBackendsNum"], 3);
-        assert_eq!(status["obsoleteBackendsNum"], 0);
-        assert_eq!(status["observedGeneration"], 1);
-        assert_eq!(status["conditions"][0]["type"], "Ready");
-        assert_eq!(status["conditions"][0]["status"], "False");
-        assert_eq!(status["conditions"][0]["reason"], "ProxyNotAvailable");
+        // The Deployment was just created: no pod yet.
+        assert_status(
+            &status,
+            (0, 0),
+            (3, 0),
+            json!({"status": "False", "reason": "ProxyNotAvailable",
+                   "message": "waiting for proxy Deployment example-balancer-proxy to roll out (0/1 available)"}),
+        );
         let event = expect_event(&mut server, "ProxyNotAvailable").await;
         assert_eq!(event["type"], "Warning");
     });
@@ -302,8 +353,13 @@ async fn a_converged_balancer_costs_one_status_write_then_nothing() {
     // Children match the caches: the only write is the status, now Ready.
     let verifier = tokio::spawn(async move {
         let status = expect_status(&mut server, &sample()).await;
-        assert_eq!(status["conditions"][0]["status"], "True", "{status}");
-        assert_eq!(status["conditions"][0]["reason"], "ProxyAvailable");
+        assert_status(
+            &status,
+            (1, 1),
+            (3, 0),
+            json!({"status": "True", "reason": "ProxyAvailable",
+                   "message": "proxy Deployment example-balancer-proxy is available (1/1); 3 backends active"}),
+        );
         expect_event(&mut server, "ProxyAvailable").await;
         (status, server)
     });
@@ -343,7 +399,14 @@ async fn a_hand_edited_config_map_is_reapplied() {
         ok(respond, &body);
         let event = expect_event(&mut server, "Updated").await;
         assert_eq!(event["note"], "updated ConfigMap example-balancer-proxy-configmap");
-        expect_status(&mut server, &sample()).await;
+        let status = expect_status(&mut server, &sample()).await;
+        assert_status(
+            &status,
+            (1, 1),
+            (3, 0),
+            json!({"status": "True", "reason": "ProxyAvailable",
+                   "message": "proxy Deployment example-balancer-proxy is available (1/1); 3 backends active"}),
+        );
         expect_event(&mut server, "ProxyAvailable").await;
     });
     reconcile(Arc::new(balancer.into()), ctx).await.expect("reconcile succeeds");
@@ -357,8 +420,9 @@ async fn an_obsolete_backend_service_is_deleted() {
     converged(&mut caches, &balancer);
     // A Service for a backend "old" that the spec no longer names.
     let owner = Owner::of(&balancer).unwrap();
-    let mut old_spec = with_defaults(&balancer.spec);
-    old_spec.backends[0].name = "old".into();
+    let mut old_balancer = balancer.clone();
+    old_balancer.spec.backends[0].name = "old".into();
+    let old_spec = admitted(&old_balancer);
     let mut old = children::backend_service(&owner, &old_spec, &old_spec.backends[0]);
     old.metadata.uid = Some("old-uid".into());
     caches.services.apply_watcher_event(&watcher::Event::Apply(old));
@@ -371,7 +435,13 @@ async fn an_obsolete_backend_service_is_deleted() {
         let event = expect_event(&mut server, "Deleted").await;
         assert_eq!(event["related"]["name"], "example-balancer-old-backend");
         let status = expect_status(&mut server, &sample()).await;
-        assert_eq!((status["activeBackendsNum"].clone(), status["obsoleteBackendsNum"].clone()), (json!(3), json!(0)));
+        assert_status(
+            &status,
+            (1, 1),
+            (3, 0),
+            json!({"status": "True", "reason": "ProxyAvailable",
+                   "message": "proxy Deployment example-balancer-proxy is available (1/1); 3 backends active"}),
+        );
         expect_event(&mut server, "ProxyAvailable").await;
     });
     reconcile(Arc::new(balancer.into()), ctx).await.expect("reconcile succeeds");
@@ -398,10 +468,12 @@ async fn obsolete_backend_kept_while(rolling_status: fn(&mut DeploymentStatus)) 
     converged(&mut caches, &balancer);
     let mut rolling: Deployment = ctx.children.deployments.state()[0].as_ref().clone();
     rolling_status(rolling.status.as_mut().unwrap());
+    let status = rolling.status.clone().unwrap();
     caches.deployments.apply_watcher_event(&watcher::Event::Apply(rolling));
     let owner = Owner::of(&balancer).unwrap();
-    let mut old_spec = with_defaults(&balancer.spec);
-    old_spec.backends[0].name = "old".into();
+    let mut old_balancer = balancer.clone();
+    old_balancer.spec.backends[0].name = "old".into();
+    let old_spec = admitted(&old_balancer);
     caches.services.apply_watcher_event(&watcher::Event::Apply(children::backend_service(
         &owner,
         &old_spec,
@@ -409,9 +481,17 @@ async fn obsolete_backend_kept_while(rolling_status: fn(&mut DeploymentStatus)) 
     )));
     let verifier = tokio::spawn(async move {
         // No DELETE: the status counts it as obsolete while the proxy rolls out.
-        let status = expect_status(&mut server, &sample()).await;
-        assert_eq!((status["activeBackendsNum"].clone(), status["obsoleteBackendsNum"].clone()), (json!(3), json!(1)));
-        assert_eq!(status["conditions"][0]["reason"], "ProxyNotAvailable");
+        let written = expect_status(&mut server, &sample()).await;
+        // The pods the Deployment reports, whether or not they are of the new template.
+        let (replicas, ready) = (status.replicas.unwrap(), status.ready_replicas.unwrap());
+        let available = status.available_replicas.unwrap();
+        assert_status(
+            &written,
+            (replicas, ready),
+            (3, 1),
+            json!({"status": "False", "reason": "ProxyNotAvailable",
+                   "message": format!("waiting for proxy Deployment example-balancer-proxy to roll out ({available}/1 available)")}),
+        );
         expect_event(&mut server, "ProxyNotAvailable").await;
     });
     reconcile(Arc::new(balancer.into()), ctx).await.expect("reconcile succeeds");
@@ -437,14 +517,19 @@ async fn an_api_error_fails_the_reconcile_and_backs_off() {
                 .body(Body::from(serde_json::to_vec(&forbidden).unwrap()))
                 .unwrap(),
         );
-        // The failure is recorded in the status, best effort.
+        // The failure is recorded in the status, best effort: the proxy's pods as the
+        // status said last (the Deployment was not looked at), the backends as the cache has them.
         let status = expect_status(&mut server, &sample()).await;
-        assert_eq!(status["conditions"][0]["reason"], "ReconcileError");
-        let message = status["conditions"][0]["message"].as_str().unwrap();
-        assert!(message.starts_with("cannot apply Service example-balancer-v1-backend"), "{message}");
+        let message = status["conditions"][0]["message"].as_str().unwrap().to_string();
+        assert!(message.starts_with("cannot apply Service example-balancer-v1-backend: "), "{message}");
+        assert!(message.contains("services is forbidden"), "{message}");
+        let ready = json!({"status": "False", "reason": "ReconcileError", "message": message});
+        assert_status(&status, (2, 1), (0, 0), ready);
         expect_event(&mut server, "ReconcileError").await;
     });
-    let balancer = Arc::new(StoredBalancer::from(sample()));
+    let mut balancer = sample();
+    balancer.status = Some(BalancerStatus { replicas: 2, ready_replicas: 1, ..BalancerStatus::default() });
+    let balancer = Arc::new(StoredBalancer::from(balancer));
     let error = reconcile(balancer.clone(), ctx.clone()).await.expect_err("reconcile fails");
     assert_eq!(error.kind(), ErrorKind::ApiError);
     verifier.await.unwrap();
@@ -457,14 +542,13 @@ async fn an_api_error_fails_the_reconcile_and_backs_off() {
 async fn an_invalid_spec_is_reported_and_builds_nothing() {
     let (ctx, mut server, _caches) = context();
     let mut balancer = sample();
+    balancer.spec.replicas = Some(101);
     balancer.spec.backends[1].weight = Some(150);
     let verifier = tokio::spawn(async move {
         let status = expect_status(&mut server, &sample()).await;
-        assert_eq!(status["conditions"][0]["reason"], "InvalidSpec");
-        assert_eq!(
-            status["conditions"][0]["message"],
-            "Balancer \"example-balancer\" is invalid: spec.backends[1].weight: must be between 0 and 100, got 150"
-        );
+        let message = "Balancer \"example-balancer\" is invalid: [spec.replicas: must be between 0 and 100, got 101, \
+                       spec.backends[1].weight: must be between 0 and 100, got 150]";
+        assert_status(&status, (0, 0), (0, 0), json!({"status": "False", "reason": "InvalidSpec", "message": message}));
         expect_event(&mut server, "InvalidSpec").await;
     });
     let action = reconcile(Arc::new(balancer.into()), ctx).await.expect("an invalid spec is not a reconcile error");
@@ -483,9 +567,10 @@ async fn an_unreadable_spec_is_reported_even_when_its_status_cannot_be_written()
     let stored: StoredBalancer = serde_json::from_value(object).expect("any stored Balancer is readable");
     let verifier = tokio::spawn(async move {
         let (body, respond) = expect(&mut server, Method::PATCH, STATUS).await;
-        assert_eq!(body["status"]["conditions"][0]["reason"], "InvalidSpec");
         let message = body["status"]["conditions"][0]["message"].as_str().unwrap().to_string();
         assert!(message.contains("spec.ports[0].targetPort: invalid value: integer `3000000000`"), "{message}");
+        let ready = json!({"status": "False", "reason": "InvalidSpec", "message": message});
+        assert_status(&body["status"], (0, 0), (0, 0), ready);
         // As kube-apiserver 1.20 refuses it: the whole object is validated on a status write.
         let refusal = json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
             "message": "Balancer.exposer.hliangzhao.io \"example-balancer\" is invalid: spec.ports.targetPort: \
@@ -519,10 +604,13 @@ async fn a_namesake_not_owned_by_the_balancer_is_never_adopted() {
     caches.other_services.apply_watcher_event(&watcher::Event::Apply(serde_json::from_value(foreign).unwrap()));
     let verifier = tokio::spawn(async move {
         let status = expect_status(&mut server, &sample()).await;
-        assert_eq!(status["conditions"][0]["reason"], "Conflict");
-        assert_eq!(
-            status["conditions"][0]["message"],
-            "Service example-balancer-v1-backend already exists and is not controlled by this Balancer; rename or remove it"
+        assert_status(
+            &status,
+            (0, 0),
+            (0, 0),
+            json!({"status": "False", "reason": "Conflict",
+                   "message": "Service example-balancer-v1-backend already exists and is not controlled by this \
+                               Balancer; rename or remove it"}),
         );
         expect_event(&mut server, "Conflict").await;
     });
@@ -587,7 +675,14 @@ async fn an_own_child_without_its_label_is_taken_back() {
         let note = event["note"].as_str().unwrap();
         assert!(note.starts_with("created Service example-balancer-v2-backend, "), "{note}");
         assert!(note.ends_with("; updated Service example-balancer-v1-backend"), "{note}");
-        expect_status(&mut server, &sample()).await;
+        let status = expect_status(&mut server, &sample()).await;
+        assert_status(
+            &status,
+            (0, 0),
+            (3, 0),
+            json!({"status": "False", "reason": "ProxyNotAvailable",
+                   "message": "waiting for proxy Deployment example-balancer-proxy to roll out (0/1 available)"}),
+        );
         expect_event(&mut server, "ProxyNotAvailable").await;
     });
     reconcile(Arc::new(sample().into()), ctx).await.expect("reconcile succeeds");
@@ -716,11 +811,112 @@ async fn a_namesake_the_caches_have_not_seen_yet_is_never_taken_over() {
         ok(respond, &users);
         // No apply: the failure goes straight to the status.
         let status = expect_status(&mut server, &sample()).await;
-        let message = status["conditions"][0]["message"].as_str().unwrap();
-        assert!(message.contains("already exists and is not controlled by this Balancer"), "{message}");
+        assert_status(
+            &status,
+            (0, 0),
+            (0, 0),
+            json!({"status": "False", "reason": "Conflict",
+                   "message": "Service example-balancer-v1-backend already exists and is not controlled by this \
+                               Balancer; rename or remove it"}),
+        );
         expect_event(&mut server, "Conflict").await;
     });
     let error = reconcile(Arc::new(sample().into()), ctx).await.expect_err("reconcile fails");
     assert_eq!(error.kind(), ErrorKind::Conflict);
+    verifier.await.unwrap();
+}
+
+/// `kubectl scale bal/example-balancer --replicas=3` (or an HPA) sets `spec.replicas`: the
+/// proxy Deployment is applied again with 3 replicas, and the status reports the pods the
+/// Deployment has while it scales (the scale subresource's `status.replicas`).
+#[tokio::test]
+async fn scaling_a_balancer_scales_its_proxy_deployment() {
+    let (ctx, mut server, mut caches) = context();
+    let mut balancer = sample();
+    converged(&mut caches, &balancer);
+    balancer.spec.replicas = Some(3);
+    let verifier = tokio::spawn(async move {
+        let path = "/apis/apps/v1/namespaces/ns/deployments/example-balancer-proxy";
+        let (body, respond) = expect(&mut server, Method::PATCH, &format!("{path}{SSA}")).await;
+        assert_eq!(body["spec"]["replicas"], 3, "{body}");
+        // As the API server answers: the new generation, not yet observed, the old pod still there.
+        let mut stored = body.clone();
+        stored["metadata"]["generation"] = json!(2);
+        stored["status"] = json!({"observedGeneration": 1, "replicas": 1, "updatedReplicas": 1,
+                                  "readyReplicas": 1, "availableReplicas": 1});
+        ok(respond, &stored);
+        let event = expect_event(&mut server, "Updated").await;
+        assert_eq!(event["note"], "updated Deployment example-balancer-proxy");
+        let status = expect_status(&mut server, &sample()).await;
+        assert_status(
+            &status,
+            (1, 1),
+            (3, 0),
+            json!({"status": "False", "reason": "ProxyNotAvailable",
+                   "message": "waiting for proxy Deployment example-balancer-proxy to roll out (1/3 available)"}),
+        );
+        expect_event(&mut server, "ProxyNotAvailable").await;
+    });
+    reconcile(Arc::new(balancer.into()), ctx).await.expect("reconcile succeeds");
+    verifier.await.unwrap();
+}
+
+/// A Balancer without `spec.replicas` (stored before the mutating webhook wrote it) gets the
+/// operator's default, not the Deployment's own default of 1.
+#[tokio::test]
+async fn a_balancer_without_replicas_gets_the_operators_default() {
+    let (service, mut server) = mock::pair::<Request<Body>, Response<Body>>();
+    let (children, _caches) = child_caches();
+    let settings = ProxySettings { defaults: Defaults { replicas: 4 }, ..settings() };
+    let ctx = Arc::new(Context::new(Client::new(service, "default"), children, settings, Arc::new(Metrics::default())));
+    let balancer = sample();
+    assert_eq!(balancer.spec.replicas, None);
+    let verifier = tokio::spawn(async move {
+        for backend in ["v1", "v2", "v3"] {
+            let path = format!("/api/v1/namespaces/ns/services/example-balancer-{backend}-backend");
+            expect_create(&mut server, &path, "Service").await;
+        }
+        let path = "/api/v1/namespaces/ns/configmaps/example-balancer-proxy-configmap";
+        expect_create(&mut server, path, "ConfigMap").await;
+        let path = "/apis/apps/v1/namespaces/ns/deployments/example-balancer-proxy";
+        let deployment = expect_create(&mut server, path, "Deployment").await;
+        assert_eq!(deployment["spec"]["replicas"], 4);
+        expect_create(&mut server, "/api/v1/namespaces/ns/services/example-balancer", "Service").await;
+        expect_event(&mut server, "Created").await;
+        let status = expect_status(&mut server, &sample()).await;
+        assert_status(
+            &status,
+            (0, 0),
+            (3, 0),
+            json!({"status": "False", "reason": "ProxyNotAvailable",
+                   "message": "waiting for proxy Deployment example-balancer-proxy to roll out (0/4 available)"}),
+        );
+        expect_event(&mut server, "ProxyNotAvailable").await;
+    });
+    reconcile(Arc::new(balancer.into()), ctx).await.expect("reconcile succeeds");
+    verifier.await.unwrap();
+}
+
+/// Scaled to zero: nothing to wait for, and nothing serves; `Ready` says so rather than
+/// "waiting for the rollout" forever.
+#[tokio::test]
+async fn a_balancer_scaled_to_zero_is_not_ready_and_says_why() {
+    let (ctx, mut server, mut caches) = context();
+    let mut balancer = sample();
+    balancer.spec.replicas = Some(0);
+    converged(&mut caches, &balancer);
+    let verifier = tokio::spawn(async move {
+        let status = expect_status(&mut server, &sample()).await;
+        assert_status(
+            &status,
+            (0, 0),
+            (3, 0),
+            json!({"status": "False", "reason": "ScaledToZero",
+                   "message": "proxy Deployment example-balancer-proxy is scaled to zero: no traffic is served"}),
+        );
+        let event = expect_event(&mut server, "ScaledToZero").await;
+        assert_eq!(event["type"], "Warning");
+    });
+    reconcile(Arc::new(balancer.into()), ctx).await.expect("reconcile succeeds");
     verifier.await.unwrap();
 }

@@ -11,6 +11,7 @@ use std::collections::BTreeMap;
 use balancer::admission::denial_message;
 use balancer::api::{BackendSpec, BalancerPort, BalancerSpec};
 use balancer::check::check_yaml;
+use balancer::defaulting::Defaults;
 use balancer::validation::{
     FieldError, ObjectName, Report, check_label_key, check_label_value, is_dns1035_label, is_dns1123_label,
     is_dns1123_subdomain, is_iana_svc_name, validate,
@@ -58,6 +59,7 @@ fn sample() -> Subject {
         name: Some("example-balancer".into()),
         generate_name: None,
         spec: BalancerSpec {
+            replicas: Some(1),
             ports: vec![port(Some("http"), Some("TCP"), 80, Some(IntOrString::Int(5678)))],
             selector: Some(labels(&[("app", "test")])),
             backends: vec![
@@ -960,6 +962,7 @@ fn every_violation_is_reported_at_once() {
         "one broken Balancer",
         |s| {
             s.name = Some("Broken".into());
+            s.spec.replicas = Some(101);
             s.spec.ports.push(port(Some("http"), Some("SCTP"), 0, Some(IntOrString::String("HTTP".into()))));
             s.spec.selector.as_mut().unwrap().insert("bad/key/x".into(), "v".into());
             s.spec.backends[1].name = "V2".into();
@@ -968,6 +971,7 @@ fn every_violation_is_reported_at_once() {
         },
         strings![
             not_dns1035("metadata.name", "Broken"),
+            "spec.replicas: must be between 0 and 100, got 101",
             "spec.ports[1].port: must be between 1 and 65535, got 0",
             "spec.ports[1].protocol: must be TCP or UDP, got \"SCTP\"",
             "spec.ports[1].name: duplicate port name \"http\" (also spec.ports[0].name)",
@@ -981,25 +985,57 @@ fn every_violation_is_reported_at_once() {
     )]);
 }
 
-/// The sample meant to show off the webhook's errors, checked as `balancer check` does.
+/// The sample meant to show off the webhook's errors, checked as `balancer check` does, in
+/// the Go project's version and in v1beta1 (the same object, converted): the same report.
 #[test]
 fn the_invalid_sample_reports_every_problem() {
     let text = include_str!("../deploy/samples/invalid-balancer.yaml");
-    let findings = check_yaml("invalid-balancer.yaml", text).expect("the sample is YAML");
-    assert_eq!(findings.len(), 1);
-    let errors: Vec<String> = findings[0].report.errors.iter().map(ToString::to_string).collect();
-    assert_eq!(
-        errors,
-        strings![
-            "spec.ports[1].name: duplicate port name \"http\" (also spec.ports[0].name)",
-            "spec.ports[1].targetPort: must be a port number or an IANA service name (at most 15 lowercase \
-             letters, digits and '-', with at least one letter), got \"Web_Port\"",
-            not_dns1123("spec.backends[1].name", "V2"),
-            "spec.backends[1].selector: the merged selector (spec.selector and this backend's selector) must \
-             not be empty, or the backend would select every pod in the namespace",
-        ]
-    );
-    assert!(findings[0].report.warnings.is_empty());
+    assert!(text.contains("apiVersion: exposer.hliangzhao.io/v1alpha1\n"));
+    let beta = text.replace("exposer.hliangzhao.io/v1alpha1", "exposer.hliangzhao.io/v1beta1");
+    for text in [text, beta.as_str()] {
+        let findings = check_yaml("invalid-balancer.yaml", text, &Defaults::default()).expect("the sample is YAML");
+        assert_eq!(findings.len(), 1);
+        let errors: Vec<String> = findings[0].report.errors.iter().map(ToString::to_string).collect();
+        assert_eq!(
+            errors,
+            strings![
+                "spec.ports[1].name: duplicate port name \"http\" (also spec.ports[0].name)",
+                "spec.ports[1].targetPort: must be a port number or an IANA service name (at most 15 lowercase \
+                 letters, digits and '-', with at least one letter), got \"Web_Port\"",
+                not_dns1123("spec.backends[1].name", "V2"),
+                "spec.backends[1].selector: the merged selector (spec.selector and this backend's selector) must \
+                 not be empty, or the backend would select every pod in the namespace",
+            ]
+        );
+        assert!(findings[0].report.warnings.is_empty());
+    }
+}
+
+#[test]
+fn replicas_rules() {
+    run(vec![
+        case("no replicas (the controller uses its default)", |s| s.spec.replicas = None, vec![], vec![]),
+        case("zero replicas (scaled to zero)", |s| s.spec.replicas = Some(0), vec![], vec![]),
+        case("the most replicas", |s| s.spec.replicas = Some(100), vec![], vec![]),
+        case(
+            "negative replicas",
+            |s| s.spec.replicas = Some(-1),
+            strings!["spec.replicas: must be between 0 and 100, got -1"],
+            vec![],
+        ),
+        case(
+            "too many replicas",
+            |s| s.spec.replicas = Some(101),
+            strings!["spec.replicas: must be between 0 and 100, got 101"],
+            vec![],
+        ),
+        case(
+            "the lowest i32",
+            |s| s.spec.replicas = Some(i32::MIN),
+            strings!["spec.replicas: must be between 0 and 100, got -2147483648"],
+            vec![],
+        ),
+    ]);
 }
 
 /// With `generateName` the final name's length is known (prefix + 5 characters),

@@ -162,8 +162,17 @@ pub fn client_config(ca_file: &std::path::Path) -> rustls::ClientConfig {
         .with_no_client_auth()
 }
 
-/// The original project's sample Balancer as JSON.
+/// The original project's sample Balancer (deploy/samples/balancer.yaml) as JSON, in the
+/// version the operator works on: what the API server sends the webhooks (they are
+/// registered for v1beta1, with `matchPolicy: Equivalent`) and what the controller reads.
 pub fn sample_balancer() -> Value {
+    let mut sample = sample_balancer_v1alpha1();
+    sample["apiVersion"] = json!("exposer.hliangzhao.io/v1beta1");
+    sample
+}
+
+/// The original project's sample Balancer, as the Go project wrote it (v1alpha1).
+pub fn sample_balancer_v1alpha1() -> Value {
     json!({
         "apiVersion": "exposer.hliangzhao.io/v1alpha1",
         "kind": "Balancer",
@@ -182,12 +191,18 @@ pub fn sample_balancer() -> Value {
 
 pub const UID: &str = "705ab4f5-6393-11e8-b7cc-42010a800002";
 
-/// An `admission.k8s.io/v1` AdmissionReview around `object`, as the API server sends it.
+/// An `admission.k8s.io/v1` AdmissionReview around `object`, as the API server sends it:
+/// the request's kind and resource are in the object's own version (v1beta1 when it has none).
 pub fn review(operation: &str, object: Value) -> Value {
     let name = object.pointer("/metadata/name").cloned().unwrap_or(json!(""));
     let kind = object.get("kind").and_then(Value::as_str).unwrap_or("Balancer").to_string();
+    let api_version = object.get("apiVersion").and_then(Value::as_str).unwrap_or("");
+    let version = match api_version.strip_prefix("exposer.hliangzhao.io/") {
+        Some("v1alpha1") => "v1alpha1",
+        _ => "v1beta1",
+    };
     let (group, version, resource) =
-        if kind == "Balancer" { ("exposer.hliangzhao.io", "v1alpha1", "balancers") } else { ("", "v1", "configmaps") };
+        if kind == "Balancer" { ("exposer.hliangzhao.io", version, "balancers") } else { ("", "v1", "configmaps") };
     json!({
         "apiVersion": "admission.k8s.io/v1",
         "kind": "AdmissionReview",
