@@ -60,12 +60,18 @@ impl TestServer {
     }
 
     pub async fn start_with(limits: Limits) -> Self {
+        Self::start_with_args(limits, |_| {}).await
+    }
+
+    /// A server whose `balancer run` arguments `adjust` changes first (`--proxy-replicas`, say).
+    pub async fn start_with_args(limits: Limits, adjust: impl FnOnce(&mut RunArgs)) -> Self {
         install_crypto_provider();
         let dir = TempDir::new().expect("temp dir");
         write_certs(&dir, &["localhost", "127.0.0.1"]);
         let cert = dir.path().join(tls::CERT_FILE);
         let key = dir.path().join(tls::KEY_FILE);
-        let args = run_args(&cert, &key, limits.max_body_bytes);
+        let mut args = run_args(&cert, &key, limits.max_body_bytes);
+        adjust(&mut args);
         let shutdown = CancellationToken::new();
         let (bound, _, task) = run::start(&args, limits, shutdown.clone()).await.expect("server starts");
         TestServer { webhook: bound.webhook, probe: bound.probe, dir, shutdown, task }
@@ -221,6 +227,15 @@ pub fn review(operation: &str, object: Value) -> Value {
             "dryRun": false,
             "options": {"kind": "CreateOptions", "apiVersion": "meta.k8s.io/v1"}
         }
+    })
+}
+
+/// An `apiextensions.k8s.io/v1` ConversionReview, as the API server sends it to `/convert`.
+pub fn conversion_review(desired_api_version: &str, objects: Vec<Value>) -> Value {
+    json!({
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "ConversionReview",
+        "request": {"uid": UID, "desiredAPIVersion": desired_api_version, "objects": objects}
     })
 }
 
