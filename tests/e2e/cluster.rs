@@ -1,5 +1,5 @@
 //! A throwaway control plane: etcd, kube-apiserver (token auth, RBAC, audit
-//! log) and kube-controller-manager (garbage collection, Deployments), with
+//! log) and kube-controller-manager (garbage collection, Deployments, HPAs), with
 //! generated certificates and kubeconfigs. On loopback for the e2e suite; on the
 //! node's bridge, with service accounts for pods, for the node suite. Every
 //! process is killed when the `ControlPlane` is dropped, also when a scenario panics.
@@ -236,7 +236,7 @@ impl ControlPlane {
         if kcm.exists() {
             let log = plane.dir.path().join("kube-controller-manager.log");
             let mut command = Command::new(kcm);
-            let mut controllers = "garbagecollector,deployment,replicaset,namespace".to_string();
+            let mut controllers = "garbagecollector,deployment,replicaset,namespace,horizontalpodautoscaling".to_string();
             if options.pods {
                 controllers.push_str(",serviceaccount,serviceaccount-token,endpoint,endpointslice");
                 let pki = plane.dir.path().join("pki");

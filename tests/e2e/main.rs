@@ -91,6 +91,7 @@ fn main() -> ExitCode {
             webhooks_are_called_by_the_api_server,
             balancers_are_reconciled_into_children_and_status,
             a_namesake_is_never_adopted,
+            versions_convert_and_the_proxy_scales,
             steady_state_makes_no_writes,
             deleting_a_balancer_collects_its_children,
             leader_election_hands_over,
@@ -131,14 +132,38 @@ fn apply(world: &World, user: &str, json_or_yaml: &str) -> (bool, String) {
     (ok, format!("{out}{err}"))
 }
 
+/// A v1beta1 Balancer manifest: it needs no conversion, so it can be written while no operator runs.
 fn balancer_yaml(name: &str, body: &str) -> String {
+    balancer_yaml_at("v1beta1", name, body)
+}
+
+fn balancer_yaml_at(version: &str, name: &str, body: &str) -> String {
     format!(
-        "apiVersion: exposer.hliangzhao.io/v1alpha1\nkind: Balancer\nmetadata:\n  name: {name}\n  namespace: {NS}\n{body}"
+        "apiVersion: exposer.hliangzhao.io/{version}\nkind: Balancer\nmetadata:\n  name: {name}\n  namespace: {NS}\n{body}"
     )
 }
 
-/// Points the webhook configurations of deploy/ at `operator`, with the test CA as caBundle.
+/// The sample's spec (deploy/samples/balancer.yaml, the Go project's v1alpha1 sample).
+fn sample_spec_yaml() -> String {
+    let sample = repo_file("deploy/samples/balancer.yaml");
+    let at = sample.find("\nspec:").expect("the sample has a spec");
+    sample[at + 1..].to_string()
+}
+
+/// Points the CRD's conversion webhook at `operator`, with the test CA as caBundle.
+fn register_conversion(world: &World, operator: &Operator) {
+    let bundle = base64::engine::general_purpose::STANDARD.encode(&world.plane.ca_pem);
+    let client_config = json!({"url": operator.webhook_url("/convert"), "caBundle": bundle});
+    let patch = json!([{"op": "replace", "path": "/spec/conversion/webhook/clientConfig", "value": client_config}]);
+    let (ok, out, err) =
+        world.plane.kubectl("admin", &["patch", "crd", CRD, "--type=json", "-p", &patch.to_string()], None);
+    assert!(ok, "pointing the conversion webhook at {}: {out}{err}", operator.name);
+}
+
+/// Points the webhook configurations of deploy/ (and the CRD's conversion) at `operator`, with the
+/// test CA as caBundle.
 async fn register_webhooks(world: &World, operator: &Operator) {
+    register_conversion(world, operator);
     let bundle = base64::engine::general_purpose::STANDARD.encode(&world.plane.ca_pem);
     let mut items = Vec::new();
     for mut doc in yaml_docs(&repo_file("deploy/webhook.yaml")) {
@@ -168,15 +193,46 @@ fn shipped_crd() -> String {
     String::from_utf8(crd.stdout).unwrap()
 }
 
-async fn crd_is_accepted_and_established(world: &mut World) {
+/// The CRD of the release before v1beta1: v1alpha1 alone, stored as such, no conversion.
+fn v1alpha1_only_crd() -> Value {
+    let mut crd: Value = yaml_docs(&shipped_crd()).remove(0);
+    let versions = crd["spec"]["versions"].as_array_mut().expect("versions");
+    versions.retain(|v| v["name"] == "v1alpha1");
+    versions[0]["storage"] = json!(true);
+    let spec = crd["spec"].as_object_mut().expect("spec");
+    spec.remove("conversion");
+    crd["metadata"].as_object_mut().expect("metadata").remove("annotations");
+    crd
+}
+
+fn wait_established(world: &World) {
+    let (ok, out, err) =
+        world.plane.kubectl("admin", &["wait", "--for=condition=Established", "--timeout=30s", &format!("crd/{CRD}")], None);
+    assert!(ok, "CRD not Established: {out}{err}");
+}
+
+/// `balancer crd` as shipped, Established.
+fn install_shipped_crd(world: &World) {
     let (ok, out) = apply(world, "admin", &shipped_crd());
     assert!(ok, "the API server refused `balancer crd`: {out}");
-    let (ok, out, err) = world.plane.kubectl(
-        "admin",
-        &["wait", "--for=condition=Established", "--timeout=30s", "crd/balancers.exposer.hliangzhao.io"],
-        None,
-    );
-    assert!(ok, "CRD not Established: {out}{err}");
+    wait_established(world);
+}
+
+/// A Balancer stored by the release before v1beta1, read after the upgrade (scenario 2).
+const LEGACY: &str = "legacy";
+
+async fn crd_is_accepted_and_established(world: &mut World) {
+    // The release before: its CRD, and a Balancer stored as v1alpha1.
+    let (ok, out) = apply(world, "admin", &v1alpha1_only_crd().to_string());
+    assert!(ok, "the v1alpha1-only CRD: {out}");
+    wait_established(world);
+    let (ok, out) = apply(world, "admin", &balancer_yaml_at("v1alpha1", LEGACY, &sample_spec_yaml()));
+    assert!(ok, "a Balancer under the v1alpha1-only CRD: {out}");
+
+    // The upgrade: `balancer crd` as shipped (v1beta1 stored, conversion by webhook).
+    install_shipped_crd(world);
+    let stored = stored_crd(world);
+    assert_eq!(stored["status"]["storedVersions"], json!(["v1alpha1", "v1beta1"]), "{stored:#}");
 }
 
 // ---------------------------------------------------------------------------
@@ -207,9 +263,23 @@ fn apply_shipped_rbac(world: &World) {
 
 async fn operator_runs_with_only_the_shipped_rbac(world: &mut World) {
     apply_shipped_rbac(world);
-    // Ready means the caches synced: list and watch were allowed.
-    let operator = Operator::start(&world.plane, "operator-a", &[]).await;
+    // The operator is Ready before its caches sync: listing Balancers as v1beta1 needs the
+    // legacy one converted, by this very operator (in a cluster, through its Service, which
+    // sends traffic to Ready pods only). Once the conversion points at it, the caches sync:
+    // list and watch were allowed.
+    let operator = Operator::start_ready(&world.plane, "operator-a", &[]).await;
+    register_conversion(world, &operator);
+    operator.wait_for_log(&world.plane, "controller caches synced").await;
     world.operators.push(operator);
+
+    // The Balancer stored before the upgrade reads as v1beta1, and is reconciled.
+    let legacy = eventually("the legacy Balancer reconciled", Duration::from_secs(30), || async {
+        let b = balancers(world).get(LEGACY).await.ok()?;
+        (b.status.as_ref()?.active_backends == 3).then_some(b)
+    })
+    .await;
+    assert_eq!(legacy.spec.backends.len(), 3);
+    balancers(world).delete(LEGACY, &DeleteParams::default()).await.expect("delete the legacy Balancer");
     let (ok, out, _) = world.plane.kubectl("admin", &["auth", "can-i", "get", "secrets", "--as", OPERATOR_USER], None);
     assert!(!ok && out.trim() == "no", "the operator must not read Secrets");
 }
@@ -363,7 +433,7 @@ async fn balancers_are_reconciled_into_children_and_status(world: &mut World) {
                 let b = api.get(SAMPLE).await.ok()?;
                 let s = b.status.as_ref()?;
                 let (status, _) = ready_condition(&b)?;
-                (s.active_backends_num == 3 && s.observed_generation == b.metadata.generation && status == want_ready)
+                (s.active_backends == 3 && s.observed_generation == b.metadata.generation && status == want_ready)
                     .then_some(b)
             }
         }
@@ -386,7 +456,11 @@ async fn balancers_are_reconciled_into_children_and_status(world: &mut World) {
     let (ok, out, err) = world.plane.kubectl("admin", &["get", "bal", SAMPLE], None);
     // Printer columns: 1.20 shows only the first value of a `[*]` path (v1, not v1,v2,v3).
     let row: Vec<&str> = out.lines().nth(1).unwrap_or_default().split_whitespace().collect();
-    assert!(ok && row.len() == 6 && row[..5] == [SAMPLE, "80", "v1", "3", "0"], "printer columns: {out}{err}");
+    // v1beta1's columns: Obsolete only with `-o wide` (priority 1); Replicas and Ready for the proxy.
+    let header: Vec<&str> = out.lines().next().unwrap_or_default().split_whitespace().collect();
+    assert_eq!(header, ["NAME", "PORTS", "BACKENDS", "ACTIVE", "REPLICAS", "READY", "AGE"], "{out}");
+    let ready = if world.plane.has_controller_manager() { "1" } else { "0" };
+    assert!(ok && row.len() == 7 && row[..6] == [SAMPLE, "80", "v1", "3", "1", ready], "printer columns: {out}{err}");
 
     // Events were recorded on the Balancer: one for the six children, one for Ready.
     let events: Api<Event> = Api::namespaced(world.admin.clone(), NS);
@@ -436,8 +510,8 @@ async fn balancers_are_reconciled_into_children_and_status(world: &mut World) {
         async move {
             let b = api.get(SAMPLE).await.ok()?;
             let s = b.status?;
-            (s.active_backends_num == 2
-                && s.obsolete_backends_num == 0
+            (s.active_backends == 2
+                && s.obsolete_backends == 0
                 && s.observed_generation == b.metadata.generation)
                 .then_some(())
         }
@@ -488,6 +562,85 @@ async fn a_namesake_is_never_adopted(world: &mut World) {
     assert_eq!(untouched.spec.unwrap().selector, Some([("app".to_string(), "mine".to_string())].into()));
     api.delete("taken", &DeleteParams::default()).await.unwrap();
     services.delete("taken-a-backend", &DeleteParams::default()).await.unwrap();
+}
+
+// ---------------------------------------------------------------------------
+// 4b. Two versions, conversion, and the scale subresource
+// ---------------------------------------------------------------------------
+
+const SCALED: &str = "scaled";
+
+fn kubectl_ok(world: &World, args: &[&str]) -> String {
+    let (ok, out, err) = world.plane.kubectl("admin", args, None);
+    assert!(ok, "kubectl {}: {out}{err}", args.join(" "));
+    out
+}
+
+async fn versions_convert_and_the_proxy_scales(world: &mut World) {
+    // Written as v1alpha1 (the Go project's manifest), read as v1beta1 with replicas defaulted.
+    let manifest = balancer_yaml_at("v1alpha1", SCALED, &sample_spec_yaml());
+    let (ok, out) = apply(world, "admin", &manifest);
+    assert!(ok, "{out}");
+    let stored = balancers(world).get(SCALED).await.expect("readable as v1beta1");
+    assert_eq!(stored.spec.replicas, Some(1), "defaulted from --proxy-replicas");
+    let alpha: Value = serde_json::from_str(&kubectl_ok(
+        world,
+        &["get", "balancers.v1alpha1.exposer.hliangzhao.io", SCALED, "-n", NS, "-o", "json"],
+    ))
+    .unwrap();
+    assert_eq!(alpha["apiVersion"], "exposer.hliangzhao.io/v1alpha1");
+    assert_eq!(alpha["spec"].get("replicas"), None, "v1alpha1 has no replicas: {alpha:#}");
+
+    // A v1beta1-only field survives the original v1alpha1 manifest applied again.
+    let patch = Patch::Merge(json!({"spec": {"replicas": 2}}));
+    balancers(world).patch(SCALED, &PatchParams::default(), &patch).await.expect("set replicas");
+    let (ok, out) = apply(world, "admin", &manifest);
+    assert!(ok, "{out}");
+    assert_eq!(balancers(world).get(SCALED).await.unwrap().spec.replicas, Some(2), "replicas lost through v1alpha1");
+
+    // `kubectl scale` reaches the proxy Deployment; the scale subresource tells the selector.
+    kubectl_ok(world, &["scale", &format!("balancer/{SCALED}"), "-n", NS, "--replicas=3"]);
+    let deployments: Api<Deployment> = Api::namespaced(world.admin.clone(), NS);
+    let proxy = format!("{SCALED}-proxy");
+    eventually("the proxy Deployment at 3 replicas", Duration::from_secs(30), || async {
+        let d = deployments.get_opt(&proxy).await.ok().flatten()?;
+        (d.spec?.replicas == Some(3)).then_some(())
+    })
+    .await;
+    let scale_path = format!("/apis/exposer.hliangzhao.io/v1beta1/namespaces/{NS}/balancers/{SCALED}/scale");
+    let selector = format!("app.kubernetes.io/component=proxy,balancer.exposer.hliangzhao.io/balancer-name={SCALED}");
+    let scale = eventually("the scale subresource with the selector", Duration::from_secs(30), || async {
+        let scale: Value = serde_json::from_str(&kubectl_ok(world, &["get", "--raw", &scale_path])).ok()?;
+        (scale["status"]["selector"] == selector.as_str()).then_some(scale)
+    })
+    .await;
+    assert_eq!(scale["spec"]["replicas"], 3, "{scale:#}");
+
+    // A HorizontalPodAutoscaler may target a Balancer, and the HPA controller can read its scale.
+    let hpa = json!({"apiVersion": "autoscaling/v2beta2", "kind": "HorizontalPodAutoscaler",
+        "metadata": {"name": SCALED, "namespace": NS},
+        "spec": {"scaleTargetRef": {"apiVersion": "exposer.hliangzhao.io/v1beta1", "kind": "Balancer", "name": SCALED},
+                 "minReplicas": 1, "maxReplicas": 5,
+                 "metrics": [{"type": "Resource", "resource": {"name": "cpu", "target": {"type": "Utilization", "averageUtilization": 80}}}]}});
+    let (ok, out) = apply(world, "admin", &hpa.to_string());
+    assert!(ok, "an HPA targeting a Balancer: {out}");
+    if world.plane.has_controller_manager() {
+        eventually("the HPA to get the Balancer's scale", Duration::from_secs(60), || async {
+            let hpa: Value = serde_json::from_str(&kubectl_ok(
+                world,
+                &["get", "horizontalpodautoscalers.v2beta2.autoscaling", SCALED, "-n", NS, "-o", "json"],
+            ))
+            .ok()?;
+            let conditions = hpa["status"]["conditions"].as_array()?;
+            conditions
+                .iter()
+                .any(|c| c["type"] == "AbleToScale" && c["status"] == "True" && c["reason"] == "SucceededGetScale")
+                .then_some(())
+        })
+        .await;
+    }
+    kubectl_ok(world, &["delete", "horizontalpodautoscalers.v2beta2.autoscaling", SCALED, "-n", NS]);
+    balancers(world).delete(SCALED, &DeleteParams::default()).await.expect("delete");
 }
 
 // ---------------------------------------------------------------------------
@@ -667,6 +820,9 @@ async fn leader_election_hands_over(world: &mut World) {
 // ---------------------------------------------------------------------------
 
 async fn webhook_down_blocks_writes_until_it_is_back(world: &mut World) {
+    let stored = balancer_yaml("stored", "spec:\n  ports: [{port: 80}]\n  backends: [{name: a, selector: {app: a}}]\n");
+    let (ok, out) = apply(world, "admin", &stored);
+    assert!(ok, "{out}");
     for mut op in world.operators.drain(..) {
         op.stop();
     }
@@ -677,6 +833,16 @@ async fn webhook_down_blocks_writes_until_it_is_back(world: &mut World) {
     );
     assert!(!ok, "a Balancer write succeeded with the webhook down");
     assert!(out.contains("failed calling webhook"), "unclear error: {out}");
+    // Reads that need conversion fail, naming the conversion webhook; those that do not, work.
+    let (ok, out, err) = world.plane.kubectl(
+        "admin",
+        &["get", "balancers.v1alpha1.exposer.hliangzhao.io", "stored", "-n", NS, "-o", "name"],
+        None,
+    );
+    assert!(!ok && err.contains("conversion webhook"), "unclear error for a v1alpha1 read: {out}{err}");
+    println!("e2e: a v1alpha1 read with the webhook down: {}", err.trim());
+    let (ok, out, err) = world.plane.kubectl("admin", &["get", "balancers", "stored", "-n", NS, "-o", "name"], None);
+    assert!(ok, "a v1beta1 read needs no conversion: {out}{err}");
     // Other resources are never blocked.
     let (ok, out) =
         apply(world, "admin", "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: unaffected, namespace: default}\n");
@@ -694,6 +860,7 @@ async fn webhook_down_blocks_writes_until_it_is_back(world: &mut World) {
         ok.then_some(())
     })
     .await;
+    balancers(world).delete("stored", &DeleteParams::default()).await.expect("delete");
 }
 
 // ---------------------------------------------------------------------------
@@ -739,7 +906,7 @@ fn stored_crd(world: &World) -> Value {
 
 /// Replaces the stored CRD's schema of `spec.ports[].targetPort` with `schema`, and checks it is stored.
 fn set_target_port_schema(world: &World, schema: &Value) {
-    let pointer = target_port_pointer(&stored_crd(world), balancer::api::VERSION);
+    let pointer = target_port_pointer(&stored_crd(world), balancer::api::STORAGE_VERSION);
     let patch = json!([{"op": "replace", "path": pointer, "value": schema}]).to_string();
     let (ok, out, err) = world.plane.kubectl("admin", &["patch", "crd", CRD, "--type=json", "-p", &patch], None);
     assert!(ok, "patching the CRD schema failed: {out}{err}");
@@ -775,7 +942,7 @@ async fn an_unreadable_stored_balancer_is_reported_on_itself(world: &mut World) 
         assert!(ok, "deleting {target}: {out}{err}");
     }
     let shipped: Value = yaml_docs(&shipped_crd()).remove(0);
-    let shipped_target_port = shipped.pointer(&target_port_pointer(&shipped, balancer::api::VERSION)).unwrap().clone();
+    let shipped_target_port = shipped.pointer(&target_port_pointer(&shipped, balancer::api::STORAGE_VERSION)).unwrap().clone();
     set_target_port_schema(world, &json!({"x-kubernetes-int-or-string": true}));
     let unreadable = balancer_yaml(
         "unreadable",
@@ -812,7 +979,7 @@ async fn an_unreadable_stored_balancer_is_reported_on_itself(world: &mut World) 
         let api = api.clone();
         async move {
             let b = api.get("healthy").await.ok()?;
-            (b.status?.active_backends_num == 1).then_some(())
+            (b.status?.active_backends == 1).then_some(())
         }
     })
     .await;

@@ -21,11 +21,34 @@ pub struct Operator {
 
 impl Operator {
     /// Starts `balancer run` with the control plane's certificate (valid for 127.0.0.1) and `extra` flags,
-    /// and waits until it is ready (which includes the controller's caches having synced).
+    /// and waits until it is ready and, unless it is electing a leader, its controller's caches have
+    /// synced. (Readiness alone never waits for them: see `Readiness` in src/server.rs.)
     pub async fn start(plane: &ControlPlane, name: &str, extra: &[&str]) -> Operator {
         let operator = Operator::spawn(plane, name, "operator", extra);
         operator.wait_for(plane, "/readyz").await;
+        if !extra.contains(&"--leader-elect") {
+            operator.wait_for_log(plane, "controller caches synced").await;
+        }
         operator
+    }
+
+    /// Starts `balancer run` and waits until it is ready, and no longer.
+    pub async fn start_ready(plane: &ControlPlane, name: &str, extra: &[&str]) -> Operator {
+        let operator = Operator::spawn(plane, name, "operator", extra);
+        operator.wait_for(plane, "/readyz").await;
+        operator
+    }
+
+    /// Waits until the operator's log has a line containing `text`.
+    pub async fn wait_for_log(&self, plane: &ControlPlane, text: &str) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while Instant::now() < deadline {
+            if self.log(plane).contains(text) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        panic!("{}: no {text:?} in the log within 60 s; log:\n{}", self.name, self.log(plane));
     }
 
     /// Starts `balancer run` as kubeconfig user `user` and waits only until it is alive (`/healthz`):

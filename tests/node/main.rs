@@ -145,6 +145,7 @@ async fn run_suite(assets: &Path, images: &Path, state: &Path) -> ExitCode {
         the_operator_installs_from_deploy_as_a_user_would,
         the_walkthrough_splits_traffic_by_weight,
         weights_change_under_load_without_a_failed_connection,
+        scaling_the_balancer_brings_up_proxy_pods,
         udp_is_proxied_to_udp_echo_pods,
         the_other_replica_takes_over_when_the_leader_pod_is_deleted,
         a_replaced_certificate_is_served_without_a_restart,
@@ -232,13 +233,15 @@ async fn the_operator_installs_from_deploy_as_a_user_would(world: &mut World) {
     let dir = tempfile::TempDir::new().expect("temp dir");
     test_kustomization(dir.path());
     kubectl(world, &["apply", "-k", &dir.path().display().to_string()], None);
-    // ...then a certificate of our own, its Secret, and the CA in both webhook configurations.
+    // ...then a certificate of our own, its Secret, and the CA in both webhook configurations
+    // and in the CRD's conversion webhook.
     let certs = dir.path().join("certs");
     let bundle = new_certificates(&certs);
     kubectl(world, &["apply", "-f", "-"], Some(&webhook_secret(world, &certs)));
     patch_ca_bundle(world, &bundle);
 
-    // Both replicas go Ready (their readiness waits for the caches, so the controller runs).
+    // Both replicas go Ready (readiness means "can answer the API server"; the leader's
+    // controller then reconciles, as the walkthrough shows).
     wait_available(world, OPERATOR_NS, "balancer", 2).await;
     let pods = operator_pods(world).await;
     let holder = eventually("a leader", Duration::from_secs(60), || lease_holder(world)).await;
@@ -263,6 +266,9 @@ fn patch_ca_bundle(world: &World, bundle: &str) {
     {
         kubectl(world, &["patch", config, "--type=json", "-p", &patch], None);
     }
+    let path = "/spec/conversion/webhook/clientConfig/caBundle";
+    let patch = json!([{"op": "add", "path": path, "value": bundle}]).to_string();
+    kubectl(world, &["patch", "crd", "balancers.exposer.hliangzhao.io", "--type=json", "-p", &patch], None);
 }
 
 async fn operator_pods(world: &World) -> Vec<String> {
@@ -514,9 +520,44 @@ async fn weights_change_under_load_without_a_failed_connection(world: &mut World
         failures.len(),
         &failures[..failures.len().min(10)]
     );
-    assert_eq!(status["activeBackendsNum"], 2, "{status}");
+    assert_eq!(status["activeBackends"], 2, "{status}");
     let counts = split(&front, 80, 600).await;
     assert_shares(&counts, &[("hello world v1", 80), ("hello world v2", 10)], 4.0);
+}
+
+// ---------------------------------------------------------------------------
+// 3b. Scale
+// ---------------------------------------------------------------------------
+
+async fn scaling_the_balancer_brings_up_proxy_pods(world: &mut World) {
+    let front = front_ip(world, SAMPLE).await;
+    let load = Load::start(format!("{front}:80"), 2);
+    kubectl(world, &["-n", NS, "scale", &format!("balancer/{SAMPLE}"), "--replicas=2"], None);
+    let proxy = format!("{SAMPLE}-proxy");
+    wait_available(world, NS, &proxy, 2).await;
+    let api: Api<kube::api::DynamicObject> = Api::namespaced_with(world.admin.clone(), NS, &balancer_resource());
+    let status = eventually("status.readyReplicas 2", Duration::from_secs(60), || async {
+        let status = api.get(SAMPLE).await.ok()?.data.get("status").cloned()?;
+        (status["readyReplicas"] == 2 && status["replicas"] == 2).then_some(status)
+    })
+    .await;
+    println!("node: scaled to 2 proxy pods: {}", status["selector"]);
+    let pods: Api<Pod> = Api::namespaced(world.admin.clone(), NS);
+    let selector = status["selector"].as_str().expect("status.selector");
+    let running = pods.list(&ListParams::default().labels(selector)).await.expect("pods").items;
+    assert_eq!(running.len(), 2, "pods selected by status.selector");
+
+    // Back to one, with the load still running: scaling drops no connection either.
+    kubectl(world, &["-n", NS, "scale", &format!("balancer/{SAMPLE}"), "--replicas=1"], None);
+    wait_available(world, NS, &proxy, 1).await;
+    eventually("one proxy pod left", Duration::from_secs(60), || async {
+        let left = pods.list(&ListParams::default().labels(selector)).await.ok()?.items.len();
+        (left == 1).then_some(())
+    })
+    .await;
+    let (sent, failures) = load.finish().await;
+    println!("node: {sent} requests while scaling 1 → 2 → 1, {} failed", failures.len());
+    assert!(failures.is_empty(), "{} of {sent} failed while scaling: {:?}", failures.len(), &failures[..failures.len().min(10)]);
 }
 
 // ---------------------------------------------------------------------------
