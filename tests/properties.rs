@@ -15,7 +15,9 @@ use std::collections::BTreeMap;
 
 use balancer::admission::{self, Answer, BadRequest, MAX_ANSWER_BYTES, MAX_UID_BYTES, MAX_WARNINGS, Outcome, Webhook};
 use balancer::admit::admit;
-use balancer::api::{BackendSpec, Balancer, BalancerPort, BalancerSpec};
+use balancer::api::conversion::{PRESERVED_ANNOTATION, Version, convert};
+use balancer::api::{BackendSpec, Balancer, BalancerPort, BalancerSpec, BalancerStatus};
+use balancer::convert::conversion_review;
 use balancer::defaulting::{Defaults, with_defaults};
 use balancer::validation::{self, ObjectName, Report};
 use base64::Engine as _;
@@ -25,6 +27,7 @@ use proptest::collection::{btree_map, btree_set, vec};
 use proptest::option;
 use proptest::prelude::*;
 use proptest::sample::{Index, select};
+use serde_json::value::to_raw_value;
 use serde_json::{Value, json};
 
 const CASES: u32 = 256;
@@ -837,4 +840,361 @@ fn the_sample_is_patched_then_allowed() {
     let validated = review(Webhook::Validate, &envelope("uid-s", "CREATE", doc)).expect("answered");
     assert_eq!(validated.outcome, Outcome::Allowed);
     assert!(validated.review.response.as_ref().expect("a response").allowed);
+}
+
+// ---------------------------------------------------------------------------
+// (f) conversion between the API versions
+// ---------------------------------------------------------------------------
+
+const V1ALPHA1: &str = "exposer.hliangzhao.io/v1alpha1";
+const V1BETA1: &str = "exposer.hliangzhao.io/v1beta1";
+
+fn convert_value(object: &Value, to: Version) -> Result<Value, TestCaseError> {
+    let text = to_raw_value(object).expect("JSON encodes");
+    let converted =
+        convert(&text, to).map_err(|e| TestCaseError::fail(format!("{object} does not convert to {to:?}: {e}")))?;
+    Ok(serde_json::from_str(converted.get()).expect("a conversion is JSON"))
+}
+
+/// Annotation keys, some near the preserved one; never the preserved one itself.
+fn arb_annotation_key() -> BoxedStrategy<String> {
+    prop_oneof![
+        "[a-z]{1,8}",
+        "[a-z]{1,6}\\.[a-z]{2,4}/[a-z-]{1,10}",
+        Just("exposer.hliangzhao.io/v1beta1".to_string()),
+        Just("exposer.hliangzhao.io/v1beta1-field".to_string()),
+        Just("kubectl.kubernetes.io/last-applied-configuration".to_string()),
+    ]
+    .prop_filter("not the preserved annotation", |k| k != PRESERVED_ANNOTATION)
+    .boxed()
+}
+
+/// No annotations, or some (the API server never stores an empty map: Go omits it).
+fn arb_annotations() -> impl Strategy<Value = Option<BTreeMap<String, String>>> {
+    option::of(btree_map(arb_annotation_key(), prop_oneof![arb_text(), "\\{\"spec\":\\{\\}\\}"], 1..4))
+}
+
+/// Metadata as the API server stores it, annotations from `annotations`.
+fn arb_metadata(annotations: impl Strategy<Value = Option<BTreeMap<String, String>>>) -> impl Strategy<Value = Value> {
+    (
+        "[a-z]([a-z0-9-]{0,12}[a-z0-9])?",
+        option::of("[a-z]{1,8}"),
+        option::of(any::<u32>()),
+        option::of(1i64..1000),
+        option::of(arb_labels(3)),
+        annotations,
+    )
+        .prop_map(|(name, namespace, resource_version, generation, labels, annotations)| {
+            let mut metadata = json!({"name": name, "uid": "4b1e6f0c-8f44-4a8f-9d1c-2f4f3f8f0c11"});
+            if let Some(namespace) = namespace {
+                metadata["namespace"] = json!(namespace);
+            }
+            if let Some(version) = resource_version {
+                metadata["resourceVersion"] = json!(version.to_string());
+            }
+            if let Some(generation) = generation {
+                metadata["generation"] = json!(generation);
+            }
+            if let Some(labels) = labels.filter(|l| !l.is_empty()) {
+                metadata["labels"] = json!(labels);
+            }
+            if let Some(annotations) = annotations {
+                metadata["annotations"] = json!(annotations);
+            }
+            metadata
+        })
+}
+
+fn arb_conditions() -> impl Strategy<Value = Vec<Value>> {
+    let condition = (
+        select(&["Ready", "Progressing"][..]),
+        select(&["True", "False", "Unknown"][..]),
+        "[A-Z][a-zA-Z]{0,12}",
+        arb_text(),
+        option::of(0i64..100),
+    )
+        .prop_map(|(type_, status, reason, message, generation)| {
+            let mut condition = json!({"type": type_, "status": status, "reason": reason, "message": message,
+                                       "lastTransitionTime": "2026-11-22T10:00:00Z"});
+            if let Some(generation) = generation {
+                condition["observedGeneration"] = json!(generation);
+            }
+            condition
+        });
+    vec(condition, 0..3)
+}
+
+/// A v1alpha1 spec: the shared fields only (the API server prunes any other), each typed or
+/// any JSON (a stored spec is converted whether or not it is readable), or no spec at all.
+fn arb_v1alpha1_spec() -> impl Strategy<Value = Option<Value>> {
+    let typed = arb_spec().prop_map(|spec| {
+        let mut value = serde_json::to_value(spec).expect("a spec encodes");
+        value.as_object_mut().unwrap().remove("replicas");
+        value
+    });
+    let loose = btree_map(select(&["ports", "selector", "backends"][..]), arb_json(), 0..4)
+        .prop_map(|fields| Value::Object(fields.into_iter().map(|(k, v)| (k.to_string(), v)).collect()));
+    option::of(prop_oneof![3 => typed, 1 => loose])
+}
+
+fn arb_v1alpha1_status() -> impl Strategy<Value = Option<Value>> {
+    option::of((any::<i32>(), any::<i32>(), option::of(0i64..1000), arb_conditions()).prop_map(
+        |(active, obsolete, generation, conditions)| {
+            let mut status = json!({"activeBackendsNum": active, "obsoleteBackendsNum": obsolete});
+            if let Some(generation) = generation {
+                status["observedGeneration"] = json!(generation);
+            }
+            if !conditions.is_empty() {
+                status["conditions"] = json!(conditions);
+            }
+            status
+        },
+    ))
+}
+
+fn arb_v1alpha1_object() -> impl Strategy<Value = Value> {
+    (arb_metadata(arb_annotations()), arb_v1alpha1_spec(), arb_v1alpha1_status()).prop_map(
+        |(metadata, spec, status)| {
+            let mut object = json!({"apiVersion": V1ALPHA1, "kind": "Balancer", "metadata": metadata});
+            if let Some(spec) = spec {
+                object["spec"] = spec;
+            }
+            if let Some(status) = status {
+                object["status"] = status;
+            }
+            object
+        },
+    )
+}
+
+/// A v1beta1 status as the controller writes it, or with only some of its fields (the
+/// API server defaults the counts, but a status written by someone else may lack any).
+fn arb_v1beta1_status() -> impl Strategy<Value = Option<Value>> {
+    let full = (
+        any::<i32>(),
+        any::<i32>(),
+        option::of("[a-z./=,-]{1,40}"),
+        any::<i32>(),
+        any::<i32>(),
+        option::of(0i64..1000),
+        arb_conditions(),
+    )
+        .prop_map(|(replicas, ready, selector, active, obsolete, generation, conditions)| {
+            serde_json::to_value(BalancerStatus {
+                replicas,
+                ready_replicas: ready,
+                selector,
+                active_backends: active,
+                obsolete_backends: obsolete,
+                observed_generation: generation,
+                conditions: serde_json::from_value(json!(conditions)).expect("conditions"),
+            })
+            .expect("a status encodes")
+        });
+    let partial = btree_map(
+        select(
+            &["replicas", "readyReplicas", "selector", "activeBackends", "obsoleteBackends", "observedGeneration"][..],
+        ),
+        arb_json(),
+        0..4,
+    )
+    .prop_map(|fields| Value::Object(fields.into_iter().map(|(k, v)| (k.to_string(), v)).collect()));
+    option::of(prop_oneof![3 => full, 1 => partial])
+}
+
+fn arb_v1beta1_object() -> impl Strategy<Value = Value> {
+    (arb_metadata(arb_annotations()), arb_spec(), arb_v1beta1_status()).prop_map(|(metadata, spec, status)| {
+        let mut object = json!({"apiVersion": V1BETA1, "kind": "Balancer", "metadata": metadata});
+        object["spec"] = serde_json::to_value(spec).expect("a spec encodes");
+        if let Some(status) = status {
+            object["status"] = status;
+        }
+        object
+    })
+}
+
+/// The fields v1beta1 has and v1alpha1 does not, present in `beta`: (spec's, status's).
+fn beta_only(beta: &Value) -> (Vec<String>, Vec<String>) {
+    let keys = |v: &Value, shared: &[&str]| -> Vec<String> {
+        v.as_object().map(|m| m.keys().filter(|k| !shared.contains(&k.as_str())).cloned().collect()).unwrap_or_default()
+    };
+    let spec = keys(&beta["spec"], &["ports", "selector", "backends"]);
+    let status = keys(&beta["status"], &["activeBackends", "obsoleteBackends", "observedGeneration", "conditions"]);
+    (spec, status)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(CASES))]
+
+    /// v1alpha1 → v1beta1 → v1alpha1 is the identity: a Go-era object read as the storage
+    /// version and written back is unchanged.
+    #[test]
+    fn v1alpha1_to_v1beta1_and_back_is_the_identity(alpha in arb_v1alpha1_object()) {
+        let beta = convert_value(&alpha, Version::V1beta1)?;
+        prop_assert_eq!(&beta["apiVersion"], V1BETA1);
+        prop_assert_eq!(&beta["metadata"], &alpha["metadata"], "nothing to restore, nothing changed");
+        prop_assert_eq!(beta.get("spec"), alpha.get("spec"));
+        if let Some(status) = alpha.get("status") {
+            prop_assert_eq!(&beta["status"]["activeBackends"], &status["activeBackendsNum"]);
+            prop_assert_eq!(&beta["status"]["obsoleteBackends"], &status["obsoleteBackendsNum"]);
+            prop_assert!(beta["status"].get("activeBackendsNum").is_none());
+        }
+        let back = convert_value(&beta, Version::V1alpha1)?;
+        prop_assert_eq!(&back, &alpha);
+    }
+
+    /// v1beta1 → v1alpha1 → v1beta1 is the identity, replicas and the scale status included:
+    /// what v1alpha1 cannot say rides in the annotation.
+    #[test]
+    fn v1beta1_to_v1alpha1_and_back_is_the_identity(beta in arb_v1beta1_object()) {
+        let alpha = convert_value(&beta, Version::V1alpha1)?;
+        prop_assert_eq!(&alpha["apiVersion"], V1ALPHA1);
+        // Nothing v1alpha1 does not know is left in its spec or status.
+        let (spec_only, status_only) = beta_only(&beta);
+        for field in &spec_only {
+            prop_assert!(alpha["spec"].get(field.as_str()).is_none(), "spec.{} leaked into v1alpha1: {}", field, alpha);
+        }
+        for field in &status_only {
+            prop_assert!(alpha["status"].get(field.as_str()).is_none(), "status.{} leaked into v1alpha1: {}", field, alpha);
+        }
+        let annotation = alpha["metadata"]["annotations"].get(PRESERVED_ANNOTATION);
+        prop_assert_eq!(annotation.is_some(), !spec_only.is_empty() || !status_only.is_empty(), "{}", alpha);
+        let back = convert_value(&alpha, Version::V1beta1)?;
+        prop_assert_eq!(&back, &beta);
+    }
+
+    /// A v1alpha1 object that carries the annotation (it was converted from v1beta1) also
+    /// round-trips, and a read-modify-write through v1alpha1 keeps the v1beta1-only fields.
+    #[test]
+    fn an_annotated_v1alpha1_object_round_trips_and_keeps_the_v1beta1_fields(
+        beta in arb_v1beta1_object(),
+        other in arb_v1alpha1_spec(),
+    ) {
+        let alpha = convert_value(&beta, Version::V1alpha1)?;
+        let again = convert_value(&convert_value(&alpha, Version::V1beta1)?, Version::V1alpha1)?;
+        prop_assert_eq!(&again, &alpha);
+
+        // A v1alpha1 client replaces the shared spec fields (kubectl apply of a Go-era manifest).
+        let mut edited = alpha;
+        match other {
+            Some(spec) => edited["spec"] = spec,
+            None => { edited.as_object_mut().unwrap().remove("spec"); }
+        }
+        let read = convert_value(&edited, Version::V1beta1)?;
+        prop_assert_eq!(read["spec"].get("replicas"), beta["spec"].get("replicas"));
+        for field in ["replicas", "readyReplicas", "selector"] {
+            prop_assert_eq!(read["status"].get(field), beta["status"].get(field), "status.{}", field);
+        }
+        prop_assert_eq!(&read["metadata"], &beta["metadata"]);
+    }
+}
+
+// The ConversionReview handling: never a panic, and every answer carries the uid.
+
+/// Checks what `conversion_review` made of `body`: a BadRequest, or an answer that is a
+/// ConversionReview with the request's uid, `Success` with one object per object (each at the
+/// desired version), or `Failure` with a message and no objects.
+fn check_conversion(body: &[u8]) -> Result<Option<Value>, TestCaseError> {
+    let Ok(converted) = conversion_review(body) else { return Ok(None) };
+    let answer: Value = serde_json::from_slice(&converted.body)
+        .map_err(|e| TestCaseError::fail(format!("the answer is not JSON: {e}")))?;
+    prop_assert_eq!(&answer["apiVersion"], "apiextensions.k8s.io/v1");
+    prop_assert_eq!(&answer["kind"], "ConversionReview");
+    let request: Value = serde_json::from_slice(body).expect("an answered body is JSON");
+    prop_assert_eq!(&answer["response"]["uid"], &request["request"]["uid"]);
+    let status = answer["response"]["result"]["status"].as_str();
+    prop_assert_eq!(converted.success, status == Some("Success"), "{}", answer);
+    match status {
+        Some("Success") => {
+            let objects = request["request"]["objects"].as_array().expect("converted objects came from a list");
+            let out = answer["response"].get("convertedObjects").and_then(Value::as_array).cloned().unwrap_or_default();
+            prop_assert_eq!(out.len(), objects.len());
+            for (from, to) in objects.iter().zip(&out) {
+                prop_assert_eq!(&to["apiVersion"], &request["request"]["desiredAPIVersion"]);
+                prop_assert_eq!(&to["kind"], &from["kind"]);
+                prop_assert_eq!(to["metadata"].get("name"), from["metadata"].get("name"));
+            }
+        }
+        Some("Failure") => {
+            prop_assert!(answer["response"]["result"]["message"].as_str().is_some_and(|m| !m.is_empty()));
+            prop_assert!(answer["response"].get("convertedObjects").is_none());
+        }
+        other => prop_assert!(false, "result.status {:?}", other),
+    }
+    Ok(Some(answer))
+}
+
+fn any_desired_version() -> impl Strategy<Value = String> {
+    prop_oneof![
+        Just(V1ALPHA1.to_string()),
+        Just(V1BETA1.to_string()),
+        Just("exposer.hliangzhao.io/v2".to_string()),
+        Just("v1".to_string()),
+        ".{0,12}",
+    ]
+}
+
+fn any_object() -> impl Strategy<Value = Value> {
+    prop_oneof![
+        2 => arb_v1alpha1_object(),
+        2 => arb_v1beta1_object(),
+        1 => arb_json(),
+        1 => (prop_oneof![Just(V1ALPHA1), Just(V1BETA1)], arb_json()).prop_map(|(version, spec)| {
+            json!({"apiVersion": version, "kind": "Balancer", "metadata": {"name": "x"}, "spec": spec})
+        }),
+        1 => (prop_oneof![Just(V1ALPHA1), Just(V1BETA1)], btree_map(arb_key(), arb_json(), 0..5)).prop_map(
+            |(version, fields)| {
+                let mut object: serde_json::Map<String, Value> = fields.into_iter().collect();
+                object.insert("apiVersion".into(), json!(version));
+                Value::Object(object)
+            }
+        ),
+    ]
+}
+
+fn conversion_envelope(uid: &str, desired: &str, objects: Vec<Value>) -> Value {
+    json!({
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "ConversionReview",
+        "request": {"uid": uid, "desiredAPIVersion": desired, "objects": objects}
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(CASES))]
+
+    #[test]
+    fn conversion_review_survives_arbitrary_bytes(body in vec(any::<u8>(), 0..512)) {
+        check_conversion(&body)?;
+    }
+
+    #[test]
+    fn conversion_review_survives_arbitrary_json(body in arb_json()) {
+        check_conversion(&serde_json::to_vec(&body).expect("encodes"))?;
+    }
+
+    /// A well-formed review of any objects, to any version, is always answered (never a
+    /// bad request), with the uid.
+    #[test]
+    fn conversion_review_answers_any_objects(
+        uid in prop_oneof!["[ -~]{1,36}", ".{1,8}"],
+        desired in any_desired_version(),
+        objects in vec(any_object(), 0..4),
+    ) {
+        let body = serde_json::to_vec(&conversion_envelope(&uid, &desired, objects)).expect("encodes");
+        let answer = check_conversion(&body)?;
+        prop_assert!(answer.is_some(), "a well-formed review was refused as a bad request");
+    }
+
+    /// Any part of a well-formed review replaced by arbitrary JSON: answered or refused, never a panic.
+    #[test]
+    fn conversion_review_survives_any_part_replaced(
+        desired in any_desired_version(),
+        objects in vec(any_object(), 0..3),
+        which in any::<Index>(),
+        with in arb_json(),
+    ) {
+        let body = replace_somewhere(conversion_envelope("uid-c", &desired, objects), which, with);
+        check_conversion(&serde_json::to_vec(&body).expect("encodes"))?;
+    }
 }
