@@ -1,4 +1,4 @@
-//! The `balancer` binary itself: `crd`, `check`, `certs` and `run`.
+//! The `balancer` binary itself: `crd`, `check`, `convert`, `render`, `certs` and `run`.
 
 mod support;
 
@@ -8,6 +8,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use base64::Engine;
+use serde_json::{Value, json};
 
 fn balancer() -> Command {
     Command::new(env!("CARGO_BIN_EXE_balancer"))
@@ -27,6 +28,59 @@ fn deploy_crd_yaml_is_the_output_of_balancer_crd() {
         committed == String::from_utf8(output.stdout).unwrap(),
         "deploy/crd.yaml is stale: run `cargo run -- crd > deploy/crd.yaml`"
     );
+}
+
+/// What `balancer crd` prints: both versions, v1beta1 stored and scalable, converted by the
+/// webhook Service, with the CA injected by cert-manager.
+#[test]
+fn balancer_crd_serves_both_versions_and_converts_through_the_webhook() {
+    let output = balancer().arg("crd").output().unwrap();
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let crd: Value = serde_saphyr::from_str(&String::from_utf8(output.stdout).unwrap()).expect("YAML");
+    assert_eq!(crd["metadata"]["name"], "balancers.exposer.hliangzhao.io");
+    assert_eq!(
+        crd["metadata"]["annotations"],
+        json!({"cert-manager.io/inject-ca-from": "balancer-system/balancer-serving-cert"})
+    );
+    let versions: Vec<(&str, bool, bool)> = crd["spec"]["versions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| (v["name"].as_str().unwrap(), v["served"].as_bool().unwrap(), v["storage"].as_bool().unwrap()))
+        .collect();
+    assert_eq!(versions, [("v1beta1", true, true), ("v1alpha1", true, false)]);
+    let beta = &crd["spec"]["versions"][0];
+    let alpha = &crd["spec"]["versions"][1];
+    assert_eq!(
+        beta["subresources"],
+        json!({"status": {}, "scale": {"specReplicasPath": ".spec.replicas", "statusReplicasPath": ".status.replicas",
+                                     "labelSelectorPath": ".status.selector"}})
+    );
+    assert_eq!(alpha["subresources"], json!({"status": {}}), "v1alpha1 is served unchanged");
+    assert_eq!(
+        crd["spec"]["conversion"],
+        json!({"strategy": "Webhook", "webhook": {
+            "clientConfig": {"service": {"name": "balancer-webhook", "namespace": "balancer-system",
+                                         "path": "/convert", "port": 443}},
+            "conversionReviewVersions": ["v1"]}})
+    );
+
+    // v1beta1's schema: spec.replicas 0..=100, the scale status, lists that are maps.
+    let schema = |version: &Value, pointer: &str| version["schema"]["openAPIV3Schema"].pointer(pointer).cloned();
+    let replicas = schema(beta, "/properties/spec/properties/replicas").expect("spec.replicas");
+    assert_eq!((replicas["minimum"].as_f64(), replicas["maximum"].as_f64()), (Some(0.0), Some(100.0)));
+    for field in ["replicas", "readyReplicas", "selector", "activeBackends", "obsoleteBackends"] {
+        assert!(schema(beta, &format!("/properties/status/properties/{field}")).is_some(), "status.{field}");
+    }
+    assert_eq!(schema(beta, "/properties/spec/properties/backends/x-kubernetes-list-map-keys"), Some(json!(["name"])));
+    assert_eq!(
+        schema(beta, "/properties/spec/properties/ports/x-kubernetes-list-map-keys"),
+        Some(json!(["port", "protocol"]))
+    );
+    // v1alpha1's: the Go project's names, no replicas.
+    assert!(schema(alpha, "/properties/spec/properties/replicas").is_none());
+    assert!(schema(alpha, "/properties/status/properties/activeBackendsNum").is_some());
+    assert!(schema(alpha, "/properties/status/properties/activeBackends").is_none());
 }
 
 #[test]
@@ -233,6 +287,213 @@ items:
     assert!(stdout.contains("<stdin>: document 1 (Balancer \"stored-before\"): invalid"), "{stdout}");
     assert!(stdout.contains("error: spec.ports[0].targetPort: invalid value: integer `3000000000`"), "{stdout}");
     assert!(!stdout.contains("ignored"), "{stdout}");
+}
+
+/// `balancer convert --to <version> -` on `yaml`: the exit code, standard output and standard error.
+fn convert_stdin(to: &str, yaml: &str) -> (Option<i32>, String, String) {
+    let mut child = balancer()
+        .args(["convert", "--to", to, "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(yaml.as_bytes()).unwrap();
+    let output = child.wait_with_output().unwrap();
+    let text = |bytes: Vec<u8>| String::from_utf8(bytes).unwrap();
+    (output.status.code(), text(output.stdout), text(output.stderr))
+}
+
+fn documents(yaml: &str) -> Vec<Value> {
+    serde_saphyr::from_multiple::<Value>(yaml).expect("YAML").into_iter().filter(|d| !d.is_null()).collect()
+}
+
+/// `balancer convert --to v1beta1` rewrites the Go project's sample as the API server would
+/// store it; `--to v1alpha1` of that gives the original back.
+#[test]
+fn convert_rewrites_the_sample_to_v1beta1_and_back() {
+    let sample_file = repo("deploy/samples/balancer.yaml");
+    let sample = documents(&std::fs::read_to_string(&sample_file).unwrap()).remove(0);
+    assert_eq!(sample["apiVersion"], "exposer.hliangzhao.io/v1alpha1");
+
+    let output = balancer().args(["convert", "--to", "v1beta1"]).arg(&sample_file).output().unwrap();
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let beta_yaml = String::from_utf8(output.stdout).unwrap();
+    let beta = documents(&beta_yaml);
+    assert_eq!(beta.len(), 1, "{beta_yaml}");
+    assert_eq!(beta[0]["apiVersion"], "exposer.hliangzhao.io/v1beta1");
+    assert_eq!(beta[0]["kind"], "Balancer");
+    assert_eq!(beta[0]["metadata"], sample["metadata"]);
+    assert_eq!(beta[0]["spec"], sample["spec"], "the same spec: conversion does not default");
+
+    let (code, alpha_yaml, stderr) = convert_stdin("v1alpha1", &beta_yaml);
+    assert_eq!(code, Some(0), "{stderr}");
+    let alpha = documents(&alpha_yaml);
+    assert_eq!(alpha, [sample.clone()], "the original, exactly");
+
+    // Already at the version asked for: unchanged.
+    let (code, again, _) = convert_stdin("v1beta1", &beta_yaml);
+    assert_eq!((code, documents(&again)), (Some(0), beta));
+}
+
+/// What only v1beta1 says survives `--to v1alpha1` in the annotation, and comes back; other
+/// documents are copied through; a List's Balancers are converted.
+#[test]
+fn convert_keeps_v1beta1_fields_and_other_documents() {
+    let yaml = "\
+apiVersion: v1
+kind: ConfigMap
+metadata: {name: untouched}
+data: {a: b}
+---
+apiVersion: exposer.hliangzhao.io/v1beta1
+kind: Balancer
+metadata: {name: scaled}
+spec:
+  replicas: 3
+  ports: [{port: 80}]
+  backends: [{name: a, selector: {app: a}}]
+---
+apiVersion: v1
+kind: List
+items:
+- apiVersion: exposer.hliangzhao.io/v1beta1
+  kind: Balancer
+  metadata: {name: listed}
+  spec:
+    replicas: 0
+    ports: [{port: 53, protocol: UDP}]
+    backends: [{name: b, selector: {app: b}}]
+";
+    let (code, alpha_yaml, stderr) = convert_stdin("v1alpha1", yaml);
+    assert_eq!(code, Some(0), "{stderr}");
+    let alpha = documents(&alpha_yaml);
+    let original = documents(yaml);
+    assert_eq!(alpha.len(), 3);
+    assert_eq!(alpha[0], original[0], "not a Balancer: copied as it is");
+    for (balancer, replicas) in [(&alpha[1], 3), (&alpha[2]["items"][0], 0)] {
+        assert_eq!(balancer["apiVersion"], "exposer.hliangzhao.io/v1alpha1");
+        assert!(balancer["spec"].get("replicas").is_none(), "{balancer}");
+        let preserved = balancer["metadata"]["annotations"][balancer::api::conversion::PRESERVED_ANNOTATION]
+            .as_str()
+            .expect("the annotation");
+        assert_eq!(serde_json::from_str::<Value>(preserved).unwrap(), json!({"spec": {"replicas": replicas}}));
+    }
+    let (code, beta_yaml, stderr) = convert_stdin("v1beta1", &alpha_yaml);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert_eq!(documents(&beta_yaml), original, "v1beta1 -> v1alpha1 -> v1beta1 is the identity");
+}
+
+#[test]
+fn convert_refuses_unknown_versions() {
+    let (code, _, stderr) = convert_stdin("v2", "apiVersion: v1\nkind: ConfigMap\n");
+    assert_eq!(code, Some(2), "clap refuses --to v2: {stderr}");
+    let yaml = "apiVersion: exposer.hliangzhao.io/v2\nkind: Balancer\nmetadata: {name: x}\nspec: {}\n";
+    let (code, stdout, stderr) = convert_stdin("v1beta1", yaml);
+    assert_eq!(code, Some(2));
+    assert!(stdout.is_empty(), "nothing half-written: {stdout}");
+    assert!(stderr.contains("<stdin>: document 1: cannot convert"), "{stderr}");
+    assert!(stderr.contains("exposer.hliangzhao.io/v2"), "{stderr}");
+}
+
+/// `balancer check` takes both versions (v1alpha1 is converted first, as the API server would
+/// before calling the webhooks), and no other.
+#[test]
+fn check_accepts_both_versions() {
+    let sample_file = repo("deploy/samples/balancer.yaml");
+    let beta = balancer().args(["convert", "--to", "v1beta1"]).arg(&sample_file).output().unwrap();
+    assert!(beta.status.success());
+    let beta = String::from_utf8(beta.stdout).unwrap();
+    let v1alpha1 = std::fs::read_to_string(&sample_file).unwrap();
+    for yaml in [v1alpha1.as_str(), beta.as_str()] {
+        let (code, stdout) = check_stdin(yaml);
+        assert_eq!(code, Some(0), "{stdout}");
+        assert!(stdout.contains("<stdin>: document 1 (Balancer \"example-balancer\"): valid"), "{stdout}");
+    }
+    let yaml = "\
+apiVersion: exposer.hliangzhao.io/v1beta1
+kind: Balancer
+metadata: {name: scaled}
+spec:
+  replicas: 100
+  ports: [{port: 80}]
+  backends: [{name: a, selector: {app: a}}]
+---
+apiVersion: exposer.hliangzhao.io/v1beta1
+kind: Balancer
+metadata: {name: too-many}
+spec:
+  replicas: 101
+  ports: [{port: 80}]
+  backends: [{name: a, selector: {app: a}}]
+---
+apiVersion: exposer.hliangzhao.io/v1alpha1
+kind: Balancer
+metadata:
+  name: carried
+  annotations:
+    exposer.hliangzhao.io/v1beta1-fields: '{\"spec\":{\"replicas\":-1}}'
+spec:
+  ports: [{port: 80}]
+  backends: [{name: a, selector: {app: a}}]
+---
+apiVersion: exposer.hliangzhao.io/v2
+kind: Balancer
+metadata: {name: future}
+spec:
+  ports: [{port: 80}]
+  backends: [{name: a, selector: {app: a}}]
+";
+    let (code, stdout) = check_stdin(yaml);
+    assert_eq!(code, Some(1), "{stdout}");
+    assert!(stdout.contains("<stdin>: document 1 (Balancer \"scaled\"): valid"), "{stdout}");
+    assert!(stdout.contains("<stdin>: document 2 (Balancer \"too-many\"): invalid"), "{stdout}");
+    assert!(stdout.contains("error: spec.replicas: must be between 0 and 100, got 101"), "{stdout}");
+    // The annotation's v1beta1 fields are checked too, as the API server would store them.
+    assert!(stdout.contains("<stdin>: document 3 (Balancer \"carried\"): invalid"), "{stdout}");
+    assert!(stdout.contains("error: spec.replicas: must be between 0 and 100, got -1"), "{stdout}");
+    assert!(stdout.contains("<stdin>: document 4 (Balancer \"future\"): invalid"), "{stdout}");
+    assert!(
+        stdout.contains(
+            "error: apiVersion: must be exposer.hliangzhao.io/v1beta1 or exposer.hliangzhao.io/v1alpha1, \
+             got \"exposer.hliangzhao.io/v2\""
+        ),
+        "{stdout}"
+    );
+}
+
+/// `balancer render` takes both versions too; the proxy's replicas come from `spec.replicas`,
+/// else from `--proxy-replicas`; children point at the Balancer in the storage version.
+#[test]
+fn render_accepts_both_versions_and_sizes_the_proxy() {
+    let sample_file = repo("deploy/samples/balancer.yaml");
+    let deployment =
+        |docs: &[Value]| -> Value { docs.iter().find(|d| d["kind"] == "Deployment").cloned().expect("a Deployment") };
+    let out = balancer().args(["render", "--proxy-replicas", "3"]).arg(&sample_file).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let from_alpha = documents(&String::from_utf8(out.stdout).unwrap());
+    let proxy = deployment(&from_alpha);
+    assert_eq!(proxy["spec"]["replicas"], 3, "the v1alpha1 sample has no replicas: the default");
+    assert_eq!(proxy["metadata"]["ownerReferences"][0]["apiVersion"], "exposer.hliangzhao.io/v1beta1");
+
+    let beta = balancer().args(["convert", "--to", "v1beta1"]).arg(&sample_file).output().unwrap();
+    let mut beta = documents(&String::from_utf8(beta.stdout).unwrap()).remove(0);
+    beta["spec"]["replicas"] = json!(5);
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("beta.yaml");
+    std::fs::write(&file, serde_saphyr::to_string(&beta).unwrap()).unwrap();
+    let out = balancer().args(["render", "--proxy-replicas", "3"]).arg(&file).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let from_beta = documents(&String::from_utf8(out.stdout).unwrap());
+    assert_eq!(deployment(&from_beta)["spec"]["replicas"], 5, "the Balancer's own count wins");
+    // Otherwise the same children.
+    let mut expected = from_alpha;
+    for doc in &mut expected {
+        if doc["kind"] == "Deployment" {
+            doc["spec"]["replicas"] = json!(5);
+        }
+    }
+    assert_eq!(from_beta, expected);
 }
 
 /// `balancer check -` on `yaml`: the exit code and standard output.
