@@ -61,8 +61,19 @@ fn everything_is_namespaced_in_balancer_system_and_labelled() {
     // itself is checked against `balancer crd` in tests/cli.rs.
     let crd = find(&docs, "CustomResourceDefinition", "balancers.exposer.hliangzhao.io");
     assert_eq!(crd["spec"]["names"]["shortNames"], json!(["bal"]));
-    assert_eq!(crd["spec"]["versions"][0]["name"], "v1alpha1");
-    assert_eq!(crd["spec"]["versions"][0]["subresources"], json!({"status": {}}));
+    let versions: Vec<(&str, bool, bool)> = crd["spec"]["versions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| (v["name"].as_str().unwrap(), v["served"].as_bool().unwrap(), v["storage"].as_bool().unwrap()))
+        .collect();
+    assert_eq!(versions, [("v1beta1", true, true), ("v1alpha1", true, false)], "v1beta1 stored, both served");
+    assert_eq!(
+        crd["spec"]["versions"][0]["subresources"],
+        json!({"status": {}, "scale": {"specReplicasPath": ".spec.replicas", "statusReplicasPath": ".status.replicas",
+                                     "labelSelectorPath": ".status.selector"}})
+    );
+    assert_eq!(crd["spec"]["versions"][1]["subresources"], json!({"status": {}}));
 }
 
 #[test]
@@ -72,6 +83,22 @@ fn webhooks_service_certificate_and_deployment_agree() {
     let certificate = find(&docs, "Certificate", "balancer-serving-cert");
     let deployment = find(&docs, "Deployment", "balancer");
     let pod = &deployment["spec"]["template"]["spec"];
+
+    // The CRD's conversion webhook → the same Service, with the CA cert-manager injects from the
+    // serving Certificate (the one whose Secret the Deployment mounts, checked below).
+    let crd = find(&docs, "CustomResourceDefinition", "balancers.exposer.hliangzhao.io");
+    assert_eq!(
+        crd["metadata"]["annotations"]["cert-manager.io/inject-ca-from"],
+        "balancer-system/balancer-serving-cert"
+    );
+    assert_eq!(crd["spec"]["conversion"]["strategy"], "Webhook");
+    let conversion = &crd["spec"]["conversion"]["webhook"];
+    assert_eq!(
+        conversion["clientConfig"]["service"],
+        json!({"name": "balancer-webhook", "namespace": "balancer-system", "path": "/convert", "port": 443})
+    );
+    assert_eq!(conversion["conversionReviewVersions"], json!(["v1"]));
+    assert_eq!(service["metadata"]["name"], crd["spec"]["conversion"]["webhook"]["clientConfig"]["service"]["name"]);
 
     // Webhooks → Service: name, namespace, port; Service → container port → --webhook-addr.
     for (kind, name, path) in [
@@ -96,9 +123,11 @@ fn webhooks_service_certificate_and_deployment_agree() {
         assert_eq!(hook["matchPolicy"], "Equivalent");
         assert!(hook["timeoutSeconds"].as_i64().unwrap() <= 10);
         // Only Balancers: the webhooks can never block core resources or the operator's own namespace.
+        // Registered for v1beta1 only: with matchPolicy Equivalent the API server converts a
+        // v1alpha1 write to v1beta1 (through /convert) before calling them.
         assert_eq!(
             hook["rules"],
-            json!([{"apiGroups": ["exposer.hliangzhao.io"], "apiVersions": ["v1alpha1"],
+            json!([{"apiGroups": ["exposer.hliangzhao.io"], "apiVersions": ["v1beta1"],
                     "operations": ["CREATE", "UPDATE"], "resources": ["balancers"], "scope": "Namespaced"}])
         );
     }
@@ -219,6 +248,20 @@ fn rbac_grants_exactly_what_the_controller_uses() {
     assert_eq!(reader, &json!([{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}]));
     let viewer = grants(&find(&docs, "ClusterRole", "balancer-viewer")["rules"]);
     assert!(viewer.iter().all(|(_, _, verb)| ["get", "list", "watch"].contains(&verb.as_str())));
+
+    // Users who may edit Balancers may scale them (`kubectl scale bal/x`, an HPA's owner);
+    // viewers may read the scale.
+    let triple =
+        |resource: &str, verb: &str| ("exposer.hliangzhao.io".to_string(), resource.to_string(), verb.to_string());
+    let editor = grants(&editor["rules"]);
+    for verb in ["get", "update", "patch"] {
+        assert!(editor.contains(&triple("balancers/scale", verb)), "editor: {verb} balancers/scale");
+    }
+    for verb in ["get", "list", "watch"] {
+        assert!(viewer.contains(&triple("balancers/scale", verb)), "viewer: {verb} balancers/scale");
+        assert!(viewer.contains(&triple("balancers", verb)), "viewer: {verb} balancers");
+    }
+    assert!(!viewer.contains(&triple("balancers/scale", "update")));
 }
 
 /// Without cert-manager, the README's overlay (deploy/ plus the without-cert-manager component)
@@ -262,7 +305,8 @@ fn the_without_cert_manager_component_leaves_out_exactly_the_cert_manager_object
     }
 }
 
-/// The paths the webhook configurations call are routes the real server answers.
+/// The paths the webhook configurations and the CRD's conversion call are routes the real
+/// server answers, with the review each sends.
 #[tokio::test]
 async fn webhook_paths_are_served() {
     let Some(docs) = rendered() else { return };
@@ -274,5 +318,12 @@ async fn webhook_paths_are_served() {
         let response = server.client().post(server.url(path)).json(&review).send().await.unwrap();
         assert_eq!(response.status().as_u16(), 200, "{kind} calls {path}");
     }
+    let crd = find(&docs, "CustomResourceDefinition", "balancers.exposer.hliangzhao.io");
+    let path = crd["spec"]["conversion"]["webhook"]["clientConfig"]["service"]["path"].as_str().unwrap();
+    let review = support::conversion_review("exposer.hliangzhao.io/v1beta1", vec![support::sample_balancer_v1alpha1()]);
+    let response = server.client().post(server.url(path)).json(&review).send().await.unwrap();
+    assert_eq!(response.status().as_u16(), 200, "the CRD's conversion calls {path}");
+    let answer: Value = response.json().await.unwrap();
+    assert_eq!(answer["response"]["result"]["status"], "Success", "{answer}");
     server.stop().await;
 }
