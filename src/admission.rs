@@ -22,9 +22,9 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use serde_json::value::RawValue;
 
+use crate::admit::admit;
 use crate::api::{BalancerSpec, GROUP, KIND};
 use crate::bounded::ObjectOnly;
-use crate::admit::admit;
 use crate::defaulting::{Defaults, defaults_patch};
 use crate::echo::cut;
 use crate::validation::{FieldError, ObjectName};

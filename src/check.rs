@@ -30,7 +30,8 @@ pub struct YamlError {
 
 /// Every document of a (multi-document) YAML text, read as data.
 pub fn yaml_documents(source_name: &str, text: &str) -> Result<Vec<Value>, YamlError> {
-    serde_saphyr::from_multiple(text).map_err(|e| YamlError { source_name: source_name.to_string(), reason: e.to_string() })
+    serde_saphyr::from_multiple(text)
+        .map_err(|e| YamlError { source_name: source_name.to_string(), reason: e.to_string() })
 }
 
 /// A Balancer document (its apiVersion is checked when it is read).

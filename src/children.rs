@@ -18,8 +18,8 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::Resource;
 
 use crate::admit::Admitted;
-use crate::defaulting::Defaults;
 use crate::api::{self, BackendSpec, BalancerPort, BalancerSpec};
+use crate::defaulting::Defaults;
 use crate::nginx::{self, CONFIG_FILE};
 
 /// Label every child carries: who manages it.

@@ -456,10 +456,7 @@ impl ProxyCounts {
     /// What the status said last (a reconcile that stops early does not look at the Deployment).
     fn previous(balancer: &StoredBalancer) -> Self {
         let status = balancer.status.as_ref();
-        ProxyCounts {
-            replicas: status.map_or(0, |s| s.replicas),
-            ready: status.map_or(0, |s| s.ready_replicas),
-        }
+        ProxyCounts { replicas: status.map_or(0, |s| s.replicas), ready: status.map_or(0, |s| s.ready_replicas) }
     }
 }
 

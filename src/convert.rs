@@ -103,8 +103,8 @@ pub struct Converted {
 
 /// Parses `body` and converts its objects to the desired version.
 pub fn conversion_review(body: &[u8]) -> Result<Converted, BadRequest> {
-    let review: ReviewIn<'_> =
-        serde_json::from_slice(body).map_err(|e| BadRequest::Malformed(cut(&e.to_string(), MAX_MESSAGE_BYTES).into()))?;
+    let review: ReviewIn<'_> = serde_json::from_slice(body)
+        .map_err(|e| BadRequest::Malformed(cut(&e.to_string(), MAX_MESSAGE_BYTES).into()))?;
     if review.api_version != CONVERSION_REVIEW_API_VERSION {
         let got = cut(&review.api_version, 256).into_owned();
         return Err(BadRequest::UnsupportedVersion(got));
@@ -137,7 +137,8 @@ fn convert_all(request: &RequestIn<'_>) -> Result<Vec<Box<RawValue>>, String> {
     };
     let mut converted = Vec::with_capacity(request.objects.0.len());
     for (i, object) in request.objects.0.iter().enumerate() {
-        let object = convert(object, to).map_err(|e| cut(&format!("objects[{i}]: {e}"), MAX_MESSAGE_BYTES).into_owned())?;
+        let object =
+            convert(object, to).map_err(|e| cut(&format!("objects[{i}]: {e}"), MAX_MESSAGE_BYTES).into_owned())?;
         converted.push(object);
     }
     Ok(converted)

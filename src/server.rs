@@ -23,9 +23,9 @@ use crate::admission::{self, BadRequest, Outcome, Webhook};
 use crate::api::CONVERT_PATH;
 use crate::convert::{Converted, conversion_review};
 use crate::defaulting::Defaults;
-use crate::telemetry::ConversionResult;
 use crate::listener::ConnectionLimits;
 use crate::metrics_auth::{MetricsAuth, ReviewError, Verdict};
+use crate::telemetry::ConversionResult;
 use crate::telemetry::Metrics;
 
 /// Limits on what a client may cost the webhook server.
@@ -215,11 +215,7 @@ async fn convert(State(state): State<AppState>, request: Request) -> Response {
 }
 
 /// Checks the content type and reads the body within the size (`limit`), time and memory limits.
-async fn read_review_body(
-    state: &AppState,
-    request: Request,
-    limit: usize,
-) -> Result<(Vec<u8>, BodyBudget), Response> {
+async fn read_review_body(state: &AppState, request: Request, limit: usize) -> Result<(Vec<u8>, BodyBudget), Response> {
     let (parts, body) = request.into_parts();
     if !is_json(&parts.headers) {
         return Err(error(StatusCode::UNSUPPORTED_MEDIA_TYPE, "Content-Type must be application/json"));

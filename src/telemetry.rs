@@ -211,7 +211,8 @@ impl AdmissionMetrics {
             "Time to answer a ConversionReview, body read to response",
             conversion_duration.clone(),
         );
-        let conversions = CONVERSION_RESULTS.map(|result| conversions.get_or_create(&ConversionLabels { result }).clone());
+        let conversions =
+            CONVERSION_RESULTS.map(|result| conversions.get_or_create(&ConversionLabels { result }).clone());
         AdmissionMetrics { series, conversions, conversion_duration }
     }
 

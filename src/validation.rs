@@ -10,7 +10,9 @@ use std::hash::{Hash, Hasher};
 
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
-use crate::api::{self, BalancerSpec, MAX_BACKENDS, MAX_PORTS, MAX_REPLICAS, MAX_SELECTOR_LABELS, MAX_WEIGHT, PROTOCOLS};
+use crate::api::{
+    self, BalancerSpec, MAX_BACKENDS, MAX_PORTS, MAX_REPLICAS, MAX_SELECTOR_LABELS, MAX_WEIGHT, PROTOCOLS,
+};
 use crate::echo::{MAX_QUOTED_BYTES, cut, quoted};
 
 /// Longest DNS-1123 / DNS-1035 label, and so longest Service name.

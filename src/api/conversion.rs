@@ -29,7 +29,8 @@ const SHARED_SPEC_FIELDS: [&str; 3] = ["ports", "selector", "backends"];
 const RENAMED_STATUS_FIELDS: [(&str, &str); 2] =
     [("activeBackendsNum", "activeBackends"), ("obsoleteBackendsNum", "obsoleteBackends")];
 /// The status fields both versions have (by their v1alpha1 names).
-const SHARED_STATUS_FIELDS: [&str; 4] = ["activeBackendsNum", "obsoleteBackendsNum", "observedGeneration", "conditions"];
+const SHARED_STATUS_FIELDS: [&str; 4] =
+    ["activeBackendsNum", "obsoleteBackendsNum", "observedGeneration", "conditions"];
 
 /// A served version of the Balancer API.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -130,7 +131,8 @@ fn to_v1alpha1(object: &mut Fields) -> Result<(), ConversionError> {
         preserved.status = split_off(status, |name| SHARED_STATUS_FIELDS.contains(&name));
     }
     // Emptied by the move: the object had it only for v1beta1's fields.
-    let emptied = |map: &Option<Fields>, moved: &Fields| map.as_ref().is_some_and(BTreeMap::is_empty) && !moved.is_empty();
+    let emptied =
+        |map: &Option<Fields>, moved: &Fields| map.as_ref().is_some_and(BTreeMap::is_empty) && !moved.is_empty();
     if emptied(&spec, &preserved.spec) {
         spec = None;
     }

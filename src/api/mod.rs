@@ -109,7 +109,9 @@ pub(crate) fn read_backends<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Ve
     bounded::list(d, MAX_BACKENDS, "backends")
 }
 
-pub(crate) fn read_selector<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<BTreeMap<String, String>>, D::Error> {
+pub(crate) fn read_selector<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<Option<BTreeMap<String, String>>, D::Error> {
     bounded::optional_string_map(d, MAX_SELECTOR_LABELS, "labels")
 }
 
@@ -241,7 +243,11 @@ mod tests {
         }
         let scale = crd.spec.versions[0].subresources.as_ref().and_then(|s| s.scale.as_ref()).expect("v1beta1 scales");
         assert_eq!(
-            (scale.spec_replicas_path.as_str(), scale.status_replicas_path.as_str(), scale.label_selector_path.as_deref()),
+            (
+                scale.spec_replicas_path.as_str(),
+                scale.status_replicas_path.as_str(),
+                scale.label_selector_path.as_deref()
+            ),
             (".spec.replicas", ".status.replicas", Some(".status.selector"))
         );
     }

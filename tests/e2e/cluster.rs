@@ -236,7 +236,8 @@ impl ControlPlane {
         if kcm.exists() {
             let log = plane.dir.path().join("kube-controller-manager.log");
             let mut command = Command::new(kcm);
-            let mut controllers = "garbagecollector,deployment,replicaset,namespace,horizontalpodautoscaling".to_string();
+            let mut controllers =
+                "garbagecollector,deployment,replicaset,namespace,horizontalpodautoscaling".to_string();
             if options.pods {
                 controllers.push_str(",serviceaccount,serviceaccount-token,endpoint,endpointslice");
                 let pki = plane.dir.path().join("pki");

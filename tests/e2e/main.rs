@@ -206,8 +206,11 @@ fn v1alpha1_only_crd() -> Value {
 }
 
 fn wait_established(world: &World) {
-    let (ok, out, err) =
-        world.plane.kubectl("admin", &["wait", "--for=condition=Established", "--timeout=30s", &format!("crd/{CRD}")], None);
+    let (ok, out, err) = world.plane.kubectl(
+        "admin",
+        &["wait", "--for=condition=Established", "--timeout=30s", &format!("crd/{CRD}")],
+        None,
+    );
     assert!(ok, "CRD not Established: {out}{err}");
 }
 
@@ -510,9 +513,7 @@ async fn balancers_are_reconciled_into_children_and_status(world: &mut World) {
         async move {
             let b = api.get(SAMPLE).await.ok()?;
             let s = b.status?;
-            (s.active_backends == 2
-                && s.obsolete_backends == 0
-                && s.observed_generation == b.metadata.generation)
+            (s.active_backends == 2 && s.obsolete_backends == 0 && s.observed_generation == b.metadata.generation)
                 .then_some(())
         }
     })
@@ -942,7 +943,8 @@ async fn an_unreadable_stored_balancer_is_reported_on_itself(world: &mut World) 
         assert!(ok, "deleting {target}: {out}{err}");
     }
     let shipped: Value = yaml_docs(&shipped_crd()).remove(0);
-    let shipped_target_port = shipped.pointer(&target_port_pointer(&shipped, balancer::api::STORAGE_VERSION)).unwrap().clone();
+    let shipped_target_port =
+        shipped.pointer(&target_port_pointer(&shipped, balancer::api::STORAGE_VERSION)).unwrap().clone();
     set_target_port_schema(world, &json!({"x-kubernetes-int-or-string": true}));
     let unreadable = balancer_yaml(
         "unreadable",

@@ -557,7 +557,12 @@ async fn scaling_the_balancer_brings_up_proxy_pods(world: &mut World) {
     .await;
     let (sent, failures) = load.finish().await;
     println!("node: {sent} requests while scaling 1 → 2 → 1, {} failed", failures.len());
-    assert!(failures.is_empty(), "{} of {sent} failed while scaling: {:?}", failures.len(), &failures[..failures.len().min(10)]);
+    assert!(
+        failures.is_empty(),
+        "{} of {sent} failed while scaling: {:?}",
+        failures.len(),
+        &failures[..failures.len().min(10)]
+    );
 }
 
 // ---------------------------------------------------------------------------
