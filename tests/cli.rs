@@ -329,7 +329,7 @@ fn convert_rewrites_the_sample_to_v1beta1_and_back() {
     let (code, alpha_yaml, stderr) = convert_stdin("v1alpha1", &beta_yaml);
     assert_eq!(code, Some(0), "{stderr}");
     let alpha = documents(&alpha_yaml);
-    assert_eq!(alpha, [sample.clone()], "the original, exactly");
+    assert_eq!(alpha, [sample], "the original, exactly");
 
     // Already at the version asked for: unchanged.
     let (code, again, _) = convert_stdin("v1beta1", &beta_yaml);

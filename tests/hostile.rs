@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 
 use axum::body::Bytes;
 use serde_json::{Value, json};
-use support::{review, sample_balancer};
+use support::{conversion_review, review, sample_balancer, sample_balancer_v1alpha1};
 use tempfile::TempDir;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -306,7 +306,7 @@ enum PadAt {
 fn tiny_objects_review(at: PadAt) -> Vec<u8> {
     const MARK: &str = "@@TINY-OBJECTS@@";
     let object = json!({
-        "apiVersion": "exposer.hliangzhao.io/v1alpha1",
+        "apiVersion": "exposer.hliangzhao.io/v1beta1",
         "kind": "Balancer",
         "metadata": {"name": "tiny", "namespace": "default"},
         "spec": {"ports": [{"port": 80}], "backends": [{"name": "a", "selector": {"app": "a"}}]}
@@ -340,7 +340,7 @@ fn del_name_review() -> Vec<u8> {
     let backends: Vec<Value> =
         (0..64).map(|i| json!({"name": format!("b{i}"), "selector": {"app": format!("b{i}")}})).collect();
     let object = json!({
-        "apiVersion": "exposer.hliangzhao.io/v1alpha1",
+        "apiVersion": "exposer.hliangzhao.io/v1beta1",
         "kind": "Balancer",
         "metadata": {"name": "\u{7f}".repeat(60_000), "namespace": "default"},
         "spec": {"ports": [{"name": "http", "port": 80}], "backends": backends}
@@ -738,4 +738,117 @@ async fn row6_huge_headers_cost_bounded_memory_and_get_431() {
             block.len() + 2
         );
     }
+}
+
+// ---------------------------------------------------------------------------
+// Row 7: ConversionReviews full of tiny JSON objects
+// ---------------------------------------------------------------------------
+
+/// Largest ConversionReview the server accepts by default (16 MiB): a whole list page.
+const CONVERSION_BODY_LIMIT: usize = 16 * 1024 * 1024;
+
+/// A ConversionReview just under the conversion limit: `objects` copies of the Go sample,
+/// each padded in `spec.x` with `[{"a":0},…]`, to v1beta1.
+fn tiny_objects_conversion(objects: usize) -> Vec<u8> {
+    const MARK: &str = "@@TINY-OBJECTS@@";
+    let mut object = sample_balancer_v1alpha1();
+    object["spec"]["x"] = json!(MARK);
+    let text = serde_json::to_string(&conversion_review("exposer.hliangzhao.io/v1beta1", vec![object; objects]))
+        .expect("serialize");
+    let quoted = format!("\"{MARK}\"");
+    let room = (CONVERSION_BODY_LIMIT - 64 * 1024 - text.len()) / objects;
+    let count = room / 8;
+    let mut pad = String::with_capacity(count * 8 + 2);
+    pad.push('[');
+    for i in 0..count {
+        pad.push_str(if i == 0 { "{\"a\":0}" } else { ",{\"a\":0}" });
+    }
+    pad.push(']');
+    let body = text.replace(&quoted, &pad);
+    assert!(body.len() < CONVERSION_BODY_LIMIT, "the hostile body stays under the conversion limit");
+    body.into_bytes()
+}
+
+/// 2 concurrent ConversionReviews (as many as the 32 MiB body budget holds at once) of ~16 MB
+/// of `{"a":0}` (one object, and a page of 500): each is converted (200) or turned away (503 for
+/// lack of body budget, 408 when the wait for it leaves too little of the body timeout, or cut
+/// off while still sending), never anything else; a normal review is answered meanwhile; and
+/// the server grows by at most 192 MiB. Nothing builds a tree of the tiny objects (that alone
+/// would cost hundreds of MiB), but a conversion copies the text it converts level by level and
+/// builds its whole answer beside the body: measured at 3 to 5 times the body (80 to 140 MiB
+/// for these two), which the 256 Mi memory limit of deploy/'s pod must also hold.
+async fn tiny_objects_conversion_row(objects: usize) {
+    const REVIEWS: usize = 2;
+    const BOUND: u64 = 192 * 1024 * 1024;
+    let _serial = one_at_a_time().await;
+    let mut server = Server::start().await;
+    let baseline = server.warm_up().await;
+    let body = Bytes::from(tiny_objects_conversion(objects));
+    let client = server.client(Duration::from_secs(60));
+    let started = Instant::now();
+    let mut reviews = JoinSet::new();
+    for _ in 0..REVIEWS {
+        let request = client
+            .post(server.url("/convert"))
+            .header(reqwest::header::CONTENT_TYPE, "application/json")
+            .body(body.clone());
+        reviews.spawn(async move {
+            match request.send().await {
+                Ok(response) => {
+                    let status = response.status().as_u16();
+                    match response.bytes().await {
+                        Ok(answer) if status == 200 => {
+                            let parsed: Value = serde_json::from_slice(&answer).unwrap_or(Value::Null);
+                            let result = parsed.pointer("/response/result/status").cloned().unwrap_or(Value::Null);
+                            let converted = parsed
+                                .pointer("/response/convertedObjects")
+                                .and_then(Value::as_array)
+                                .map_or(0, Vec::len);
+                            format!("200 {result} {converted} objects")
+                        }
+                        Ok(_) => status.to_string(),
+                        Err(e) => format!("{status} with an unreadable body: {e}"),
+                    }
+                }
+                // A server that refuses early (503, 408) may close before the body is all sent.
+                Err(e) if e.is_request() && !e.is_timeout() => "cut off while sending".to_string(),
+                Err(e) => format!("error: {e}"),
+            }
+        });
+    }
+    let (normal, took) = timed(MEASURE_CAP, review_on_fresh_connection(&server)).await;
+    let outcomes = tally(reviews.join_all().await);
+    let elapsed = started.elapsed();
+    server.assert_alive("row 7");
+    let after = server.memory();
+    let grew = growth(baseline, after);
+    eprintln!(
+        "hostile: row 7 ({objects} objects): {REVIEWS} conversions of {} bytes: outcomes {outcomes:?} in {} ms; \
+         a review meanwhile: {}; RSS baseline {:.1} MiB, peak {:.1} MiB, growth {:.1} MiB (bound {} MiB)",
+        body.len(),
+        elapsed.as_millis(),
+        describe(&normal, took),
+        mib(baseline.rss),
+        mib(after.peak),
+        mib(grew),
+        BOUND / 1024 / 1024
+    );
+    let converted = format!("200 \"Success\" {objects} objects");
+    assert!(outcomes.contains_key(&converted), "row 7: at least one conversion must succeed: {outcomes:?}");
+    assert!(
+        outcomes.keys().all(|k| [converted.as_str(), "503", "408", "cut off while sending"].contains(&k.as_str())),
+        "row 7: every conversion is converted or turned away: {outcomes:?}"
+    );
+    assert!(matches!(normal, Some(Ok(200))), "row 7: a review meanwhile: {}", describe(&normal, took));
+    assert!(grew <= BOUND, "row 7: the server grew by {:.1} MiB, over the {} MiB bound", mib(grew), BOUND >> 20);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn row7_a_conversion_of_one_huge_object_costs_bounded_memory() {
+    tiny_objects_conversion_row(1).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn row7_a_conversion_of_a_full_page_costs_bounded_memory() {
+    tiny_objects_conversion_row(500).await;
 }
