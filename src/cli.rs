@@ -107,6 +107,13 @@ pub struct ControllerArgs {
     /// Fail at start when no cluster is reachable, instead of serving the webhooks with the controller off.
     #[arg(long, env = "BALANCER_REQUIRE_CONTROLLER")]
     pub require_controller: bool,
+    /// Kubeconfig file to use instead of in-cluster configuration, KUBECONFIG or ~/.kube/config
+    /// (client-go's --kubeconfig).
+    #[arg(long, env = "BALANCER_KUBECONFIG")]
+    pub kubeconfig: Option<PathBuf>,
+    /// Kubeconfig context to use instead of the current one (kubectl's --context).
+    #[arg(long, env = "BALANCER_CONTEXT")]
+    pub context: Option<String>,
     /// Do not run the controller at all (webhooks only).
     #[arg(long, env = "BALANCER_DISABLE_CONTROLLER", conflicts_with = "require_controller")]
     pub disable_controller: bool,

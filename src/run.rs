@@ -74,7 +74,10 @@ pub async fn start(
         (Some(clients), false) => Some(Arc::new(MetricsAuth::new(clients.plain.clone()))),
         // Webhooks only (or the cluster was unreachable at start): still review scrape
         // tokens whenever a configuration exists; requests fail cleanly while it is down.
-        (None, false) => Client::try_default().await.ok().map(|c| Arc::new(MetricsAuth::new(c))),
+        (None, false) => match kube_config(&args.controller).await.map(Client::try_from) {
+            Ok(Ok(client)) => Some(Arc::new(MetricsAuth::new(client))),
+            _ => None,
+        },
     };
     let controller = clients.map(|Clients { plain, throttled }| {
         let synced = Arc::new(AtomicBool::new(false));
@@ -187,9 +190,9 @@ async fn connect(args: &ControllerArgs, metrics: &Metrics) -> Result<Option<Clie
         tracing::warn!("controller is OFF, serving the webhooks only: {reason}");
         Ok(None)
     };
-    let config = match kube::Config::infer().await {
+    let config = match kube_config(args).await {
         Ok(config) => config,
-        Err(e) => return off(format!("no Kubernetes configuration (in-cluster, KUBECONFIG or ~/.kube/config): {e}")),
+        Err(e) => return off(e),
     };
     let url = config.cluster_url.clone();
     let rate = Rate { qps: f64::from(args.api_qps), burst: args.api_burst };
@@ -207,6 +210,25 @@ async fn connect(args: &ControllerArgs, metrics: &Metrics) -> Result<Option<Clie
         }
         Ok(Err(e)) => off(format!("cluster {url} is not reachable: {e}")),
         Err(_) => off(format!("cluster {url} did not answer within 10 s")),
+    }
+}
+
+/// The client configuration: `--kubeconfig` and `--context` when given (client-go's and
+/// kubectl's flags), else kube's inference: in-cluster, then `KUBECONFIG`, then ~/.kube/config.
+async fn kube_config(args: &ControllerArgs) -> Result<kube::Config, String> {
+    use kube::config::{KubeConfigOptions, Kubeconfig};
+    let options = KubeConfigOptions { context: args.context.clone(), ..KubeConfigOptions::default() };
+    match (&args.kubeconfig, &args.context) {
+        (Some(path), _) => {
+            let file = Kubeconfig::read_from(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+            kube::Config::from_custom_kubeconfig(file, &options).await.map_err(|e| format!("{}: {e}", path.display()))
+        }
+        (None, Some(context)) => kube::Config::from_kubeconfig(&options)
+            .await
+            .map_err(|e| format!("no usable kubeconfig context {context:?}: {e}")),
+        (None, None) => kube::Config::infer()
+            .await
+            .map_err(|e| format!("no Kubernetes configuration (in-cluster, KUBECONFIG or ~/.kube/config): {e}")),
     }
 }
 
