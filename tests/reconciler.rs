@@ -920,3 +920,72 @@ async fn a_balancer_scaled_to_zero_is_not_ready_and_says_why() {
     reconcile(Arc::new(balancer.into()), ctx).await.expect("reconcile succeeds");
     verifier.await.unwrap();
 }
+
+/// After the upgrade from the v1alpha1-only release, the children in the caches point at
+/// their Balancer as `exposer.hliangzhao.io/v1alpha1`: still its children (the uid is what
+/// counts), re-applied once with the storage version in their owner reference, in one event.
+#[tokio::test]
+async fn children_of_the_v1alpha1_release_are_taken_over_once() {
+    let (ctx, mut server, mut caches) = context();
+    let balancer = sample();
+    converged(&mut caches, &balancer);
+    let old_reference = |meta: &mut k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta| {
+        for reference in meta.owner_references.iter_mut().flatten() {
+            reference.api_version = "exposer.hliangzhao.io/v1alpha1".into();
+        }
+    };
+    for service in ctx.children.services.state() {
+        let mut service = service.as_ref().clone();
+        old_reference(&mut service.metadata);
+        caches.services.apply_watcher_event(&watcher::Event::Apply(service));
+    }
+    let mut config_map = ctx.children.config_maps.state()[0].as_ref().clone();
+    old_reference(&mut config_map.metadata);
+    caches.config_maps.apply_watcher_event(&watcher::Event::Apply(config_map));
+    let mut deployment = ctx.children.deployments.state()[0].as_ref().clone();
+    old_reference(&mut deployment.metadata);
+    caches.deployments.apply_watcher_event(&watcher::Event::Apply(deployment));
+
+    let verifier = tokio::spawn(async move {
+        let mut paths: Vec<String> = ["v1", "v2", "v3"]
+            .iter()
+            .map(|b| format!("/api/v1/namespaces/ns/services/example-balancer-{b}-backend"))
+            .collect();
+        paths.push("/api/v1/namespaces/ns/configmaps/example-balancer-proxy-configmap".into());
+        paths.push("/apis/apps/v1/namespaces/ns/deployments/example-balancer-proxy".into());
+        paths.push("/api/v1/namespaces/ns/services/example-balancer".into());
+        let kinds = ["Service", "Service", "Service", "ConfigMap", "Deployment", "Service"];
+        for (path, kind) in paths.iter().zip(kinds) {
+            // Known from the caches: no read first, an apply.
+            let (body, respond) = expect(&mut server, Method::PATCH, &format!("{path}{SSA}")).await;
+            assert_eq!(body["kind"], kind);
+            assert_eq!(body["metadata"]["ownerReferences"][0]["apiVersion"], "exposer.hliangzhao.io/v1beta1");
+            assert_eq!(body["metadata"]["ownerReferences"][0]["uid"], UID);
+            let mut stored = body.clone();
+            if kind == "Service" {
+                stored["spec"]["clusterIP"] = json!(CLUSTER_IP);
+            }
+            if kind == "Deployment" {
+                stored["metadata"]["generation"] = json!(1);
+                stored["status"] = json!({"observedGeneration": 1, "replicas": 1, "updatedReplicas": 1,
+                                          "readyReplicas": 1, "availableReplicas": 1});
+            }
+            ok(respond, &stored);
+        }
+        let event = expect_event(&mut server, "Updated").await;
+        let note = event["note"].as_str().unwrap();
+        assert!(note.starts_with("updated Service example-balancer-v1-backend, "), "{note}");
+        assert!(note.ends_with("Deployment example-balancer-proxy, Service example-balancer"), "{note}");
+        let status = expect_status(&mut server, &sample()).await;
+        assert_status(
+            &status,
+            (1, 1),
+            (3, 0),
+            json!({"status": "True", "reason": "ProxyAvailable",
+                   "message": "proxy Deployment example-balancer-proxy is available (1/1); 3 backends active"}),
+        );
+        expect_event(&mut server, "ProxyAvailable").await;
+    });
+    reconcile(Arc::new(balancer.into()), ctx).await.expect("reconcile succeeds");
+    verifier.await.unwrap();
+}
