@@ -98,15 +98,41 @@ impl EncodeLabelValue for Outcome {
     }
 }
 
+/// Which review a body was sent as (the webhook server answers two).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReviewKind {
+    Admission,
+    Conversion,
+}
+
+impl ReviewKind {
+    /// The one apiVersion served for this review.
+    pub fn served(self) -> &'static str {
+        match self {
+            ReviewKind::Admission => REVIEW_API_VERSION,
+            ReviewKind::Conversion => crate::convert::CONVERSION_REVIEW_API_VERSION,
+        }
+    }
+}
+
+impl std::fmt::Display for ReviewKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            ReviewKind::Admission => "AdmissionReview",
+            ReviewKind::Conversion => "ConversionReview",
+        })
+    }
+}
+
 /// Why a body cannot be answered as a review at all.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum BadRequest {
-    #[error("the body is not an AdmissionReview: {0}")]
-    Malformed(String),
-    #[error("unsupported AdmissionReview apiVersion {0:?}: only {REVIEW_API_VERSION} is served")]
-    UnsupportedVersion(String),
-    #[error("the AdmissionReview has no request")]
-    MissingRequest,
+    #[error("the body is not a usable {0}: {1}")]
+    Malformed(ReviewKind, String),
+    #[error("unsupported {0} apiVersion {1:?}: only {served} is served", served = .0.served())]
+    UnsupportedVersion(ReviewKind, String),
+    #[error("the {0} has no request")]
+    MissingRequest(ReviewKind),
     #[error("request.uid must not be empty")]
     MissingUid,
     #[error("request.uid must be at most {MAX_UID_BYTES} bytes, got {0}")]
@@ -252,11 +278,13 @@ pub fn review(webhook: Webhook, body: &[u8], defaults: &Defaults) -> Result<Answ
 }
 
 fn parse_request(body: &[u8]) -> Result<RequestIn<'_>, BadRequest> {
-    let review: ReviewIn<'_> = serde_json::from_slice(body).map_err(|e| BadRequest::Malformed(json_error(&e)))?;
+    let review: ReviewIn<'_> =
+        serde_json::from_slice(body).map_err(|e| BadRequest::Malformed(ReviewKind::Admission, json_error(&e)))?;
     if review.api_version != REVIEW_API_VERSION {
-        return Err(BadRequest::UnsupportedVersion(cut(&review.api_version, MAX_FIELD_BYTES).into_owned()));
+        let got = cut(&review.api_version, MAX_FIELD_BYTES).into_owned();
+        return Err(BadRequest::UnsupportedVersion(ReviewKind::Admission, got));
     }
-    let request = review.request.ok_or(BadRequest::MissingRequest)?;
+    let request = review.request.ok_or(BadRequest::MissingRequest(ReviewKind::Admission))?;
     match request.uid.len() {
         0 => Err(BadRequest::MissingUid),
         n if n > MAX_UID_BYTES => Err(BadRequest::UidTooLong(n)),

@@ -13,8 +13,8 @@ use serde::de::{Deserializer, SeqAccess, Visitor};
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
-use crate::admission::{BadRequest, MAX_UID_BYTES};
-use crate::api::conversion::{Version, convert};
+use crate::admission::{BadRequest, MAX_UID_BYTES, ReviewKind};
+use crate::api::conversion::{Version, convert_into};
 use crate::echo::cut;
 
 /// The only ConversionReview version served (the CRD asks for v1).
@@ -79,13 +79,11 @@ struct ReviewOut<'a> {
     response: ResponseOut<'a>,
 }
 
+/// A `Failure` answer (a `Success` is written object by object, see [`convert_all`]).
 #[derive(Serialize)]
-#[serde(rename_all = "camelCase")]
 struct ResponseOut<'a> {
     uid: &'a str,
     result: ResultOut,
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    converted_objects: Vec<Box<RawValue>>,
 }
 
 #[derive(Serialize)]
@@ -103,45 +101,57 @@ pub struct Converted {
 
 /// Parses `body` and converts its objects to the desired version.
 pub fn conversion_review(body: &[u8]) -> Result<Converted, BadRequest> {
-    let review: ReviewIn<'_> = serde_json::from_slice(body)
-        .map_err(|e| BadRequest::Malformed(cut(&e.to_string(), MAX_MESSAGE_BYTES).into()))?;
+    let malformed = |reason: String| BadRequest::Malformed(ReviewKind::Conversion, reason);
+    let review: ReviewIn<'_> =
+        serde_json::from_slice(body).map_err(|e| malformed(cut(&e.to_string(), MAX_MESSAGE_BYTES).into()))?;
     if review.api_version != CONVERSION_REVIEW_API_VERSION {
         let got = cut(&review.api_version, 256).into_owned();
-        return Err(BadRequest::UnsupportedVersion(got));
+        return Err(BadRequest::UnsupportedVersion(ReviewKind::Conversion, got));
     }
-    let request = review.request.ok_or(BadRequest::MissingRequest)?;
+    let request = review.request.ok_or(BadRequest::MissingRequest(ReviewKind::Conversion))?;
     match request.uid.len() {
         0 => return Err(BadRequest::MissingUid),
         n if n > MAX_UID_BYTES => return Err(BadRequest::UidTooLong(n)),
         _ => {}
     }
-    let (result, converted_objects) = match convert_all(&request) {
-        Ok(objects) => (ResultOut { status: "Success", message: None }, objects),
-        Err(message) => (ResultOut { status: "Failure", message: Some(message) }, Vec::new()),
-    };
-    let success = result.status == "Success";
-    let review = ReviewOut {
-        api_version: CONVERSION_REVIEW_API_VERSION,
-        kind: "ConversionReview",
-        response: ResponseOut { uid: &request.uid, result, converted_objects },
-    };
-    let body = serde_json::to_vec(&review).map_err(|e| BadRequest::Malformed(e.to_string()))?;
-    Ok(Converted { body, success })
+    let uid: &str = &request.uid;
+    match convert_all(&request, body.len()) {
+        Ok(body) => Ok(Converted { body, success: true }),
+        Err(message) => {
+            let review = ReviewOut {
+                api_version: CONVERSION_REVIEW_API_VERSION,
+                kind: "ConversionReview",
+                response: ResponseOut { uid, result: ResultOut { status: "Failure", message: Some(message) } },
+            };
+            let body = serde_json::to_vec(&review).map_err(|e| malformed(e.to_string()))?;
+            Ok(Converted { body, success: false })
+        }
+    }
 }
 
-/// Every object converted, or why the first that cannot be was refused.
-fn convert_all(request: &RequestIn<'_>) -> Result<Vec<Box<RawValue>>, String> {
+/// The whole `Success` answer, each object converted straight into it (the answer is about
+/// the size of the request, and nothing else is held); or why the first object that cannot
+/// be converted was refused.
+fn convert_all(request: &RequestIn<'_>, size_hint: usize) -> Result<Vec<u8>, String> {
     let Some(to) = Version::from_api_version(&request.desired_api_version) else {
         let desired = cut(&request.desired_api_version, 256);
         return Err(format!("desiredAPIVersion {desired:?} is not a served version of Balancers"));
     };
-    let mut converted = Vec::with_capacity(request.objects.0.len());
+    let mut out = Vec::with_capacity(size_hint + 256);
+    out.extend_from_slice(b"{\"apiVersion\":\"");
+    out.extend_from_slice(CONVERSION_REVIEW_API_VERSION.as_bytes());
+    out.extend_from_slice(b"\",\"kind\":\"ConversionReview\",\"response\":{\"uid\":");
+    serde_json::to_writer(&mut out, &*request.uid).map_err(|e| e.to_string())?;
+    out.extend_from_slice(b",\"result\":{\"status\":\"Success\"},\"convertedObjects\":[");
     for (i, object) in request.objects.0.iter().enumerate() {
-        let object =
-            convert(object, to).map_err(|e| cut(&format!("objects[{i}]: {e}"), MAX_MESSAGE_BYTES).into_owned())?;
-        converted.push(object);
+        if i > 0 {
+            out.push(b',');
+        }
+        convert_into(object, to, &mut out)
+            .map_err(|e| cut(&format!("objects[{i}]: {e}"), MAX_MESSAGE_BYTES).into_owned())?;
     }
-    Ok(converted)
+    out.extend_from_slice(b"]}}");
+    Ok(out)
 }
 
 /// Why `balancer convert` cannot rewrite a file.

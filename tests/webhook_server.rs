@@ -206,7 +206,7 @@ async fn unusable_requests_get_4xx_with_a_json_error() {
         client.post(server.url("/validate")).header("content-type", content_type).body(body).send()
     };
     let cases = [
-        ("{", "application/json", 400, "the body is not an AdmissionReview"),
+        ("{", "application/json", 400, "the body is not a usable AdmissionReview"),
         (
             r#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview"}"#,
             "application/json",

@@ -70,41 +70,70 @@ pub enum ConversionError {
     Field { field: &'static str, reason: String },
 }
 
+/// One field's value: the text it had in the object (borrowed, never copied), or a new one.
+#[derive(Debug)]
+enum Piece<'a> {
+    Text(&'a RawValue),
+    New(Box<RawValue>),
+}
+
+impl Serialize for Piece<'_> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        match self {
+            Piece::Text(text) => text.serialize(serializer),
+            Piece::New(text) => text.serialize(serializer),
+        }
+    }
+}
+
 /// Fields of one JSON object, each kept as its own text.
-type Fields = BTreeMap<String, Box<RawValue>>;
+type Fields<'a> = BTreeMap<String, Piece<'a>>;
 
 /// The v1beta1-only fields of one object, as the annotation carries them.
 #[derive(Default, serde::Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 struct Preserved {
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    spec: Fields,
+    spec: BTreeMap<String, Box<RawValue>>,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    status: Fields,
+    status: BTreeMap<String, Box<RawValue>>,
 }
 
 /// Converts one Balancer, given as JSON text, to `to`; an object already at `to` comes back as it is.
 pub fn convert(object: &RawValue, to: Version) -> Result<Box<RawValue>, ConversionError> {
-    let mut fields: Fields =
-        serde_json::from_str(object.get()).map_err(|e| ConversionError::NotAnObject(e.to_string()))?;
+    let mut out = Vec::with_capacity(object.get().len() + 64);
+    convert_into(object, to, &mut out)?;
+    let text = String::from_utf8(out).map_err(|e| field("object", e))?;
+    RawValue::from_string(text).map_err(|e| field("object", e))
+}
+
+/// [`convert`], writing the converted object's JSON at the end of `out`: the object's text is
+/// read in place, and only the fields that change are written anew.
+pub fn convert_into(object: &RawValue, to: Version, out: &mut Vec<u8>) -> Result<(), ConversionError> {
+    let mut fields = parse_fields(object)
+        .map_err(|e| ConversionError::NotAnObject(e.to_string()))?
+        .ok_or_else(|| ConversionError::NotAnObject("null".into()))?;
     let api_version: String = match fields.get("apiVersion") {
-        Some(raw) => serde_json::from_str(raw.get()).map_err(|e| ConversionError::NotAnObject(e.to_string()))?,
-        None => return Err(ConversionError::NotAnObject("apiVersion is missing".into())),
+        Some(Piece::Text(raw)) => {
+            serde_json::from_str(raw.get()).map_err(|e| ConversionError::NotAnObject(e.to_string()))?
+        }
+        _ => return Err(ConversionError::NotAnObject("apiVersion is missing".into())),
     };
     let from = Version::from_api_version(&api_version).ok_or(ConversionError::UnknownVersion(api_version))?;
     if from == to {
-        return Ok(object.to_owned());
+        out.extend_from_slice(object.get().as_bytes());
+        return Ok(());
     }
     match to {
         Version::V1beta1 => to_v1beta1(&mut fields)?,
         Version::V1alpha1 => to_v1alpha1(&mut fields)?,
     }
-    fields.insert("apiVersion".into(), raw(&to.api_version())?);
-    raw(&fields)
+    fields.insert("apiVersion".into(), new(&to.api_version())?);
+    serde_json::to_writer(out, &fields).map_err(|e| field("object", e))
 }
 
 /// v1alpha1 → v1beta1: the annotation's fields come back; status counts are renamed.
-fn to_v1beta1(object: &mut Fields) -> Result<(), ConversionError> {
+fn to_v1beta1(object: &mut Fields<'_>) -> Result<(), ConversionError> {
     let preserved = take_preserved(object)?;
     let mut spec = object_field(object, "spec")?;
     let mut status = object_field(object, "status")?;
@@ -119,107 +148,163 @@ fn to_v1beta1(object: &mut Fields) -> Result<(), ConversionError> {
 }
 
 /// v1beta1 → v1alpha1: fields v1alpha1 lacks move into the annotation; counts get their old names.
-fn to_v1alpha1(object: &mut Fields) -> Result<(), ConversionError> {
-    let mut preserved = Preserved::default();
+fn to_v1alpha1(object: &mut Fields<'_>) -> Result<(), ConversionError> {
     let mut spec = object_field(object, "spec")?;
     let mut status = object_field(object, "status")?;
-    if let Some(spec) = &mut spec {
-        preserved.spec = split_off(spec, |name| SHARED_SPEC_FIELDS.contains(&name));
-    }
-    if let Some(status) = &mut status {
+    let moved_spec = spec.as_mut().map(|spec| split_off(spec, |name| SHARED_SPEC_FIELDS.contains(&name)));
+    let moved_status = status.as_mut().map(|status| {
         rename(status, RENAMED_STATUS_FIELDS.map(|(alpha, beta)| (beta, alpha)));
-        preserved.status = split_off(status, |name| SHARED_STATUS_FIELDS.contains(&name));
-    }
+        split_off(status, |name| SHARED_STATUS_FIELDS.contains(&name))
+    });
+    let (moved_spec, moved_status) = (moved_spec.unwrap_or_default(), moved_status.unwrap_or_default());
     // Emptied by the move: the object had it only for v1beta1's fields.
-    let emptied =
-        |map: &Option<Fields>, moved: &Fields| map.as_ref().is_some_and(BTreeMap::is_empty) && !moved.is_empty();
-    if emptied(&spec, &preserved.spec) {
+    let emptied = |map: &Option<Fields<'_>>, moved: &Fields<'_>| {
+        map.as_ref().is_some_and(BTreeMap::is_empty) && !moved.is_empty()
+    };
+    if emptied(&spec, &moved_spec) {
         spec = None;
     }
-    if emptied(&status, &preserved.status) {
+    if emptied(&status, &moved_status) {
         status = None;
     }
     put_back(object, "spec", spec)?;
     put_back(object, "status", status)?;
-    if !preserved.spec.is_empty() || !preserved.status.is_empty() {
-        let text = serde_json::to_string(&preserved).map_err(|e| field("metadata.annotations", e))?;
-        set_annotation(object, text)?;
-    }
-    Ok(())
+    // Whatever a v1beta1 object carried under the annotation's name meant nothing there: the
+    // annotation says exactly what this conversion moved, or is absent.
+    let text = match moved_spec.is_empty() && moved_status.is_empty() {
+        true => None,
+        false => Some(
+            serde_json::to_string(&Moved { spec: moved_spec, status: moved_status })
+                .map_err(|e| field("metadata.annotations", e))?,
+        ),
+    };
+    set_annotation(object, text)
+}
+
+/// The annotation's content as written: the moved fields, borrowed.
+#[derive(Serialize)]
+struct Moved<'a> {
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    spec: Fields<'a>,
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    status: Fields<'a>,
 }
 
 /// Removes and reads the annotation. One that does not read as ours is left in place
 /// untouched (nothing is lost), and nothing is restored from it.
-fn take_preserved(object: &mut Fields) -> Result<Preserved, ConversionError> {
-    let Some(mut metadata) = object_field(object, "metadata")? else { return Ok(Preserved::default()) };
-    let Some(mut annotations) = annotations(&metadata)? else { return Ok(Preserved::default()) };
+fn take_preserved(object: &mut Fields<'_>) -> Result<Preserved, ConversionError> {
+    let Some(mut annotations) = annotations(object)? else { return Ok(Preserved::default()) };
     let Some(Ok(preserved)) = annotations.get(PRESERVED_ANNOTATION).map(|text| serde_json::from_str(text)) else {
         return Ok(Preserved::default());
     };
     annotations.remove(PRESERVED_ANNOTATION);
-    match annotations.is_empty() {
-        true => metadata.remove("annotations"),
-        false => metadata.insert("annotations".into(), raw(&annotations)?),
-    };
-    object.insert("metadata".into(), raw(&metadata)?);
+    write_annotations(object, annotations)?;
     Ok(preserved)
 }
 
-fn set_annotation(object: &mut Fields, text: String) -> Result<(), ConversionError> {
+/// Sets the annotation to `text`, or removes it when `None`.
+fn set_annotation(object: &mut Fields<'_>, text: Option<String>) -> Result<(), ConversionError> {
+    let current = annotations(object)?;
+    let had = current.as_ref().is_some_and(|a| a.contains_key(PRESERVED_ANNOTATION));
+    if text.is_none() && !had {
+        return Ok(());
+    }
+    let mut annotations = current.unwrap_or_default();
+    match text {
+        Some(text) => annotations.insert(PRESERVED_ANNOTATION.into(), text),
+        None => annotations.remove(PRESERVED_ANNOTATION),
+    };
+    write_annotations(object, annotations)
+}
+
+fn annotations(object: &Fields<'_>) -> Result<Option<BTreeMap<String, String>>, ConversionError> {
+    let Some(metadata) = object_field(object, "metadata")? else { return Ok(None) };
+    match metadata.get("annotations") {
+        Some(piece) => serde_json::from_str(piece.text()).map_err(|e| field("metadata.annotations", e)),
+        None => Ok(None),
+    }
+}
+
+/// Writes `annotations` back into the metadata, dropping the map when it is empty (as the API
+/// server, which never sends an empty one, would).
+fn write_annotations(object: &mut Fields<'_>, annotations: BTreeMap<String, String>) -> Result<(), ConversionError> {
     let mut metadata = object_field(object, "metadata")?.unwrap_or_default();
-    let mut annotations = annotations(&metadata)?.unwrap_or_default();
-    annotations.insert(PRESERVED_ANNOTATION.into(), text);
-    metadata.insert("annotations".into(), raw(&annotations)?);
-    object.insert("metadata".into(), raw(&metadata)?);
+    match annotations.is_empty() {
+        true => metadata.remove("annotations"),
+        false => metadata.insert("annotations".into(), new(&annotations)?),
+    };
+    object.insert("metadata".into(), new(&metadata)?);
     Ok(())
 }
 
-fn annotations(metadata: &Fields) -> Result<Option<BTreeMap<String, String>>, ConversionError> {
-    match metadata.get("annotations") {
-        None => Ok(None),
-        Some(text) => serde_json::from_str(text.get()).map_err(|e| field("metadata.annotations", e)),
-    }
+/// An object read one level deep, each field borrowed from its text; `None` for `null`.
+fn parse_fields(text: &RawValue) -> Result<Option<Fields<'_>>, serde_json::Error> {
+    let map: Option<BTreeMap<String, &RawValue>> = serde_json::from_str(text.get())?;
+    Ok(map.map(|map| map.into_iter().map(|(k, v)| (k, Piece::Text(v))).collect()))
 }
 
 /// An object-valued field read one level deep; `None` when absent or null.
-fn object_field(object: &Fields, name: &'static str) -> Result<Option<Fields>, ConversionError> {
+fn object_field<'a>(object: &Fields<'a>, name: &'static str) -> Result<Option<Fields<'a>>, ConversionError> {
     match object.get(name) {
         None => Ok(None),
-        Some(text) => serde_json::from_str(text.get()).map_err(|e| field(name, e)),
+        Some(Piece::Text(text)) => parse_fields(text).map_err(|e| field(name, e)),
+        Some(Piece::New(text)) => {
+            let map: Option<BTreeMap<String, Box<RawValue>>> =
+                serde_json::from_str(text.get()).map_err(|e| field(name, e))?;
+            Ok(map.map(|map| map.into_iter().map(|(k, v)| (k, Piece::New(v))).collect()))
+        }
     }
 }
 
-/// Writes `value` back as `name`, or leaves `name` as it was when there is nothing to write.
-fn put_back(object: &mut Fields, name: &str, value: Option<Fields>) -> Result<(), ConversionError> {
+/// Writes `value` back as `name`, or removes `name` when there is nothing to write (a `null` stays).
+fn put_back(object: &mut Fields<'_>, name: &str, value: Option<Fields<'_>>) -> Result<(), ConversionError> {
     match value {
-        Some(value) => object.insert(name.into(), raw(&value)?),
-        None if object.get(name).is_some_and(|v| v.get() != "null") => object.remove(name),
-        None => None,
-    };
+        Some(value) => {
+            object.insert(name.into(), new(&value)?);
+        }
+        None => {
+            if object.get(name).is_some_and(|v| !is_null(v)) {
+                object.remove(name);
+            }
+        }
+    }
     Ok(())
+}
+
+fn is_null(piece: &Piece<'_>) -> bool {
+    piece.text() == "null"
+}
+
+impl Piece<'_> {
+    fn text(&self) -> &str {
+        match self {
+            Piece::Text(text) => text.get(),
+            Piece::New(text) => text.get(),
+        }
+    }
 }
 
 /// Adds the annotation's fields that `map` lacks, creating `map` if it had none.
 fn merge_missing(
-    object: &Fields,
+    object: &Fields<'_>,
     name: &'static str,
-    map: &mut Option<Fields>,
-    from: Fields,
+    map: &mut Option<Fields<'_>>,
+    from: BTreeMap<String, Box<RawValue>>,
 ) -> Result<(), ConversionError> {
     if from.is_empty() {
         return Ok(());
     }
-    if map.is_none() && object.get(name).is_some_and(|v| v.get() != "null") {
+    if map.is_none() && object.get(name).is_some_and(|v| !is_null(v)) {
         return Err(field(name, "is not an object"));
     }
     let map = map.get_or_insert_with(Fields::new);
     for (key, value) in from {
-        map.entry(key).or_insert(value);
+        map.entry(key).or_insert(Piece::New(value));
     }
     Ok(())
 }
 
-fn rename<const N: usize>(map: &mut Fields, pairs: [(&str, &str); N]) {
+fn rename<const N: usize>(map: &mut Fields<'_>, pairs: [(&str, &str); N]) {
     for (from, to) in pairs {
         if let Some(value) = map.remove(from) {
             map.insert(to.into(), value);
@@ -228,13 +313,14 @@ fn rename<const N: usize>(map: &mut Fields, pairs: [(&str, &str); N]) {
 }
 
 /// Removes and returns the fields `keep` does not accept.
-fn split_off(map: &mut Fields, keep: impl Fn(&str) -> bool) -> Fields {
+fn split_off<'a>(map: &mut Fields<'a>, keep: impl Fn(&str) -> bool) -> Fields<'a> {
     let moved: Vec<String> = map.keys().filter(|k| !keep(k)).cloned().collect();
     moved.into_iter().filter_map(|k| map.remove(&k).map(|v| (k, v))).collect()
 }
 
-fn raw<T: Serialize + ?Sized>(value: &T) -> Result<Box<RawValue>, ConversionError> {
-    to_raw_value(value).map_err(|e| field("object", e))
+/// A new field value, encoded.
+fn new<T: Serialize + ?Sized>(value: &T) -> Result<Piece<'static>, ConversionError> {
+    to_raw_value(value).map(Piece::New).map_err(|e| field("object", e))
 }
 
 fn field(field: &'static str, reason: impl std::fmt::Display) -> ConversionError {
