@@ -6,6 +6,7 @@ use std::hint::black_box;
 
 use balancer::admission::parse_spec;
 use balancer::admission::{Answer, BadRequest, Outcome, Webhook};
+use balancer::convert::conversion_review;
 use balancer::defaulting::{Defaults, defaults_patch};
 use balancer::validation::{ObjectName, validate};
 use criterion::{Criterion, criterion_group, criterion_main};
@@ -118,6 +119,47 @@ fn bench(c: &mut Criterion) {
     });
     group.bench_function("rules only: defaults_patch", |b| b.iter(|| defaults_patch(black_box(&spec), &DEFAULTS)));
     group.finish();
+
+    // Conversion: a list page of 500 Balancers, as the API server sends one to /convert.
+    let mut group = c.benchmark_group("conversion");
+    for (from, to) in [("v1alpha1", "v1beta1"), ("v1beta1", "v1alpha1")] {
+        let page = conversion_page(&object, from, to, 500);
+        let converted = conversion_review(&page).unwrap();
+        assert!(converted.success, "the page converts");
+        group.bench_function(format!("baseline: parse a 500-object page as serde_json::Value ({from})"), |b| {
+            b.iter(|| serde_json::from_slice::<Value>(black_box(&page)).unwrap())
+        });
+        group.bench_function(format!("convert a 500-object page {from} -> {to}"), |b| {
+            b.iter(|| conversion_review(black_box(&page)).unwrap())
+        });
+    }
+    group.finish();
+}
+
+/// A ConversionReview of `n` copies of `object` at `from` (with `spec.replicas` and a v1beta1
+/// status when `from` is v1beta1, so the annotation is written), asking for `to`.
+fn conversion_page(object: &Value, from: &str, to: &str, n: usize) -> Vec<u8> {
+    let mut object = object.clone();
+    object["apiVersion"] = json!(format!("exposer.hliangzhao.io/{from}"));
+    if from == "v1beta1" {
+        object["spec"]["replicas"] = json!(2);
+        object["status"] = json!({"replicas": 2, "readyReplicas": 2, "activeBackends": 3, "obsoleteBackends": 0,
+            "selector": "app.kubernetes.io/component=proxy,balancer.exposer.hliangzhao.io/balancer-name=example-balancer"});
+    } else {
+        object["status"] = json!({"activeBackendsNum": 3, "obsoleteBackendsNum": 0});
+    }
+    let objects: Vec<Value> = (0..n)
+        .map(|i| {
+            let mut o = object.clone();
+            o["metadata"]["name"] = json!(format!("balancer-{i}"));
+            o
+        })
+        .collect();
+    json!({"apiVersion": "apiextensions.k8s.io/v1", "kind": "ConversionReview",
+        "request": {"uid": "705ab4f5-6393-11e8-b7cc-42010a800002",
+                    "desiredAPIVersion": format!("exposer.hliangzhao.io/{to}"), "objects": objects}})
+    .to_string()
+    .into_bytes()
 }
 
 criterion_group!(benches, bench);
