@@ -132,19 +132,23 @@ pub fn convert_into(object: &RawValue, to: Version, out: &mut Vec<u8>) -> Result
     serde_json::to_writer(out, &fields).map_err(|e| field("object", e))
 }
 
-/// v1alpha1 → v1beta1: the annotation's fields come back; status counts are renamed.
+/// v1alpha1 → v1beta1: the annotation's fields come back; status counts are renamed. Only a
+/// field that changes is written anew: a large spec is copied once, into the answer.
 fn to_v1beta1(object: &mut Fields<'_>) -> Result<(), ConversionError> {
     let preserved = take_preserved(object)?;
-    let mut spec = object_field(object, "spec")?;
-    let mut status = object_field(object, "status")?;
-    if let Some(status) = &mut status {
-        rename(status, RENAMED_STATUS_FIELDS);
+    if !preserved.spec.is_empty() {
+        let mut spec = object_field(object, "spec")?;
+        // A field v1alpha1 has itself wins over one of the same name in the annotation.
+        merge_missing(object, "spec", &mut spec, preserved.spec)?;
+        put_back(object, "spec", spec)?;
     }
-    // A field v1alpha1 has itself wins over one of the same name in the annotation.
-    merge_missing(object, "spec", &mut spec, preserved.spec)?;
-    merge_missing(object, "status", &mut status, preserved.status)?;
-    put_back(object, "spec", spec)?;
-    put_back(object, "status", status)
+    let mut status = object_field(object, "status")?;
+    let renamed = status.as_mut().is_some_and(|status| rename(status, RENAMED_STATUS_FIELDS));
+    if renamed || !preserved.status.is_empty() {
+        merge_missing(object, "status", &mut status, preserved.status)?;
+        put_back(object, "status", status)?;
+    }
+    Ok(())
 }
 
 /// v1beta1 → v1alpha1: fields v1alpha1 lacks move into the annotation; counts get their old names.
@@ -152,8 +156,9 @@ fn to_v1alpha1(object: &mut Fields<'_>) -> Result<(), ConversionError> {
     let mut spec = object_field(object, "spec")?;
     let mut status = object_field(object, "status")?;
     let moved_spec = spec.as_mut().map(|spec| split_off(spec, |name| SHARED_SPEC_FIELDS.contains(&name)));
+    let mut renamed = false;
     let moved_status = status.as_mut().map(|status| {
-        rename(status, RENAMED_STATUS_FIELDS.map(|(alpha, beta)| (beta, alpha)));
+        renamed = rename(status, RENAMED_STATUS_FIELDS.map(|(alpha, beta)| (beta, alpha)));
         split_off(status, |name| SHARED_STATUS_FIELDS.contains(&name))
     });
     let (moved_spec, moved_status) = (moved_spec.unwrap_or_default(), moved_status.unwrap_or_default());
@@ -167,16 +172,20 @@ fn to_v1alpha1(object: &mut Fields<'_>) -> Result<(), ConversionError> {
     if emptied(&status, &moved_status) {
         status = None;
     }
-    put_back(object, "spec", spec)?;
-    put_back(object, "status", status)?;
+    if !moved_spec.is_empty() {
+        put_back(object, "spec", spec)?;
+    }
+    if renamed || !moved_status.is_empty() {
+        put_back(object, "status", status)?;
+    }
     // Whatever a v1beta1 object carried under the annotation's name meant nothing there: the
     // annotation says exactly what this conversion moved, or is absent.
     let text = match moved_spec.is_empty() && moved_status.is_empty() {
         true => None,
-        false => Some(
-            serde_json::to_string(&Moved { spec: moved_spec, status: moved_status })
-                .map_err(|e| field("metadata.annotations", e))?,
-        ),
+        false => {
+            let moved = Moved { spec: moved_spec, status: moved_status };
+            Some(serde_json::to_string(&moved).map_err(|e| field("metadata.annotations", e))?)
+        }
     };
     set_annotation(object, text)
 }
@@ -304,12 +313,16 @@ fn merge_missing(
     Ok(())
 }
 
-fn rename<const N: usize>(map: &mut Fields<'_>, pairs: [(&str, &str); N]) {
+/// Renames fields; whether any was there.
+fn rename<const N: usize>(map: &mut Fields<'_>, pairs: [(&str, &str); N]) -> bool {
+    let mut renamed = false;
     for (from, to) in pairs {
         if let Some(value) = map.remove(from) {
             map.insert(to.into(), value);
+            renamed = true;
         }
     }
+    renamed
 }
 
 /// Removes and returns the fields `keep` does not accept.
