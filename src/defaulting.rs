@@ -9,7 +9,7 @@ use json_patch::Patch;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use serde_json::{Map, Value};
 
-use crate::api::{BalancerSpec, DEFAULT_PROTOCOL, DEFAULT_WEIGHT, MAX_BACKENDS, MAX_PORTS};
+use crate::api::{BalancerSpec, DEFAULT_PROTOCOL, DEFAULT_WEIGHT, MAX_BACKENDS, MAX_PORTS, SESSION_AFFINITIES};
 
 /// Defaults that come from the operator's configuration rather than the API.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -25,7 +25,8 @@ impl Default for Defaults {
 }
 
 /// The spec with its defaults filled in, the way the API server stores it after mutation:
-/// protocol `TCP`, `targetPort` = `port`, weight 1, and `replicas` from `defaults`.
+/// protocol `TCP`, `targetPort` = `port`, weight 1, `sessionAffinity: None`, and `replicas`
+/// from `defaults`.
 pub fn with_defaults(spec: &BalancerSpec, defaults: &Defaults) -> BalancerSpec {
     let mut spec = spec.clone();
     fill_defaults(&mut spec, defaults);
@@ -39,6 +40,9 @@ pub fn fill_defaults(spec: &mut BalancerSpec, defaults: &Defaults) {
         return;
     }
     spec.replicas.get_or_insert(defaults.replicas);
+    if spec.session_affinity.as_deref().is_none_or(str::is_empty) {
+        spec.session_affinity = Some(SESSION_AFFINITIES[0].to_string());
+    }
     for port in &mut spec.ports {
         if port.protocol.as_deref().is_none_or(str::is_empty) {
             port.protocol = Some(DEFAULT_PROTOCOL.to_string());

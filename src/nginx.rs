@@ -46,6 +46,10 @@ pub fn render(balancer: &str, spec: &BalancerSpec, load_modules: &[String], upst
     for port in &spec.ports {
         let name = upstream_name(port);
         let _ = writeln!(conf, "    upstream {name} {{");
+        if spec.session_affinity.as_deref() == Some("ClientIP") {
+            // Ketama points in proportion to the weights: one client sticks, many still split.
+            conf.push_str("        hash $remote_addr consistent;\n");
+        }
         for backend in &spec.backends {
             let address = upstream.address(backend, port);
             let service = backend_service_name(balancer, &backend.name);

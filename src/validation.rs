@@ -12,6 +12,7 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use crate::api::{
     self, BalancerSpec, MAX_BACKENDS, MAX_PORTS, MAX_REPLICAS, MAX_SELECTOR_LABELS, MAX_WEIGHT, PROTOCOLS,
+    SESSION_AFFINITIES,
 };
 use crate::echo::{MAX_QUOTED_BYTES, cut, quoted};
 
@@ -100,6 +101,7 @@ pub fn validate(name: ObjectName<'_>, spec: &BalancerSpec) -> Report {
     let mut report = Report::default();
     validate_name(name, &mut report);
     validate_replicas(spec.replicas, &mut report);
+    validate_session_affinity(spec.session_affinity.as_deref(), &mut report);
     validate_ports(spec, &mut report);
     validate_selector(&"spec.selector", spec.selector.as_ref(), &mut report);
     validate_backends(name, spec, &mut report);
@@ -109,6 +111,12 @@ pub fn validate(name: ObjectName<'_>, spec: &BalancerSpec) -> Report {
 fn validate_replicas(replicas: Option<i32>, report: &mut Report) {
     if let Some(n) = replicas.filter(|n| !(0..=MAX_REPLICAS).contains(n)) {
         report.error("spec.replicas", format!("must be between 0 and {MAX_REPLICAS}, got {n}"));
+    }
+}
+
+fn validate_session_affinity(affinity: Option<&str>, report: &mut Report) {
+    if let Some(affinity) = affinity.filter(|a| !SESSION_AFFINITIES.contains(a)) {
+        report.error("spec.sessionAffinity", format!("must be None or ClientIP, got {}", quoted(affinity)));
     }
 }
 

@@ -334,6 +334,7 @@ fn admit_fills_in_the_defaults_the_webhook_did_not() {
     let mut balancer = sample();
     balancer.spec = BalancerSpec {
         replicas: None,
+        session_affinity: None,
         ports: vec![BalancerPort { name: None, protocol: None, port: 8080, target_port: None }],
         selector: None,
         backends: vec![BackendSpec { name: "a".into(), weight: None, selector: Some(labels(&[("app", "a")])) }],

@@ -5,7 +5,9 @@
 //! (b) UDP: datagrams proxied to per-backend echo servers, split by weight, and
 //!     TCP and UDP on the same port number side by side;
 //! (c) `nginx -t` accepts every rendered config in a table of specs;
-//! and (d) one-shot UDP clients (DNS-like) that must not exhaust nginx's connections.
+//! (d) one-shot UDP clients (DNS-like) that must not exhaust nginx's connections;
+//! and (e) `sessionAffinity: ClientIP`: one client address always reaches the same backend,
+//!     and many client addresses still split by weight.
 //!
 //! nginx is run from the `PATH` (`support::have_tool`): these tests skip loudly
 //! outside CI when it (or its stream module) is missing and fail in CI. On
@@ -32,7 +34,7 @@ use balancer::validation::ObjectName;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use tempfile::TempDir;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
-use tokio::net::{TcpListener, TcpStream, UdpSocket};
+use tokio::net::{TcpListener, TcpSocket, TcpStream, UdpSocket};
 use tokio::task::JoinHandle;
 use tokio::time::timeout;
 
@@ -578,6 +580,7 @@ async fn udp_datagrams_are_answered_by_the_backends_by_weight() {
     let spec = |p: u16| {
         admitted(BalancerSpec {
             replicas: None,
+            session_affinity: None,
             ports: vec![port(Some("dns"), "UDP", i32::from(p))],
             selector: Some(BTreeMap::from([("app".to_string(), "dns".to_string())])),
             backends: vec![backend("v1", 50), backend("v2", 30), backend("v3", 20)],
@@ -622,6 +625,7 @@ async fn tcp_and_udp_on_the_same_port_number_reach_their_own_servers() {
     let spec = |p: u16| {
         admitted(BalancerSpec {
             replicas: None,
+            session_affinity: None,
             ports: vec![port(Some("stream"), "TCP", i32::from(p)), port(Some("dgram"), "UDP", i32::from(p))],
             selector: None,
             backends: vec![backend("v1", 1), backend("v2", 1)],
@@ -661,6 +665,7 @@ async fn udp_sessions_end_once_answered() {
     let spec = |p: u16| {
         admitted(BalancerSpec {
             replicas: None,
+            session_affinity: None,
             ports: vec![port(Some("dns"), "UDP", i32::from(p))],
             selector: Some(BTreeMap::from([("app".to_string(), "dns".to_string())])),
             backends: vec![backend("v1", 1)],
@@ -699,7 +704,8 @@ fn loopback_addresses(spec: &BalancerSpec) -> impl Fn(&BackendSpec, &BalancerPor
 
 fn config_table() -> Vec<(&'static str, BalancerSpec)> {
     let three = || vec![backend("v1", 40), backend("v2", 20), backend("v3", 40)];
-    let spec = |ports, backends| BalancerSpec { replicas: None, ports, selector: None, backends };
+    let spec =
+        |ports, backends| BalancerSpec { replicas: None, session_affinity: None, ports, selector: None, backends };
     let mut named_target = port(Some("dns"), "UDP", 53);
     named_target.target_port = Some(IntOrString::String("dns".into()));
     let mut named_tcp = port(Some("http"), "TCP", 80);
@@ -718,6 +724,11 @@ fn config_table() -> Vec<(&'static str, BalancerSpec)> {
             ),
         ),
         ("single UDP port", spec(vec![port(None, "UDP", 5353)], three())),
+        ("ClientIP affinity, TCP and UDP", {
+            let mut affine = spec(vec![port(Some("tcp"), "TCP", 80), port(Some("udp"), "UDP", 53)], three());
+            affine.session_affinity = Some("ClientIP".into());
+            affine
+        }),
         ("53/TCP and 53/UDP", spec(vec![port(Some("dns-tcp"), "TCP", 53), port(Some("dns-udp"), "UDP", 53)], three())),
         (
             "weight-0 backend",
@@ -777,4 +788,62 @@ fn nginx_t_rejects_a_broken_config() {
     let rendered = nginx::render("table", &spec, &[], &loopback_addresses(&spec)).replace("weight=40", "weight=0");
     let log = nginx_check(&bin, &rendered).expect_err("weight=0 is invalid for nginx");
     assert!(log.contains("weight"), "{log}");
+}
+
+// ---------------------------------------------------------------------------
+// (e) Session affinity
+// ---------------------------------------------------------------------------
+
+/// One TCP connection through nginx from the client address `from`: what the backend answered.
+async fn tcp_ask_from(from: Ipv4Addr, port: u16) -> String {
+    timeout(STEP, async {
+        let socket = TcpSocket::new_v4().expect("socket");
+        socket.bind(SocketAddr::from((from, 0))).expect("bind the client address");
+        let mut stream = socket.connect(SocketAddr::from(([127, 0, 0, 1], port))).await.expect("connect to nginx");
+        let mut reply = String::new();
+        stream.read_to_string(&mut reply).await.expect("read reply");
+        reply
+    })
+    .await
+    .expect("reply through nginx in time")
+}
+
+#[tokio::test]
+async fn client_ip_affinity_keeps_each_client_on_one_backend_and_splits_clients_by_weight() {
+    let Some(bin) = nginx_binary() else { return };
+    let backends = tcp_backends(&["v1", "v2", "v3"]).await;
+    let address = addresses(&backends);
+    let affine = |p: u16| {
+        let mut spec = sample_spec(p);
+        spec.session_affinity = Some("ClientIP".into());
+        spec
+    };
+    let (_nginx, listen) =
+        start_nginx(&bin, free_tcp_port, |p| nginx::render("example-balancer", &admitted(affine(p)), &[], &address))
+            .await;
+
+    // 240 clients (127.0.1.1 ... 127.0.2.120), 3 connections each.
+    const CLIENTS: u16 = 240;
+    let mut first_picks = Vec::new();
+    for i in 0..CLIENTS {
+        let client = Ipv4Addr::new(127, 0, 1 + (i / 120) as u8, 1 + (i % 120) as u8);
+        let replies = [
+            tcp_ask_from(client, listen).await,
+            tcp_ask_from(client, listen).await,
+            tcp_ask_from(client, listen).await,
+        ];
+        assert!(replies.iter().all(|r| r == &replies[0]), "client {client} moved between backends: {replies:?}");
+        first_picks.push(replies[0].clone());
+    }
+    let observed = tally(first_picks);
+    eprintln!("ClientIP affinity, 40/20/40, {CLIENTS} client addresses: {observed:?}");
+    // Consistent hashing places each address by its hash, with points in proportion to the
+    // weights: no exact split as round-robin has, but every backend's share near its weight.
+    for (name, weight) in [("v1", 40.0), ("v2", 20.0), ("v3", 40.0)] {
+        let share = 100.0 * observed.get(name).copied().unwrap_or(0) as f64 / f64::from(CLIENTS);
+        assert!(
+            (share - weight).abs() <= 12.0,
+            "{name}: {share:.0}% of the clients for a weight of {weight}%: {observed:?}"
+        );
+    }
 }

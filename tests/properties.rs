@@ -94,8 +94,16 @@ fn arb_spec() -> impl Strategy<Value = BalancerSpec> {
     let ports = prop_oneof![3 => vec(arb_port(), 0..4), 1 => vec(arb_port(), 0..40)];
     let backends = prop_oneof![3 => vec(arb_backend(), 0..4), 1 => vec(arb_backend(), 0..70)];
     let replicas = option::of(prop_oneof![0i32..=100, arb_number()]);
-    (replicas, ports, option::of(arb_labels(5)), backends)
-        .prop_map(|(replicas, ports, selector, backends)| BalancerSpec { replicas, ports, selector, backends })
+    let affinity = option::of(prop_oneof![Just("None".to_string()), Just("ClientIP".to_string()), arb_text()]);
+    (replicas, affinity, ports, option::of(arb_labels(5)), backends).prop_map(
+        |(replicas, session_affinity, ports, selector, backends)| BalancerSpec {
+            replicas,
+            session_affinity,
+            ports,
+            selector,
+            backends,
+        },
+    )
 }
 
 /// Specs within the list bounds: longer lists are refused while being read, so only
@@ -166,6 +174,7 @@ fn valid_balancer() -> impl Strategy<Value = ValidBalancer> {
         .prop_map(|(name, replicas, ports, selector, backends)| {
             let mut spec = BalancerSpec {
                 replicas: Some(replicas),
+                session_affinity: Some(["None", "ClientIP"][replicas as usize % 2].to_string()),
                 ports,
                 selector,
                 backends: backends
@@ -208,6 +217,7 @@ fn drop_optional_fields(
     let mut spec = spec.clone();
     if replicas {
         spec.replicas = None;
+        spec.session_affinity = None;
     }
     for (port, how) in spec.ports.iter_mut().zip(ports) {
         match how.protocol {
@@ -437,7 +447,7 @@ proptest! {
         let defaulted = defaulted(&spec);
         let _ = validate_as(&meta, &defaulted);
         let patch = defaults_patch(&spec);
-        prop_assert!(patch.0.len() <= 1 + 2 * spec.ports.len() + spec.backends.len());
+        prop_assert!(patch.0.len() <= 2 + 2 * spec.ports.len() + spec.backends.len());
         prop_assert!(defaults_patch(&defaulted).0.is_empty(), "with_defaults leaves nothing to default");
         // admit is exactly: defaults, then the rules.
         match admit(ObjectName::from_meta(meta.0.as_deref(), meta.1.as_deref()), spec.clone(), &DEFAULTS) {
@@ -832,7 +842,8 @@ fn the_sample_is_patched_then_allowed() {
             {"op": "add", "path": "/spec/backends/0/weight", "value": 1},
             {"op": "add", "path": "/spec/ports/0/protocol", "value": "TCP"},
             {"op": "add", "path": "/spec/ports/0/targetPort", "value": 80},
-            {"op": "add", "path": "/spec/replicas", "value": DEFAULTS.replicas}
+            {"op": "add", "path": "/spec/replicas", "value": DEFAULTS.replicas},
+            {"op": "add", "path": "/spec/sessionAffinity", "value": "None"}
         ])
     );
     let mut doc = sample_object();
@@ -929,7 +940,9 @@ fn arb_conditions() -> impl Strategy<Value = Vec<Value>> {
 fn arb_v1alpha1_spec() -> impl Strategy<Value = Option<Value>> {
     let typed = arb_spec().prop_map(|spec| {
         let mut value = serde_json::to_value(spec).expect("a spec encodes");
+        // v1beta1's own fields: the v1alpha1 schema prunes them.
         value.as_object_mut().unwrap().remove("replicas");
+        value.as_object_mut().unwrap().remove("sessionAffinity");
         value
     });
     let loose = btree_map(select(&["ports", "selector", "backends"][..]), arb_json(), 0..4)

@@ -63,6 +63,7 @@ fn sample() -> Balancer {
         NAME,
         BalancerSpec {
             replicas: None,
+            session_affinity: None,
             ports: vec![BalancerPort {
                 name: Some("http".into()),
                 protocol: Some("TCP".into()),

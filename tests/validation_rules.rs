@@ -60,6 +60,7 @@ fn sample() -> Subject {
         generate_name: None,
         spec: BalancerSpec {
             replicas: Some(1),
+            session_affinity: None,
             ports: vec![port(Some("http"), Some("TCP"), 80, Some(IntOrString::Int(5678)))],
             selector: Some(labels(&[("app", "test")])),
             backends: vec![
@@ -1033,6 +1034,21 @@ fn replicas_rules() {
             "the lowest i32",
             |s| s.spec.replicas = Some(i32::MIN),
             strings!["spec.replicas: must be between 0 and 100, got -2147483648"],
+            vec![],
+        ),
+    ]);
+}
+
+#[test]
+fn session_affinity_rules() {
+    run(vec![
+        case("no affinity (defaulted to None)", |s| s.spec.session_affinity = None, vec![], vec![]),
+        case("None", |s| s.spec.session_affinity = Some("None".into()), vec![], vec![]),
+        case("ClientIP", |s| s.spec.session_affinity = Some("ClientIP".into()), vec![], vec![]),
+        case(
+            "another value",
+            |s| s.spec.session_affinity = Some("Cookie".into()),
+            strings!["spec.sessionAffinity: must be None or ClientIP, got \"Cookie\""],
             vec![],
         ),
     ]);

@@ -50,6 +50,8 @@ pub const DEFAULT_WEIGHT: i32 = 1;
 pub const DEFAULT_PROTOCOL: &str = "TCP";
 /// Most proxy pods one Balancer may ask for (`spec.replicas`, v1beta1).
 pub const MAX_REPLICAS: i32 = 100;
+/// `spec.sessionAffinity` values (v1beta1), the default first.
+pub const SESSION_AFFINITIES: [&str; 2] = ["None", "ClientIP"];
 /// Protocols nginx's stream module can proxy.
 pub const PROTOCOLS: [&str; 2] = ["TCP", "UDP"];
 
@@ -256,6 +258,7 @@ mod tests {
     fn merged_selector_lets_the_backend_win() {
         let spec = BalancerSpec {
             replicas: None,
+            session_affinity: None,
             ports: vec![],
             selector: Some(BTreeMap::from([("app".into(), "a".into()), ("tier".into(), "x".into())])),
             backends: vec![],

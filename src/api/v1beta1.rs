@@ -82,6 +82,12 @@ pub struct BalancerSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0, max = 100))]
     pub replicas: Option<i32>,
+    /// `None` (the default) or `ClientIP`: every connection from one client address goes to
+    /// the same backend while the backends stay the same (nginx's consistent hash of the
+    /// client address), and the split across many clients still follows the weights.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("enum" = ["None", "ClientIP"]))]
+    pub session_affinity: Option<String>,
     /// Front-end ports; each is proxied to the same port of every backend.
     #[serde(deserialize_with = "read_ports")]
     #[schemars(schema_with = "ports_schema")]
