@@ -9,7 +9,10 @@ use json_patch::Patch;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use serde_json::{Map, Value};
 
-use crate::api::{BalancerSpec, DEFAULT_PROTOCOL, DEFAULT_WEIGHT, MAX_BACKENDS, MAX_PORTS, SESSION_AFFINITIES};
+use crate::api::{
+    BalancerSpec, DEFAULT_CONNECT_TIMEOUT, DEFAULT_FAIL_TIMEOUT, DEFAULT_MAX_FAILS, DEFAULT_PROTOCOL,
+    DEFAULT_TCP_IDLE_TIMEOUT, DEFAULT_UDP_IDLE_TIMEOUT, DEFAULT_WEIGHT, MAX_BACKENDS, MAX_PORTS, SESSION_AFFINITIES,
+};
 
 /// Defaults that come from the operator's configuration rather than the API.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -25,8 +28,8 @@ impl Default for Defaults {
 }
 
 /// The spec with its defaults filled in, the way the API server stores it after mutation:
-/// protocol `TCP`, `targetPort` = `port`, weight 1, `sessionAffinity: None`, and `replicas`
-/// from `defaults`.
+/// protocol `TCP`, `targetPort` = `port`, weight 1, `sessionAffinity: None`, the timeouts and
+/// passive health settings (see [`crate::api`]'s `DEFAULT_*`), and `replicas` from `defaults`.
 pub fn with_defaults(spec: &BalancerSpec, defaults: &Defaults) -> BalancerSpec {
     let mut spec = spec.clone();
     fill_defaults(&mut spec, defaults);
@@ -56,9 +59,22 @@ pub fn fill_defaults(spec: &mut BalancerSpec, defaults: &Defaults) {
         if missing {
             port.target_port = Some(IntOrString::Int(port.port));
         }
+        fill(&mut port.connect_timeout, DEFAULT_CONNECT_TIMEOUT);
+        let idle =
+            if port.protocol.as_deref() == Some("UDP") { DEFAULT_UDP_IDLE_TIMEOUT } else { DEFAULT_TCP_IDLE_TIMEOUT };
+        fill(&mut port.idle_timeout, idle);
     }
     for backend in &mut spec.backends {
         backend.weight.get_or_insert(DEFAULT_WEIGHT);
+        backend.max_fails.get_or_insert(DEFAULT_MAX_FAILS);
+        fill(&mut backend.fail_timeout, DEFAULT_FAIL_TIMEOUT);
+    }
+}
+
+/// Sets a missing or empty text field to `default`.
+fn fill(field: &mut Option<String>, default: &str) {
+    if field.as_deref().is_none_or(str::is_empty) {
+        *field = Some(default.to_string());
     }
 }
 

@@ -53,8 +53,9 @@ pub fn render(balancer: &str, spec: &BalancerSpec, load_modules: &[String], upst
         for backend in &spec.backends {
             let address = upstream.address(backend, port);
             let service = backend_service_name(balancer, &backend.name);
+            let health = passive_health(backend);
             let _ = match backend.effective_weight() {
-                w if w > 0 => writeln!(conf, "        server {address} weight={w};  # {service}"),
+                w if w > 0 => writeln!(conf, "        server {address} weight={w}{health};  # {service}"),
                 _ => writeln!(conf, "        server {address} down;  # {service}"),
             };
         }
@@ -62,12 +63,17 @@ pub fn render(balancer: &str, spec: &BalancerSpec, load_modules: &[String], upst
         let _ = writeln!(conf, "    server {{");
         if is_udp(port) {
             // UDP is treated as request/response (DNS-like): a session ends with the first
-            // reply, or after 10 s without one, instead of holding a connection slot for
-            // nginx's default 10 minutes per client.
+            // reply, or after idleTimeout (10 s by default) without one.
             let _ = writeln!(conf, "        listen {} udp;", port.port);
-            conf.push_str("        proxy_responses 1;\n        proxy_timeout 10s;\n");
+            conf.push_str("        proxy_responses 1;\n");
         } else {
             let _ = writeln!(conf, "        listen {};", port.port);
+        }
+        if let Some(timeout) = &port.connect_timeout {
+            let _ = writeln!(conf, "        proxy_connect_timeout {timeout};");
+        }
+        if let Some(timeout) = &port.idle_timeout {
+            let _ = writeln!(conf, "        proxy_timeout {timeout};");
         }
         let _ = writeln!(conf, "        proxy_pass {name};\n    }}\n");
     }
@@ -77,6 +83,18 @@ pub fn render(balancer: &str, spec: &BalancerSpec, load_modules: &[String], upst
     }
     conf.push_str("}\n");
     conf
+}
+
+/// ` max_fails=N fail_timeout=T`, for the settings the backend has (all of them once defaulted).
+fn passive_health(backend: &BackendSpec) -> String {
+    let mut health = String::new();
+    if let Some(n) = backend.max_fails {
+        let _ = write!(health, " max_fails={n}");
+    }
+    if let Some(timeout) = &backend.fail_timeout {
+        let _ = write!(health, " fail_timeout={timeout}");
+    }
+    health
 }
 
 fn is_udp(port: &BalancerPort) -> bool {

@@ -11,8 +11,8 @@ use std::hash::{Hash, Hasher};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use crate::api::{
-    self, BalancerSpec, MAX_BACKENDS, MAX_PORTS, MAX_REPLICAS, MAX_SELECTOR_LABELS, MAX_WEIGHT, PROTOCOLS,
-    SESSION_AFFINITIES,
+    self, BalancerSpec, MAX_BACKENDS, MAX_MAX_FAILS, MAX_PORTS, MAX_REPLICAS, MAX_SELECTOR_LABELS, MAX_WEIGHT,
+    PROTOCOLS, SESSION_AFFINITIES,
 };
 use crate::echo::{MAX_QUOTED_BYTES, cut, quoted};
 
@@ -195,6 +195,38 @@ fn validate_ports(spec: &BalancerSpec, report: &mut Report) {
             report.error(at.to_string(), format!("duplicate port {}/{protocol} (also spec.ports[{first}])", port.port));
         }
         validate_target_port(at, port.target_port.as_ref(), report);
+        validate_duration(
+            &format_args!("{at}.connectTimeout"),
+            port.connect_timeout.as_deref(),
+            CONNECT_TIMEOUT,
+            report,
+        );
+        validate_duration(&format_args!("{at}.idleTimeout"), port.idle_timeout.as_deref(), IDLE_TIMEOUT, report);
+    }
+}
+
+/// Bounds of a duration field, in milliseconds, with how they are written in messages.
+struct DurationBounds {
+    min: (u64, &'static str),
+    max: (u64, &'static str),
+}
+
+const CONNECT_TIMEOUT: DurationBounds = DurationBounds { min: (100, "100ms"), max: (300_000, "5m") };
+const IDLE_TIMEOUT: DurationBounds = DurationBounds { min: (1_000, "1s"), max: (86_400_000, "24h") };
+const FAIL_TIMEOUT: DurationBounds = DurationBounds { min: (1_000, "1s"), max: (3_600_000, "1h") };
+
+fn validate_duration(field: &dyn fmt::Display, value: Option<&str>, bounds: DurationBounds, report: &mut Report) {
+    let Some(text) = value else { return };
+    let (min, max) = (bounds.min, bounds.max);
+    match api::duration_millis(text) {
+        None => report.error(
+            field.to_string(),
+            format!("must be a number and a unit (ms, s, m or h), such as 5s, got {}", quoted(text)),
+        ),
+        Some(ms) if ms < min.0 || ms > max.0 => {
+            report.error(field.to_string(), format!("must be between {} and {}, got {}", min.1, max.1, quoted(text)))
+        }
+        Some(_) => {}
     }
 }
 
@@ -266,6 +298,10 @@ fn validate_backends(name: ObjectName<'_>, spec: &BalancerSpec, report: &mut Rep
                 quoted(&backend.name)
             ));
         }
+        if let Some(n) = backend.max_fails.filter(|n| !(0..=MAX_MAX_FAILS).contains(n)) {
+            report.error(format!("{at}.maxFails"), format!("must be between 0 and {MAX_MAX_FAILS}, got {n}"));
+        }
+        validate_duration(&format_args!("{at}.failTimeout"), backend.fail_timeout.as_deref(), FAIL_TIMEOUT, report);
         validate_selector(&format_args!("{at}.selector"), backend.selector.as_ref(), report);
         if !selectors_bounded {
             continue;

@@ -86,7 +86,13 @@ fn desired_for(balancer: &Balancer) -> Desired {
 }
 
 fn port(name: Option<&str>, protocol: &str, number: i32) -> BalancerPort {
-    BalancerPort { name: name.map(str::to_string), protocol: Some(protocol.into()), port: number, target_port: None }
+    BalancerPort {
+        name: name.map(str::to_string),
+        protocol: Some(protocol.into()),
+        port: number,
+        target_port: None,
+        ..Default::default()
+    }
 }
 
 fn backend(name: &str, weight: i32) -> BackendSpec {
@@ -94,6 +100,7 @@ fn backend(name: &str, weight: i32) -> BackendSpec {
         name: name.into(),
         weight: Some(weight),
         selector: Some(BTreeMap::from([("version".into(), name.into())])),
+        ..Default::default()
     }
 }
 
@@ -335,9 +342,14 @@ fn admit_fills_in_the_defaults_the_webhook_did_not() {
     balancer.spec = BalancerSpec {
         replicas: None,
         session_affinity: None,
-        ports: vec![BalancerPort { name: None, protocol: None, port: 8080, target_port: None }],
+        ports: vec![BalancerPort { name: None, protocol: None, port: 8080, target_port: None, ..Default::default() }],
         selector: None,
-        backends: vec![BackendSpec { name: "a".into(), weight: None, selector: Some(labels(&[("app", "a")])) }],
+        backends: vec![BackendSpec {
+            name: "a".into(),
+            weight: None,
+            selector: Some(labels(&[("app", "a")])),
+            ..Default::default()
+        }],
     };
     let settings = settings();
     let spec = admitted(&balancer, &settings);
@@ -348,7 +360,8 @@ fn admit_fills_in_the_defaults_the_webhook_did_not() {
     assert_eq!(backend_port.target_port, Some(IntOrString::Int(8080)));
     assert_eq!(backend_port.protocol.as_deref(), Some("TCP"));
     assert_eq!(backend_port.name, None, "an unnamed port stays unnamed");
-    assert!(built.nginx_conf.contains("weight=1;"), "weight defaults to 1:\n{}", built.nginx_conf);
+    assert!(built.nginx_conf.contains("weight=1 max_fails=1 fail_timeout=10s;"), "defaults:\n{}", built.nginx_conf);
+    assert!(built.nginx_conf.contains("proxy_connect_timeout 5s;\n        proxy_timeout 10m;"), "{}", built.nginx_conf);
     assert_eq!(built.deployment.spec.as_ref().and_then(|s| s.replicas), Some(2));
 
     let mut defaulted = balancer.clone();
@@ -609,13 +622,15 @@ events {
 
 stream {
     upstream port_80_tcp {
-        server 10.96.0.10:80 weight=40;  # example-balancer-v1-backend
-        server 10.96.0.11:80 weight=20;  # example-balancer-v2-backend
-        server 10.96.0.12:80 weight=40;  # example-balancer-v3-backend
+        server 10.96.0.10:80 weight=40 max_fails=1 fail_timeout=10s;  # example-balancer-v1-backend
+        server 10.96.0.11:80 weight=20 max_fails=1 fail_timeout=10s;  # example-balancer-v2-backend
+        server 10.96.0.12:80 weight=40 max_fails=1 fail_timeout=10s;  # example-balancer-v3-backend
     }
 
     server {
         listen 80;
+        proxy_connect_timeout 5s;
+        proxy_timeout 10m;
         proxy_pass port_80_tcp;
     }
 }
@@ -630,26 +645,29 @@ fn udp_ports_listen_udp_and_weight_zero_is_down() {
     let conf = desired_for(&balancer).nginx_conf;
     let expected_stream = r#"stream {
     upstream port_53_udp {
-        server 10.96.0.10:53 weight=40;  # example-balancer-v1-backend
+        server 10.96.0.10:53 weight=40 max_fails=1 fail_timeout=10s;  # example-balancer-v1-backend
         server 10.96.0.11:53 down;  # example-balancer-v2-backend
-        server 10.96.0.12:53 weight=40;  # example-balancer-v3-backend
+        server 10.96.0.12:53 weight=40 max_fails=1 fail_timeout=10s;  # example-balancer-v3-backend
     }
 
     server {
         listen 53 udp;
         proxy_responses 1;
+        proxy_connect_timeout 5s;
         proxy_timeout 10s;
         proxy_pass port_53_udp;
     }
 
     upstream port_53_tcp {
-        server 10.96.0.10:53 weight=40;  # example-balancer-v1-backend
+        server 10.96.0.10:53 weight=40 max_fails=1 fail_timeout=10s;  # example-balancer-v1-backend
         server 10.96.0.11:53 down;  # example-balancer-v2-backend
-        server 10.96.0.12:53 weight=40;  # example-balancer-v3-backend
+        server 10.96.0.12:53 weight=40 max_fails=1 fail_timeout=10s;  # example-balancer-v3-backend
     }
 
     server {
         listen 53;
+        proxy_connect_timeout 5s;
+        proxy_timeout 10m;
         proxy_pass port_53_tcp;
     }
 }
@@ -672,9 +690,9 @@ fn nginx_conf_sends_traffic_to_the_backend_cluster_ips_and_names_the_services() 
     assert_eq!(
         servers,
         [
-            "server 10.96.0.10:80 weight=40;  # example-balancer-v1-backend",
-            "server 10.96.0.11:80 weight=20;  # example-balancer-v2-backend",
-            "server 10.96.0.12:80 weight=40;  # example-balancer-v3-backend",
+            "server 10.96.0.10:80 weight=40 max_fails=1 fail_timeout=10s;  # example-balancer-v1-backend",
+            "server 10.96.0.11:80 weight=20 max_fails=1 fail_timeout=10s;  # example-balancer-v2-backend",
+            "server 10.96.0.12:80 weight=40 max_fails=1 fail_timeout=10s;  # example-balancer-v3-backend",
         ],
         "{conf}"
     );
@@ -687,7 +705,7 @@ fn ipv6_cluster_ips_are_bracketed() {
     let ips = ["fd00::a".to_string(), "fd00::b".into(), "fd00::c".into()];
     let settings = settings();
     let conf = desired_with(&owner(&balancer), &admitted(&balancer, &settings), &settings, &ips).nginx_conf;
-    assert!(conf.contains("server [fd00::b]:80 weight=20;"), "{conf}");
+    assert!(conf.contains("server [fd00::b]:80 weight=20 "), "{conf}");
 }
 
 #[test]
@@ -698,7 +716,7 @@ fn an_offline_preview_names_the_backend_services() {
     let spec = admitted(&balancer, &settings);
     let proxy = children::proxy(&owner(&balancer), &spec, &settings, BackendHosts::ServiceNames);
     assert!(
-        proxy.nginx_conf.contains("server example-balancer-v2-backend.edge.svc:80 weight=20;"),
+        proxy.nginx_conf.contains("server example-balancer-v2-backend.edge.svc:80 weight=20 "),
         "{}",
         proxy.nginx_conf
     );
@@ -744,7 +762,11 @@ fn render_uses_the_given_addresses_in_spec_order() {
         .collect();
     assert_eq!(
         servers,
-        ["server v1.test:81 weight=40;", "server v2.test:81 weight=20;", "server v3.test:81 weight=40;"]
+        [
+            "server v1.test:81 weight=40 max_fails=1 fail_timeout=10s;",
+            "server v2.test:81 weight=20 max_fails=1 fail_timeout=10s;",
+            "server v3.test:81 weight=40 max_fails=1 fail_timeout=10s;"
+        ]
     );
 }
 

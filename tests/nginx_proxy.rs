@@ -470,6 +470,7 @@ fn port(name: Option<&str>, protocol: &str, number: i32) -> BalancerPort {
         protocol: Some(protocol.to_string()),
         port: number,
         target_port: Some(IntOrString::Int(number)),
+        ..Default::default()
     }
 }
 
@@ -478,6 +479,7 @@ fn backend(name: &str, weight: i32) -> BackendSpec {
         name: name.to_string(),
         weight: Some(weight),
         selector: Some(BTreeMap::from([("version".to_string(), name.to_string())])),
+        ..Default::default()
     }
 }
 
@@ -715,11 +717,12 @@ fn config_table() -> Vec<(&'static str, BalancerSpec)> {
         (
             "single TCP port, defaults left out",
             spec(
-                vec![BalancerPort { name: None, protocol: None, port: 8080, target_port: None }],
+                vec![BalancerPort { name: None, protocol: None, port: 8080, target_port: None, ..Default::default() }],
                 vec![BackendSpec {
                     name: "a".into(),
                     weight: None,
                     selector: Some(BTreeMap::from([("app".into(), "a".into())])),
+                    ..Default::default()
                 }],
             ),
         ),

@@ -77,16 +77,39 @@ fn arb_port() -> impl Strategy<Value = BalancerPort> {
         option::of(prop_oneof![Just("TCP".to_string()), Just("UDP".to_string()), arb_text()]),
         arb_number(),
         option::of(prop_oneof![arb_number().prop_map(IntOrString::Int), arb_text().prop_map(IntOrString::String),]),
+        option::of(arb_duration()),
+        option::of(arb_duration()),
     )
-        .prop_map(|(name, protocol, port, target_port)| BalancerPort { name, protocol, port, target_port })
+        .prop_map(|(name, protocol, port, target_port, connect_timeout, idle_timeout)| BalancerPort {
+            name,
+            protocol,
+            port,
+            target_port,
+            connect_timeout,
+            idle_timeout,
+        })
+}
+
+/// Durations as nginx writes them, in and out of bounds, and any text.
+fn arb_duration() -> impl Strategy<Value = String> {
+    prop_oneof![3 => "[0-9]{1,7}(ms|s|m|h)", 1 => arb_text()]
 }
 
 fn arb_backend() -> impl Strategy<Value = BackendSpec> {
-    (arb_text(), option::of(arb_number()), option::of(arb_labels(4))).prop_map(|(name, weight, selector)| BackendSpec {
-        name,
-        weight,
-        selector,
-    })
+    (
+        arb_text(),
+        option::of(arb_number()),
+        option::of(arb_labels(4)),
+        option::of(arb_number()),
+        option::of(arb_duration()),
+    )
+        .prop_map(|(name, weight, selector, max_fails, fail_timeout)| BackendSpec {
+            name,
+            weight,
+            selector,
+            max_fails,
+            fail_timeout,
+        })
 }
 
 /// Specs of up to 40 ports and 70 backends (past both limits), mostly small ones to keep the run short.
@@ -157,6 +180,8 @@ fn valid_ports() -> impl Strategy<Value = Vec<BalancerPort>> {
                     protocol: Some(protocol.to_string()),
                     port,
                     target_port: Some(target),
+                    connect_timeout: Some(format!("{}ms", 100 + port % 1000)),
+                    idle_timeout: Some(format!("{}s", 1 + port % 3600)),
                 })
                 .collect()
         },
@@ -184,6 +209,8 @@ fn valid_balancer() -> impl Strategy<Value = ValidBalancer> {
                         name: format!("{name}-{i}"),
                         weight: Some(weight),
                         selector,
+                        max_fails: Some(weight % 5),
+                        fail_timeout: Some(format!("{}s", 1 + weight)),
                     })
                     .collect(),
             };
@@ -447,7 +474,7 @@ proptest! {
         let defaulted = defaulted(&spec);
         let _ = validate_as(&meta, &defaulted);
         let patch = defaults_patch(&spec);
-        prop_assert!(patch.0.len() <= 2 + 2 * spec.ports.len() + spec.backends.len());
+        prop_assert!(patch.0.len() <= 2 + 4 * spec.ports.len() + 3 * spec.backends.len());
         prop_assert!(defaults_patch(&defaulted).0.is_empty(), "with_defaults leaves nothing to default");
         // admit is exactly: defaults, then the rules.
         match admit(ObjectName::from_meta(meta.0.as_deref(), meta.1.as_deref()), spec.clone(), &DEFAULTS) {
@@ -839,7 +866,11 @@ fn the_sample_is_patched_then_allowed() {
     assert_eq!(
         patch,
         json!([
+            {"op": "add", "path": "/spec/backends/0/failTimeout", "value": "10s"},
+            {"op": "add", "path": "/spec/backends/0/maxFails", "value": 1},
             {"op": "add", "path": "/spec/backends/0/weight", "value": 1},
+            {"op": "add", "path": "/spec/ports/0/connectTimeout", "value": "5s"},
+            {"op": "add", "path": "/spec/ports/0/idleTimeout", "value": "10m"},
             {"op": "add", "path": "/spec/ports/0/protocol", "value": "TCP"},
             {"op": "add", "path": "/spec/ports/0/targetPort", "value": 80},
             {"op": "add", "path": "/spec/replicas", "value": DEFAULTS.replicas},
@@ -947,7 +978,22 @@ fn arb_v1alpha1_spec() -> impl Strategy<Value = Option<Value>> {
     });
     let loose = btree_map(select(&["ports", "selector", "backends"][..]), arb_json(), 0..4)
         .prop_map(|fields| Value::Object(fields.into_iter().map(|(k, v)| (k.to_string(), v)).collect()));
-    option::of(prop_oneof![3 => typed, 1 => loose])
+    option::of(prop_oneof![3 => typed, 1 => loose].prop_map(pruned_as_v1alpha1))
+}
+
+/// What the API server keeps of a spec under the v1alpha1 schema: list items hold only
+/// v1alpha1's fields (anything else, such as v1beta1's timeouts, is pruned).
+fn pruned_as_v1alpha1(mut spec: Value) -> Value {
+    for (list, keep) in
+        [("ports", &["name", "protocol", "port", "targetPort"][..]), ("backends", &["name", "weight", "selector"][..])]
+    {
+        if let Some(Value::Array(items)) = spec.get_mut(list) {
+            for item in items.iter_mut().filter_map(Value::as_object_mut) {
+                item.retain(|k, _| keep.contains(&k.as_str()));
+            }
+        }
+    }
+    spec
 }
 
 fn arb_v1alpha1_status() -> impl Strategy<Value = Option<Value>> {
@@ -1016,7 +1062,12 @@ fn arb_v1beta1_status() -> impl Strategy<Value = Option<Value>> {
 }
 
 fn arb_v1beta1_object() -> impl Strategy<Value = Value> {
-    (arb_metadata(arb_annotations()), arb_spec(), arb_v1beta1_status()).prop_map(|(metadata, spec, status)| {
+    (arb_metadata(arb_annotations()), arb_spec(), arb_v1beta1_status()).prop_map(|(metadata, mut spec, status)| {
+        // Ports and backends are list-maps in v1beta1: the API server keeps their keys unique.
+        let mut seen = std::collections::BTreeSet::new();
+        spec.ports.retain(|p| seen.insert((p.port, p.protocol.clone().unwrap_or_else(|| "TCP".into()))));
+        let mut names = std::collections::BTreeSet::new();
+        spec.backends.retain(|b| names.insert(b.name.clone()));
         let mut object = json!({"apiVersion": V1BETA1, "kind": "Balancer", "metadata": metadata});
         object["spec"] = serde_json::to_value(spec).expect("a spec encodes");
         if let Some(status) = status {
@@ -1070,8 +1121,19 @@ proptest! {
         for field in &status_only {
             prop_assert!(alpha["status"].get(field.as_str()).is_none(), "status.{} leaked into v1alpha1: {}", field, alpha);
         }
+        // Nor in its list items: v1beta1's per-port and per-backend fields ride in the annotation too.
+        let item_only = |object: &Value| -> usize {
+            let count = |list: &str, fields: &[&str]| {
+                object["spec"][list].as_array().map_or(0, |items| {
+                    items.iter().map(|item| fields.iter().filter(|f| item.get(**f).is_some()).count()).sum()
+                })
+            };
+            count("ports", &["connectTimeout", "idleTimeout"]) + count("backends", &["maxFails", "failTimeout"])
+        };
+        prop_assert_eq!(item_only(&alpha), 0, "item fields leaked into v1alpha1: {}", alpha);
         let annotation = alpha["metadata"]["annotations"].get(PRESERVED_ANNOTATION);
-        prop_assert_eq!(annotation.is_some(), !spec_only.is_empty() || !status_only.is_empty(), "{}", alpha);
+        let moved = !spec_only.is_empty() || !status_only.is_empty() || item_only(&beta) > 0;
+        prop_assert_eq!(annotation.is_some(), moved, "{}", alpha);
         let back = convert_value(&alpha, Version::V1beta1)?;
         prop_assert_eq!(&back, &beta);
     }

@@ -58,6 +58,7 @@ fn sample() -> Balancer {
         name: name.into(),
         weight: Some(weight),
         selector: Some(BTreeMap::from([("version".into(), name.into())])),
+        ..Default::default()
     };
     let mut balancer = Balancer::new(
         NAME,
@@ -69,6 +70,7 @@ fn sample() -> Balancer {
                 protocol: Some("TCP".into()),
                 port: 80,
                 target_port: Some(IntOrString::Int(5678)),
+                ..Default::default()
             }],
             selector: Some(BTreeMap::from([("app".into(), "test".into())])),
             backends: vec![backend("v1", 40), backend("v2", 20), backend("v3", 40)],

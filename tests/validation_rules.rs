@@ -41,7 +41,13 @@ fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
 }
 
 fn port(name: Option<&str>, protocol: Option<&str>, port: i32, target: Option<IntOrString>) -> BalancerPort {
-    BalancerPort { name: name.map(str::to_string), protocol: protocol.map(str::to_string), port, target_port: target }
+    BalancerPort {
+        name: name.map(str::to_string),
+        protocol: protocol.map(str::to_string),
+        port,
+        target_port: target,
+        ..Default::default()
+    }
 }
 
 /// A named port with an explicit protocol and no targetPort.
@@ -50,7 +56,7 @@ fn named(name: &str, protocol: &str, number: i32) -> BalancerPort {
 }
 
 fn backend(name: &str, weight: Option<i32>, selector: Option<&[(&str, &str)]>) -> BackendSpec {
-    BackendSpec { name: name.to_string(), weight, selector: selector.map(labels) }
+    BackendSpec { name: name.to_string(), weight, selector: selector.map(labels), ..Default::default() }
 }
 
 /// deploy/samples/balancer.yaml: valid, without warnings.
@@ -1049,6 +1055,51 @@ fn session_affinity_rules() {
             "another value",
             |s| s.spec.session_affinity = Some("Cookie".into()),
             strings!["spec.sessionAffinity: must be None or ClientIP, got \"Cookie\""],
+            vec![],
+        ),
+    ]);
+}
+
+#[test]
+fn passive_health_and_timeout_rules() {
+    run(vec![
+        case(
+            "every field set within bounds",
+            |s| {
+                s.spec.ports[0].connect_timeout = Some("100ms".into());
+                s.spec.ports[0].idle_timeout = Some("24h".into());
+                s.spec.backends[0].max_fails = Some(0);
+                s.spec.backends[0].fail_timeout = Some("1h".into());
+            },
+            vec![],
+            vec![],
+        ),
+        case(
+            "out of bounds",
+            |s| {
+                s.spec.ports[0].connect_timeout = Some("6m".into());
+                s.spec.ports[0].idle_timeout = Some("999ms".into());
+                s.spec.backends[0].max_fails = Some(101);
+                s.spec.backends[0].fail_timeout = Some("2h".into());
+            },
+            strings![
+                "spec.ports[0].connectTimeout: must be between 100ms and 5m, got \"6m\"",
+                "spec.ports[0].idleTimeout: must be between 1s and 24h, got \"999ms\"",
+                "spec.backends[0].maxFails: must be between 0 and 100, got 101",
+                "spec.backends[0].failTimeout: must be between 1s and 1h, got \"2h\""
+            ],
+            vec![],
+        ),
+        case(
+            "not durations nginx reads",
+            |s| {
+                s.spec.ports[0].connect_timeout = Some("5 s".into());
+                s.spec.backends[0].fail_timeout = Some("10s; evil".into());
+            },
+            strings![
+                "spec.ports[0].connectTimeout: must be a number and a unit (ms, s, m or h), such as 5s, got \"5 s\"",
+                "spec.backends[0].failTimeout: must be a number and a unit (ms, s, m or h), such as 5s, got \"10s; evil\""
+            ],
             vec![],
         ),
     ]);

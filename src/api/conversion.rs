@@ -28,6 +28,30 @@ const SHARED_SPEC_FIELDS: [&str; 3] = ["ports", "selector", "backends"];
 /// Status fields renamed between the versions, as (v1alpha1, v1beta1).
 const RENAMED_STATUS_FIELDS: [(&str, &str); 2] =
     [("activeBackendsNum", "activeBackends"), ("obsoleteBackendsNum", "obsoleteBackends")];
+/// The list items whose v1beta1-only fields ride in the annotation, keyed as the list-map keys
+/// them: (list, the fields v1alpha1's items have, the item's key).
+const ITEM_LISTS: [(&str, &[&str], fn(&Fields<'_>) -> Option<String>); 2] = [
+    ("ports", &["name", "protocol", "port", "targetPort"], port_key),
+    ("backends", &["name", "weight", "selector"], backend_key),
+];
+
+/// `<port>/<protocol>` (protocol defaulted to TCP, as the v1beta1 schema does).
+fn port_key(item: &Fields<'_>) -> Option<String> {
+    let port: i64 = serde_json::from_str(item.get("port")?.text()).ok()?;
+    let protocol = match item.get("protocol") {
+        Some(piece) => serde_json::from_str::<Option<String>>(piece.text()).ok()?,
+        None => None,
+    };
+    Some(format!("{port}/{}", protocol.as_deref().unwrap_or("TCP")))
+}
+
+fn backend_key(item: &Fields<'_>) -> Option<String> {
+    serde_json::from_str(item.get("name")?.text()).ok()
+}
+
+/// Items' v1beta1-only fields, by list, then by item key.
+type ItemFields<T> = BTreeMap<String, BTreeMap<String, T>>;
+
 /// The status fields both versions have (by their v1alpha1 names).
 const SHARED_STATUS_FIELDS: [&str; 4] =
     ["activeBackendsNum", "obsoleteBackendsNum", "observedGeneration", "conditions"];
@@ -97,6 +121,9 @@ struct Preserved {
     spec: BTreeMap<String, Box<RawValue>>,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     status: BTreeMap<String, Box<RawValue>>,
+    /// Per list item (`ports` by `<port>/<protocol>`, `backends` by name).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    items: ItemFields<BTreeMap<String, Box<RawValue>>>,
 }
 
 /// Converts one Balancer, given as JSON text, to `to`; an object already at `to` comes back as it is.
@@ -136,8 +163,11 @@ pub fn convert_into(object: &RawValue, to: Version, out: &mut Vec<u8>) -> Result
 /// field that changes is written anew: a large spec is copied once, into the answer.
 fn to_v1beta1(object: &mut Fields<'_>) -> Result<(), ConversionError> {
     let preserved = take_preserved(object)?;
-    if !preserved.spec.is_empty() {
+    if !preserved.spec.is_empty() || !preserved.items.is_empty() {
         let mut spec = object_field(object, "spec")?;
+        if let Some(spec) = &mut spec {
+            restore_items(spec, preserved.items)?;
+        }
         // A field v1alpha1 has itself wins over one of the same name in the annotation.
         merge_missing(object, "spec", &mut spec, preserved.spec)?;
         put_back(object, "spec", spec)?;
@@ -155,6 +185,10 @@ fn to_v1beta1(object: &mut Fields<'_>) -> Result<(), ConversionError> {
 fn to_v1alpha1(object: &mut Fields<'_>) -> Result<(), ConversionError> {
     let mut spec = object_field(object, "spec")?;
     let mut status = object_field(object, "status")?;
+    let moved_items = match spec.as_mut() {
+        Some(spec) => split_items(spec)?,
+        None => ItemFields::new(),
+    };
     let moved_spec = spec.as_mut().map(|spec| split_off(spec, |name| SHARED_SPEC_FIELDS.contains(&name)));
     let mut renamed = false;
     let moved_status = status.as_mut().map(|status| {
@@ -172,7 +206,7 @@ fn to_v1alpha1(object: &mut Fields<'_>) -> Result<(), ConversionError> {
     if emptied(&status, &moved_status) {
         status = None;
     }
-    if !moved_spec.is_empty() {
+    if !moved_spec.is_empty() || !moved_items.is_empty() {
         put_back(object, "spec", spec)?;
     }
     if renamed || !moved_status.is_empty() {
@@ -180,10 +214,10 @@ fn to_v1alpha1(object: &mut Fields<'_>) -> Result<(), ConversionError> {
     }
     // Whatever a v1beta1 object carried under the annotation's name meant nothing there: the
     // annotation says exactly what this conversion moved, or is absent.
-    let text = match moved_spec.is_empty() && moved_status.is_empty() {
+    let text = match moved_spec.is_empty() && moved_status.is_empty() && moved_items.is_empty() {
         true => None,
         false => {
-            let moved = Moved { spec: moved_spec, status: moved_status };
+            let moved = Moved { spec: moved_spec, status: moved_status, items: moved_items };
             Some(serde_json::to_string(&moved).map_err(|e| field("metadata.annotations", e))?)
         }
     };
@@ -197,6 +231,71 @@ struct Moved<'a> {
     spec: Fields<'a>,
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     status: Fields<'a>,
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    items: ItemFields<Fields<'a>>,
+}
+
+/// Moves the v1beta1-only fields of `spec`'s list items out, keyed by list and item; rewrites
+/// only the lists that had some. Items that are not objects, or have no key, stay as they are.
+fn split_items<'a>(spec: &mut Fields<'a>) -> Result<ItemFields<Fields<'a>>, ConversionError> {
+    let mut moved = ItemFields::new();
+    for (list, shared, key) in ITEM_LISTS {
+        let Some(Piece::Text(text)) = spec.get(list) else { continue };
+        let Ok(items) = serde_json::from_str::<Vec<&'a RawValue>>(text.get()) else { continue };
+        let mut rewritten = Vec::with_capacity(items.len());
+        let mut by_key = BTreeMap::new();
+        for item in items {
+            match parse_fields(item) {
+                Ok(Some(mut fields)) => match key(&fields) {
+                    Some(k) => {
+                        let extra = split_off(&mut fields, |name| shared.contains(&name));
+                        if !extra.is_empty() {
+                            by_key.insert(k, extra);
+                        }
+                        rewritten.push(new(&fields)?);
+                    }
+                    None => rewritten.push(Piece::Text(item)),
+                },
+                _ => rewritten.push(Piece::Text(item)),
+            }
+        }
+        if !by_key.is_empty() {
+            spec.insert(list.into(), new(&rewritten)?);
+            moved.insert(list.to_string(), by_key);
+        }
+    }
+    Ok(moved)
+}
+
+/// Puts the annotation's item fields back into the items of `spec`'s lists with the same key
+/// (an item's own field wins).
+fn restore_items(
+    spec: &mut Fields<'_>,
+    mut items: ItemFields<BTreeMap<String, Box<RawValue>>>,
+) -> Result<(), ConversionError> {
+    for (list, _, key) in ITEM_LISTS {
+        let Some(mut by_key) = items.remove(list) else { continue };
+        let Some(piece) = spec.get(list) else { continue };
+        let Ok(texts) = serde_json::from_str::<Vec<&RawValue>>(piece.text()) else { continue };
+        let mut rewritten = Vec::with_capacity(texts.len());
+        for text in texts {
+            let mut fields = match parse_fields(text) {
+                Ok(Some(fields)) => fields,
+                _ => {
+                    rewritten.push(new(text)?);
+                    continue;
+                }
+            };
+            if let Some(extra) = key(&fields).and_then(|k| by_key.remove(&k)) {
+                for (name, value) in extra {
+                    fields.entry(name).or_insert(Piece::New(value));
+                }
+            }
+            rewritten.push(new(&fields)?);
+        }
+        spec.insert(list.into(), new(&rewritten)?);
+    }
+    Ok(())
 }
 
 /// Removes and reads the annotation. One that does not read as ours is left in place

@@ -52,6 +52,14 @@ pub const DEFAULT_PROTOCOL: &str = "TCP";
 pub const MAX_REPLICAS: i32 = 100;
 /// `spec.sessionAffinity` values (v1beta1), the default first.
 pub const SESSION_AFFINITIES: [&str; 2] = ["None", "ClientIP"];
+/// Passive health checks and timeouts (v1beta1), as nginx writes durations.
+pub const DEFAULT_MAX_FAILS: i32 = 1;
+pub const MAX_MAX_FAILS: i32 = 100;
+pub const DEFAULT_FAIL_TIMEOUT: &str = "10s";
+pub const DEFAULT_CONNECT_TIMEOUT: &str = "5s";
+pub const DEFAULT_TCP_IDLE_TIMEOUT: &str = "10m";
+/// UDP is treated as request/response (DNS-like): a silent session ends soon.
+pub const DEFAULT_UDP_IDLE_TIMEOUT: &str = "10s";
 /// Protocols nginx's stream module can proxy.
 pub const PROTOCOLS: [&str; 2] = ["TCP", "UDP"];
 
@@ -63,7 +71,7 @@ pub const PROXY_DEPLOYMENT_SUFFIX: &str = "-proxy";
 pub const PROXY_CONFIGMAP_SUFFIX: &str = "-proxy-configmap";
 
 /// One front-end port of a Balancer.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct BalancerPort {
     /// DNS-1123 label; required when the Balancer has more than one port.
@@ -81,10 +89,20 @@ pub struct BalancerPort {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "target_port_schema")]
     pub target_port: Option<IntOrString>,
+    /// How long the proxy waits to connect to a backend before it tries another (nginx's
+    /// `proxy_connect_timeout`), e.g. `5s`; 100ms to 5m, defaulted to 5s. v1beta1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "duration_schema")]
+    pub connect_timeout: Option<String>,
+    /// How long a connection (a UDP session) may stay silent before the proxy closes it
+    /// (nginx's `proxy_timeout`); 1s to 24h, defaulted to 10m for TCP and 10s for UDP. v1beta1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "duration_schema")]
+    pub idle_timeout: Option<String>,
 }
 
 /// One backend: a set of pods and its share of the traffic.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct BackendSpec {
     /// DNS-1123 label, unique within the Balancer.
@@ -98,6 +116,44 @@ pub struct BackendSpec {
     #[serde(default, skip_serializing_if = "Option::is_none", deserialize_with = "read_selector")]
     #[schemars(schema_with = "selector_schema")]
     pub selector: Option<BTreeMap<String, String>>,
+    /// Failed connections within `failTimeout` after which the proxy stops sending this
+    /// backend traffic for `failTimeout` (nginx's `max_fails`); 0 to 100, 0 never marks it
+    /// failed; defaulted to 1. v1beta1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 100))]
+    pub max_fails: Option<i32>,
+    /// See `maxFails` (nginx's `fail_timeout`); 1s to 1h, defaulted to 10s. v1beta1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "duration_schema")]
+    pub fail_timeout: Option<String>,
+}
+
+/// A duration as nginx writes it: digits and one unit, `ms`, `s`, `m` or `h` (`5s`, `500ms`).
+fn duration_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "type": "string",
+        "nullable": true,
+        "maxLength": 12,
+        "pattern": "^[0-9]{1,9}(ms|s|m|h)$",
+    })
+}
+
+/// Milliseconds in a duration written as nginx writes it (see `duration_schema`).
+pub fn duration_millis(text: &str) -> Option<u64> {
+    let digits = text.find(|c: char| !c.is_ascii_digit())?;
+    let (number, unit) = text.split_at(digits);
+    if number.is_empty() || number.len() > 9 {
+        return None;
+    }
+    let number: u64 = number.parse().ok()?;
+    let scale = match unit {
+        "ms" => 1,
+        "s" => 1_000,
+        "m" => 60_000,
+        "h" => 3_600_000,
+        _ => return None,
+    };
+    Some(number * scale)
 }
 
 // Lists and selectors are read within their bounds (see `crate::bounded`): a stored
@@ -131,7 +187,7 @@ pub(crate) fn selector_schema(_: &mut schemars::SchemaGenerator) -> schemars::Sc
 /// A port number (1..65535) or an IANA service name (at most 15 characters). A structural
 /// schema allows no types inside an int-or-string's `anyOf`, but `minimum`/`maximum` only
 /// apply to numbers and `maxLength` only to strings, so both bounds sit side by side.
-fn target_port_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+pub(crate) fn target_port_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
     schemars::json_schema!({
         "x-kubernetes-int-or-string": true,
         "nullable": true,
@@ -267,6 +323,7 @@ mod tests {
             name: "v1".into(),
             weight: None,
             selector: Some(BTreeMap::from([("tier".into(), "y".into())])),
+            ..Default::default()
         };
         let merged = spec.merged_selector(&backend);
         assert_eq!(merged.get("app").map(String::as_str), Some("a"));

@@ -1,8 +1,9 @@
 //! `exposer.hliangzhao.io/v1alpha1`: the Go project's API, served unchanged.
 //!
 //! Field names and shapes match the Go project's manifests, so its YAML applies as
-//! it is. Nothing in the operator reads this type: objects of this version reach it
-//! converted to v1beta1 (see [`super::conversion`]). It exists for its schema.
+//! it is. Nothing in the operator reads these types: objects of this version reach it
+//! converted to v1beta1 (see [`super::conversion`]). They exist for their schema, which
+//! must not change.
 
 use std::collections::BTreeMap;
 
@@ -11,7 +12,9 @@ use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::{BackendSpec, BalancerPort, read_backends, read_ports, read_selector, selector_schema};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+
+use super::{read_selector, selector_schema, target_port_schema};
 
 /// This version's name.
 pub const VERSION: &str = "v1alpha1";
@@ -52,7 +55,6 @@ pub const VERSION: &str = "v1alpha1";
 #[serde(rename_all = "camelCase")]
 pub struct BalancerSpec {
     /// Front-end ports; each is proxied to the same port of every backend.
-    #[serde(deserialize_with = "read_ports")]
     #[schemars(length(min = 1, max = 32))]
     pub ports: Vec<BalancerPort>,
     /// Labels common to the pods of every backend.
@@ -60,9 +62,46 @@ pub struct BalancerSpec {
     #[schemars(schema_with = "selector_schema")]
     pub selector: Option<BTreeMap<String, String>>,
     /// The backends traffic is split across, by weight.
-    #[serde(deserialize_with = "read_backends")]
     #[schemars(length(min = 1, max = 64))]
     pub backends: Vec<BackendSpec>,
+}
+
+/// One front-end port of a Balancer.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct BalancerPort {
+    /// DNS-1123 label; required when the Balancer has more than one port.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 63))]
+    pub name: Option<String>,
+    /// `TCP` or `UDP`; defaulted to `TCP`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("enum" = ["TCP", "UDP"]))]
+    pub protocol: Option<String>,
+    /// The port the front-end Service and the proxy listen on.
+    #[schemars(range(min = 1, max = 65535))]
+    pub port: i32,
+    /// The backend pods' port: a number or an IANA service name; defaulted to `port`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "target_port_schema")]
+    pub target_port: Option<IntOrString>,
+}
+
+/// One backend: a set of pods and its share of the traffic.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct BackendSpec {
+    /// DNS-1123 label, unique within the Balancer.
+    #[schemars(length(max = 63))]
+    pub name: String,
+    /// Relative share of the traffic, 0..=100; 0 drains the backend. Defaulted to 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 100))]
+    pub weight: Option<i32>,
+    /// Labels selecting this backend's pods, merged over `spec.selector`.
+    #[serde(default, skip_serializing_if = "Option::is_none", deserialize_with = "read_selector")]
+    #[schemars(schema_with = "selector_schema")]
+    pub selector: Option<BTreeMap<String, String>>,
 }
 
 /// Observed state of a Balancer, as the Go project names it.
