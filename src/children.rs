@@ -10,7 +10,8 @@ use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
 use k8s_openapi::api::core::v1::{
     Capabilities, ConfigMap, ConfigMapVolumeSource, Container, ContainerPort, EmptyDirVolumeSource, ExecAction,
     Lifecycle, LifecycleHandler, PodSecurityContext, PodSpec, PodTemplateSpec, Probe, ResourceRequirements,
-    SeccompProfile, SecurityContext, Service, ServicePort, ServiceSpec, Sysctl, TCPSocketAction, Volume, VolumeMount,
+    SeccompProfile, SecurityContext, Service, ServicePort, ServiceSpec, Sysctl, TCPSocketAction,
+    TopologySpreadConstraint, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
@@ -329,6 +330,7 @@ fn proxy_pod_spec(owner: &Owner, spec: &BalancerSpec, settings: &ProxySettings) 
             ..PodSecurityContext::default()
         }),
         containers: vec![container],
+        topology_spread_constraints: Some(vec![spread_across_nodes(owner)]),
         volumes: Some(vec![
             Volume {
                 name: config_volume.into(),
@@ -341,6 +343,21 @@ fn proxy_pod_spec(owner: &Owner, spec: &BalancerSpec, settings: &ProxySettings) 
             Volume { name: tmp_volume.into(), empty_dir: Some(EmptyDirVolumeSource::default()), ..Volume::default() },
         ]),
         ..PodSpec::default()
+    }
+}
+
+/// One Balancer's proxy pods on as many nodes as possible, so that losing a node loses one
+/// replica at most; `ScheduleAnyway`, so a single-node cluster still runs them all.
+fn spread_across_nodes(owner: &Owner) -> TopologySpreadConstraint {
+    TopologySpreadConstraint {
+        max_skew: 1,
+        topology_key: "kubernetes.io/hostname".into(),
+        when_unsatisfiable: "ScheduleAnyway".into(),
+        label_selector: Some(LabelSelector {
+            match_labels: Some(proxy_selector(&owner.name)),
+            match_expressions: None,
+        }),
+        ..TopologySpreadConstraint::default()
     }
 }
 

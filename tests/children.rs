@@ -848,3 +848,17 @@ fn config_hash_changes_exactly_when_nginx_conf_changes() {
     let scaled = self::desired(&owner(&scaled), &admitted(&scaled, &settings), &settings);
     assert_eq!(scaled.deployment.spec.as_ref().and_then(|s| s.replicas), Some(5));
 }
+
+/// Losing a node loses one proxy replica at most, and a single node still runs them all.
+#[test]
+fn proxy_pods_spread_across_nodes() {
+    let desired = desired_for(&sample());
+    let spread = pod_spec(&desired.deployment).topology_spread_constraints.clone().expect("a spread constraint");
+    assert_eq!(spread.len(), 1);
+    assert_eq!(
+        (spread[0].max_skew, spread[0].topology_key.as_str(), spread[0].when_unsatisfiable.as_str()),
+        (1, "kubernetes.io/hostname", "ScheduleAnyway")
+    );
+    let selector = spread[0].label_selector.as_ref().and_then(|s| s.match_labels.clone());
+    assert_eq!(selector, desired.deployment.spec.as_ref().and_then(|s| s.selector.match_labels.clone()));
+}
