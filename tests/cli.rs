@@ -249,6 +249,39 @@ fn run_reports_a_missing_certificate_file_by_name() {
     assert!(String::from_utf8_lossy(&output.stderr).contains("cannot read /nonexistent/tls.crt"));
 }
 
+/// `--kubeconfig` and `--context` pick the cluster (client-go's and kubectl's flags); a file or
+/// context that is not there is named, and `--require-controller` makes it fatal.
+#[test]
+fn run_names_a_kubeconfig_or_context_it_cannot_use() {
+    let dir = tempfile::TempDir::new().unwrap();
+    let certs = dir.path().join("certs");
+    let run = |extra: &[&str]| {
+        let mut args = vec!["run", "--require-controller", "--dev-cert-dir", certs.to_str().unwrap()];
+        args.extend_from_slice(extra);
+        let output = balancer().args(&args).env_remove("KUBECONFIG").output().unwrap();
+        (output.status.code(), String::from_utf8_lossy(&output.stderr).into_owned())
+    };
+    let (code, stderr) = run(&["--kubeconfig", "/nonexistent/kubeconfig"]);
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(stderr.contains("cannot read /nonexistent/kubeconfig"), "{stderr}");
+
+    let kubeconfig = dir.path().join("kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        "apiVersion: v1\nkind: Config\nclusters: [{name: c, cluster: {server: 'https://127.0.0.1:1'}}]\n\
+         users: [{name: u, user: {token: t}}]\ncontexts: [{name: here, context: {cluster: c, user: u}}]\n\
+         current-context: here\n",
+    )
+    .unwrap();
+    let (code, stderr) = run(&["--kubeconfig", kubeconfig.to_str().unwrap(), "--context", "elsewhere"]);
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(stderr.contains("elsewhere"), "the missing context is named: {stderr}");
+    // The context that exists is used: its server (nothing listens on port 1) is the one refused.
+    let (code, stderr) = run(&["--kubeconfig", kubeconfig.to_str().unwrap(), "--context", "here"]);
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(stderr.contains("https://127.0.0.1:1/"), "{stderr}");
+}
+
 #[test]
 fn run_refuses_a_body_limit_no_review_fits() {
     let output = balancer().args(["run", "--max-body-bytes", "0"]).output().unwrap();
