@@ -422,7 +422,8 @@ async fn balancers_are_reconciled_into_children_and_status(world: &mut World) {
     let conf = config.data.unwrap()["nginx.conf"].clone();
     let v2 = services.get("example-balancer-v2-backend").await.expect("v2 backend Service");
     let v2_ip = v2.spec.and_then(|s| s.cluster_ip).expect("a cluster IP");
-    assert!(conf.contains(&format!("server {v2_ip}:80 weight=20;  # example-balancer-v2-backend")), "{conf}");
+    let v2_line = format!("server {v2_ip}:80 weight=20 max_fails=1 fail_timeout=10s;  # example-balancer-v2-backend");
+    assert!(conf.contains(&v2_line), "{conf}");
     eventually("the Deployment", Duration::from_secs(30), || async {
         deployments.get_opt("example-balancer-proxy").await.ok().flatten()
     })

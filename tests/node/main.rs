@@ -699,7 +699,7 @@ async fn the_other_replica_takes_over_when_the_leader_pod_is_deleted(world: &mut
     let config_maps: Api<ConfigMap> = Api::namespaced(world.admin.clone(), NS);
     eventually("the new leader applies the change", Duration::from_secs(60), || async {
         let data = config_maps.get("example-balancer-proxy-configmap").await.ok()?.data?;
-        data.get("nginx.conf")?.contains("weight=30;").then_some(())
+        data.get("nginx.conf")?.contains("weight=30 ").then_some(())
     })
     .await;
     // Through the old leader's replacement starting, too.
