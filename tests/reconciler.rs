@@ -25,6 +25,7 @@ use kube::runtime::reflector::{self, Store, store::Writer};
 use kube::runtime::watcher;
 use kube::{Client, Resource};
 use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
 use tower_test::mock::{self, Handle};
 
 const NS: &str = "ns";
@@ -596,13 +597,20 @@ async fn an_own_child_without_its_label_is_taken_back() {
 
 /// A client whose requests go through the controller's throttle, over a mock API server.
 fn throttled_context() -> (Arc<Context>, ApiServer, Arc<Metrics>) {
+    let (ctx, server, metrics, _shutdown) = throttled_context_until_shutdown();
+    (ctx, server, metrics)
+}
+
+/// [`throttled_context`], and the shutdown token its throttle obeys.
+fn throttled_context_until_shutdown() -> (Arc<Context>, ApiServer, Arc<Metrics>, CancellationToken) {
     use tower::Layer;
     let (service, handle) = mock::pair::<Request<Body>, Response<Body>>();
     let metrics = Arc::new(Metrics::default());
-    let layer = ThrottleLayer::new(Rate { qps: 100.0, burst: 100 }, metrics.api.clone());
+    let shutdown = CancellationToken::new();
+    let layer = ThrottleLayer::new(Rate { qps: 100.0, burst: 100 }, metrics.api.clone(), shutdown.clone());
     let client = Client::new(layer.layer(service), "default");
     let (children, _) = child_caches();
-    (Arc::new(Context::new(client, children, settings(), metrics.clone())), handle, metrics)
+    (Arc::new(Context::new(client, children, settings(), metrics.clone())), handle, metrics, shutdown)
 }
 
 fn too_many_requests(respond: tower_test::mock::SendResponse<Response<Body>>, retry_after: Option<u64>) {
@@ -676,6 +684,36 @@ async fn repeated_429s_without_retry_after_back_off_exponentially() {
     for (gap, want) in gaps.iter().zip([0.5, 1.0, 2.0]) {
         assert!(*gap >= want * 0.95 && *gap < want + 0.5, "pauses {gaps:?}, wanted 0.5, 1, 2 s");
     }
+}
+
+/// A pause of 30 s (Retry-After) ends as soon as shutdown begins: the request waiting it out
+/// returns the refusal instead of retrying, and a new request is not held back, so the
+/// reconciles in flight end within the 10 s drain (and a leader then releases its Lease).
+#[tokio::test]
+async fn shutdown_ends_a_pause_at_once() {
+    let (ctx, mut server, _metrics, shutdown) = throttled_context_until_shutdown();
+    let api: kube::Api<ConfigMap> = kube::Api::namespaced(ctx.client.clone(), NS);
+    let waiting = tokio::spawn({
+        let api = api.clone();
+        async move { api.get("x").await }
+    });
+    let (_, respond) = server.next_request().await.expect("a request");
+    too_many_requests(respond, Some(30));
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!waiting.is_finished(), "the refused request waits out the pause");
+    let cancelled = std::time::Instant::now();
+    shutdown.cancel();
+    let result = tokio::time::timeout(Duration::from_secs(2), waiting).await.expect("the wait ended").unwrap();
+    assert!(matches!(result, Err(kube::Error::Api(status)) if status.code == 429));
+    // A request made during shutdown goes out at once, pause or not.
+    let late = tokio::spawn(async move { api.get("y").await });
+    let (_, respond) = tokio::time::timeout(Duration::from_secs(2), server.next_request())
+        .await
+        .expect("not held back by the pause")
+        .expect("a request");
+    ok(respond, &json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "y", "namespace": NS}}));
+    late.await.unwrap().expect("answered");
+    assert!(cancelled.elapsed() < Duration::from_secs(3));
 }
 
 /// A repeat of one event is counted into its series (one PATCH), not created again, and the
