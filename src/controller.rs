@@ -40,6 +40,9 @@ use crate::stored::StoredBalancer;
 use crate::telemetry::{Metrics, ReconcileResult};
 use crate::validation::{FieldError, ObjectName, validate};
 
+pub mod cache;
+pub use cache::Cached;
+
 /// The field manager of every write, and the events' reporting controller.
 pub const FIELD_MANAGER: &str = "balancer";
 /// How often a converged Balancer is checked again for drift the watches could have missed.
