@@ -17,9 +17,9 @@ use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, ObjectReference, Service};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{FieldsV1, ManagedFieldsEntry};
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{DeleteParams, Patch, PatchParams, Preconditions};
-use kube::core::PartialObjectMeta;
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::runtime::controller::{self, Action};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{Controller, WatchStreamExt, predicates, watcher};
@@ -40,6 +40,9 @@ use crate::stored::StoredBalancer;
 use crate::telemetry::{Metrics, ReconcileResult};
 use crate::validation::{FieldError, ObjectName};
 
+pub mod cache;
+pub use cache::Cached;
+
 /// The field manager of every write, and the events' reporting controller.
 pub const FIELD_MANAGER: &str = "balancer";
 /// How often a converged Balancer is checked again for drift the watches could have missed.
@@ -51,8 +54,10 @@ pub const READY: &str = "Ready";
 pub type Permission = (&'static str, &'static str, &'static [&'static str]);
 
 /// Every cluster-wide permission the controller uses; `deploy/rbac.yaml` grants exactly these.
-/// Reads come from watch caches only (list, watch), the names of objects balancer does not manage
-/// included (to never adopt a namesake); server-side apply may create, so it needs create and patch.
+/// Reads come from watch caches (list, watch) of balancer's own children; a child is created with
+/// a POST (create), changed with a forced server-side apply (patch, which may also create), and
+/// read (get) only when its name turns out to be taken, or before the first apply to a child a
+/// POST created (see `own_created_fields`).
 pub const CLUSTER_PERMISSIONS: &[Permission] = &[
     ("exposer.hliangzhao.io", "balancers", &["list", "watch"]),
     ("exposer.hliangzhao.io", "balancers/status", &["patch"]),
@@ -82,6 +87,8 @@ pub enum Error {
     Conflict { kind: String, name: String },
     #[error("backend Service {name} has no cluster IP (was its clusterIP set to None by hand?)")]
     NoClusterIp { name: String },
+    #[error("cannot read the cached {kind} {name}: {source}")]
+    Unreadable { kind: String, name: String, source: serde_json::Error },
 }
 
 /// What kind of failure an [`Error`] is: the one list, for metrics and logs.
@@ -112,7 +119,7 @@ impl Error {
     pub fn kind(&self) -> ErrorKind {
         match self {
             Error::Api { .. } => ErrorKind::ApiError,
-            Error::Owner(_) => ErrorKind::InvalidObject,
+            Error::Owner(_) | Error::Unreadable { .. } => ErrorKind::InvalidObject,
             Error::Conflict { .. } => ErrorKind::Conflict,
             Error::NoClusterIp { .. } => ErrorKind::NoClusterIp,
         }
@@ -203,13 +210,13 @@ async fn converge(balancer: &StoredBalancer, ctx: &Context, written: &mut Writte
     let mut cluster_ips = Vec::with_capacity(backend_services.len());
     let caches = &ctx.children;
     for service in &backend_services {
-        let applied = ensure(ctx, &owner, caches.services(), service, written).await?;
+        let applied = ensure(ctx, &owner, &caches.services, service, written).await?;
         cluster_ips.push(cluster_ip(&applied).ok_or_else(|| Error::NoClusterIp { name: applied.name_any() })?);
     }
     let proxy = children::proxy(&owner, &spec, &ctx.settings, BackendHosts::ClusterIps(&cluster_ips));
-    ensure(ctx, &owner, caches.config_maps(), &proxy.config_map, written).await?;
-    let deployment = ensure(ctx, &owner, caches.deployments(), &proxy.deployment, written).await?;
-    ensure(ctx, &owner, caches.services(), &proxy.front_service, written).await?;
+    ensure(ctx, &owner, &caches.config_maps, &proxy.config_map, written).await?;
+    let deployment = ensure(ctx, &owner, &caches.deployments, &proxy.deployment, written).await?;
+    ensure(ctx, &owner, &caches.services, &proxy.front_service, written).await?;
     announce(balancer, ctx, written).await;
 
     let ready = proxy_condition(balancer, &deployment, backend_services.len());
@@ -253,49 +260,140 @@ fn names_spec(status: &kube::core::Status) -> bool {
     causes.iter().any(|c| c.field.starts_with("spec")) || status.message.contains(": spec.")
 }
 
-/// Applies `desired` unless the cached object already holds every field it sets.
-/// Returns the object as the API server has it (cached or just applied).
+/// Writes `desired` unless the child already holds every field it sets; returns the child as
+/// the API server has it (cached, created or applied).
 ///
-/// Only objects this Balancer controls are ever written: a name held by an object it does not
-/// control is a [`Error::Conflict`], never adopted. `cache` holds balancer's children
-/// (labelled), and `others` the names and owners of every other object of the kind, so a known
-/// name costs no request. A name neither knows is read from the API server before the first
-/// write: the caches may lag behind a namesake created a moment ago (a user's Service applied
-/// with the Balancer, say), and a forced apply would take it over.
+/// Only objects this Balancer controls are ever written: a name held by any other object is a
+/// [`Error::Conflict`], never adopted. A child the cache does not know is created with a POST,
+/// which the API server refuses when the name is taken, even by an object created a moment ago
+/// that no cache has seen yet (a user's Service applied with the Balancer, say); a forced apply
+/// would take such an object over. Only that refusal costs a read, to tell a namesake from this
+/// Balancer's own child that the cache has not caught up with (or whose label was removed by
+/// hand). Later writes are forced server-side applies.
 async fn ensure<K>(
     ctx: &Context,
     owner: &Owner,
-    (cache, others): (&Store<K>, &Store<PartialObjectMeta<K>>),
+    cache: &Store<Cached<K>>,
     desired: &K,
     written: &mut Written,
-) -> Result<Arc<K>, Error>
+) -> Result<K, Error>
 where
     K: Resource<DynamicType = (), Scope = NamespaceResourceScope> + Clone + Debug + Serialize + DeserializeOwned,
 {
     let name = desired.name_any();
     let namespace = desired.namespace().unwrap_or_default();
-    let conflict = || Error::Conflict { kind: K::kind(&()).into_owned(), name: name.clone() };
+    let kind = || K::kind(&()).into_owned();
+    let api_error = |verb, source| Error::Api { verb, kind: kind(), name: name.clone(), source };
     let api: Api<K> = Api::namespaced(ctx.client.clone(), &namespace);
-    let api_error = |verb, source| Error::Api { verb, kind: K::kind(&()).into_owned(), name: name.clone(), source };
-    let verb = match cache.get(&ObjectRef::new(&name).within(&namespace)) {
-        Some(cached) if !controlled_by(cached.as_ref(), owner) => return Err(conflict()),
-        Some(cached) if is_subset(desired, cached.as_ref()) => return Ok(cached),
-        Some(_) => Verb::Updated,
-        // Not labelled as balancer's: a namesake, unless it is this Balancer's own child whose
-        // label was removed by hand (the apply puts it back).
-        None => match others.get(&ObjectRef::new(&name).within(&namespace)) {
-            Some(other) if !controlled_by(other.as_ref(), owner) => return Err(conflict()),
-            Some(_) => Verb::Updated,
-            None => match api.get_metadata_opt(&name).await.map_err(|e| api_error("get", e))? {
-                Some(found) if !controlled_by(&found, owner) => return Err(conflict()),
-                Some(_) => Verb::Updated,
-                None => Verb::Created,
-            },
+    let (current, created_by_post) = match cache.get(&ObjectRef::new(&name).within(&namespace)) {
+        Some(cached) => {
+            let object =
+                cached.object().map_err(|source| Error::Unreadable { kind: kind(), name: name.clone(), source })?;
+            (object, cached.created_by_post())
+        }
+        None => match create(&api, desired).await.map_err(|e| api_error("create", e))? {
+            Some(created) => return Ok(written.add(ctx, Verb::Created, created)),
+            // The name is taken: by what?
+            None => {
+                let found = api.get(&name).await.map_err(|e| api_error("get", e))?;
+                let entries = found.meta().managed_fields.as_deref().unwrap_or_default();
+                let created_by_post = entries.iter().any(cache::is_created);
+                (found, created_by_post)
+            }
         },
     };
+    if !controlled_by(&current, owner) {
+        return Err(Error::Conflict { kind: kind(), name });
+    }
+    if is_subset(desired, &current) {
+        return Ok(current);
+    }
+    if created_by_post {
+        own_created_fields(&api, &name).await.map_err(|e| api_error("take over the fields of", e))?;
+    }
     let params = PatchParams::apply(FIELD_MANAGER).force();
     let applied = api.patch(&name, &params, &Patch::Apply(desired)).await.map_err(|e| api_error("apply", e))?;
-    Ok(written.add(ctx, verb, applied))
+    Ok(written.add(ctx, Verb::Updated, applied))
+}
+
+/// Creates `desired` (as balancer's field manager); `None` when its name is taken.
+async fn create<K>(api: &Api<K>, desired: &K) -> Result<Option<K>, kube::Error>
+where
+    K: Resource + Clone + Debug + Serialize + DeserializeOwned,
+{
+    let params = PostParams { field_manager: Some(FIELD_MANAGER.into()), dry_run: false };
+    match api.create(&params, desired).await {
+        Ok(created) => Ok(Some(created)),
+        Err(kube::Error::Api(status)) if status.code == 409 && status.reason == "AlreadyExists" => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// Makes the fields a POST gave balancer (an `Update` entry of its field manager) part of its
+/// `Apply` entry, before a child created that way is applied to for the first time.
+///
+/// Server-side apply removes a field only when the applier owned it at its previous apply and
+/// no longer sets it: without this, a port or an annotation dropped from the desired object
+/// would stay, owned by the POST's entry. The entry is folded with a merge patch of
+/// `managedFields` alone, conditional on the resource version read (a concurrent write fails
+/// it, and the reconcile is retried). This costs two requests, once per child, and only when a
+/// child created by a POST must change; a child that never changes never pays it.
+async fn own_created_fields<K>(api: &Api<K>, name: &str) -> Result<(), kube::Error>
+where
+    K: Resource + Clone + Debug + DeserializeOwned,
+{
+    let current = api.get_metadata(name).await?;
+    let entries = current.metadata.managed_fields.unwrap_or_default();
+    let Some(entries) = fold_created_into_applied(entries) else { return Ok(()) };
+    let patch = json!({"metadata": {"resourceVersion": current.metadata.resource_version, "managedFields": entries}});
+    api.patch_metadata(name, &PatchParams::default(), &Patch::Merge(&patch)).await?;
+    Ok(())
+}
+
+/// The managedFields with balancer's `Update` entries folded into its `Apply` entry (which the
+/// first of them becomes when there is none); `None` when there is no `Update` entry. Entries
+/// of another API version are left alone: their field sets do not compare.
+pub fn fold_created_into_applied(entries: Vec<ManagedFieldsEntry>) -> Option<Vec<ManagedFieldsEntry>> {
+    if !entries.iter().any(cache::is_created) {
+        return None;
+    }
+    let is_applied =
+        |e: &ManagedFieldsEntry| e.manager.as_deref() == Some(FIELD_MANAGER) && e.operation.as_deref() == Some("Apply");
+    let mut applied: Option<ManagedFieldsEntry> = entries.iter().find(|e| is_applied(e)).cloned();
+    let mut kept = Vec::with_capacity(entries.len());
+    for entry in entries {
+        if is_applied(&entry) {
+            continue;
+        }
+        if !cache::is_created(&entry) {
+            kept.push(entry);
+            continue;
+        }
+        match applied.as_mut() {
+            None => applied = Some(ManagedFieldsEntry { operation: Some("Apply".into()), ..entry }),
+            Some(into) if into.api_version == entry.api_version => {
+                let fields = entry.fields_v1.map(|f| f.0).unwrap_or(Value::Null);
+                let target = &mut into.fields_v1.get_or_insert_with(|| FieldsV1(json!({}))).0;
+                union_fields(target, &fields);
+            }
+            Some(_) => kept.push(entry),
+        }
+    }
+    kept.extend(applied);
+    Some(kept)
+}
+
+/// Adds to a `FieldsV1` set (a tree of JSON objects) every path of another.
+fn union_fields(into: &mut Value, from: &Value) {
+    let (Value::Object(into), Value::Object(from)) = (into, from) else { return };
+    for (key, value) in from {
+        match into.get_mut(key) {
+            Some(existing) => union_fields(existing, value),
+            None => {
+                into.insert(key.clone(), value.clone());
+            }
+        }
+    }
 }
 
 /// How a child was written.
@@ -314,10 +412,10 @@ struct Written {
 
 impl Written {
     /// Records a child just written (and counts it); returns it for the caller to use.
-    fn add<K: Resource<DynamicType = ()>>(&mut self, ctx: &Context, verb: Verb, child: K) -> Arc<K> {
+    fn add<K: Resource<DynamicType = ()>>(&mut self, ctx: &Context, verb: Verb, child: K) -> K {
         ctx.metrics.controller.child_applied(&K::kind(&()));
         self.children.push((verb, child.object_ref(&())));
-        Arc::new(child)
+        child
     }
 }
 
@@ -378,7 +476,7 @@ fn cluster_ip(service: &Service) -> Option<String> {
 }
 
 /// Backend Services this Balancer controls but no longer names.
-fn obsolete_backends(ctx: &Context, owner: &Owner, wanted: &[Service]) -> Vec<Arc<Service>> {
+fn obsolete_backends(ctx: &Context, owner: &Owner, wanted: &[Service]) -> Vec<Arc<Cached<Service>>> {
     let wanted: Vec<String> = wanted.iter().map(ResourceExt::name_any).collect();
     owned_backend_services(&ctx.children.services, owner)
         .into_iter()
@@ -414,7 +512,7 @@ async fn delete_obsolete_backends(
 }
 
 /// Backend Services in the cache that `owner` controls.
-fn owned_backend_services(cache: &Store<Service>, owner: &Owner) -> Vec<Arc<Service>> {
+fn owned_backend_services(cache: &Store<Cached<Service>>, owner: &Owner) -> Vec<Arc<Cached<Service>>> {
     cache
         .state()
         .into_iter()
@@ -636,54 +734,26 @@ pub fn slim<K: Resource>(object: &mut K) {
     }
 }
 
-/// Drops from an object what the namesake check never reads (managed fields, annotations,
-/// labels); its name, namespace, uid and owners stay.
-pub fn names_only<K: Resource>(object: &mut K) {
-    let meta = object.meta_mut();
-    meta.managed_fields = None;
-    meta.annotations = None;
-    meta.labels = None;
-}
-
 /// One watched kind: the cache the reconciles read, and the changes that trigger them.
 struct Reflected<K: Resource<DynamicType = ()> + 'static> {
     store: Store<K>,
     changes: BoxStream<'static, Result<K, watcher::Error>>,
 }
 
-impl<K> Reflected<K>
+impl<K> Reflected<Cached<K>>
 where
-    K: Resource<Scope = NamespaceResourceScope, DynamicType = ()> + Clone + Debug + DeserializeOwned + Send + Sync,
+    K: Resource<Scope = NamespaceResourceScope, DynamicType = ()>
+        + Serialize
+        + DeserializeOwned
+        + Send
+        + Sync
+        + 'static,
 {
-    /// balancer's own children of one kind (selected by label), slimmed as they are cached.
+    /// balancer's own children of one kind (selected by label), cached compactly (see [`Cached`]).
     fn children(client: &Client, scope: &Scope) -> Self {
         let config = watcher::Config::default().labels(&format!("{MANAGED_BY_LABEL}={MANAGED_BY}"));
         let (store, writer) = reflector::store();
-        let changes = watcher(api(client, scope), config)
-            .default_backoff()
-            .modify(slim)
-            .reflect(writer)
-            .touched_objects()
-            .boxed();
-        Reflected { store, changes }
-    }
-}
-
-impl<K> Reflected<PartialObjectMeta<K>>
-where
-    K: Resource<Scope = NamespaceResourceScope, DynamicType = ()> + Clone + Debug + DeserializeOwned + Send + Sync,
-{
-    /// The names (metadata only, slimmed to name and owners) of every object of kind K in scope
-    /// that balancer does not manage: where a child's name could be taken.
-    fn others(client: &Client, scope: &Scope) -> Self {
-        let config = watcher::Config::default().labels(&format!("{MANAGED_BY_LABEL}!={MANAGED_BY}"));
-        let (store, writer) = reflector::store();
-        let changes = watcher(api::<PartialObjectMeta<K>>(client, scope), config)
-            .default_backoff()
-            .modify(names_only)
-            .reflect(writer)
-            .touched_objects()
-            .boxed();
+        let changes = watcher(api(client, scope), config).default_backoff().reflect(writer).touched_objects().boxed();
         Reflected { store, changes }
     }
 }
@@ -713,23 +783,15 @@ pub async fn run(
     stop: CancellationToken,
 ) {
     let scope = &options.scope;
-    let services = Reflected::<Service>::children(&client, scope);
-    let config_maps = Reflected::<ConfigMap>::children(&client, scope);
-    let deployments = Reflected::<Deployment>::children(&client, scope);
-    let other_services = Reflected::<PartialObjectMeta<Service>>::others(&client, scope);
-    let other_config_maps = Reflected::<PartialObjectMeta<ConfigMap>>::others(&client, scope);
-    let other_deployments = Reflected::<PartialObjectMeta<Deployment>>::others(&client, scope);
+    let services = Reflected::<Cached<Service>>::children(&client, scope);
+    let config_maps = Reflected::<Cached<ConfigMap>>::children(&client, scope);
+    let deployments = Reflected::<Cached<Deployment>>::children(&client, scope);
     let balancers = Reflected::balancers(&client, scope);
 
     let children = ChildCaches {
         services: services.store.clone(),
         config_maps: config_maps.store.clone(),
         deployments: deployments.store.clone(),
-        others: OtherNames {
-            services: other_services.store.clone(),
-            config_maps: other_config_maps.store.clone(),
-            deployments: other_deployments.store.clone(),
-        },
     };
     let caches = Caches { balancers: balancers.store.clone(), children: children.clone() };
     let ctx = Arc::new(Context::new(client, children, options.proxy, metrics.clone()));
@@ -762,11 +824,6 @@ pub async fn run(
         .owns_stream(services.changes)
         .owns_stream(config_maps.changes)
         .owns_stream(deployments.changes)
-        // Kept current, but no reconcile follows: the name alone does not tell which Balancer
-        // wanted it, and a Balancer in conflict retries with its backoff anyway.
-        .watches_stream(other_services.changes, |_| None)
-        .watches_stream(other_config_maps.changes, |_| None)
-        .watches_stream(other_deployments.changes, |_| None)
         .with_config(config)
         .graceful_shutdown_on(stop.cancelled_owned())
         .run(reconcile, error_policy, ctx)
@@ -786,23 +843,13 @@ pub async fn run(
     metrics.controller.set_balancers(0, 0, 0);
 }
 
-/// The caches of the children balancer writes (only its own, selected by label), and the names
-/// of every other object of those kinds, so that a namesake is known without asking.
+/// The caches of the children balancer writes: only its own, selected by label. Objects it does
+/// not manage are not watched: creating a child is a POST, which a taken name refuses.
 #[derive(Clone)]
 pub struct ChildCaches {
-    pub services: Store<Service>,
-    pub config_maps: Store<ConfigMap>,
-    pub deployments: Store<Deployment>,
-    pub others: OtherNames,
-}
-
-/// Every object of the children's kinds that balancer does not manage, as metadata slimmed to
-/// name and owners (see [`names_only`]).
-#[derive(Clone)]
-pub struct OtherNames {
-    pub services: Store<PartialObjectMeta<Service>>,
-    pub config_maps: Store<PartialObjectMeta<ConfigMap>>,
-    pub deployments: Store<PartialObjectMeta<Deployment>>,
+    pub services: Store<Cached<Service>>,
+    pub config_maps: Store<Cached<ConfigMap>>,
+    pub deployments: Store<Cached<Deployment>>,
 }
 
 impl ChildCaches {
@@ -811,21 +858,6 @@ impl ChildCaches {
         self.services.wait_until_ready().await.is_ok()
             && self.config_maps.wait_until_ready().await.is_ok()
             && self.deployments.wait_until_ready().await.is_ok()
-            && self.others.services.wait_until_ready().await.is_ok()
-            && self.others.config_maps.wait_until_ready().await.is_ok()
-            && self.others.deployments.wait_until_ready().await.is_ok()
-    }
-
-    fn services(&self) -> (&Store<Service>, &Store<PartialObjectMeta<Service>>) {
-        (&self.services, &self.others.services)
-    }
-
-    fn config_maps(&self) -> (&Store<ConfigMap>, &Store<PartialObjectMeta<ConfigMap>>) {
-        (&self.config_maps, &self.others.config_maps)
-    }
-
-    fn deployments(&self) -> (&Store<Deployment>, &Store<PartialObjectMeta<Deployment>>) {
-        (&self.deployments, &self.others.deployments)
     }
 }
 

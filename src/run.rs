@@ -68,7 +68,7 @@ pub async fn start(
     let tls_config = Arc::new(tls::server_config(resolver)?);
     let readiness = Readiness::default();
     readiness.certificate.store(true, Ordering::Release);
-    let clients = connect(&args.controller, &metrics).await?;
+    let clients = connect(&args.controller, &metrics, &shutdown).await?;
     let metrics_auth = match (&clients, args.insecure_metrics) {
         (_, true) => None,
         (Some(clients), false) => Some(Arc::new(MetricsAuth::new(clients.plain.clone()))),
@@ -178,7 +178,12 @@ struct Clients {
 }
 
 /// Clients for the cluster, or `None` (controller off) when there is none to reach.
-async fn connect(args: &ControllerArgs, metrics: &Metrics) -> Result<Option<Clients>, RunError> {
+/// The throttled client stops waiting once `shutdown` is cancelled (see [`throttle`]).
+async fn connect(
+    args: &ControllerArgs,
+    metrics: &Metrics,
+    shutdown: &CancellationToken,
+) -> Result<Option<Clients>, RunError> {
     if args.disable_controller {
         tracing::info!("controller disabled (--disable-controller): serving the webhooks only");
         return Ok(None);
@@ -196,7 +201,7 @@ async fn connect(args: &ControllerArgs, metrics: &Metrics) -> Result<Option<Clie
     };
     let url = config.cluster_url.clone();
     let rate = Rate { qps: f64::from(args.api_qps), burst: args.api_burst };
-    let throttle = ThrottleLayer::new(rate, metrics.api.clone());
+    let throttle = ThrottleLayer::new(rate, metrics.api.clone(), shutdown.clone());
     let clients = Client::try_from(config.clone())
         .and_then(|plain| Ok(Clients { plain, throttled: throttle::client(config, &throttle)? }));
     let clients = match clients {

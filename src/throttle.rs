@@ -8,6 +8,9 @@
 //! delay) and halves the request rate, which then grows back as answers succeed (additive
 //! increase, multiplicative decrease, as TCP does). Transient refusals (429, 503, 504) are
 //! retried behind that pause.
+//!
+//! Once the process is shutting down, nothing waits any more: a pause (up to 30 s) would
+//! outlast the drain, and under leader election the Lease is released only after it.
 
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -17,6 +20,7 @@ use std::time::Duration;
 use axum::http::{self, Request, Response, StatusCode};
 use kube::client::Body;
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 use tower::{Layer, Service, ServiceExt};
 
 use crate::telemetry::ApiMetrics;
@@ -44,12 +48,15 @@ pub struct ThrottleLayer {
 }
 
 impl ThrottleLayer {
-    pub fn new(rate: Rate, metrics: ApiMetrics) -> Self {
+    /// Requests stop waiting (for the rate limit or a pause) and are no longer retried once
+    /// `shutdown` is cancelled: the reconciles in flight then end within the drain.
+    pub fn new(rate: Rate, metrics: ApiMetrics, shutdown: CancellationToken) -> Self {
         let qps = rate.qps.max(MIN_QPS);
         let burst = f64::from(rate.burst.max(1));
         let now = Instant::now();
         let limiter = Limiter { qps, tokens: burst, refilled: now, paused_until: now, epoch: 0, strikes: 0 };
-        ThrottleLayer { shared: Arc::new(Shared { max_qps: qps, burst, limiter: Mutex::new(limiter), metrics }) }
+        let limiter = Mutex::new(limiter);
+        ThrottleLayer { shared: Arc::new(Shared { max_qps: qps, burst, limiter, metrics, shutdown }) }
     }
 }
 
@@ -73,6 +80,7 @@ struct Shared {
     burst: f64,
     limiter: Mutex<Limiter>,
     metrics: ApiMetrics,
+    shutdown: CancellationToken,
 }
 
 /// A token bucket whose rate adapts, and the pause every request waits out.
@@ -124,8 +132,9 @@ impl Shared {
         self.limiter.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Waits for the pause to end and a token; returns the epoch the request starts in.
-    async fn admit(&self) -> u64 {
+    /// Waits for the pause to end and a token; returns the epoch the request starts in, or
+    /// `None` when shutdown began while it waited (nothing waits then).
+    async fn admit(&self) -> Option<u64> {
         let asked = Instant::now();
         loop {
             let wait = {
@@ -147,12 +156,15 @@ impl Shared {
                         if !waited.is_zero() {
                             self.metrics.waited(waited);
                         }
-                        return epoch;
+                        return Some(epoch);
                     }
                     Duration::from_secs_f64((1.0 - limiter.tokens) / limiter.qps)
                 }
             };
-            tokio::time::sleep(wait).await;
+            tokio::select! {
+                _ = self.shutdown.cancelled() => return None,
+                _ = tokio::time::sleep(wait) => {}
+            }
         }
     }
 
@@ -224,8 +236,15 @@ where
     // timed out): only requests that mean the same when sent twice are sent again then.
     let idempotent = request.method() != http::Method::POST;
     let mut attempt = 0;
+    // The refusal a retry answers, returned as it is if shutdown ends the wait for the retry.
+    let mut refused = None;
     loop {
-        let epoch = shared.admit().await;
+        let epoch = match (shared.admit().await, refused.take()) {
+            (Some(epoch), _) => epoch,
+            (None, Some(refusal)) => return Ok(refusal),
+            // A first attempt during shutdown goes out at once.
+            (None, None) => shared.limiter().epoch,
+        };
         let again = (attempt < MAX_RETRIES).then(|| clone_request(&request)).flatten();
         let response = inner.ready().await?.call(request).await?;
         match signal(&response) {
@@ -237,10 +256,13 @@ where
                 let status = response.status();
                 shared.overloaded(epoch, retry_after, status);
                 let unprocessed = status == StatusCode::TOO_MANY_REQUESTS || retry_after.is_some();
-                match again.filter(|_| retry && (unprocessed || idempotent)) {
+                // Shutting down: the refusal goes to the reconcile, which ends.
+                let stopping = shared.shutdown.is_cancelled();
+                match again.filter(|_| retry && (unprocessed || idempotent) && !stopping) {
                     Some(next) => {
                         request = next;
                         attempt += 1;
+                        refused = Some(response);
                     }
                     None => return Ok(response),
                 }

@@ -10,7 +10,8 @@ use balancer::admit::{Admitted, admit};
 use balancer::api::{BackendSpec, Balancer, BalancerPort, BalancerSpec, BalancerStatus};
 use balancer::children::{self, BackendHosts, Owner, ProxySettings};
 use balancer::controller::{
-    self, ChildCaches, Context, ErrorKind, OtherNames, backoff, error_policy, is_subset, reconcile,
+    self, Cached, ChildCaches, Context, ErrorKind, backoff, error_policy, fold_created_into_applied, is_subset,
+    reconcile,
 };
 use balancer::defaulting::Defaults;
 use balancer::stored::StoredBalancer;
@@ -21,12 +22,12 @@ use k8s_openapi::api::apps::v1::{Deployment, DeploymentStatus};
 use k8s_openapi::api::core::v1::{ConfigMap, Service};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::client::Body;
-use kube::core::PartialObjectMeta;
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::{self, Store, store::Writer};
 use kube::runtime::watcher;
 use kube::{Client, Resource};
 use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
 use tower_test::mock::{self, Handle};
 
 const NS: &str = "ns";
@@ -83,10 +84,9 @@ fn sample() -> Balancer {
 }
 
 struct Caches {
-    services: Writer<Service>,
-    config_maps: Writer<ConfigMap>,
-    deployments: Writer<Deployment>,
-    other_services: Writer<PartialObjectMeta<Service>>,
+    services: Writer<Cached<Service>>,
+    config_maps: Writer<Cached<ConfigMap>>,
+    deployments: Writer<Cached<Deployment>>,
 }
 
 /// A cache that has listed (nothing).
@@ -104,15 +104,8 @@ fn child_caches() -> (ChildCaches, Caches) {
     let (services, services_writer) = synced_store();
     let (config_maps, config_maps_writer) = synced_store();
     let (deployments, deployments_writer) = synced_store();
-    let (other_services, other_services_writer) = synced_store();
-    let others = OtherNames { services: other_services, config_maps: synced_store().0, deployments: synced_store().0 };
-    let caches = Caches {
-        services: services_writer,
-        config_maps: config_maps_writer,
-        deployments: deployments_writer,
-        other_services: other_services_writer,
-    };
-    (ChildCaches { services, config_maps, deployments, others }, caches)
+    let caches = Caches { services: services_writer, config_maps: config_maps_writer, deployments: deployments_writer };
+    (ChildCaches { services, config_maps, deployments }, caches)
 }
 
 /// A context whose client talks to the returned mock, with synced (empty) caches.
@@ -159,7 +152,7 @@ fn converged(caches: &mut Caches, balancer: &Balancer) {
         available_replicas: Some(replicas),
         ..DeploymentStatus::default()
     });
-    caches.deployments.apply_watcher_event(&watcher::Event::Apply(deployment));
+    caches.deployments.apply_watcher_event(&watcher::Event::Apply(Cached::of(&deployment).unwrap()));
 }
 
 /// Takes the next request, checks its method and URI, and returns its JSON body and the responder.
@@ -216,31 +209,45 @@ fn ok(respond: tower_test::mock::SendResponse<Response<Body>>, body: &Value) {
     respond.send_response(Response::builder().body(Body::from(serde_json::to_vec(body).unwrap())).unwrap());
 }
 
-/// A child missing from both caches is read first (the caches may lag behind a namesake), then
-/// applied; answers the read with 404 and the apply with the applied object.
+/// A child the cache does not know is created with a POST to its collection (which a taken name
+/// refuses); answers with the created object.
 async fn expect_create(server: &mut ApiServer, path: &str, kind: &str) -> Value {
-    let (_, respond) = expect(server, Method::GET, path).await;
-    not_found(respond);
-    expect_apply(server, path, kind).await
+    let (collection, name) = path.rsplit_once('/').unwrap();
+    let (body, respond) = expect(server, Method::POST, &format!("{collection}?&fieldManager=balancer")).await;
+    assert_eq!((body["kind"].as_str(), body["metadata"]["name"].as_str()), (Some(kind), Some(name)));
+    ok(respond, &stored(&body, kind));
+    body
 }
 
-fn not_found(respond: tower_test::mock::SendResponse<Response<Body>>) {
-    let status = json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
-                        "reason": "NotFound", "code": 404, "message": "not found"});
-    respond
-        .send_response(Response::builder().status(404).body(Body::from(serde_json::to_vec(&status).unwrap())).unwrap());
+/// Refuses a POST: the name is taken.
+async fn expect_create_refused(server: &mut ApiServer, path: &str) {
+    let (collection, _) = path.rsplit_once('/').unwrap();
+    let (_, respond) = expect(server, Method::POST, &format!("{collection}?&fieldManager=balancer")).await;
+    let status = json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                        "reason": "AlreadyExists", "code": 409, "message": "already exists"});
+    respond.send_response(
+        Response::builder()
+            .status(StatusCode::CONFLICT)
+            .body(Body::from(serde_json::to_vec(&status).unwrap()))
+            .unwrap(),
+    );
+}
+
+/// The object as the API server would return it after a write of `body`.
+fn stored(body: &Value, kind: &str) -> Value {
+    let mut stored = body.clone();
+    stored["metadata"]["resourceVersion"] = json!("7");
+    if kind == "Service" {
+        stored["spec"]["clusterIP"] = json!(CLUSTER_IP);
+    }
+    stored
 }
 
 /// Answers the apply of a child with the applied object.
 async fn expect_apply(server: &mut ApiServer, path: &str, kind: &str) -> Value {
     let (body, respond) = expect(server, Method::PATCH, &format!("{path}{SSA}")).await;
     assert_eq!(body["kind"], kind);
-    let mut stored = body.clone();
-    stored["metadata"]["resourceVersion"] = json!("7");
-    if kind == "Service" {
-        stored["spec"]["clusterIP"] = json!(CLUSTER_IP);
-    }
-    ok(respond, &stored);
+    ok(respond, &stored(&body, kind));
     body
 }
 
@@ -318,7 +325,8 @@ async fn first_reconcile_applies_every_child_in_order_then_the_status() {
         )
         .await;
         let conf = config_map["data"]["nginx.conf"].as_str().unwrap();
-        assert!(conf.contains("server 10.96.0.10:80 weight=20;  # example-balancer-v2-backend"), "{conf}");
+        let v2 = "server 10.96.0.10:80 weight=20 max_fails=1 fail_timeout=10s;  # example-balancer-v2-backend";
+        assert!(conf.contains(v2), "{conf}");
         expect_create(&mut server, "/apis/apps/v1/namespaces/ns/deployments/example-balancer-proxy", "Deployment")
             .await;
         expect_create(&mut server, "/api/v1/namespaces/ns/services/example-balancer", "Service").await;
@@ -388,9 +396,9 @@ async fn a_hand_edited_config_map_is_reapplied() {
     let (ctx, mut server, mut caches) = context();
     let balancer = sample();
     converged(&mut caches, &balancer);
-    let mut edited: ConfigMap = ctx.children.config_maps.state()[0].as_ref().clone();
+    let mut edited: ConfigMap = ctx.children.config_maps.state()[0].object().unwrap();
     edited.data.as_mut().unwrap().insert("nginx.conf".into(), "events {}\n".into());
-    caches.config_maps.apply_watcher_event(&watcher::Event::Apply(edited));
+    caches.config_maps.apply_watcher_event(&watcher::Event::Apply(Cached::of(&edited).unwrap()));
     let verifier = tokio::spawn(async move {
         let (body, respond) = expect(
             &mut server,
@@ -428,7 +436,7 @@ async fn an_obsolete_backend_service_is_deleted() {
     let old_spec = admitted(&old_balancer);
     let mut old = children::backend_service(&owner, &old_spec, &old_spec.backends[0]);
     old.metadata.uid = Some("old-uid".into());
-    caches.services.apply_watcher_event(&watcher::Event::Apply(old));
+    caches.services.apply_watcher_event(&watcher::Event::Apply(Cached::of(&old).unwrap()));
 
     let verifier = tokio::spawn(async move {
         let (body, respond) =
@@ -469,19 +477,16 @@ async fn obsolete_backend_kept_while(rolling_status: fn(&mut DeploymentStatus)) 
     let (ctx, mut server, mut caches) = context();
     let balancer = sample();
     converged(&mut caches, &balancer);
-    let mut rolling: Deployment = ctx.children.deployments.state()[0].as_ref().clone();
+    let mut rolling: Deployment = ctx.children.deployments.state()[0].object().unwrap();
     rolling_status(rolling.status.as_mut().unwrap());
     let status = rolling.status.clone().unwrap();
-    caches.deployments.apply_watcher_event(&watcher::Event::Apply(rolling));
+    caches.deployments.apply_watcher_event(&watcher::Event::Apply(Cached::of(&rolling).unwrap()));
     let owner = Owner::of(&balancer).unwrap();
     let mut old_balancer = balancer.clone();
     old_balancer.spec.backends[0].name = "old".into();
     let old_spec = admitted(&old_balancer);
-    caches.services.apply_watcher_event(&watcher::Event::Apply(children::backend_service(
-        &owner,
-        &old_spec,
-        &old_spec.backends[0],
-    )));
+    let old = children::backend_service(&owner, &old_spec, &old_spec.backends[0]);
+    caches.services.apply_watcher_event(&watcher::Event::Apply(Cached::of(&old).unwrap()));
     let verifier = tokio::spawn(async move {
         // No DELETE: the status counts it as obsolete while the proxy rolls out.
         let written = expect_status(&mut server, &sample()).await;
@@ -505,13 +510,11 @@ async fn obsolete_backend_kept_while(rolling_status: fn(&mut DeploymentStatus)) 
 async fn an_api_error_fails_the_reconcile_and_backs_off() {
     let (ctx, mut server, _caches) = context();
     let verifier = tokio::spawn(async move {
-        let path = "/api/v1/namespaces/ns/services/example-balancer-v1-backend";
-        let (_, respond) = expect(&mut server, Method::GET, path).await;
-        not_found(respond);
-        let (_, respond) = expect(&mut server, Method::PATCH, &format!("{path}{SSA}")).await;
+        let (_, respond) =
+            expect(&mut server, Method::POST, "/api/v1/namespaces/ns/services?&fieldManager=balancer").await;
         let forbidden = json!({
             "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-            "message": "services is forbidden: User \"balancer\" cannot patch resource \"services\"",
+            "message": "services is forbidden: User \"balancer\" cannot create resource \"services\"",
             "reason": "Forbidden", "code": 403
         });
         respond.send_response(
@@ -524,7 +527,7 @@ async fn an_api_error_fails_the_reconcile_and_backs_off() {
         // status said last (the Deployment was not looked at), the backends as the cache has them.
         let status = expect_status(&mut server, &sample()).await;
         let message = status["conditions"][0]["message"].as_str().unwrap().to_string();
-        assert!(message.starts_with("cannot apply Service example-balancer-v1-backend: "), "{message}");
+        assert!(message.starts_with("cannot create Service example-balancer-v1-backend"), "{message}");
         assert!(message.contains("services is forbidden"), "{message}");
         let ready = json!({"status": "False", "reason": "ReconcileError", "message": message});
         assert_status(&status, (2, 1), (0, 0), ready);
@@ -597,15 +600,21 @@ async fn an_unreadable_spec_is_reported_even_when_its_status_cannot_be_written()
     verifier.await.unwrap();
 }
 
-/// A hand-made object holds a child's name: it is in the cache of other objects' names, so the
-/// conflict is known without a request, and nothing is written but the status.
+/// A hand-made object holds a child's name, unknown to the cache (it watches balancer's children
+/// only, and may lag anyway): the POST is refused, the read shows whose it is, and nothing is
+/// written to it; the conflict goes to the status.
 #[tokio::test]
 async fn a_namesake_not_owned_by_the_balancer_is_never_adopted() {
-    let (ctx, mut server, mut caches) = context();
-    let foreign = json!({"apiVersion": "v1", "kind": "Service",
-        "metadata": {"name": "example-balancer-v1-backend", "namespace": "ns", "uid": "someone-else"}});
-    caches.other_services.apply_watcher_event(&watcher::Event::Apply(serde_json::from_value(foreign).unwrap()));
+    let (ctx, mut server, _caches) = context();
     let verifier = tokio::spawn(async move {
+        let path = "/api/v1/namespaces/ns/services/example-balancer-v1-backend";
+        expect_create_refused(&mut server, path).await;
+        let (_, respond) = expect(&mut server, Method::GET, path).await;
+        let users = json!({"apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": "example-balancer-v1-backend", "namespace": "ns", "uid": "someone-else"},
+            "spec": {"selector": {"app": "mine"}, "ports": [{"port": 8080}]}});
+        ok(respond, &users);
+        // No apply: the failure goes straight to the status.
         let status = expect_status(&mut server, &sample()).await;
         assert_status(
             &status,
@@ -648,25 +657,31 @@ fn the_object_ref_of_children_points_at_the_balancer() {
     assert_eq!(reference.controller, Some(true));
 }
 
-/// Its own child whose label was removed by hand (so it sits among the other objects' names):
-/// applied again, which puts the label back, and told as an update.
+/// Its own child whose label was removed by hand (so the cache lost it): the POST is refused, the
+/// read shows it is this Balancer's, and it is applied again, which puts the label back, and told
+/// as an update.
 #[tokio::test]
 async fn an_own_child_without_its_label_is_taken_back() {
-    let (ctx, mut server, mut caches) = context();
-    let unlabelled = json!({"apiVersion": "v1", "kind": "Service",
-        "metadata": {"name": "example-balancer-v1-backend", "namespace": "ns", "uid": "child-uid",
-                     "ownerReferences": [{"apiVersion": "exposer.hliangzhao.io/v1alpha1", "kind": "Balancer",
-                                          "name": NAME, "uid": UID, "controller": true}]}});
-    caches.other_services.apply_watcher_event(&watcher::Event::Apply(serde_json::from_value(unlabelled).unwrap()));
+    let (ctx, mut server, _caches) = context();
     let verifier = tokio::spawn(async move {
         for name in ["example-balancer-v1-backend", "example-balancer-v2-backend", "example-balancer-v3-backend"] {
             let path = format!("/api/v1/namespaces/ns/services/{name}");
-            // v1 is known by name (among the unlabelled objects); the others are read first.
-            let body = if name.contains("-v1-") {
-                expect_apply(&mut server, &path, "Service").await
-            } else {
-                expect_create(&mut server, &path, "Service").await
-            };
+            if !name.contains("-v1-") {
+                expect_create(&mut server, &path, "Service").await;
+                continue;
+            }
+            expect_create_refused(&mut server, &path).await;
+            let (_, respond) = expect(&mut server, Method::GET, &path).await;
+            let unlabelled = json!({"apiVersion": "v1", "kind": "Service",
+                "metadata": {"name": name, "namespace": "ns", "uid": "child-uid",
+                             "managedFields": [{"manager": "balancer", "operation": "Apply", "apiVersion": "v1",
+                                                "fieldsType": "FieldsV1", "fieldsV1": {"f:spec": {}}}],
+                             "ownerReferences": [{"apiVersion": "exposer.hliangzhao.io/v1alpha1", "kind": "Balancer",
+                                                  "name": NAME, "uid": UID, "controller": true}]},
+                "spec": {"clusterIP": CLUSTER_IP}});
+            ok(respond, &unlabelled);
+            // Applied by balancer before (an Apply entry): nothing to take over first.
+            let body = expect_apply(&mut server, &path, "Service").await;
             assert_eq!(body["metadata"]["labels"]["app.kubernetes.io/managed-by"], "balancer");
         }
         expect_create(&mut server, "/api/v1/namespaces/ns/configmaps/example-balancer-proxy-configmap", "ConfigMap")
@@ -692,15 +707,82 @@ async fn an_own_child_without_its_label_is_taken_back() {
     verifier.await.unwrap();
 }
 
+/// A child a POST created (its fields owned through balancer's `Update` entry) that must change:
+/// before the apply, that entry is folded into balancer's `Apply` entry with a merge patch of
+/// `managedFields` conditional on the resource version read, so that the apply can remove what
+/// it no longer sets.
+#[tokio::test]
+async fn a_created_child_is_made_the_appliers_own_before_its_first_apply() {
+    let (ctx, mut server, mut caches) = context();
+    let balancer = sample();
+    converged(&mut caches, &balancer);
+    let mut edited: ConfigMap = ctx.children.config_maps.state()[0].object().unwrap();
+    edited.data.as_mut().unwrap().insert("nginx.conf".into(), "events {}\n".into());
+    let mut edited = serde_json::to_value(&edited).unwrap();
+    let created = json!({"manager": "balancer", "operation": "Update", "apiVersion": "v1", "fieldsType": "FieldsV1",
+                         "fieldsV1": {"f:data": {".": {}, "f:nginx.conf": {}}}});
+    edited["metadata"]["managedFields"] = json!([created]);
+    let edited: Cached<ConfigMap> = serde_json::from_value(edited).unwrap();
+    assert!(edited.created_by_post());
+    caches.config_maps.apply_watcher_event(&watcher::Event::Apply(edited));
+    let verifier = tokio::spawn(async move {
+        let path = "/api/v1/namespaces/ns/configmaps/example-balancer-proxy-configmap";
+        let (_, respond) = expect(&mut server, Method::GET, path).await;
+        let kubectl = json!({"manager": "kubectl", "operation": "Update", "apiVersion": "v1", "fieldsType": "FieldsV1",
+                             "fieldsV1": {"f:data": {"f:nginx.conf": {}}}});
+        ok(
+            respond,
+            &json!({"apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadata",
+                    "metadata": {"name": "example-balancer-proxy-configmap", "namespace": "ns",
+                                 "resourceVersion": "41", "managedFields": [created, kubectl]}}),
+        );
+        let (patch, respond) = expect(&mut server, Method::PATCH, &format!("{path}?")).await;
+        let mut applied = created.clone();
+        applied["operation"] = json!("Apply");
+        assert_eq!(patch, json!({"metadata": {"resourceVersion": "41", "managedFields": [kubectl, applied]}}));
+        ok(respond, &json!({"apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadata", "metadata": {}}));
+        expect_apply(&mut server, path, "ConfigMap").await;
+        expect_event(&mut server, "Updated").await;
+        expect_status(&mut server, &sample()).await;
+        expect_event(&mut server, "ProxyAvailable").await;
+    });
+    reconcile(Arc::new(balancer.into()), ctx).await.expect("reconcile succeeds");
+    verifier.await.unwrap();
+}
+
+#[test]
+fn created_fields_are_folded_into_the_apply_entry() {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry;
+    let entry = |manager: &str, operation: &str, fields: Value| -> ManagedFieldsEntry {
+        serde_json::from_value(json!({"manager": manager, "operation": operation, "apiVersion": "v1",
+                                      "fieldsType": "FieldsV1", "fieldsV1": fields}))
+        .unwrap()
+    };
+    let applied = entry("balancer", "Apply", json!({"f:spec": {"f:ports": {"k:{\"port\":80}": {}}}}));
+    let created = entry("balancer", "Update", json!({"f:spec": {"f:ports": {"k:{\"port\":81}": {}}, "f:type": {}}}));
+    let other = entry("kubectl", "Update", json!({"f:spec": {"f:selector": {}}}));
+    assert_eq!(fold_created_into_applied(vec![applied.clone(), other.clone()]), None, "nothing to fold");
+    let folded = fold_created_into_applied(vec![created, other.clone(), applied]).unwrap();
+    let both = json!({"f:spec": {"f:ports": {"k:{\"port\":80}": {}, "k:{\"port\":81}": {}}, "f:type": {}}});
+    assert_eq!(folded, vec![other, entry("balancer", "Apply", both)]);
+}
+
 /// A client whose requests go through the controller's throttle, over a mock API server.
 fn throttled_context() -> (Arc<Context>, ApiServer, Arc<Metrics>) {
+    let (ctx, server, metrics, _shutdown) = throttled_context_until_shutdown();
+    (ctx, server, metrics)
+}
+
+/// [`throttled_context`], and the shutdown token its throttle obeys.
+fn throttled_context_until_shutdown() -> (Arc<Context>, ApiServer, Arc<Metrics>, CancellationToken) {
     use tower::Layer;
     let (service, handle) = mock::pair::<Request<Body>, Response<Body>>();
     let metrics = Arc::new(Metrics::default());
-    let layer = ThrottleLayer::new(Rate { qps: 100.0, burst: 100 }, metrics.api.clone());
+    let shutdown = CancellationToken::new();
+    let layer = ThrottleLayer::new(Rate { qps: 100.0, burst: 100 }, metrics.api.clone(), shutdown.clone());
     let client = Client::new(layer.layer(service), "default");
     let (children, _) = child_caches();
-    (Arc::new(Context::new(client, children, settings(), metrics.clone())), handle, metrics)
+    (Arc::new(Context::new(client, children, settings(), metrics.clone())), handle, metrics, shutdown)
 }
 
 fn too_many_requests(respond: tower_test::mock::SendResponse<Response<Body>>, retry_after: Option<u64>) {
@@ -776,6 +858,36 @@ async fn repeated_429s_without_retry_after_back_off_exponentially() {
     }
 }
 
+/// A pause of 30 s (Retry-After) ends as soon as shutdown begins: the request waiting it out
+/// returns the refusal instead of retrying, and a new request is not held back, so the
+/// reconciles in flight end within the 10 s drain (and a leader then releases its Lease).
+#[tokio::test]
+async fn shutdown_ends_a_pause_at_once() {
+    let (ctx, mut server, _metrics, shutdown) = throttled_context_until_shutdown();
+    let api: kube::Api<ConfigMap> = kube::Api::namespaced(ctx.client.clone(), NS);
+    let waiting = tokio::spawn({
+        let api = api.clone();
+        async move { api.get("x").await }
+    });
+    let (_, respond) = server.next_request().await.expect("a request");
+    too_many_requests(respond, Some(30));
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!waiting.is_finished(), "the refused request waits out the pause");
+    let cancelled = std::time::Instant::now();
+    shutdown.cancel();
+    let result = tokio::time::timeout(Duration::from_secs(2), waiting).await.expect("the wait ended").unwrap();
+    assert!(matches!(result, Err(kube::Error::Api(status)) if status.code == 429));
+    // A request made during shutdown goes out at once, pause or not.
+    let late = tokio::spawn(async move { api.get("y").await });
+    let (_, respond) = tokio::time::timeout(Duration::from_secs(2), server.next_request())
+        .await
+        .expect("not held back by the pause")
+        .expect("a request");
+    ok(respond, &json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "y", "namespace": NS}}));
+    late.await.unwrap().expect("answered");
+    assert!(cancelled.elapsed() < Duration::from_secs(3));
+}
+
 /// A repeat of one event is counted into its series (one PATCH), not created again, and the
 /// publisher remembers only its name and count.
 #[tokio::test]
@@ -798,34 +910,6 @@ async fn a_repeated_event_is_folded_into_its_series() {
         let note = Note { type_: EventType::Normal, reason: "Updated", note: "updated ConfigMap x", related: None };
         assert_eq!(events.publish(&regarding, note).await.unwrap(), Published::Sent);
     }
-    verifier.await.unwrap();
-}
-
-/// A namesake neither cache knows yet (created a moment ago, say with the Balancer in one
-/// `kubectl apply`): the read before the first write finds it, and nothing is written to it.
-#[tokio::test]
-async fn a_namesake_the_caches_have_not_seen_yet_is_never_taken_over() {
-    let (ctx, mut server, _caches) = context();
-    let verifier = tokio::spawn(async move {
-        let path = "/api/v1/namespaces/ns/services/example-balancer-v1-backend";
-        let (_, respond) = expect(&mut server, Method::GET, path).await;
-        let users = json!({"apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadata",
-                           "metadata": {"name": "example-balancer-v1-backend", "namespace": "ns", "uid": "users"}});
-        ok(respond, &users);
-        // No apply: the failure goes straight to the status.
-        let status = expect_status(&mut server, &sample()).await;
-        assert_status(
-            &status,
-            (0, 0),
-            (0, 0),
-            json!({"status": "False", "reason": "Conflict",
-                   "message": "Service example-balancer-v1-backend already exists and is not controlled by this \
-                               Balancer; rename or remove it"}),
-        );
-        expect_event(&mut server, "Conflict").await;
-    });
-    let error = reconcile(Arc::new(sample().into()), ctx).await.expect_err("reconcile fails");
-    assert_eq!(error.kind(), ErrorKind::Conflict);
     verifier.await.unwrap();
 }
 
@@ -939,14 +1023,14 @@ async fn children_of_the_v1alpha1_release_are_taken_over_once() {
     };
     for service in ctx.children.services.state() {
         let mut service = service.as_ref().clone();
-        old_reference(&mut service.metadata);
+        old_reference(service.meta_mut());
         caches.services.apply_watcher_event(&watcher::Event::Apply(service));
     }
     let mut config_map = ctx.children.config_maps.state()[0].as_ref().clone();
-    old_reference(&mut config_map.metadata);
+    old_reference(config_map.meta_mut());
     caches.config_maps.apply_watcher_event(&watcher::Event::Apply(config_map));
     let mut deployment = ctx.children.deployments.state()[0].as_ref().clone();
-    old_reference(&mut deployment.metadata);
+    old_reference(deployment.meta_mut());
     caches.deployments.apply_watcher_event(&watcher::Event::Apply(deployment));
 
     let verifier = tokio::spawn(async move {

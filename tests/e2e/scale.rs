@@ -20,6 +20,10 @@
 //! `BALANCER_SCALE_TIMEOUT` (seconds, default 900) bounds the wait; `BALANCER_E2E_BINARY` runs
 //! another build of `balancer` (e.g. main's, for a before/after in the same conditions), with
 //! `BALANCER_E2E_RBAC` naming that build's `deploy/rbac.yaml`.
+//!
+//! The operator is `CARGO_BIN_EXE_balancer`, built with the test's profile: `--release` measures
+//! a release operator but also builds this harness with fat LTO. Quicker: `cargo build --release
+//! --bin balancer` and `BALANCER_E2E_BINARY=target/release/balancer` with the debug harness.
 
 use std::collections::{BTreeMap, HashSet};
 use std::io::{BufRead, BufReader, Read, Seek, SeekFrom};
