@@ -30,10 +30,13 @@ const RENAMED_STATUS_FIELDS: [(&str, &str); 2] =
     [("activeBackendsNum", "activeBackends"), ("obsoleteBackendsNum", "obsoleteBackends")];
 /// The list items whose v1beta1-only fields ride in the annotation, keyed as the list-map keys
 /// them: (list, the fields v1alpha1's items have, the item's key).
-const ITEM_LISTS: [(&str, &[&str], fn(&Fields<'_>) -> Option<String>); 2] = [
+const ITEM_LISTS: [ItemList; 2] = [
     ("ports", &["name", "protocol", "port", "targetPort"], port_key),
     ("backends", &["name", "weight", "selector"], backend_key),
 ];
+
+/// A list of `spec` whose items are keyed: its name, its items' v1alpha1 fields, its key.
+type ItemList = (&'static str, &'static [&'static str], fn(&Fields<'_>) -> Option<String>);
 
 /// `<port>/<protocol>` (protocol defaulted to TCP, as the v1beta1 schema does).
 fn port_key(item: &Fields<'_>) -> Option<String> {
