@@ -269,14 +269,15 @@ where
     B: hyper::body::Body<Data = Bytes> + Unpin,
     B::Error: std::fmt::Display,
 {
-    let (parts, body) = request.into_parts();
+    let (parts, mut body) = request.into_parts();
     if !is_json(&parts.headers) {
         return Err(error(StatusCode::UNSUPPORTED_MEDIA_TYPE, "Content-Type must be application/json"));
     }
     let limits = &state.limits;
+    let deadline = tokio::time::Instant::now() + limits.body_timeout;
     let declared = parts.headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
     if declared.is_some_and(|len| len > limit as u64) {
-        return Err(too_large(limit));
+        return Err(too_large_after_draining(&mut body, limit, deadline).await);
     }
     let budget = BodyBudget { pool: state.body_budget.clone(), held: None, wait: limits.budget_wait };
     // The declared length sizes the first allocation (never past FIRST_ALLOCATION_MAX), still
@@ -284,13 +285,37 @@ where
     let declared = declared.map(|len| len as usize);
     let first = declared.map_or(FIRST_ALLOCATION_MAX, |len| len.min(FIRST_ALLOCATION_MAX));
     let size = BodySize { limit, first, declared };
-    match tokio::time::timeout(limits.body_timeout, read_within(body, size, budget)).await {
+    match tokio::time::timeout_at(deadline, read_within(&mut body, size, budget)).await {
         Err(_) => Err(error(StatusCode::REQUEST_TIMEOUT, "the body was not received in time")),
-        Ok(Err(BodyError::TooLarge)) => Err(too_large(limit)),
+        Ok(Err(BodyError::TooLarge)) => Err(too_large_after_draining(&mut body, limit, deadline).await),
         Ok(Err(BodyError::Busy)) => Err(error(StatusCode::SERVICE_UNAVAILABLE, "too many reviews being read; retry")),
         Ok(Err(BodyError::Read(e))) => Err(error(StatusCode::BAD_REQUEST, &format!("cannot read the body: {e}"))),
         Ok(Ok(read)) => Ok(read),
     }
+}
+
+/// Bytes of an oversized body read and thrown away before its 413, at most.
+///
+/// Closing a connection with unread bytes in its socket resets it, and a client still sending
+/// then gets the reset instead of the 413 (nginx's lingering close exists for this). A client
+/// that sends more than this much too much, or sends it too slowly, still gets the reset.
+const DRAIN_MAX_BYTES: usize = 1024 * 1024;
+
+/// Discards the rest of `body` (at most [`DRAIN_MAX_BYTES`], until `deadline`), then the 413.
+async fn too_large_after_draining<B>(body: &mut B, limit: usize, deadline: tokio::time::Instant) -> Response
+where
+    B: hyper::body::Body<Data = Bytes> + Unpin,
+{
+    let drain = async {
+        let mut left = DRAIN_MAX_BYTES;
+        while let Some(Ok(frame)) = body.frame().await {
+            let Some(data) = frame.data_ref() else { continue };
+            let Some(rest) = left.checked_sub(data.len()) else { return };
+            left = rest;
+        }
+    };
+    let _ = tokio::time::timeout_at(deadline, drain).await;
+    too_large(limit)
 }
 
 enum BodyError {
@@ -354,7 +379,11 @@ impl BodySize {
 
 /// Reads `body` into a buffer at most `size.limit` bytes long, whose capacity is paid for from
 /// `budget` before it is allocated, so that what a client declares costs nothing until it is sent.
-async fn read_within<B>(mut body: B, size: BodySize, mut budget: BodyBudget) -> Result<(Vec<u8>, BodyBudget), BodyError>
+async fn read_within<B>(
+    body: &mut B,
+    size: BodySize,
+    mut budget: BodyBudget,
+) -> Result<(Vec<u8>, BodyBudget), BodyError>
 where
     B: hyper::body::Body<Data = Bytes> + Unpin,
     B::Error: std::fmt::Display,
