@@ -517,7 +517,7 @@ main() {
   local cores workers
   cores="$(nproc)"
   workers=$(($(wc -w <<<"$nginx_pids") - 1))
-  echo "load.sh: wrk, $threads threads, ${duration}s per run, $rounds rounds interleaved (nginx, balancer), best of $rounds"
+  echo "load.sh: wrk, $threads threads, ${duration}s per run, $rounds rounds interleaved ($servers), best of $rounds"
   echo "  $cores cores shared by wrk and the server under test; https://localhost (127.0.0.1, SNI localhost), HTTP/1.1 keep-alive"
   echo "  load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
   echo "  order in every round: $servers"
