@@ -5,11 +5,10 @@
 //! server's webhook timeout, and a budget of bytes shared by every review being read
 //! or answered at once, so concurrent large reviews cannot exhaust memory.
 
+use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
-
-use std::future::Future;
 
 use axum::Router;
 use axum::body::Bytes;
