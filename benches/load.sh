@@ -7,6 +7,9 @@
 # Environment:
 #   BALANCER_BIN=path   use this binary instead of `cargo build --release`
 #                       (the build honours CARGO_TARGET_DIR)
+#   BALANCER_BASELINE=path
+#                       also measure this build (e.g. main's) as "baseline", in the
+#                       same interleaved rounds; its answers must be byte-identical
 #   NGINX=path          nginx binary (default /usr/sbin/nginx, Debian's package)
 #   NGINX_WORKERS=n     nginx worker_processes (default auto: one per core, as
 #                       tokio's multi-thread runtime has one worker per core)
@@ -36,6 +39,9 @@
 #   7. prints the best of two per server and concurrency (highest req/s,
 #      lowest p50 and p99, each over the rounds) and the ratios to nginx:
 #      throughput at 64 connections and p99 at 4.
+# With BALANCER_BASELINE, that build runs too (its own process, the same
+# certificate, flags and request), after balancer in every round, and gets its
+# own ratios: a before/after taken in one run.
 # All traffic stays on 127.0.0.1; every run is bounded by `timeout`; the trap
 # stops both servers and removes the temporary directory, also on failure.
 set -euo pipefail
@@ -56,6 +62,10 @@ quiet_wait="${LOAD_QUIET_WAIT:-30}"     # s to wait before each run for other wo
 repo="$(cd "$(dirname "$0")/.." && pwd)"
 work="$(mktemp -d "${TMPDIR:-/tmp}/balancer-load.XXXXXX")"
 balancer_pid=""
+baseline_pid=""
+balancer_port=""
+baseline_port=""
+servers="nginx balancer" # measured in this order in every round
 nginx_pid=""
 nginx_pids="" # master and workers
 wrk_job=""    # the subshell running `timeout wrk` while a run is under way
@@ -92,8 +102,9 @@ cleanup() {
     for pid in $workers; do stop "$pid"; done
   fi
   [ -n "$balancer_pid" ] && stop "$balancer_pid"
+  [ -n "$baseline_pid" ] && stop "$baseline_pid"
   if [ "$status" -ne 0 ]; then
-    for log in balancer.log nginx-error.log; do
+    for log in balancer.log baseline.log nginx-error.log; do
       [ -s "$work/$log" ] && { echo "--- $log (last lines)" >&2; tail -n 20 "$work/$log" >&2; }
     done
   fi
@@ -130,6 +141,11 @@ build_balancer() {
   cp "$balancer" "$work/balancer"
   balancer_origin="$balancer"
   balancer="$work/balancer"
+  if [ -n "${BALANCER_BASELINE:-}" ]; then
+    [ -x "$BALANCER_BASELINE" ] || die "no executable baseline at $BALANCER_BASELINE"
+    cp "$BALANCER_BASELINE" "$work/baseline"
+    servers="nginx balancer baseline"
+  fi
 }
 
 # Prints a loopback TCP port nobody listens on (the bind itself is checked later).
@@ -155,19 +171,28 @@ wait_ready() { # $1: pid, $2: url, $3: name
   die "$3 not ready after 10 s ($2)"
 }
 
-# Starts `balancer run`, webhooks only, with the generated certificate.
+# Starts `balancer run` of binary $2 as server $1 (balancer|baseline), webhooks only, with
+# the generated certificate; sets ${1}_port and ${1}_pid.
+start_webhook() { # $1: name, $2: binary
+  local port probe pid
+  port="$(free_port)"
+  probe="$(free_port)"
+  (cd "$work" && exec "$2" run --disable-controller --insecure-metrics \
+    --tls-cert "$work/certs/tls.crt" --tls-key "$work/certs/tls.key" \
+    --webhook-addr "127.0.0.1:$port" --probe-addr "127.0.0.1:$probe" \
+    --shutdown-delay 0s --log-level warn) >"$work/$1.log" 2>&1 &
+  pid=$!
+  printf -v "${1}_pid" '%s' "$pid"
+  printf -v "${1}_port" '%s' "$port"
+  wait_ready "$pid" "http://127.0.0.1:$probe/readyz" "$1"
+}
+
+# Makes the certificate, then starts balancer (and the baseline).
 start_balancer() {
   "$balancer" certs --out "$work/certs" --dns-name localhost --dns-name 127.0.0.1 >/dev/null 2>&1 ||
     die "balancer certs failed"
-  balancer_port="$(free_port)"
-  local probe
-  probe="$(free_port)"
-  (cd "$work" && exec "$balancer" run --disable-controller --insecure-metrics \
-    --tls-cert "$work/certs/tls.crt" --tls-key "$work/certs/tls.key" \
-    --webhook-addr "127.0.0.1:$balancer_port" --probe-addr "127.0.0.1:$probe" \
-    --shutdown-delay 0s --log-level warn) >"$work/balancer.log" 2>&1 &
-  balancer_pid=$!
-  wait_ready "$balancer_pid" "http://127.0.0.1:$probe/readyz" balancer
+  start_webhook balancer "$balancer"
+  [ -z "${BALANCER_BASELINE:-}" ] || start_webhook baseline "$work/baseline"
 }
 
 # An AdmissionReview of a Balancer with the given ports (JSON), on one line.
@@ -183,6 +208,15 @@ capture_answer() { # $1: path (validate|mutate), $2: request name, $3: expected 
   grep -qF "$3" "$work/$1.answer" || die "balancer's /$1 answer lacks $3: $(cat "$work/$1.answer")"
   # The answer goes into nginx.conf as a single-quoted string: no variables, escaped quotes.
   if grep -q '\$' "$work/$1.answer"; then die "the /$1 answer contains \$, which nginx's return would expand"; fi
+}
+
+# The baseline must answer the same request with exactly balancer's bytes.
+check_baseline_answer() { # $1: path
+  [ -n "$baseline_pid" ] || return 0
+  curl -sSf --max-time 5 --cacert "$work/certs/ca.crt" -H 'Content-Type: application/json' \
+    --data-binary @"$work/$1.json" -o "$work/$1.baseline-answer" \
+    "https://127.0.0.1:$baseline_port/$1" || die "the baseline did not answer POST /$1"
+  cmp -s "$work/$1.answer" "$work/$1.baseline-answer" || die "the baseline's /$1 answer differs from balancer's"
 }
 
 # The answer as an nginx single-quoted string (backslashes and quotes escaped).
@@ -339,13 +373,13 @@ wait_quiet() {
 # Appends "path server connections round req/s p50 p99 other-cpu-%" to $work/runs,
 # where other-cpu-% is the machine's CPU used during the run by anything but
 # wrk and the server under test (other work on a shared machine), in % of all cores.
-wrk_run() { # $1: server (nginx|balancer), $2: path, $3: connections, $4: seconds, $5: round or "check"
+wrk_run() { # $1: server (nginx|balancer|baseline), $2: path, $3: connections, $4: seconds, $5: round or "check"
   local port pids script="$work/$2.lua" sampler=""
-  if [ "$1" = nginx ]; then
-    port="$nginx_port" pids="$nginx_pids"
-  else
-    port="$balancer_port" pids="$balancer_pid"
-  fi
+  case "$1" in
+    nginx) port="$nginx_port" pids="$nginx_pids" ;;
+    balancer) port="$balancer_port" pids="$balancer_pid" ;;
+    baseline) port="$baseline_port" pids="$baseline_pid" ;;
+  esac
   [ "$5" = check ] && script="$work/$2.check.lua"
   local machine0 server0 machine1 server1 TIMEFORMAT='%3U %3S'
   [ "$5" = check ] || wait_quiet >/dev/null
@@ -404,13 +438,13 @@ tls_params() { # $1: port
     awk '/^New, / {print $2, $5; exit}'
 }
 
-# All measured runs for one path: two rounds of (high, low) x (nginx, balancer).
+# All measured runs for one path: $rounds rounds of (high, low) x $servers.
 measure() { # $1: path
   local round conns server attempt
-  for server in nginx balancer; do wrk_run "$server" "$1" "$high" 1 check; done
+  for server in $servers; do wrk_run "$server" "$1" "$high" 1 check; done
   for round in $(seq 1 "$rounds"); do
     for conns in "$high" "$low"; do
-      for server in nginx balancer; do
+      for server in $servers; do
         # A run that other work disturbed is run once more.
         for attempt in 1 2; do
           wrk_run "$server" "$1" "$conns" "$duration" "$round"
@@ -429,7 +463,7 @@ report() { # $1: path
   local path="$1"
   printf '\nbest of %s, /%s:\n' "$rounds" "$path"
   printf '  %-9s %5s %12s  %9s  %9s\n' server conn "req/s" "p50 ms" "p99 ms"
-  awk -v p="$path" -v high="$high" -v low="$low" -v max="$quiet_max" '
+  awk -v p="$path" -v high="$high" -v low="$low" -v max="$quiet_max" -v servers="$servers" '
     # Figures from a run that other work disturbed carry a "*".
     $1 == p {
       k = $2 " " $3; d = ($8 > max ? "*" : " ")
@@ -439,20 +473,23 @@ report() { # $1: path
     }
     END {
       split(high " " low, cs, " ")
+      n = split(servers, ss, " ")
       for (i = 1; i <= 2; i++) {
-        split("nginx balancer", ss, " ")
-        for (j = 1; j <= 2; j++) {
+        for (j = 1; j <= n; j++) {
           k = ss[j] " " cs[i]
           printf "  %-9s %5s %12.0f%s %9.3f%s %9.3f%s\n", ss[j], cs[i], rps[k], rd[k], p50[k], pd[k], p99[k], qd[k]
         }
       }
-      t = rps["balancer " high] / rps["nginx " high]
-      l = p99["balancer " low] / p99["nginx " low]
-      printf "%s throughput at %s connections = %.2f x nginx   (goal >= 0.80: %s)\n", p, high, t, (t >= 0.8 ? "met" : "not met")
-      printf "%s p99 at %s connections = %.2f x nginx   (goal <= 1.50: %s)\n", p, low, l, (l <= 1.5 ? "met" : "not met")
-      printf "  (also: throughput at %s = %.2f x, p50 at %s = %.2f x, p99 at %s = %.2f x)\n", low,
-        rps["balancer " low] / rps["nginx " low], low, p50["balancer " low] / p50["nginx " low],
-        high, p99["balancer " high] / p99["nginx " high]
+      for (j = 2; j <= n; j++) {
+        s = ss[j]
+        t = rps[s " " high] / rps["nginx " high]
+        l = p99[s " " low] / p99["nginx " low]
+        printf "%s: /%s throughput at %s connections = %.2f x nginx   (goal >= 0.80: %s)\n", s, p, high, t, (t >= 0.8 ? "met" : "not met")
+        printf "%s: /%s p99 at %s connections = %.2f x nginx   (goal <= 1.50: %s)\n", s, p, low, l, (l <= 1.5 ? "met" : "not met")
+        printf "  (also: throughput at %s = %.2f x, p50 at %s = %.2f x, p99 at %s = %.2f x)\n", low,
+          rps[s " " low] / rps["nginx " low], low, p50[s " " low] / p50["nginx " low],
+          high, p99[s " " high] / p99["nginx " high]
+      }
     }' "$work/runs"
 }
 
@@ -472,6 +509,7 @@ main() {
   local path
   for path in $paths; do
     check_nginx_answer "$path"
+    check_baseline_answer "$path"
     lua "$path" >"$work/$path.lua"
     lua "$path" check >"$work/$path.check.lua"
   done
@@ -479,10 +517,12 @@ main() {
   local cores workers
   cores="$(nproc)"
   workers=$(($(wc -w <<<"$nginx_pids") - 1))
-  echo "load.sh: wrk, $threads threads, ${duration}s per run, $rounds rounds interleaved (nginx, balancer), best of $rounds"
+  echo "load.sh: wrk, $threads threads, ${duration}s per run, $rounds rounds interleaved ($servers), best of $rounds"
   echo "  $cores cores shared by wrk and the server under test; https://localhost (127.0.0.1, SNI localhost), HTTP/1.1 keep-alive"
   echo "  load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
-  echo "  balancer: $balancer_origin (tokio multi-thread runtime, one worker per core = $cores)"
+  echo "  order in every round: $servers"
+  echo "  balancer: $balancer_origin"
+  [ -z "${BALANCER_BASELINE:-}" ] || echo "  baseline: $BALANCER_BASELINE (measured after balancer in every round)"
   echo "  nginx:    $("$nginx_bin" -v 2>&1 | sed 's/^nginx version: //'), worker_processes $nginx_workers ($workers workers), listen reuseport, return 200 <static body>, access_log off,"
   echo "            TLSv1.2 TLSv1.3, ssl_session_cache shared:SSL:1m, ssl_session_tickets off, keepalive_requests 1000000"
   echo "  TLS:      same certificate and key for both; negotiated with an OpenSSL client: nginx $(tls_params "$nginx_port"), balancer $(tls_params "$balancer_port")"

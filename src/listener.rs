@@ -8,16 +8,22 @@
 //! - At [`ConnectionLimits::max_connections`], a new client closes the connection that has been
 //!   idle longest (as nginx does), so idle sockets can never lock out the API server or the
 //!   kubelet; only when every connection is busy is the new one refused.
+//! - The webhook's connections are served by [`Workers`]: one thread per core, each with its own
+//!   single-threaded runtime, as nginx's worker processes; the probe listener stays on the main
+//!   runtime, so a flood of webhook traffic never delays the kubelet's probes.
 
 use std::collections::HashMap;
+use std::convert::Infallible;
+use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use axum::Router;
+use axum::response::Response;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
@@ -67,14 +73,115 @@ impl Default for ConnectionLimits {
 /// hyper's read buffer: a request head must fit, and body chunks are read through it.
 const READ_BUFFER_BYTES: usize = 64 * 1024;
 
-/// Serves `router` on `listener` until `shutdown`, over TLS when `tls` is given,
-/// then lets in-flight requests finish within the grace period.
-pub async fn serve(
+/// What answers the requests of one listener: an axum [`Router`], or a service that routes its
+/// hot paths itself (see `server::WebhookService`).
+pub trait Serve: Clone + Send + Sync + 'static {
+    /// Answers one request; owns what it needs, as hyper holds the future past `&self`.
+    fn call(&self, request: hyper::Request<Incoming>) -> impl Future<Output = Response> + Send + 'static + use<Self>;
+}
+
+impl Serve for Router {
+    fn call(&self, request: hyper::Request<Incoming>) -> impl Future<Output = Response> + Send + 'static + use<> {
+        let response = self.clone().oneshot(request);
+        async move {
+            match response.await {
+                Ok(response) => response,
+                Err(never) => match never {},
+            }
+        }
+    }
+}
+
+/// Threads that serve a listener's connections, each running its own single-threaded tokio
+/// runtime, like nginx's worker processes.
+///
+/// A connection stays on one thread from accept to close: serving a request never wakes
+/// another thread or moves a task between cores, which on a busy machine (the API server's
+/// node) costs both throughput and tail latency (measured in the README's performance
+/// section). A new connection goes to the worker serving the fewest.
+pub struct Workers {
+    workers: Vec<Worker>,
+    /// Ends the threads (and drops what they still hold) once the listener has drained.
+    stop: CancellationToken,
+}
+
+struct Worker {
+    runtime: tokio::runtime::Handle,
+    /// Connections this worker serves now.
+    connections: Arc<AtomicUsize>,
+}
+
+impl Workers {
+    /// Starts `count` worker threads (at least one), named `{name}-{i}`.
+    pub fn start(count: usize, name: &str) -> std::io::Result<Workers> {
+        let mut workers = Workers { workers: Vec::with_capacity(count.max(1)), stop: CancellationToken::new() };
+        for i in 0..count.max(1) {
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+            let handle = runtime.handle().clone();
+            let stop = workers.stop.clone();
+            // On an error the threads already started stop when `workers` is dropped.
+            std::thread::Builder::new().name(format!("{name}-{i}")).spawn(move || {
+                runtime.block_on(stop.cancelled());
+            })?;
+            workers.workers.push(Worker { runtime: handle, connections: Arc::default() });
+        }
+        Ok(workers)
+    }
+
+    /// One worker per core, as nginx's `worker_processes auto`.
+    pub fn per_core(name: &str) -> std::io::Result<Workers> {
+        Workers::start(std::thread::available_parallelism().map_or(1, usize::from), name)
+    }
+
+    /// Moves `tcp` to the least busy worker's runtime and serves it there with `serve`.
+    fn spawn<F, Fut>(&self, tcp: TcpStream, serve: F)
+    where
+        F: FnOnce(TcpStream) -> Fut + Send + 'static,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        let Some(worker) = self.workers.iter().min_by_key(|w| w.connections.load(Ordering::Relaxed)) else { return };
+        // Leaves the accepting runtime's reactor; registered again with the worker's.
+        let tcp = match tcp.into_std() {
+            Ok(tcp) => tcp,
+            Err(e) => return tracing::debug!(error = %e, "cannot hand a connection to a worker"),
+        };
+        let connections = worker.connections.clone();
+        connections.fetch_add(1, Ordering::Relaxed);
+        worker.runtime.spawn(async move {
+            let _counted = Counted(connections);
+            match TcpStream::from_std(tcp) {
+                Ok(tcp) => serve(tcp).await,
+                Err(e) => tracing::debug!(error = %e, "a worker cannot take a connection"),
+            }
+        });
+    }
+}
+
+impl Drop for Workers {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+/// One connection counted against a worker while it lives.
+struct Counted(Arc<AtomicUsize>);
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Serves `service` on `listener` until `shutdown`, over TLS when `tls` is given, on `workers`'
+/// threads or, without them, on the caller's runtime; then lets in-flight requests finish
+/// within the grace period.
+pub async fn serve<S: Serve>(
     listener: TcpListener,
     tls: Option<Arc<ServerConfig>>,
-    router: Router,
+    service: S,
     limits: ConnectionLimits,
     shutdown: CancellationToken,
+    workers: Option<Workers>,
 ) {
     let acceptor = tls.map(TlsAcceptor::from);
     let graceful = GracefulShutdown::new();
@@ -98,23 +205,26 @@ pub async fn serve(
             continue;
         };
         let _ = tcp.set_nodelay(true);
+        let watcher = graceful.watcher();
+        let open = open.clone();
         let task = Connection {
-            tcp,
             peer,
             acceptor: acceptor.clone(),
-            router: router.clone(),
+            service: service.clone(),
             limits: limits.clone(),
             shutdown: shutdown.clone(),
         };
-        let watcher = graceful.watcher();
-        let open = open.clone();
-        tokio::spawn(async move {
+        let serve = move |tcp: TcpStream| async move {
             tokio::select! {
                 _ = connection.evicted.cancelled() => tracing::debug!(%peer, "closed an idle connection to make room"),
-                _ = task.serve(connection.clone(), watcher) => {}
+                _ = task.serve(tcp, connection.clone(), watcher) => {}
             }
             open.remove(connection.id);
-        });
+        };
+        match &workers {
+            Some(workers) => workers.spawn(tcp, serve),
+            None => drop(tokio::spawn(serve(tcp))),
+        }
     }
     drop(listener);
     if tokio::time::timeout(limits.shutdown_grace, graceful.shutdown()).await.is_err() {
@@ -123,19 +233,18 @@ pub async fn serve(
 }
 
 /// One accepted client and what serving it needs.
-struct Connection {
-    tcp: TcpStream,
+struct Connection<S> {
     peer: SocketAddr,
     acceptor: Option<TlsAcceptor>,
-    router: Router,
+    service: S,
     limits: Arc<ConnectionLimits>,
     /// Ends a connection still waiting for its first byte or handshake; serving ones drain.
     shutdown: CancellationToken,
 }
 
-impl Connection {
-    async fn serve(self, state: Arc<ConnectionState>, watcher: hyper_util::server::graceful::Watcher) {
-        let Connection { tcp, peer, acceptor, router, limits, shutdown } = self;
+impl<S: Serve> Connection<S> {
+    async fn serve(self, tcp: TcpStream, state: Arc<ConnectionState>, watcher: hyper_util::server::graceful::Watcher) {
+        let Connection { peer, acceptor, service, limits, shutdown } = self;
         let first_byte = tokio::select! {
             _ = shutdown.cancelled() => return,
             first_byte = tokio::time::timeout(limits.first_byte_timeout, tcp.readable()) => first_byte,
@@ -149,8 +258,8 @@ impl Connection {
         let io = Box::pin(io);
         let service = hyper::service::service_fn(move |request: hyper::Request<Incoming>| {
             let busy = state.busy();
-            let response = router.clone().oneshot(request);
-            async move { Ok::<_, std::convert::Infallible>(response.await?.map(|body| BusyBody { body, _busy: busy })) }
+            let response = service.call(request);
+            async move { Ok::<_, Infallible>(response.await.map(|body| BusyBody { body, _busy: busy })) }
         });
         let mut builder = hyper::server::conn::http1::Builder::new();
         builder

@@ -15,7 +15,7 @@ use tokio_util::sync::CancellationToken;
 use crate::cli::{ControllerArgs, RunArgs};
 use crate::controller::{self, Scope};
 use crate::leader;
-use crate::listener;
+use crate::listener::{self, Workers};
 use crate::metrics_auth::MetricsAuth;
 use crate::server::{self, AppState, Limits, Readiness};
 use crate::telemetry::Metrics;
@@ -108,21 +108,26 @@ pub async fn start(
     tracing::info!(webhook = %bound.webhook, probe = %bound.probe, metrics = %metrics_at, "serving");
 
     let reload = tokio::spawn(watcher.run(args.tls_reload_interval, shutdown.clone()));
+    // The webhook's connections on threads of their own; probes and metrics on this runtime.
+    let webhook_workers = Workers::per_core("webhook")?;
     let webhook = tokio::spawn(listener::serve(
         webhook_listener,
         Some(tls_config.clone()),
-        server::webhook_router(state.clone()),
+        server::WebhookService::new(state.clone()),
         limits.connections.clone(),
         shutdown.clone(),
+        Some(webhook_workers),
     ));
     let protected = metrics_listener.map(|metrics_listener| {
         let router = server::protected_metrics_router(state.clone());
         let connections = limits.connections.clone();
-        tokio::spawn(listener::serve(metrics_listener, Some(tls_config.clone()), router, connections, shutdown.clone()))
+        let tls = Some(tls_config.clone());
+        tokio::spawn(listener::serve(metrics_listener, tls, router, connections, shutdown.clone(), None))
     });
     let probe_router = server::probe_router(state, args.insecure_metrics);
     let probe_connections = limits.probe_connections.clone();
-    let probe = tokio::spawn(listener::serve(probe_listener, None, probe_router, probe_connections, shutdown.clone()));
+    let probe =
+        tokio::spawn(listener::serve(probe_listener, None, probe_router, probe_connections, shutdown.clone(), None));
     let all = tokio::spawn(async move {
         let servers = async {
             let _ = webhook.await;
