@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use base64::Engine;
 use serde_json::{Value, json};
-use support::{TestServer, UID, conversion_review, review, sample_balancer, sample_balancer_v1alpha1};
+use support::{TestServer, UID, conversion_review, review, sample_balancer_v1alpha1};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -26,6 +26,22 @@ async fn tls_connect(server: &TestServer) -> tokio_rustls::client::TlsStream<Tcp
 
 /// The sample as the API server stores it once mutated: `spec.replicas` set (to the test
 /// server's default, `--proxy-replicas` 1).
+/// The sample as a v1beta1 client writes it, with v1beta1's own settings at their defaults
+/// (the patches the tests expect are then about the fields each test leaves out).
+fn sample_balancer() -> Value {
+    let mut sample = support::sample_balancer();
+    sample["spec"]["sessionAffinity"] = json!("None");
+    for port in sample["spec"]["ports"].as_array_mut().unwrap() {
+        port["connectTimeout"] = json!("5s");
+        port["idleTimeout"] = json!("10m");
+    }
+    for backend in sample["spec"]["backends"].as_array_mut().unwrap() {
+        backend["maxFails"] = json!(1);
+        backend["failTimeout"] = json!("10s");
+    }
+    sample
+}
+
 fn defaulted_sample() -> Value {
     let mut sample = sample_balancer();
     sample["spec"]["replicas"] = json!(1);
@@ -110,6 +126,8 @@ async fn mutation_adds_the_defaults_as_a_json_patch() {
         decoded_patch(&body),
         json!([
             {"op": "add", "path": "/spec/backends/2/weight", "value": 1},
+            {"op": "add", "path": "/spec/ports/0/connectTimeout", "value": "5s"},
+            {"op": "add", "path": "/spec/ports/0/idleTimeout", "value": "10m"},
             {"op": "add", "path": "/spec/ports/0/protocol", "value": "TCP"},
             {"op": "add", "path": "/spec/ports/0/targetPort", "value": 80},
             {"op": "add", "path": "/spec/replicas", "value": 1}
