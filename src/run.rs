@@ -84,9 +84,12 @@ pub async fn start(
         let args = args.controller.clone();
         tokio::spawn(supervise(plain, throttled, args, metrics.clone(), synced, shutdown.clone()))
     });
-    // A single body may always be read, however the budget is set.
+    // A single review body may always be read, however the budget is set; a conversion body
+    // larger than the whole budget could never be, so none is accepted.
     let budget = limits.max_body_bytes_in_flight.max(limits.max_body_bytes);
     let body_budget = Arc::new(Semaphore::new(budget.min(Semaphore::MAX_PERMITS)));
+    let mut limits = limits;
+    limits.max_conversion_body_bytes = limits.max_conversion_body_bytes.min(budget);
     let limits = Arc::new(limits);
     let defaults = args.controller.proxy.defaults();
     let state =

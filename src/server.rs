@@ -47,6 +47,9 @@ pub struct Limits {
     pub budget_wait: Duration,
     /// Time allowed to send the request body (408 past it); shorter than the API server's timeout.
     pub body_timeout: Duration,
+    /// The same for a ConversionReview, which may be 16 times larger; the API server waits
+    /// 30 s for a conversion.
+    pub conversion_body_timeout: Duration,
 }
 
 impl Default for Limits {
@@ -65,6 +68,7 @@ impl Default for Limits {
             max_body_bytes_in_flight: 32 * 1024 * 1024,
             budget_wait: Duration::from_secs(2),
             body_timeout: Duration::from_secs(3),
+            conversion_body_timeout: Duration::from_secs(10),
         }
     }
 }
@@ -219,7 +223,8 @@ where
 {
     let _in_flight = state.metrics.admission.started(webhook);
     let started = Instant::now();
-    let (outcome, response) = match read_review_body(state, request, state.limits.max_body_bytes).await {
+    let limit = BodyLimit { bytes: state.limits.max_body_bytes, time: state.limits.body_timeout };
+    let (outcome, response) = match read_review_body(state, request, limit).await {
         Err(rejection) => (Outcome::BadRequest, rejection),
         // The budget stays held until the answer is built: parsing borrows from the body.
         Ok((body, _budget)) => match admission::review(webhook, &body, &state.defaults) {
@@ -243,7 +248,8 @@ where
 /// Answers a ConversionReview: v1alpha1 ↔ v1beta1 for the API server.
 async fn convert(State(state): State<AppState>, request: Request) -> Response {
     let started = Instant::now();
-    let (result, response) = match read_review_body(&state, request, state.limits.max_conversion_body_bytes).await {
+    let limit = BodyLimit { bytes: state.limits.max_conversion_body_bytes, time: state.limits.conversion_body_timeout };
+    let (result, response) = match read_review_body(&state, request, limit).await {
         Err(rejection) => (ConversionResult::BadRequest, rejection),
         Ok((body, _budget)) => match conversion_review(&body) {
             Err(bad) => (ConversionResult::BadRequest, bad_request(&bad)),
@@ -258,11 +264,17 @@ async fn convert(State(state): State<AppState>, request: Request) -> Response {
     response
 }
 
-/// Checks the content type and reads the body within the size (`limit`), time and memory limits.
+/// How large a body may be, and how long it may take to arrive.
+struct BodyLimit {
+    bytes: usize,
+    time: Duration,
+}
+
+/// Checks the content type and reads the body within the size and time `limit`, and the memory budget.
 async fn read_review_body<B>(
     state: &AppState,
     request: hyper::Request<B>,
-    limit: usize,
+    limit: BodyLimit,
 ) -> Result<(Vec<u8>, BodyBudget), Response>
 where
     B: hyper::body::Body<Data = Bytes> + Unpin,
@@ -273,7 +285,8 @@ where
         return Err(error(StatusCode::UNSUPPORTED_MEDIA_TYPE, "Content-Type must be application/json"));
     }
     let limits = &state.limits;
-    let deadline = tokio::time::Instant::now() + limits.body_timeout;
+    let deadline = tokio::time::Instant::now() + limit.time;
+    let limit = limit.bytes;
     let declared = parts.headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
     if declared.is_some_and(|len| len > limit as u64) {
         return Err(too_large_after_draining(&mut body, limit, deadline).await);
