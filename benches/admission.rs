@@ -21,7 +21,8 @@ fn review(webhook: Webhook, body: &[u8]) -> Result<Answer, BadRequest> {
 
 fn sample_review(defaulted: bool) -> Vec<u8> {
     let port = if defaulted {
-        json!({"name": "http", "protocol": "TCP", "port": 80, "targetPort": 5678})
+        json!({"name": "http", "protocol": "TCP", "port": 80, "targetPort": 5678,
+               "connectTimeout": "5s", "idleTimeout": "10m"})
     } else {
         json!({"name": "http", "port": 80})
     };
@@ -36,6 +37,11 @@ fn sample_review(defaulted: bool) -> Vec<u8> {
     });
     if defaulted {
         spec["replicas"] = json!(DEFAULTS.replicas);
+        spec["sessionAffinity"] = json!("None");
+        for backend in spec["backends"].as_array_mut().unwrap() {
+            backend["maxFails"] = json!(1);
+            backend["failTimeout"] = json!("10s");
+        }
     }
     review_of(spec)
 }

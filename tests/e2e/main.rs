@@ -91,6 +91,7 @@ fn main() -> ExitCode {
             webhooks_are_called_by_the_api_server,
             balancers_are_reconciled_into_children_and_status,
             a_namesake_is_never_adopted,
+            a_dropped_port_leaves_every_child,
             versions_convert_and_the_proxy_scales,
             steady_state_makes_no_writes,
             deleting_a_balancer_collects_its_children,
@@ -564,6 +565,43 @@ async fn a_namesake_is_never_adopted(world: &mut World) {
     assert_eq!(untouched.spec.unwrap().selector, Some([("app".to_string(), "mine".to_string())].into()));
     api.delete("taken", &DeleteParams::default()).await.unwrap();
     services.delete("taken-a-backend", &DeleteParams::default()).await.unwrap();
+}
+
+/// Children are created with a POST, whose fields the API server records under an `Update`
+/// entry; a field the Balancer later drops must still leave every child (the operator folds
+/// that entry into its apply's before the first apply).
+async fn a_dropped_port_leaves_every_child(world: &mut World) {
+    let two_ports = "spec:\n  ports: [{name: http, port: 80}, {name: alt, port: 8080}]\n  \
+                     backends: [{name: a, selector: {app: a}}]\n";
+    let (ok, out) = apply(world, "admin", &balancer_yaml("dropped", two_ports));
+    assert!(ok, "{out}");
+    let services: Api<Service> = Api::namespaced(world.admin.clone(), NS);
+    let ports = |name: &'static str| {
+        let services = services.clone();
+        async move {
+            let service = services.get_opt(name).await.ok()??;
+            Some(service.spec?.ports?.iter().map(|p| p.port).collect::<Vec<_>>())
+        }
+    };
+    for name in ["dropped", "dropped-a-backend"] {
+        eventually(&format!("{name} with two ports"), Duration::from_secs(30), || async {
+            (ports(name).await? == [80, 8080]).then_some(())
+        })
+        .await;
+    }
+    let one_port = "spec:\n  ports: [{name: http, port: 80}]\n  backends: [{name: a, selector: {app: a}}]\n";
+    let (ok, out) = apply(world, "admin", &balancer_yaml("dropped", one_port));
+    assert!(ok, "{out}");
+    for name in ["dropped", "dropped-a-backend"] {
+        eventually(&format!("{name} down to one port"), Duration::from_secs(30), || async {
+            (ports(name).await? == [80]).then_some(())
+        })
+        .await;
+    }
+    let config_maps: Api<ConfigMap> = Api::namespaced(world.admin.clone(), NS);
+    let conf = config_maps.get("dropped-proxy-configmap").await.unwrap().data.unwrap()["nginx.conf"].clone();
+    assert!(!conf.contains("8080"), "{conf}");
+    balancers(world).delete("dropped", &DeleteParams::default()).await.unwrap();
 }
 
 // ---------------------------------------------------------------------------
