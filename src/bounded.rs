@@ -146,3 +146,82 @@ fn count_rest<'de, A: SeqAccess<'de>>(seq: &mut A) -> Result<usize, A::Error> {
 fn too_many<E: de::Error>(max: usize, got: usize, what: &str) -> E {
     E::custom(format_args!("must have at most {max} {what}, got {got}"))
 }
+
+/// A JSON object (or `null`) with at most `max` entries, each value read as `V`, named `what`
+/// in the error: a map of many tiny keys costs no more than `max` entries before it is refused.
+pub fn optional_map<'de, D, V>(
+    deserializer: D,
+    max: usize,
+    what: &'static str,
+) -> Result<Option<BTreeMap<String, V>>, D::Error>
+where
+    D: Deserializer<'de>,
+    V: Deserialize<'de>,
+{
+    struct OptionVisitor<V> {
+        max: usize,
+        what: &'static str,
+        value: PhantomData<V>,
+    }
+    impl<'de, V: Deserialize<'de>> Visitor<'de> for OptionVisitor<V> {
+        type Value = Option<BTreeMap<String, V>>;
+        fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+            write!(f, "an object of at most {} {}", self.max, self.what)
+        }
+        fn visit_none<E: de::Error>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_some<D: Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
+            deserializer.deserialize_map(self)
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+            let mut entries = BTreeMap::new();
+            while let Some(key) = map.next_key::<String>()? {
+                if entries.len() == self.max {
+                    let mut extra = 1usize;
+                    map.next_value::<IgnoredAny>()?;
+                    while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {
+                        extra += 1;
+                    }
+                    return Err(too_many(self.max, self.max + extra, self.what));
+                }
+                let value = map.next_value::<V>()?;
+                entries.insert(key, value);
+            }
+            Ok(Some(entries))
+        }
+    }
+    deserializer.deserialize_option(OptionVisitor { max, what, value: PhantomData })
+}
+
+/// The items of a JSON array, each as its text, when there are at most `max` of them; `None`
+/// when there are more (they are counted, not kept).
+pub fn raw_items(text: &str, max: usize) -> Result<Option<Vec<&serde_json::value::RawValue>>, serde_json::Error> {
+    struct ItemsVisitor {
+        max: usize,
+    }
+    impl<'de> Visitor<'de> for ItemsVisitor {
+        type Value = Option<Vec<&'de serde_json::value::RawValue>>;
+        fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+            f.write_str("a list")
+        }
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+            let mut items = Vec::new();
+            while let Some(item) = seq.next_element()? {
+                if items.len() == self.max {
+                    count_rest(&mut seq)?;
+                    return Ok(None);
+                }
+                items.push(item);
+            }
+            Ok(Some(items))
+        }
+    }
+    let mut deserializer = serde_json::Deserializer::from_str(text);
+    let items = deserializer.deserialize_seq(ItemsVisitor { max })?;
+    deserializer.end()?;
+    Ok(items)
+}

@@ -84,16 +84,22 @@ pub async fn start(
         let args = args.controller.clone();
         tokio::spawn(supervise(plain, throttled, args, metrics.clone(), synced, shutdown.clone()))
     });
-    // A single review body may always be read, however the budget is set; a conversion body
-    // larger than the whole budget could never be, so none is accepted.
+    // A single review body may always be read, however the budget is set. Conversions have a
+    // budget of their own, one largest body: many small ones or one large one at a time.
     let budget = limits.max_body_bytes_in_flight.max(limits.max_body_bytes);
     let body_budget = Arc::new(Semaphore::new(budget.min(Semaphore::MAX_PERMITS)));
-    let mut limits = limits;
-    limits.max_conversion_body_bytes = limits.max_conversion_body_bytes.min(budget);
+    let conversion_budget = Arc::new(Semaphore::new(limits.max_conversion_body_bytes.min(Semaphore::MAX_PERMITS)));
     let limits = Arc::new(limits);
     let defaults = args.controller.proxy.defaults();
-    let state =
-        AppState { metrics, readiness: readiness.clone(), limits: limits.clone(), defaults, body_budget, metrics_auth };
+    let state = AppState {
+        metrics,
+        readiness: readiness.clone(),
+        limits: limits.clone(),
+        defaults,
+        body_budget,
+        conversion_budget,
+        metrics_auth,
+    };
 
     let webhook_listener = listener::bind(args.webhook_addr, "the webhook").await?;
     let probe_listener = listener::bind(args.probe_addr, "probes").await?;

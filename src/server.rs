@@ -83,6 +83,9 @@ pub struct AppState {
     pub defaults: Defaults,
     /// Bytes of review bodies that may be held at once (see [`Limits::max_body_bytes_in_flight`]).
     pub body_budget: Arc<Semaphore>,
+    /// Bytes of ConversionReview bodies that may be held at once: a budget of their own, so
+    /// that large conversions never turn admission reviews away.
+    pub conversion_budget: Arc<Semaphore>,
     /// Reviews scrape tokens on the protected metrics port; `None` without a cluster.
     pub metrics_auth: Option<Arc<MetricsAuth>>,
 }
@@ -223,7 +226,11 @@ where
 {
     let _in_flight = state.metrics.admission.started(webhook);
     let started = Instant::now();
-    let limit = BodyLimit { bytes: state.limits.max_body_bytes, time: state.limits.body_timeout };
+    let limit = BodyLimit {
+        bytes: state.limits.max_body_bytes,
+        time: state.limits.body_timeout,
+        budget: state.body_budget.clone(),
+    };
     let (outcome, response) = match read_review_body(state, request, limit).await {
         Err(rejection) => (Outcome::BadRequest, rejection),
         // The budget stays held until the answer is built: parsing borrows from the body.
@@ -248,13 +255,24 @@ where
 /// Answers a ConversionReview: v1alpha1 ↔ v1beta1 for the API server.
 async fn convert(State(state): State<AppState>, request: Request) -> Response {
     let started = Instant::now();
-    let limit = BodyLimit { bytes: state.limits.max_conversion_body_bytes, time: state.limits.conversion_body_timeout };
+    let limit = BodyLimit {
+        bytes: state.limits.max_conversion_body_bytes,
+        time: state.limits.conversion_body_timeout,
+        budget: state.conversion_budget.clone(),
+    };
     let (result, response) = match read_review_body(&state, request, limit).await {
         Err(rejection) => (ConversionResult::BadRequest, rejection),
-        Ok((body, _budget)) => match conversion_review(&body) {
-            Err(bad) => (ConversionResult::BadRequest, bad_request(&bad)),
-            Ok(Converted { body, success: true }) => (ConversionResult::Converted, json_bytes(StatusCode::OK, body)),
-            Ok(Converted { body, success: false }) => (ConversionResult::Failed, json_bytes(StatusCode::OK, body)),
+        // A large page is seconds of CPU: off the connection's worker thread, which also
+        // serves admission reviews. The budget is held until the answer is built.
+        Ok((body, budget)) => match tokio::task::spawn_blocking(move || (conversion_review(&body), budget)).await {
+            Err(e) => (ConversionResult::Failed, error(StatusCode::INTERNAL_SERVER_ERROR, &format!("conversion: {e}"))),
+            Ok((Err(bad), _)) => (ConversionResult::BadRequest, bad_request(&bad)),
+            Ok((Ok(Converted { body, success: true }), _)) => {
+                (ConversionResult::Converted, json_bytes(StatusCode::OK, body))
+            }
+            Ok((Ok(Converted { body, success: false }), _)) => {
+                (ConversionResult::Failed, json_bytes(StatusCode::OK, body))
+            }
         },
     };
     if result != ConversionResult::Converted {
@@ -268,6 +286,8 @@ async fn convert(State(state): State<AppState>, request: Request) -> Response {
 struct BodyLimit {
     bytes: usize,
     time: Duration,
+    /// The budget the body's bytes are paid from.
+    budget: Arc<Semaphore>,
 }
 
 /// Checks the content type and reads the body within the size and time `limit`, and the memory budget.
@@ -286,12 +306,13 @@ where
     }
     let limits = &state.limits;
     let deadline = tokio::time::Instant::now() + limit.time;
+    let pool = limit.budget;
     let limit = limit.bytes;
     let declared = parts.headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
     if declared.is_some_and(|len| len > limit as u64) {
         return Err(too_large_after_draining(&mut body, limit, deadline).await);
     }
-    let budget = BodyBudget { pool: state.body_budget.clone(), held: None, wait: limits.budget_wait };
+    let budget = BodyBudget { pool, held: None, wait: limits.budget_wait };
     // The declared length sizes the first allocation (never past FIRST_ALLOCATION_MAX), still
     // paid for from the budget only when the first bytes arrive.
     let declared = declared.map(|len| len as usize);

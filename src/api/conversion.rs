@@ -3,14 +3,20 @@
 //! The API server converts every object it stores (v1beta1) to the version a client asks
 //! for, and back. The conversion must never lose a field, or a read-modify-write through
 //! v1alpha1 (a Go-era manifest re-applied, say) would reset what only v1beta1 can say.
-//! So, as the kubebuilder tutorial does, the v1beta1-only fields ride along in an
+//! So, as the kubebuilder tutorial does, the v1beta1-only spec fields ride along in an
 //! annotation on the v1alpha1 object ([`PRESERVED_ANNOTATION`]) and come back from it.
+//!
+//! The status fields only v1beta1 has (`replicas`, `readyReplicas`, `selector`) are derived
+//! by the controller, which writes them again; they are left out of v1alpha1 and never read
+//! from the annotation, so that a client who may update Balancers, but not their status,
+//! cannot set them (a HorizontalPodAutoscaler reads `selector`).
 //!
 //! Objects are converted as JSON text, field by field at the top levels only: everything
 //! the conversion does not touch is copied through verbatim and never parsed into a tree,
 //! so a stored object is converted even when its spec would not pass the rules (an
 //! unreadable object must stay readable, or one bad Balancer would fail every list), and a
-//! large object costs about its own size in memory.
+//! large object costs about its own size in memory. The levels that are read are bounded
+//! (fields, annotations, list items), so many tiny keys cannot cost more.
 
 use std::collections::BTreeMap;
 
@@ -19,8 +25,8 @@ use serde_json::value::{RawValue, to_raw_value};
 
 use super::{GROUP, v1alpha1, v1beta1};
 
-/// The annotation that carries, on a v1alpha1 object, the fields only v1beta1 has:
-/// `{"spec":{…},"status":{…}}`, as JSON.
+/// The annotation that carries, on a v1alpha1 object, the spec fields only v1beta1 has:
+/// `{"spec":{…},"items":{"ports":{"80/TCP":{…}},"backends":{"v1":{…}}}}`, as JSON.
 pub const PRESERVED_ANNOTATION: &str = "exposer.hliangzhao.io/v1beta1-fields";
 
 /// The spec fields both versions have; every other spec field is v1beta1's alone.
@@ -122,8 +128,6 @@ type Fields<'a> = BTreeMap<String, Piece<'a>>;
 struct Preserved {
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     spec: BTreeMap<String, Box<RawValue>>,
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    status: BTreeMap<String, Box<RawValue>>,
     /// Per list item (`ports` by `<port>/<protocol>`, `backends` by name).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     items: ItemFields<BTreeMap<String, Box<RawValue>>>,
@@ -176,15 +180,14 @@ fn to_v1beta1(object: &mut Fields<'_>) -> Result<(), ConversionError> {
         put_back(object, "spec", spec)?;
     }
     let mut status = object_field(object, "status")?;
-    let renamed = status.as_mut().is_some_and(|status| rename(status, RENAMED_STATUS_FIELDS));
-    if renamed || !preserved.status.is_empty() {
-        merge_missing(object, "status", &mut status, preserved.status)?;
+    if status.as_mut().is_some_and(|status| rename(status, RENAMED_STATUS_FIELDS)) {
         put_back(object, "status", status)?;
     }
     Ok(())
 }
 
-/// v1beta1 → v1alpha1: fields v1alpha1 lacks move into the annotation; counts get their old names.
+/// v1beta1 → v1alpha1: spec fields v1alpha1 lacks move into the annotation; counts get their
+/// old names; derived status fields v1alpha1 lacks are dropped.
 fn to_v1alpha1(object: &mut Fields<'_>) -> Result<(), ConversionError> {
     let mut spec = object_field(object, "spec")?;
     let mut status = object_field(object, "status")?;
@@ -194,6 +197,7 @@ fn to_v1alpha1(object: &mut Fields<'_>) -> Result<(), ConversionError> {
     };
     let moved_spec = spec.as_mut().map(|spec| split_off(spec, |name| SHARED_SPEC_FIELDS.contains(&name)));
     let mut renamed = false;
+    // Derived status fields v1alpha1 lacks are dropped, not moved (see the module's doc).
     let moved_status = status.as_mut().map(|status| {
         renamed = rename(status, RENAMED_STATUS_FIELDS.map(|(alpha, beta)| (beta, alpha)));
         split_off(status, |name| SHARED_STATUS_FIELDS.contains(&name))
@@ -217,10 +221,10 @@ fn to_v1alpha1(object: &mut Fields<'_>) -> Result<(), ConversionError> {
     }
     // Whatever a v1beta1 object carried under the annotation's name meant nothing there: the
     // annotation says exactly what this conversion moved, or is absent.
-    let text = match moved_spec.is_empty() && moved_status.is_empty() && moved_items.is_empty() {
+    let text = match moved_spec.is_empty() && moved_items.is_empty() {
         true => None,
         false => {
-            let moved = Moved { spec: moved_spec, status: moved_status, items: moved_items };
+            let moved = Moved { spec: moved_spec, items: moved_items };
             Some(serde_json::to_string(&moved).map_err(|e| field("metadata.annotations", e))?)
         }
     };
@@ -233,8 +237,6 @@ struct Moved<'a> {
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     spec: Fields<'a>,
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
-    status: Fields<'a>,
-    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     items: ItemFields<Fields<'a>>,
 }
 
@@ -244,7 +246,7 @@ fn split_items<'a>(spec: &mut Fields<'a>) -> Result<ItemFields<Fields<'a>>, Conv
     let mut moved = ItemFields::new();
     for (list, shared, key) in ITEM_LISTS {
         let Some(Piece::Text(text)) = spec.get(list) else { continue };
-        let Ok(items) = serde_json::from_str::<Vec<&'a RawValue>>(text.get()) else { continue };
+        let Ok(Some(items)) = crate::bounded::raw_items(text.get(), MAX_ITEMS) else { continue };
         let mut rewritten = Vec::with_capacity(items.len());
         let mut by_key = BTreeMap::new();
         for item in items {
@@ -279,7 +281,7 @@ fn restore_items(
     for (list, _, key) in ITEM_LISTS {
         let Some(mut by_key) = items.remove(list) else { continue };
         let Some(piece) = spec.get(list) else { continue };
-        let Ok(texts) = serde_json::from_str::<Vec<&RawValue>>(piece.text()) else { continue };
+        let Ok(Some(texts)) = crate::bounded::raw_items(piece.text(), MAX_ITEMS) else { continue };
         let mut rewritten = Vec::with_capacity(texts.len());
         for text in texts {
             let mut fields = match parse_fields(text) {
@@ -305,9 +307,10 @@ fn restore_items(
 /// untouched (nothing is lost), and nothing is restored from it.
 fn take_preserved(object: &mut Fields<'_>) -> Result<Preserved, ConversionError> {
     let Some(mut annotations) = annotations(object)? else { return Ok(Preserved::default()) };
-    let Some(Ok(preserved)) = annotations.get(PRESERVED_ANNOTATION).map(|text| serde_json::from_str(text)) else {
+    let Some(text) = annotations.get(PRESERVED_ANNOTATION).filter(|text| text.len() <= MAX_PRESERVED_BYTES) else {
         return Ok(Preserved::default());
     };
+    let Ok(preserved) = serde_json::from_str(text) else { return Ok(Preserved::default()) };
     annotations.remove(PRESERVED_ANNOTATION);
     write_annotations(object, annotations)?;
     Ok(preserved)
@@ -331,9 +334,33 @@ fn set_annotation(object: &mut Fields<'_>, text: Option<String>) -> Result<(), C
 fn annotations(object: &Fields<'_>) -> Result<Option<BTreeMap<String, String>>, ConversionError> {
     let Some(metadata) = object_field(object, "metadata")? else { return Ok(None) };
     match metadata.get("annotations") {
-        Some(piece) => serde_json::from_str(piece.text()).map_err(|e| field("metadata.annotations", e)),
+        Some(piece) => {
+            bounded_map(piece.text(), MAX_ANNOTATIONS, "annotations").map_err(|e| field("metadata.annotations", e))
+        }
         None => Ok(None),
     }
+}
+
+/// Most fields one object level may have: a stored object, pruned to its schema, has a few dozen.
+/// Without a bound, a request of many tiny keys would cost several times its size in memory.
+const MAX_FIELDS: usize = 1024;
+/// Most annotations: the API server keeps all of an object's annotations within 256 KiB.
+const MAX_ANNOTATIONS: usize = 65_536;
+/// Largest annotation text read back as preserved fields (the API server's limit for them all).
+const MAX_PRESERVED_BYTES: usize = 256 * 1024;
+/// Most items of a list whose items' fields move: a stored list holds at most 64.
+const MAX_ITEMS: usize = 1024;
+
+/// A JSON object (or `null`) of at most `max` entries, from `text`.
+fn bounded_map<'a, V: serde::Deserialize<'a>>(
+    text: &'a str,
+    max: usize,
+    what: &'static str,
+) -> Result<Option<BTreeMap<String, V>>, serde_json::Error> {
+    let mut deserializer = serde_json::Deserializer::from_str(text);
+    let map = crate::bounded::optional_map(&mut deserializer, max, what)?;
+    deserializer.end()?;
+    Ok(map)
 }
 
 /// Writes `annotations` back into the metadata, dropping the map when it is empty (as the API
@@ -350,7 +377,7 @@ fn write_annotations(object: &mut Fields<'_>, annotations: BTreeMap<String, Stri
 
 /// An object read one level deep, each field borrowed from its text; `None` for `null`.
 fn parse_fields(text: &RawValue) -> Result<Option<Fields<'_>>, serde_json::Error> {
-    let map: Option<BTreeMap<String, &RawValue>> = serde_json::from_str(text.get())?;
+    let map: Option<BTreeMap<String, &RawValue>> = bounded_map(text.get(), MAX_FIELDS, "fields")?;
     Ok(map.map(|map| map.into_iter().map(|(k, v)| (k, Piece::Text(v))).collect()))
 }
 
@@ -361,7 +388,7 @@ fn object_field<'a>(object: &Fields<'a>, name: &'static str) -> Result<Option<Fi
         Some(Piece::Text(text)) => parse_fields(text).map_err(|e| field(name, e)),
         Some(Piece::New(text)) => {
             let map: Option<BTreeMap<String, Box<RawValue>>> =
-                serde_json::from_str(text.get()).map_err(|e| field(name, e))?;
+                bounded_map(text.get(), MAX_FIELDS, "fields").map_err(|e| field(name, e))?;
             Ok(map.map(|map| map.into_iter().map(|(k, v)| (k, Piece::New(v))).collect()))
         }
     }
@@ -478,12 +505,36 @@ mod tests {
         beta["status"]["selector"] = json!("balancer.exposer.hliangzhao.io/name=b");
         let alpha = convert_value(beta.clone(), Version::V1alpha1);
         assert_eq!(alpha["spec"].get("replicas"), None);
+        assert_eq!(alpha["status"].get("selector"), None);
         let annotation = alpha["metadata"]["annotations"][PRESERVED_ANNOTATION].as_str().expect("annotated");
-        assert_eq!(
-            serde_json::from_str::<Value>(annotation).expect("JSON"),
-            json!({"spec": {"replicas": 3}, "status": {"selector": "balancer.exposer.hliangzhao.io/name=b"}})
-        );
+        assert_eq!(serde_json::from_str::<Value>(annotation).expect("JSON"), json!({"spec": {"replicas": 3}}));
+        // The derived status field is the controller's to write again, never the annotation's.
+        beta["status"].as_object_mut().unwrap().remove("selector");
         assert_eq!(convert_value(alpha, Version::V1beta1), beta);
+    }
+
+    #[test]
+    fn status_fields_are_never_read_from_the_annotation() {
+        let mut object = alpha();
+        let forged = json!({"spec": {"replicas": 2}, "status": {"selector": "app=victim"}}).to_string();
+        object["metadata"]["annotations"] = json!({PRESERVED_ANNOTATION: forged.clone()});
+        let beta = convert_value(object, Version::V1beta1);
+        assert_eq!(beta["status"].get("selector"), None, "{beta}");
+        // Not an annotation this conversion wrote: it stays as it is, and nothing comes back from it.
+        assert_eq!(beta["metadata"]["annotations"][PRESERVED_ANNOTATION], forged);
+        assert_eq!(beta["spec"].get("replicas"), None);
+    }
+
+    #[test]
+    fn many_tiny_keys_are_refused_not_built() {
+        // At the top level, which every conversion reads (a spec is read only when it changes).
+        let mut object = alpha();
+        for i in 0..5000 {
+            object[format!("k{i}")] = json!(0);
+        }
+        let text = to_raw_value(&object).expect("encodes");
+        let error = convert(&text, Version::V1beta1).err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(error.contains("at most 1024 fields"), "{}", crate::echo::cut(&error, 300));
     }
 
     #[test]
