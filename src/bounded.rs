@@ -66,45 +66,7 @@ where
     deserializer.deserialize_seq(ListVisitor { max, what, item: PhantomData })
 }
 
-/// A string-to-string map with at most `max` entries, named `what` in the error ("labels").
-pub fn string_map<'de, D>(deserializer: D, max: usize, what: &'static str) -> Result<BTreeMap<String, String>, D::Error>
-where
-    D: Deserializer<'de>,
-{
-    struct MapVisitor {
-        max: usize,
-        what: &'static str,
-    }
-    impl<'de> Visitor<'de> for MapVisitor {
-        type Value = BTreeMap<String, String>;
-        fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-            write!(f, "a map of at most {} {}", self.max, self.what)
-        }
-        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-            let mut entries = BTreeMap::new();
-            let mut seen = 0usize;
-            while let Some(key) = map.next_key::<String>()? {
-                let value = map.next_value::<String>()?;
-                seen += 1;
-                entries.insert(key, value);
-                if seen == self.max {
-                    break;
-                }
-            }
-            let mut extra = 0usize;
-            while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {
-                extra += 1;
-            }
-            if extra == 0 {
-                return Ok(entries);
-            }
-            Err(too_many(self.max, seen + extra, self.what))
-        }
-    }
-    deserializer.deserialize_map(MapVisitor { max, what })
-}
-
-/// An optional [`string_map`]: `null` and a missing field are `None`.
+/// An optional string-to-string map (a selector): `null` and a missing field are `None`.
 pub fn optional_string_map<'de, D>(
     deserializer: D,
     max: usize,
@@ -113,26 +75,7 @@ pub fn optional_string_map<'de, D>(
 where
     D: Deserializer<'de>,
 {
-    struct OptionVisitor {
-        max: usize,
-        what: &'static str,
-    }
-    impl<'de> Visitor<'de> for OptionVisitor {
-        type Value = Option<BTreeMap<String, String>>;
-        fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-            write!(f, "a map of at most {} {}", self.max, self.what)
-        }
-        fn visit_none<E: de::Error>(self) -> Result<Self::Value, E> {
-            Ok(None)
-        }
-        fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
-            Ok(None)
-        }
-        fn visit_some<D: Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
-            string_map(deserializer, self.max, self.what).map(Some)
-        }
-    }
-    deserializer.deserialize_option(OptionVisitor { max, what })
+    optional_map(deserializer, max, what)
 }
 
 fn count_rest<'de, A: SeqAccess<'de>>(seq: &mut A) -> Result<usize, A::Error> {
@@ -166,7 +109,7 @@ where
     impl<'de, V: Deserialize<'de>> Visitor<'de> for OptionVisitor<V> {
         type Value = Option<BTreeMap<String, V>>;
         fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-            write!(f, "an object of at most {} {}", self.max, self.what)
+            write!(f, "a map of at most {} {}", self.max, self.what)
         }
         fn visit_none<E: de::Error>(self) -> Result<Self::Value, E> {
             Ok(None)
@@ -179,8 +122,10 @@ where
         }
         fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
             let mut entries = BTreeMap::new();
+            // Keys read, repeated ones too: each costs the reading.
+            let mut seen = 0usize;
             while let Some(key) = map.next_key::<String>()? {
-                if entries.len() == self.max {
+                if seen == self.max {
                     let mut extra = 1usize;
                     map.next_value::<IgnoredAny>()?;
                     while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {
@@ -190,6 +135,7 @@ where
                 }
                 let value = map.next_value::<V>()?;
                 entries.insert(key, value);
+                seen += 1;
             }
             Ok(Some(entries))
         }
