@@ -113,6 +113,25 @@ impl ReviewKind {
             ReviewKind::Conversion => crate::convert::CONVERSION_REVIEW_API_VERSION,
         }
     }
+
+    /// What every review gets checked for before it is answered: the one served apiVersion,
+    /// and a request with a uid the answer can carry.
+    pub(crate) fn checked<R>(
+        self,
+        api_version: &str,
+        request: Option<R>,
+        uid: impl Fn(&R) -> &str,
+    ) -> Result<R, BadRequest> {
+        if api_version != self.served() {
+            return Err(BadRequest::UnsupportedVersion(self, cut(api_version, MAX_FIELD_BYTES).into_owned()));
+        }
+        let request = request.ok_or(BadRequest::MissingRequest(self))?;
+        match uid(&request).len() {
+            0 => Err(BadRequest::MissingUid),
+            n if n > MAX_UID_BYTES => Err(BadRequest::UidTooLong(n)),
+            _ => Ok(request),
+        }
+    }
 }
 
 impl std::fmt::Display for ReviewKind {
@@ -280,16 +299,7 @@ pub fn review(webhook: Webhook, body: &[u8], defaults: &Defaults) -> Result<Answ
 fn parse_request(body: &[u8]) -> Result<RequestIn<'_>, BadRequest> {
     let review: ReviewIn<'_> =
         serde_json::from_slice(body).map_err(|e| BadRequest::Malformed(ReviewKind::Admission, json_error(&e)))?;
-    if review.api_version != REVIEW_API_VERSION {
-        let got = cut(&review.api_version, MAX_FIELD_BYTES).into_owned();
-        return Err(BadRequest::UnsupportedVersion(ReviewKind::Admission, got));
-    }
-    let request = review.request.ok_or(BadRequest::MissingRequest(ReviewKind::Admission))?;
-    match request.uid.len() {
-        0 => Err(BadRequest::MissingUid),
-        n if n > MAX_UID_BYTES => Err(BadRequest::UidTooLong(n)),
-        _ => Ok(request),
-    }
+    ReviewKind::Admission.checked(&review.api_version, review.request, |r| &r.uid)
 }
 
 /// An allowed response carrying `uid`.

@@ -13,7 +13,7 @@ use serde::de::{Deserializer, SeqAccess, Visitor};
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
-use crate::admission::{BadRequest, MAX_UID_BYTES, ReviewKind};
+use crate::admission::{BadRequest, ReviewKind};
 use crate::api::conversion::{Version, convert_into};
 use crate::echo::cut;
 
@@ -104,16 +104,7 @@ pub fn conversion_review(body: &[u8]) -> Result<Converted, BadRequest> {
     let malformed = |reason: String| BadRequest::Malformed(ReviewKind::Conversion, reason);
     let review: ReviewIn<'_> =
         serde_json::from_slice(body).map_err(|e| malformed(cut(&e.to_string(), MAX_MESSAGE_BYTES).into()))?;
-    if review.api_version != CONVERSION_REVIEW_API_VERSION {
-        let got = cut(&review.api_version, 256).into_owned();
-        return Err(BadRequest::UnsupportedVersion(ReviewKind::Conversion, got));
-    }
-    let request = review.request.ok_or(BadRequest::MissingRequest(ReviewKind::Conversion))?;
-    match request.uid.len() {
-        0 => return Err(BadRequest::MissingUid),
-        n if n > MAX_UID_BYTES => return Err(BadRequest::UidTooLong(n)),
-        _ => {}
-    }
+    let request = ReviewKind::Conversion.checked(&review.api_version, review.request, |r| &r.uid)?;
     let uid: &str = &request.uid;
     match convert_all(&request, body.len()) {
         Ok(body) => Ok(Converted { body, success: true }),
