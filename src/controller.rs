@@ -593,9 +593,12 @@ fn proxy_condition(balancer: &StoredBalancer, deployment: &Deployment, active: u
         // Only the available count: the updated count moves as the Deployment controller starts a
         // rollout, and every change of the message is a status write.
         let message = format!("waiting for proxy Deployment {name} to roll out ({available}/{want} available)");
-        condition(balancer, false, "ProxyNotAvailable", &message)
+        condition(balancer, false, PROXY_NOT_AVAILABLE, &message)
     }
 }
+
+/// The `Ready` reason while the proxy rolls out.
+const PROXY_NOT_AVAILABLE: &str = "ProxyNotAvailable";
 
 /// A `Ready` condition, keeping the previous transition time when the status has not flipped.
 fn condition(balancer: &StoredBalancer, ready: bool, reason: &str, message: &str) -> Condition {
@@ -650,7 +653,9 @@ async fn write_status(balancer: &StoredBalancer, ctx: &Context, counts: Counts, 
         source,
     })?;
     let was = balancer.status.as_ref().and_then(|s| s.conditions.iter().find(|c| c.type_ == READY));
-    if was.is_none_or(|c| c.status != ready.status || c.reason != ready.reason) {
+    // A new Balancer waiting for its first proxy pods is progress, not a warning: no event.
+    let first_rollout = was.is_none() && ready.reason == PROXY_NOT_AVAILABLE;
+    if !first_rollout && was.is_none_or(|c| c.status != ready.status || c.reason != ready.reason) {
         let type_ = if ready.status == "True" { EventType::Normal } else { EventType::Warning };
         publish(balancer, ctx, type_, &ready.reason, ready.message.clone(), None).await;
     }
