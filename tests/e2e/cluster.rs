@@ -110,6 +110,9 @@ pub struct PlaneOptions {
     /// Real pods run: they get service account tokens (the ServiceAccount admission plugin and
     /// the token controllers), the kubelet is dialled by InternalIP, and Endpoints are kept.
     pub pods: bool,
+    /// kube-controller-manager's client rate (`--kube-api-qps`, burst twice that); its default
+    /// of 20 a second takes minutes to give a thousand Deployments their pods.
+    pub controller_manager_qps: Option<u32>,
 }
 
 impl Default for PlaneOptions {
@@ -119,6 +122,7 @@ impl Default for PlaneOptions {
             service_cidr: "10.0.0.0/24".into(),
             extra_sans: Vec::new(),
             pods: false,
+            controller_manager_qps: None,
         }
     }
 }
@@ -244,6 +248,9 @@ impl ControlPlane {
                 command
                     .arg(format!("--service-account-private-key-file={}", pki.join("sa.key").display()))
                     .arg(format!("--root-ca-file={}", pki.join("ca.crt").display()));
+            }
+            if let Some(qps) = options.controller_manager_qps {
+                command.arg(format!("--kube-api-qps={qps}")).arg(format!("--kube-api-burst={}", 2 * qps));
             }
             plane.processes.push(Proc::spawn(
                 "kube-controller-manager",

@@ -11,9 +11,13 @@
 //! - the answers `429 Too Many Requests` it got, by resource;
 //! - the events it created or patched;
 //! - its RSS (and peak) once converged;
-//! - its writes while things settle (`BALANCER_SCALE_SETTLE`, seconds, default 20: the Deployment
-//!   controller still reports on the new Deployments), then in a quiet window
-//!   (`BALANCER_SCALE_QUIET`, default 30).
+//! - when kube-controller-manager has settled: every proxy Deployment has its pod (they stay
+//!   Pending: no kubelet). It runs at `BALANCER_SCALE_KCM_QPS` requests a second (default 100,
+//!   not its own 20, which takes minutes over a thousand Deployments). Each Balancer's status
+//!   follows its Deployment's `status.replicas` (the scale subresource): one write as it moves;
+//! - the operator's requests per Balancer up to then;
+//! - its writes while things settle (`BALANCER_SCALE_SETTLE`, seconds, default 10), then in a
+//!   quiet window (`BALANCER_SCALE_QUIET`, default 30).
 //!
 //! The webhooks are not registered unless `BALANCER_SCALE_WEBHOOKS=1`: the applies are then
 //! faster and the burst on the controller sharper. `BALANCER_SCALE_FLAGS` adds `balancer run` flags (space-separated), to measure one lever at a time;
@@ -56,14 +60,19 @@ pub async fn run(assets: &Path) -> ExitCode {
     }
     let n: usize = env_or("BALANCER_SCALE_N", 1000);
     let batch: usize = env_or("BALANCER_SCALE_BATCH", 200).max(1);
-    let settle = Duration::from_secs(env_or("BALANCER_SCALE_SETTLE", 20));
+    let settle = Duration::from_secs(env_or("BALANCER_SCALE_SETTLE", 10));
+    let kcm_qps: u32 = env_or("BALANCER_SCALE_KCM_QPS", 100);
     let quiet = Duration::from_secs(env_or("BALANCER_SCALE_QUIET", 30));
     let timeout = Duration::from_secs(env_or("BALANCER_SCALE_TIMEOUT", 900));
     let flags: Vec<String> =
         std::env::var("BALANCER_SCALE_FLAGS").unwrap_or_default().split_whitespace().map(String::from).collect();
 
     // Four Services per Balancer: a /16 of cluster IPs.
-    let options = PlaneOptions { service_cidr: "10.0.0.0/16".into(), ..PlaneOptions::default() };
+    let options = PlaneOptions {
+        service_cidr: "10.0.0.0/16".into(),
+        controller_manager_qps: Some(kcm_qps),
+        ..PlaneOptions::default()
+    };
     let plane = ControlPlane::start_with(assets, &options).await;
     let admin = plane.client("admin").await;
     let mut world = World { plane, admin, operators: Vec::new() };
@@ -90,10 +99,13 @@ pub async fn run(assets: &Path) -> ExitCode {
     let audit_converged = audit_len(&world.plane.audit_log);
     let during = audit_summary(&world.plane.audit_log, audit_start, audit_converged);
 
-    // Settling: the Deployment controller reports on the new Deployments for a while.
+    // The Deployment controller gives every Deployment its pod; the statuses follow.
+    let pods_in = wait_deployments_settled(&world.admin, n, started, timeout).await;
+    let audit_pods = audit_len(&world.plane.audit_log);
+    let to_pods = audit_summary(&world.plane.audit_log, audit_start, audit_pods);
     tokio::time::sleep(settle).await;
     let audit_settled = audit_len(&world.plane.audit_log);
-    let settling = audit_summary(&world.plane.audit_log, audit_converged, audit_settled);
+    let settling = audit_summary(&world.plane.audit_log, audit_pods, audit_settled);
     tokio::time::sleep(quiet).await;
     let after = audit_summary(&world.plane.audit_log, audit_settled, audit_len(&world.plane.audit_log));
     let metrics = world.operators[0].metrics(&world.plane).await;
@@ -117,6 +129,16 @@ pub async fn run(assets: &Path) -> ExitCode {
         during.events as f64 / n as f64
     );
     println!("scale: operator RSS when converged        {:.1} MiB (peak {:.1} MiB)", rss.0, rss.1);
+    match pods_in {
+        Some(took) => println!("scale: first apply -> every Deployment's pod {:.1} s", took.as_secs_f64()),
+        None => println!("scale: first apply -> every Deployment's pod NOT within {timeout:?}"),
+    }
+    println!(
+        "scale: requests by the operator up to then {} ({:.1} per Balancer) {:?}",
+        to_pods.requests,
+        to_pods.requests as f64 / n as f64,
+        to_pods.by_kind
+    );
     println!(
         "scale: settling {:>3} s after: operator writes {} (of {} requests) {:?}",
         settle.as_secs(),
@@ -232,6 +254,38 @@ async fn wait_converged(admin: &Client, n: usize, started: Instant, timeout: Dur
             last_report = Instant::now();
         }
         if done >= n && children_complete(admin, n).await {
+            return Some(started.elapsed());
+        }
+    }
+}
+
+/// Waits until kube-controller-manager has given every proxy Deployment the pods it asks for
+/// (and reported so); `None` past `timeout`.
+async fn wait_deployments_settled(admin: &Client, n: usize, started: Instant, timeout: Duration) -> Option<Duration> {
+    let deployments: Api<Deployment> = Api::namespaced(admin.clone(), NS);
+    let lp = ListParams::default().labels("app.kubernetes.io/managed-by=balancer").match_any();
+    let mut last_report = Instant::now();
+    loop {
+        if started.elapsed() > timeout {
+            return None;
+        }
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let Ok(list) = deployments.list(&lp).await else { continue };
+        let settled = list
+            .items
+            .iter()
+            .filter(|d| {
+                let want = d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
+                d.status
+                    .as_ref()
+                    .is_some_and(|s| s.observed_generation == d.metadata.generation && s.replicas.unwrap_or(0) == want)
+            })
+            .count();
+        if last_report.elapsed() > Duration::from_secs(15) {
+            println!("scale: {settled}/{n} Deployments have their pods at {:.0} s", started.elapsed().as_secs_f64());
+            last_report = Instant::now();
+        }
+        if settled >= n {
             return Some(started.elapsed());
         }
     }

@@ -135,6 +135,7 @@ async fn run_suite(assets: &Path, images: &Path, state: &Path) -> ExitCode {
         service_cidr: SERVICE_CIDR.into(),
         extra_sans: vec![KUBERNETES_SERVICE_IP.into(), "kubernetes.default.svc".into()],
         pods: true,
+        ..PlaneOptions::default()
     };
     let plane = ControlPlane::start_with(assets, &options).await;
     let node = Node::start(&host, &plane, assets, images).await;
