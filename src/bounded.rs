@@ -48,22 +48,65 @@ where
         fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
             write!(f, "a list of at most {} {}", self.max, self.what)
         }
-        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<T>, A::Error> {
-            let mut items = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(self.max));
-            while items.len() < self.max {
-                match seq.next_element::<ObjectOnly<T>>()? {
-                    Some(ObjectOnly(item)) => items.push(item),
-                    None => return Ok(items),
-                }
-            }
-            let extra = count_rest(&mut seq)?;
-            if extra == 0 {
-                return Ok(items);
-            }
-            Err(too_many(self.max, self.max + extra, self.what))
+        fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Vec<T>, A::Error> {
+            read_seq(seq, self.max, self.what, |ObjectOnly(item): ObjectOnly<T>| item)
         }
     }
     deserializer.deserialize_seq(ListVisitor { max, what, item: PhantomData })
+}
+
+/// An optional list of strings (CIDRs, say) with at most `max` items, named `what` in the error.
+pub fn optional_strings<'de, D>(
+    deserializer: D,
+    max: usize,
+    what: &'static str,
+) -> Result<Option<Vec<String>>, D::Error>
+where
+    D: Deserializer<'de>,
+{
+    struct StringsVisitor {
+        max: usize,
+        what: &'static str,
+    }
+    impl<'de> Visitor<'de> for StringsVisitor {
+        type Value = Option<Vec<String>>;
+        fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+            write!(f, "a list of at most {} {}", self.max, self.what)
+        }
+        fn visit_none<E: de::Error>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_some<D: Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
+            deserializer.deserialize_seq(self)
+        }
+        fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Self::Value, A::Error> {
+            read_seq(seq, self.max, self.what, |item: String| item).map(Some)
+        }
+    }
+    deserializer.deserialize_option(StringsVisitor { max, what })
+}
+
+/// Keeps at most `max` items of `seq` (each read as `W`, kept as `T`), counts the rest.
+fn read_seq<'de, A, W, T>(mut seq: A, max: usize, what: &str, keep: fn(W) -> T) -> Result<Vec<T>, A::Error>
+where
+    A: SeqAccess<'de>,
+    W: Deserialize<'de>,
+{
+    let mut items = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(max));
+    while items.len() < max {
+        match seq.next_element::<W>()? {
+            Some(item) => items.push(keep(item)),
+            None => return Ok(items),
+        }
+    }
+    let extra = count_rest(&mut seq)?;
+    if extra == 0 {
+        return Ok(items);
+    }
+    Err(too_many(max, max + extra, what))
 }
 
 /// An optional string-to-string map (a selector): `null` and a missing field are `None`.

@@ -215,16 +215,29 @@ pub fn backend_service(owner: &Owner, spec: &Admitted, backend: &BackendSpec) ->
     }
 }
 
-/// `<balancer>`: ClusterIP in front of the proxy pods, every Balancer port.
+/// `<balancer>`: in front of the proxy pods, every Balancer port, exposed as `spec.service`
+/// says (a ClusterIP Service by default).
 pub fn front_service(owner: &Owner, spec: &BalancerSpec) -> Service {
+    let exposure = spec.service.clone().unwrap_or_default();
+    let node_ports = spec.service_type() != "ClusterIP";
     // The proxy listens on the Balancer's own ports.
-    let ports = service_ports(spec, |p| IntOrString::Int(p.port));
+    let mut ports = service_ports(spec, |p| IntOrString::Int(p.port));
+    if node_ports {
+        for (service_port, port) in ports.iter_mut().zip(&spec.ports) {
+            service_port.node_port = port.node_port;
+        }
+    }
+    let mut metadata = metadata(owner, owner.name.clone(), labels(&owner.name, COMPONENT_FRONTEND));
+    metadata.annotations = exposure.annotations.filter(|a| !a.is_empty());
     Service {
-        metadata: metadata(owner, owner.name.clone(), labels(&owner.name, COMPONENT_FRONTEND)),
+        metadata,
         spec: Some(ServiceSpec {
-            type_: Some("ClusterIP".into()),
+            type_: Some(spec.service_type().to_string()),
             selector: Some(proxy_selector(&owner.name)),
             ports: Some(ports),
+            external_traffic_policy: exposure.external_traffic_policy.filter(|_| node_ports),
+            load_balancer_class: exposure.load_balancer_class,
+            load_balancer_source_ranges: exposure.load_balancer_source_ranges.filter(|r| !r.is_empty()),
             ..ServiceSpec::default()
         }),
         status: None,

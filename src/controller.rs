@@ -39,8 +39,10 @@ use crate::events::{EventType, Events, Note, Published};
 use crate::stored::StoredBalancer;
 use crate::telemetry::{Metrics, ReconcileResult};
 use crate::validation::{FieldError, ObjectName};
+use exposure::Exposure;
 
 pub mod cache;
+pub mod exposure;
 pub use cache::Cached;
 
 /// The field manager of every write, and the events' reporting controller.
@@ -216,7 +218,7 @@ async fn converge(balancer: &StoredBalancer, ctx: &Context, written: &mut Writte
     let proxy = children::proxy(&owner, &spec, &ctx.settings, BackendHosts::ClusterIps(&cluster_ips));
     ensure(ctx, &owner, &caches.config_maps, &proxy.config_map, written).await?;
     let deployment = ensure(ctx, &owner, &caches.deployments, &proxy.deployment, written).await?;
-    ensure(ctx, &owner, &caches.services, &proxy.front_service, written).await?;
+    let front = ensure(ctx, &owner, &caches.services, &proxy.front_service, written).await?;
     announce(balancer, ctx, written).await;
 
     let ready = proxy_condition(balancer, &deployment, backend_services.len());
@@ -227,7 +229,12 @@ async fn converge(balancer: &StoredBalancer, ctx: &Context, written: &mut Writte
     } else {
         obsolete_backends(ctx, &owner, &backend_services).len()
     };
-    let counts = Counts { active: backend_services.len(), obsolete, proxy: ProxyCounts::of(&deployment) };
+    let counts = Counts {
+        active: backend_services.len(),
+        obsolete,
+        proxy: ProxyCounts::of(&deployment),
+        exposure: Exposure::of(&front),
+    };
     write_status(balancer, ctx, counts, ready).await?;
     Ok(Action::requeue(RESYNC))
 }
@@ -527,12 +534,13 @@ fn owned_backend_services(cache: &Store<Cached<Service>>, owner: &Owner) -> Vec<
         .collect()
 }
 
-/// The numbers in the status.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// The numbers and addresses in the status.
+#[derive(Debug, Clone, PartialEq, Eq)]
 struct Counts {
     active: usize,
     obsolete: usize,
     proxy: ProxyCounts,
+    exposure: Exposure,
 }
 
 /// The proxy pods, for the scale subresource.
@@ -562,13 +570,14 @@ impl ProxyCounts {
 /// Services the spec names, and those it no longer names.
 fn counts_from_cache(balancer: &StoredBalancer, ctx: &Context) -> Counts {
     let proxy = ProxyCounts::previous(balancer);
-    let Ok(owner) = Owner::of(balancer) else { return Counts { active: 0, obsolete: 0, proxy } };
+    let exposure = Exposure::previous(balancer.status.as_ref());
+    let Ok(owner) = Owner::of(balancer) else { return Counts { active: 0, obsolete: 0, proxy, exposure } };
     // An unreadable spec names no backend: every owned one counts as obsolete.
     let backends = balancer.spec.as_ref().map(|s| s.backends.as_slice()).unwrap_or_default();
     let named: Vec<String> = backends.iter().map(|b| crate::api::backend_service_name(&owner.name, &b.name)).collect();
     let (active, obsolete): (Vec<_>, Vec<_>) =
         owned_backend_services(&ctx.children.services, &owner).into_iter().partition(|s| named.contains(&s.name_any()));
-    Counts { active: active.len(), obsolete: obsolete.len(), proxy }
+    Counts { active: active.len(), obsolete: obsolete.len(), proxy, exposure }
 }
 
 /// `Ready` from the proxy Deployment: rolled out (no pod of an older template left, as
@@ -629,6 +638,8 @@ fn next_status(balancer: &StoredBalancer, counts: Counts, ready: Condition) -> B
     BalancerStatus {
         replicas: counts.proxy.replicas,
         ready_replicas: counts.proxy.ready,
+        addresses: counts.exposure.addresses,
+        node_ports: counts.exposure.node_ports,
         selector: balancer.metadata.name.as_deref().map(children::proxy_selector_string),
         active_backends: i32::try_from(counts.active).unwrap_or(i32::MAX),
         obsolete_backends: i32::try_from(counts.obsolete).unwrap_or(i32::MAX),

@@ -11,7 +11,8 @@ use serde_json::{Map, Value};
 
 use crate::api::{
     BalancerSpec, DEFAULT_CONNECT_TIMEOUT, DEFAULT_FAIL_TIMEOUT, DEFAULT_MAX_FAILS, DEFAULT_PROTOCOL,
-    DEFAULT_TCP_IDLE_TIMEOUT, DEFAULT_UDP_IDLE_TIMEOUT, DEFAULT_WEIGHT, MAX_BACKENDS, MAX_PORTS, SESSION_AFFINITIES,
+    DEFAULT_TCP_IDLE_TIMEOUT, DEFAULT_UDP_IDLE_TIMEOUT, DEFAULT_WEIGHT, MAX_BACKENDS, MAX_PORTS, SERVICE_TYPES,
+    SESSION_AFFINITIES,
 };
 
 /// Defaults that come from the operator's configuration rather than the API.
@@ -28,7 +29,8 @@ impl Default for Defaults {
 }
 
 /// The spec with its defaults filled in, the way the API server stores it after mutation:
-/// protocol `TCP`, `targetPort` = `port`, weight 1, `sessionAffinity: None`, the timeouts and
+/// protocol `TCP`, `targetPort` = `port`, weight 1, `sessionAffinity: None`,
+/// `service.type: ClusterIP`, the timeouts and
 /// passive health settings (see [`crate::api`]'s `DEFAULT_*`), and `replicas` from `defaults`.
 pub fn with_defaults(spec: &BalancerSpec, defaults: &Defaults) -> BalancerSpec {
     let mut spec = spec.clone();
@@ -46,6 +48,9 @@ pub fn fill_defaults(spec: &mut BalancerSpec, defaults: &Defaults) {
     if spec.session_affinity.as_deref().is_none_or(str::is_empty) {
         spec.session_affinity = Some(SESSION_AFFINITIES[0].to_string());
     }
+    // Only the type: `externalTrafficPolicy` is left to Kubernetes, since a default written
+    // into a NodePort Balancer would make the same spec invalid once switched to ClusterIP.
+    fill(&mut spec.service.get_or_insert_default().type_, SERVICE_TYPES[0]);
     for port in &mut spec.ports {
         if port.protocol.as_deref().is_none_or(str::is_empty) {
             port.protocol = Some(DEFAULT_PROTOCOL.to_string());

@@ -11,8 +11,9 @@ use std::hash::{Hash, Hasher};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use crate::api::{
-    self, BalancerSpec, MAX_BACKENDS, MAX_MAX_FAILS, MAX_PORTS, MAX_REPLICAS, MAX_SELECTOR_LABELS, MAX_WEIGHT,
-    PROTOCOLS, SESSION_AFFINITIES,
+    self, BalancerSpec, EXTERNAL_TRAFFIC_POLICIES, MAX_ANNOTATION_VALUE_LEN, MAX_BACKENDS, MAX_MAX_FAILS, MAX_PORTS,
+    MAX_REPLICAS, MAX_SELECTOR_LABELS, MAX_SERVICE_ANNOTATIONS, MAX_SOURCE_RANGES, MAX_WEIGHT, PROTOCOLS,
+    SERVICE_TYPES, SESSION_AFFINITIES,
 };
 use crate::echo::{MAX_QUOTED_BYTES, cut, quoted};
 
@@ -103,6 +104,7 @@ pub fn validate(name: ObjectName<'_>, spec: &BalancerSpec) -> Report {
     validate_replicas(spec.replicas, &mut report);
     validate_session_affinity(spec.session_affinity.as_deref(), &mut report);
     validate_ports(spec, &mut report);
+    validate_service(spec, &mut report);
     validate_selector(&"spec.selector", spec.selector.as_ref(), &mut report);
     validate_backends(name, spec, &mut report);
     report
@@ -203,6 +205,96 @@ fn validate_ports(spec: &BalancerSpec, report: &mut Report) {
         );
         validate_duration(&format_args!("{at}.idleTimeout"), port.idle_timeout.as_deref(), IDLE_TIMEOUT, report);
     }
+}
+
+/// `spec.service`, and the ports' `nodePort`s, which only some Service types have.
+fn validate_service(spec: &BalancerSpec, report: &mut Report) {
+    let kind = spec.service_type();
+    if !SERVICE_TYPES.contains(&kind) {
+        let detail = format!("must be ClusterIP, NodePort or LoadBalancer, got {}", quoted(kind));
+        report.error("spec.service.type", detail);
+    }
+    let load_balancer = kind == "LoadBalancer";
+    let node_ports = load_balancer || kind == "NodePort";
+    let only = |types: &str| format!("applies to type {types} only, and the type is {}", quoted(kind));
+    if spec.ports.len() <= MAX_PORTS {
+        let mut seen: Vec<((i32, &str), usize)> = Vec::new();
+        for (i, port) in spec.ports.iter().enumerate() {
+            let Some(node_port) = port.node_port else { continue };
+            let at = format!("{}.nodePort", Item("ports", i));
+            if !node_ports {
+                report.error(at, only("NodePort or LoadBalancer"));
+            } else if !(1..=65535).contains(&node_port) {
+                report.error(at, format!("must be between 1 and 65535, got {node_port}"));
+            } else if let Some(first) = first_seen(&mut seen, (node_port, port.effective_protocol()), i) {
+                report.error(at, format!("duplicate node port {node_port} (also spec.ports[{first}].nodePort)"));
+            }
+        }
+    }
+    let Some(service) = &spec.service else { return };
+    if let Some(class) = &service.load_balancer_class {
+        if !load_balancer {
+            report.error("spec.service.loadBalancerClass", only("LoadBalancer"));
+        } else if let Err(problem) = check_label_key(class) {
+            let detail = format!("must be a label-style key such as example.com/lb ({problem}), got {}", quoted(class));
+            report.error("spec.service.loadBalancerClass", detail);
+        }
+    }
+    if let Some(policy) = &service.external_traffic_policy {
+        if !node_ports {
+            report.error("spec.service.externalTrafficPolicy", only("NodePort or LoadBalancer"));
+        } else if !EXTERNAL_TRAFFIC_POLICIES.contains(&policy.as_str()) {
+            report.error(
+                "spec.service.externalTrafficPolicy",
+                format!("must be Cluster or Local, got {}", quoted(policy)),
+            );
+        }
+    }
+    let ranges = service.load_balancer_source_ranges.as_deref().unwrap_or_default();
+    if !ranges.is_empty() && !load_balancer {
+        report.error("spec.service.loadBalancerSourceRanges", only("LoadBalancer"));
+    } else if ranges.len() > MAX_SOURCE_RANGES {
+        let detail = format!("must have at most {MAX_SOURCE_RANGES} CIDRs, got {}", ranges.len());
+        report.error("spec.service.loadBalancerSourceRanges", detail);
+    } else {
+        for (i, range) in ranges.iter().enumerate().filter(|(_, r)| !is_cidr(r)) {
+            let detail = format!("must be a CIDR such as 10.0.0.0/8 or fd00::/8, got {}", quoted(range));
+            report.error(format!("spec.service.loadBalancerSourceRanges[{i}]"), detail);
+        }
+    }
+    validate_annotations(service.annotations.as_ref(), report);
+}
+
+fn validate_annotations(annotations: Option<&BTreeMap<String, String>>, report: &mut Report) {
+    let at = "spec.service.annotations";
+    let len = annotations.map_or(0, BTreeMap::len);
+    if len > MAX_SERVICE_ANNOTATIONS {
+        report.error(at, format!("must have at most {MAX_SERVICE_ANNOTATIONS} annotations, got {len}"));
+        return;
+    }
+    for (key, value) in annotations.into_iter().flatten() {
+        if let Err(problem) = check_label_key(key) {
+            report.error(at, format!("invalid annotation key {}: {problem}", quoted(key)));
+        }
+        if value.len() > MAX_ANNOTATION_VALUE_LEN {
+            report.error(
+                format!("{at}[{}]", cut(key, MAX_QUOTED_BYTES)),
+                format!("must be at most {MAX_ANNOTATION_VALUE_LEN} bytes, got {}", value.len()),
+            );
+        }
+    }
+}
+
+/// An address and a prefix length that fits it (`10.0.0.0/8`, `fd00::/8`), as Kubernetes'
+/// `loadBalancerSourceRanges` takes them.
+fn is_cidr(text: &str) -> bool {
+    let Some((ip, prefix)) = text.split_once('/') else { return false };
+    if prefix.is_empty() || !prefix.bytes().all(|b| b.is_ascii_digit()) {
+        return false;
+    }
+    let (Ok(ip), Ok(prefix)) = (ip.parse::<std::net::IpAddr>(), prefix.parse::<u8>()) else { return false };
+    let max = if ip.is_ipv4() { 32 } else { 128 };
+    prefix <= max
 }
 
 /// Bounds of a duration field, in milliseconds, with how they are written in messages.

@@ -6,6 +6,7 @@ mod support;
 use std::collections::BTreeMap;
 
 use balancer::admit::{Admitted, admit};
+use balancer::api::v1beta1::FrontService;
 use balancer::api::{BackendSpec, Balancer, BalancerPort, BalancerSpec};
 use balancer::children::{
     self, BACKEND_LABEL, BALANCER_NAME_LABEL, BackendHosts, COMPONENT_LABEL, CONFIG_HASH_ANNOTATION, MANAGED_BY_LABEL,
@@ -342,6 +343,7 @@ fn admit_fills_in_the_defaults_the_webhook_did_not() {
     balancer.spec = BalancerSpec {
         replicas: None,
         session_affinity: None,
+        service: None,
         ports: vec![BalancerPort { name: None, protocol: None, port: 8080, target_port: None, ..Default::default() }],
         selector: None,
         backends: vec![BackendSpec {
@@ -861,4 +863,47 @@ fn proxy_pods_spread_across_nodes() {
     );
     let selector = spread[0].label_selector.as_ref().and_then(|s| s.match_labels.clone());
     assert_eq!(selector, desired.deployment.spec.as_ref().and_then(|s| s.selector.match_labels.clone()));
+}
+
+/// `spec.service` shapes the front Service only: type, chosen node ports, the LoadBalancer
+/// settings and the annotations; the backend Services stay ClusterIP without node ports.
+#[test]
+fn the_front_service_is_exposed_as_spec_service_says() {
+    let mut balancer = with_ports(vec![port(Some("http"), "TCP", 80), port(Some("dns"), "UDP", 53)]);
+    balancer.spec.ports[0].node_port = Some(30080);
+    balancer.spec.service = Some(FrontService {
+        type_: Some("LoadBalancer".into()),
+        load_balancer_class: Some("example.com/internal".into()),
+        external_traffic_policy: Some("Local".into()),
+        load_balancer_source_ranges: Some(vec!["10.0.0.0/8".into()]),
+        annotations: Some(BTreeMap::from([("example.com/lb-scheme".into(), "internal".into())])),
+    });
+    let desired = desired_for(&balancer);
+    let front = desired.front_service.spec.as_ref().expect("a spec");
+    assert_eq!(front.type_.as_deref(), Some("LoadBalancer"));
+    assert_eq!(front.load_balancer_class.as_deref(), Some("example.com/internal"));
+    assert_eq!(front.external_traffic_policy.as_deref(), Some("Local"));
+    assert_eq!(front.load_balancer_source_ranges, Some(vec!["10.0.0.0/8".to_string()]));
+    let node_ports: Vec<Option<i32>> = service_ports(&desired.front_service).iter().map(|p| p.node_port).collect();
+    assert_eq!(node_ports, [Some(30080), None], "the other is the API server's to allocate");
+    let annotations = desired.front_service.metadata.annotations.as_ref().expect("annotations");
+    assert_eq!(annotations.get("example.com/lb-scheme").map(String::as_str), Some("internal"));
+    for backend in &desired.backend_services {
+        let spec = backend.spec.as_ref().expect("a spec");
+        assert_eq!(spec.type_.as_deref(), Some("ClusterIP"));
+        assert!(spec.ports.iter().flatten().all(|p| p.node_port.is_none()));
+        assert!(backend.metadata.annotations.is_none());
+    }
+
+    // The default: ClusterIP, no node port, no annotation.
+    balancer.spec.service = None;
+    balancer.spec.ports[0].node_port = None;
+    let desired = desired_for(&balancer);
+    let front = desired.front_service.spec.as_ref().expect("a spec");
+    assert_eq!(front.type_.as_deref(), Some("ClusterIP"));
+    assert!(service_ports(&desired.front_service).iter().all(|p| p.node_port.is_none()));
+    assert_eq!(
+        (front.external_traffic_policy.as_ref(), desired.front_service.metadata.annotations.as_ref()),
+        (None, None)
+    );
 }

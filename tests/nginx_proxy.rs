@@ -585,6 +585,7 @@ async fn udp_datagrams_are_answered_by_the_backends_by_weight() {
         admitted(BalancerSpec {
             replicas: None,
             session_affinity: None,
+            service: None,
             ports: vec![port(Some("dns"), "UDP", i32::from(p))],
             selector: Some(BTreeMap::from([("app".to_string(), "dns".to_string())])),
             backends: vec![backend("v1", 50), backend("v2", 30), backend("v3", 20)],
@@ -630,6 +631,7 @@ async fn tcp_and_udp_on_the_same_port_number_reach_their_own_servers() {
         admitted(BalancerSpec {
             replicas: None,
             session_affinity: None,
+            service: None,
             ports: vec![port(Some("stream"), "TCP", i32::from(p)), port(Some("dgram"), "UDP", i32::from(p))],
             selector: None,
             backends: vec![backend("v1", 1), backend("v2", 1)],
@@ -670,6 +672,7 @@ async fn udp_sessions_end_once_answered() {
         admitted(BalancerSpec {
             replicas: None,
             session_affinity: None,
+            service: None,
             ports: vec![port(Some("dns"), "UDP", i32::from(p))],
             selector: Some(BTreeMap::from([("app".to_string(), "dns".to_string())])),
             backends: vec![backend("v1", 1)],
@@ -708,8 +711,14 @@ fn loopback_addresses(spec: &BalancerSpec) -> impl Fn(&BackendSpec, &BalancerPor
 
 fn config_table() -> Vec<(&'static str, BalancerSpec)> {
     let three = || vec![backend("v1", 40), backend("v2", 20), backend("v3", 40)];
-    let spec =
-        |ports, backends| BalancerSpec { replicas: None, session_affinity: None, ports, selector: None, backends };
+    let spec = |ports, backends| BalancerSpec {
+        replicas: None,
+        session_affinity: None,
+        service: None,
+        ports,
+        selector: None,
+        backends,
+    };
     let mut named_target = port(Some("dns"), "UDP", 53);
     named_target.target_port = Some(IntOrString::String("dns".into()));
     let mut named_tcp = port(Some("http"), "TCP", 80);

@@ -16,6 +16,7 @@ use std::collections::BTreeMap;
 use balancer::admission::{self, Answer, BadRequest, MAX_ANSWER_BYTES, MAX_UID_BYTES, MAX_WARNINGS, Outcome, Webhook};
 use balancer::admit::admit;
 use balancer::api::conversion::{PRESERVED_ANNOTATION, Version, convert};
+use balancer::api::v1beta1::{BalancerAddress, FrontService, NodePortStatus};
 use balancer::api::{BackendSpec, Balancer, BalancerPort, BalancerSpec, BalancerStatus};
 use balancer::convert::conversion_review;
 use balancer::defaulting::{Defaults, with_defaults};
@@ -73,20 +74,24 @@ fn arb_labels(max: usize) -> BoxedStrategy<BTreeMap<String, String>> {
 
 fn arb_port() -> impl Strategy<Value = BalancerPort> {
     (
-        option::of(arb_text()),
-        option::of(prop_oneof![Just("TCP".to_string()), Just("UDP".to_string()), arb_text()]),
-        arb_number(),
-        option::of(prop_oneof![arb_number().prop_map(IntOrString::Int), arb_text().prop_map(IntOrString::String),]),
-        option::of(arb_duration()),
-        option::of(arb_duration()),
+        (
+            option::of(arb_text()),
+            option::of(prop_oneof![Just("TCP".to_string()), Just("UDP".to_string()), arb_text()]),
+            arb_number(),
+            option::of(prop_oneof![arb_number().prop_map(IntOrString::Int), arb_text().prop_map(IntOrString::String),]),
+            option::of(arb_duration()),
+            option::of(arb_duration()),
+        ),
+        option::of(arb_number()),
     )
-        .prop_map(|(name, protocol, port, target_port, connect_timeout, idle_timeout)| BalancerPort {
+        .prop_map(|((name, protocol, port, target_port, connect_timeout, idle_timeout), node_port)| BalancerPort {
             name,
             protocol,
             port,
             target_port,
             connect_timeout,
             idle_timeout,
+            node_port,
         })
 }
 
@@ -112,16 +117,41 @@ fn arb_backend() -> impl Strategy<Value = BackendSpec> {
         })
 }
 
+/// `spec.service`: the known values, or anything.
+fn arb_service() -> impl Strategy<Value = FrontService> {
+    let one_of =
+        |known: &'static [&'static str]| option::of(prop_oneof![select(known).prop_map(String::from), arb_text()]);
+    (
+        one_of(&["ClusterIP", "NodePort", "LoadBalancer"]),
+        option::of(prop_oneof![Just("example.com/lb".to_string()), arb_text()]),
+        one_of(&["Cluster", "Local"]),
+        option::of(vec(prop_oneof![Just("10.0.0.0/8".to_string()), arb_text()], 0..6)),
+        option::of(arb_labels(6)),
+    )
+        .prop_map(
+            |(type_, load_balancer_class, external_traffic_policy, load_balancer_source_ranges, annotations)| {
+                FrontService {
+                    type_,
+                    load_balancer_class,
+                    external_traffic_policy,
+                    load_balancer_source_ranges,
+                    annotations,
+                }
+            },
+        )
+}
+
 /// Specs of up to 40 ports and 70 backends (past both limits), mostly small ones to keep the run short.
 fn arb_spec() -> impl Strategy<Value = BalancerSpec> {
     let ports = prop_oneof![3 => vec(arb_port(), 0..4), 1 => vec(arb_port(), 0..40)];
     let backends = prop_oneof![3 => vec(arb_backend(), 0..4), 1 => vec(arb_backend(), 0..70)];
     let replicas = option::of(prop_oneof![0i32..=100, arb_number()]);
     let affinity = option::of(prop_oneof![Just("None".to_string()), Just("ClientIP".to_string()), arb_text()]);
-    (replicas, affinity, ports, option::of(arb_labels(5)), backends).prop_map(
-        |(replicas, session_affinity, ports, selector, backends)| BalancerSpec {
+    (replicas, affinity, option::of(arb_service()), ports, option::of(arb_labels(5)), backends).prop_map(
+        |(replicas, session_affinity, service, ports, selector, backends)| BalancerSpec {
             replicas,
             session_affinity,
+            service,
             ports,
             selector,
             backends,
@@ -182,6 +212,7 @@ fn valid_ports() -> impl Strategy<Value = Vec<BalancerPort>> {
                     target_port: Some(target),
                     connect_timeout: Some(format!("{}ms", 100 + port % 1000)),
                     idle_timeout: Some(format!("{}s", 1 + port % 3600)),
+                    node_port: None,
                 })
                 .collect()
         },
@@ -200,6 +231,7 @@ fn valid_balancer() -> impl Strategy<Value = ValidBalancer> {
             let mut spec = BalancerSpec {
                 replicas: Some(replicas),
                 session_affinity: Some(["None", "ClientIP"][replicas as usize % 2].to_string()),
+                service: Some(exposure(replicas)),
                 ports,
                 selector,
                 backends: backends
@@ -214,6 +246,11 @@ fn valid_balancer() -> impl Strategy<Value = ValidBalancer> {
                     })
                     .collect(),
             };
+            if spec.service_type() != "ClusterIP" {
+                for (i, port) in spec.ports.iter_mut().enumerate().filter(|(i, _)| i % 2 == 0) {
+                    port.node_port = Some(30000 + i as i32);
+                }
+            }
             if spec.backends.iter().all(|b| b.weight == Some(0)) {
                 spec.backends[0].weight = Some(1);
             }
@@ -225,6 +262,19 @@ fn valid_balancer() -> impl Strategy<Value = ValidBalancer> {
             }
             ValidBalancer { name, spec }
         })
+}
+
+/// A valid `spec.service` of each type, chosen by `n`.
+fn exposure(n: i32) -> FrontService {
+    let type_ = ["ClusterIP", "NodePort", "LoadBalancer"][n as usize % 3];
+    let load_balancer = type_ == "LoadBalancer";
+    FrontService {
+        type_: Some(type_.into()),
+        load_balancer_class: load_balancer.then(|| "example.com/internal".into()),
+        external_traffic_policy: (type_ != "ClusterIP").then(|| ["Cluster", "Local"][n as usize % 2].into()),
+        load_balancer_source_ranges: load_balancer.then(|| vec!["10.0.0.0/8".into(), "fd00::/8".into()]),
+        annotations: Some(BTreeMap::from([("example.com/lb-scheme".to_string(), "internal".to_string())])),
+    }
 }
 
 /// How to drop one port's optional fields: 0 keep, 1 remove, 2 set empty.
@@ -474,7 +524,7 @@ proptest! {
         let defaulted = defaulted(&spec);
         let _ = validate_as(&meta, &defaulted);
         let patch = defaults_patch(&spec);
-        prop_assert!(patch.0.len() <= 2 + 4 * spec.ports.len() + 3 * spec.backends.len());
+        prop_assert!(patch.0.len() <= 3 + 4 * spec.ports.len() + 3 * spec.backends.len());
         prop_assert!(defaults_patch(&defaulted).0.is_empty(), "with_defaults leaves nothing to default");
         // admit is exactly: defaults, then the rules.
         match admit(ObjectName::from_meta(meta.0.as_deref(), meta.1.as_deref()), spec.clone(), &DEFAULTS) {
@@ -874,6 +924,7 @@ fn the_sample_is_patched_then_allowed() {
             {"op": "add", "path": "/spec/ports/0/protocol", "value": "TCP"},
             {"op": "add", "path": "/spec/ports/0/targetPort", "value": 80},
             {"op": "add", "path": "/spec/replicas", "value": DEFAULTS.replicas},
+            {"op": "add", "path": "/spec/service", "value": {"type": "ClusterIP"}},
             {"op": "add", "path": "/spec/sessionAffinity", "value": "None"}
         ])
     );
@@ -972,8 +1023,7 @@ fn arb_v1alpha1_spec() -> impl Strategy<Value = Option<Value>> {
     let typed = arb_spec().prop_map(|spec| {
         let mut value = serde_json::to_value(spec).expect("a spec encodes");
         // v1beta1's own fields: the v1alpha1 schema prunes them.
-        value.as_object_mut().unwrap().remove("replicas");
-        value.as_object_mut().unwrap().remove("sessionAffinity");
+        value.as_object_mut().unwrap().retain(|k, _| ["ports", "selector", "backends"].contains(&k.as_str()));
         value
     });
     let loose = btree_map(select(&["ports", "selector", "backends"][..]), arb_json(), 0..4)
@@ -1043,6 +1093,15 @@ fn arb_v1beta1_status() -> impl Strategy<Value = Option<Value>> {
                 replicas,
                 ready_replicas: ready,
                 selector,
+                addresses: vec![BalancerAddress {
+                    type_: "IPAddress".into(),
+                    value: format!("10.0.0.{}", active & 0xff),
+                }],
+                node_ports: vec![NodePortStatus {
+                    port: 80,
+                    protocol: "TCP".into(),
+                    node_port: 30000 + (obsolete & 0xfff),
+                }],
                 active_backends: active,
                 obsolete_backends: obsolete,
                 observed_generation: generation,
@@ -1129,7 +1188,7 @@ proptest! {
                     items.iter().map(|item| fields.iter().filter(|f| item.get(**f).is_some()).count()).sum()
                 })
             };
-            count("ports", &["connectTimeout", "idleTimeout"]) + count("backends", &["maxFails", "failTimeout"])
+            count("ports", &["connectTimeout", "idleTimeout", "nodePort"]) + count("backends", &["maxFails", "failTimeout"])
         };
         prop_assert_eq!(item_only(&alpha), 0, "item fields leaked into v1alpha1: {}", alpha);
         let annotation = alpha["metadata"]["annotations"].get(PRESERVED_ANNOTATION);
@@ -1159,7 +1218,8 @@ proptest! {
         let read = convert_value(&edited, Version::V1beta1)?;
         prop_assert_eq!(read["spec"].get("replicas"), beta["spec"].get("replicas"));
         prop_assert_eq!(read["spec"].get("sessionAffinity"), beta["spec"].get("sessionAffinity"));
-        for field in ["replicas", "readyReplicas", "selector"] {
+        prop_assert_eq!(read["spec"].get("service"), beta["spec"].get("service"));
+        for field in ["replicas", "readyReplicas", "selector", "addresses", "nodePorts"] {
             prop_assert!(read["status"].get(field).is_none(), "status.{} came back from v1alpha1", field);
         }
         prop_assert_eq!(&read["metadata"], &beta["metadata"]);
@@ -1171,7 +1231,8 @@ fn without_derived_status(beta: &Value) -> Value {
     let mut beta = beta.clone();
     if let Some(status) = beta.get_mut("status").and_then(Value::as_object_mut) {
         let had = status.len();
-        status.retain(|k, _| !["replicas", "readyReplicas", "selector"].contains(&k.as_str()));
+        let derived = ["replicas", "readyReplicas", "selector", "addresses", "nodePorts"];
+        status.retain(|k, _| !derived.contains(&k.as_str()));
         if status.is_empty() && had > 0 {
             beta.as_object_mut().unwrap().remove("status");
         }

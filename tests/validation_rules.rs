@@ -9,6 +9,7 @@
 use std::collections::BTreeMap;
 
 use balancer::admission::denial_message;
+use balancer::api::v1beta1::FrontService;
 use balancer::api::{BackendSpec, BalancerPort, BalancerSpec};
 use balancer::check::check_yaml;
 use balancer::defaulting::Defaults;
@@ -67,6 +68,7 @@ fn sample() -> Subject {
         spec: BalancerSpec {
             replicas: Some(1),
             session_affinity: None,
+            service: None,
             ports: vec![port(Some("http"), Some("TCP"), 80, Some(IntOrString::Int(5678)))],
             selector: Some(labels(&[("app", "test")])),
             backends: vec![
@@ -1334,4 +1336,122 @@ fn denial_message_from_a_real_report() {
         "Balancer \"example-balancer\" is invalid: [spec.ports[0].port: must be between 1 and 65535, got 0, \
          spec.backends[1].weight: must be between 0 and 100, got 150]"
     );
+}
+
+/// A `spec.service` of `type_` with everything else unset.
+fn service(type_: &str) -> Option<FrontService> {
+    Some(FrontService { type_: Some(type_.into()), ..FrontService::default() })
+}
+
+#[test]
+fn service_rules() {
+    run(vec![
+        case("no service (defaulted to ClusterIP)", |s| s.spec.service = None, vec![], vec![]),
+        case(
+            "a LoadBalancer with every setting",
+            |s| {
+                s.spec.service = Some(FrontService {
+                    type_: Some("LoadBalancer".into()),
+                    load_balancer_class: Some("example.com/internal".into()),
+                    external_traffic_policy: Some("Local".into()),
+                    load_balancer_source_ranges: Some(vec!["10.0.0.0/8".into(), "2001:db8::/32".into()]),
+                    annotations: Some(labels(&[("service.beta.kubernetes.io/aws-load-balancer-internal", "true")])),
+                });
+                s.spec.ports[0].node_port = Some(30080);
+            },
+            vec![],
+            vec![],
+        ),
+        case(
+            "a NodePort with a chosen port",
+            |s| {
+                s.spec.service = service("NodePort");
+                s.spec.ports[0].node_port = Some(30080);
+            },
+            vec![],
+            vec![],
+        ),
+        case(
+            "an unknown type",
+            |s| s.spec.service = service("ExternalName"),
+            strings!["spec.service.type: must be ClusterIP, NodePort or LoadBalancer, got \"ExternalName\""],
+            vec![],
+        ),
+        case(
+            "LoadBalancer settings on a ClusterIP Service",
+            |s| {
+                s.spec.service = Some(FrontService {
+                    type_: Some("ClusterIP".into()),
+                    load_balancer_class: Some("example.com/internal".into()),
+                    external_traffic_policy: Some("Local".into()),
+                    load_balancer_source_ranges: Some(vec!["10.0.0.0/8".into()]),
+                    annotations: None,
+                });
+                s.spec.ports[0].node_port = Some(30080);
+            },
+            strings![
+                "spec.ports[0].nodePort: applies to type NodePort or LoadBalancer only, and the type is \"ClusterIP\"",
+                "spec.service.loadBalancerClass: applies to type LoadBalancer only, and the type is \"ClusterIP\"",
+                "spec.service.externalTrafficPolicy: applies to type NodePort or LoadBalancer only, and the type is \"ClusterIP\"",
+                "spec.service.loadBalancerSourceRanges: applies to type LoadBalancer only, and the type is \"ClusterIP\"",
+            ],
+            vec![],
+        ),
+        case(
+            "bad values",
+            |s| {
+                s.spec.service = Some(FrontService {
+                    type_: Some("LoadBalancer".into()),
+                    load_balancer_class: Some("Internal LB".into()),
+                    external_traffic_policy: Some("Nearest".into()),
+                    load_balancer_source_ranges: Some(vec!["10.0.0.0".into(), "10.0.0.0/33".into(), "::/+1".into()]),
+                    annotations: Some(labels(&[("-bad", "x")])),
+                });
+                s.spec.ports[0].node_port = Some(70000);
+            },
+            strings![
+                "spec.ports[0].nodePort: must be between 1 and 65535, got 70000",
+                "spec.service.loadBalancerClass: must be a label-style key such as example.com/lb (the name must be \
+                 at most 63 alphanumeric characters, '-', '_' or '.', starting and ending with an alphanumeric \
+                 character), got \"Internal LB\"",
+                "spec.service.externalTrafficPolicy: must be Cluster or Local, got \"Nearest\"",
+                "spec.service.loadBalancerSourceRanges[0]: must be a CIDR such as 10.0.0.0/8 or fd00::/8, got \"10.0.0.0\"",
+                "spec.service.loadBalancerSourceRanges[1]: must be a CIDR such as 10.0.0.0/8 or fd00::/8, got \"10.0.0.0/33\"",
+                "spec.service.loadBalancerSourceRanges[2]: must be a CIDR such as 10.0.0.0/8 or fd00::/8, got \"::/+1\"",
+                "spec.service.annotations: invalid annotation key \"-bad\": the name must be at most 63 \
+                 alphanumeric characters, '-', '_' or '.', starting and ending with an alphanumeric character",
+            ],
+            vec![],
+        ),
+        case(
+            "the same node port twice",
+            |s| {
+                s.spec.service = service("NodePort");
+                s.spec.ports = vec![named("a", "TCP", 80), named("b", "TCP", 81), named("c", "UDP", 80)];
+                for port in &mut s.spec.ports {
+                    port.node_port = Some(30080);
+                }
+            },
+            strings!["spec.ports[1].nodePort: duplicate node port 30080 (also spec.ports[0].nodePort)"],
+            vec![],
+        ),
+        case(
+            "too many annotations",
+            |s| {
+                let annotations = (0..65).map(|i| (format!("example.com/a{i}"), String::new())).collect();
+                s.spec.service = Some(FrontService { annotations: Some(annotations), ..FrontService::default() });
+            },
+            strings!["spec.service.annotations: must have at most 64 annotations, got 65"],
+            vec![],
+        ),
+        case(
+            "an annotation too long",
+            |s| {
+                let long = labels(&[("example.com/cert", &"x".repeat(4097))]);
+                s.spec.service = Some(FrontService { annotations: Some(long), ..FrontService::default() });
+            },
+            strings!["spec.service.annotations[example.com/cert]: must be at most 4096 bytes, got 4097"],
+            vec![],
+        ),
+    ]);
 }

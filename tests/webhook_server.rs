@@ -31,6 +31,7 @@ async fn tls_connect(server: &TestServer) -> tokio_rustls::client::TlsStream<Tcp
 fn sample_balancer() -> Value {
     let mut sample = support::sample_balancer();
     sample["spec"]["sessionAffinity"] = json!("None");
+    sample["spec"]["service"] = json!({"type": "ClusterIP"});
     for port in sample["spec"]["ports"].as_array_mut().unwrap() {
         port["connectTimeout"] = json!("5s");
         port["idleTimeout"] = json!("10m");

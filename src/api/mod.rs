@@ -60,6 +60,16 @@ pub const DEFAULT_CONNECT_TIMEOUT: &str = "5s";
 pub const DEFAULT_TCP_IDLE_TIMEOUT: &str = "10m";
 /// UDP is treated as request/response (DNS-like): a silent session ends soon.
 pub const DEFAULT_UDP_IDLE_TIMEOUT: &str = "10s";
+/// `spec.service.type` values (v1beta1), the default first.
+pub const SERVICE_TYPES: [&str; 3] = ["ClusterIP", "NodePort", "LoadBalancer"];
+/// `spec.service.externalTrafficPolicy` values (v1beta1); unset is Kubernetes's default, `Cluster`.
+pub const EXTERNAL_TRAFFIC_POLICIES: [&str; 2] = ["Cluster", "Local"];
+/// Most CIDRs in `spec.service.loadBalancerSourceRanges`.
+pub const MAX_SOURCE_RANGES: usize = 64;
+/// Most annotations in `spec.service.annotations`, and the longest value (cloud providers'
+/// load-balancer settings are short; a certificate ARN list is a few hundred characters).
+pub const MAX_SERVICE_ANNOTATIONS: usize = 64;
+pub const MAX_ANNOTATION_VALUE_LEN: usize = 4096;
 /// Protocols nginx's stream module can proxy.
 pub const PROTOCOLS: [&str; 2] = ["TCP", "UDP"];
 
@@ -99,6 +109,12 @@ pub struct BalancerPort {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "duration_schema")]
     pub idle_timeout: Option<String>,
+    /// The node port of this port when `spec.service.type` is NodePort or LoadBalancer; the API
+    /// server allocates one when unset, and refuses one outside its node-port range
+    /// (30000-32767 by default). v1beta1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 65535))]
+    pub node_port: Option<i32>,
 }
 
 /// One backend: a set of pods and its share of the traffic.
@@ -165,6 +181,16 @@ pub(crate) fn read_ports<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<B
 
 pub(crate) fn read_backends<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<BackendSpec>, D::Error> {
     bounded::list(d, MAX_BACKENDS, "backends")
+}
+
+pub(crate) fn read_annotations<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<Option<BTreeMap<String, String>>, D::Error> {
+    bounded::optional_string_map(d, MAX_SERVICE_ANNOTATIONS, "annotations")
+}
+
+pub(crate) fn read_source_ranges<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Vec<String>>, D::Error> {
+    bounded::optional_strings(d, MAX_SOURCE_RANGES, "CIDRs")
 }
 
 pub(crate) fn read_selector<'de, D: serde::Deserializer<'de>>(
@@ -315,6 +341,7 @@ mod tests {
         let spec = BalancerSpec {
             replicas: None,
             session_affinity: None,
+            service: None,
             ports: vec![],
             selector: Some(BTreeMap::from([("app".into(), "a".into()), ("tier".into(), "x".into())])),
             backends: vec![],

@@ -5,6 +5,8 @@
 //!   HorizontalPodAutoscaler size the proxy;
 //! - `status.replicas`, `status.readyReplicas` and `status.selector` for that subresource;
 //! - status counts named `activeBackends` and `obsoleteBackends` (not `…Num`);
+//! - `spec.service`: the front Service's type (NodePort, LoadBalancer) and settings, and the
+//!   addresses it is reached at in the status;
 //! - lists that are maps: ports keyed by `port` and `protocol` (as a Service's), backends
 //!   by `name`, conditions by `type`, so server-side apply merges them item by item.
 
@@ -17,8 +19,9 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use super::{
-    BackendSpec, BalancerPort, DEFAULT_PROTOCOL, MAX_BACKENDS, MAX_PORTS, MAX_REPLICAS, read_backends, read_ports,
-    read_selector, selector_schema,
+    BackendSpec, BalancerPort, DEFAULT_PROTOCOL, MAX_ANNOTATION_VALUE_LEN, MAX_BACKENDS, MAX_PORTS, MAX_REPLICAS,
+    MAX_SERVICE_ANNOTATIONS, MAX_SOURCE_RANGES, SERVICE_TYPES, read_annotations, read_backends, read_ports,
+    read_selector, read_source_ranges, selector_schema,
 };
 
 /// This version's name.
@@ -49,10 +52,16 @@ pub const VERSION: &str = "v1beta1";
         description = "Backend names"
     ),
     printcolumn(
-        name = "Active",
-        type_ = "integer",
-        json_path = ".status.activeBackends",
-        description = "Backend Services present and matching the spec"
+        name = "Address",
+        type_ = "string",
+        json_path = ".status.addresses[*].value",
+        description = "Where clients reach the Balancer: load-balancer ingress, else the cluster IP"
+    ),
+    printcolumn(
+        name = "Ready",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Ready\")].status",
+        description = "Whether traffic flows as specified"
     ),
     printcolumn(
         name = "Replicas",
@@ -61,10 +70,18 @@ pub const VERSION: &str = "v1beta1";
         description = "Proxy pods asked for"
     ),
     printcolumn(
-        name = "Ready",
+        name = "Active",
+        type_ = "integer",
+        json_path = ".status.activeBackends",
+        description = "Backend Services present and matching the spec",
+        priority = 1
+    ),
+    printcolumn(
+        name = "Ready-Replicas",
         type_ = "integer",
         json_path = ".status.readyReplicas",
-        description = "Proxy pods ready"
+        description = "Proxy pods ready",
+        priority = 1
     ),
     printcolumn(
         name = "Obsolete",
@@ -88,6 +105,9 @@ pub struct BalancerSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(extend("enum" = ["None", "ClientIP"]))]
     pub session_affinity: Option<String>,
+    /// How the front Service exposes the Balancer; a ClusterIP Service by default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service: Option<FrontService>,
     /// Front-end ports; each is proxied to the same port of every backend.
     #[serde(deserialize_with = "read_ports")]
     #[schemars(schema_with = "ports_schema")]
@@ -100,6 +120,88 @@ pub struct BalancerSpec {
     #[serde(deserialize_with = "read_backends")]
     #[schemars(schema_with = "backends_schema")]
     pub backends: Vec<BackendSpec>,
+}
+
+/// The front Service's exposure: `spec.service`.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct FrontService {
+    /// `ClusterIP` (the default), `NodePort` or `LoadBalancer`.
+    #[serde(default, rename = "type", skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("enum" = ["ClusterIP", "NodePort", "LoadBalancer"]))]
+    pub type_: Option<String>,
+    /// The load-balancer implementation to use (`LoadBalancer` only; Kubernetes 1.24 and
+    /// later, older API servers drop it), a label-style key such as `example.com/internal`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 317))]
+    pub load_balancer_class: Option<String>,
+    /// `Cluster` or `Local` (`NodePort` and `LoadBalancer` only): `Local` keeps the client's
+    /// source address and sends traffic only to proxy pods on the node it arrived at.
+    /// Unset is Kubernetes's default, `Cluster`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("enum" = ["Cluster", "Local"]))]
+    pub external_traffic_policy: Option<String>,
+    /// Client CIDRs the cloud load balancer admits (`LoadBalancer` only), e.g. `10.0.0.0/8`.
+    #[serde(default, skip_serializing_if = "Option::is_none", deserialize_with = "read_source_ranges")]
+    #[schemars(schema_with = "source_ranges_schema")]
+    pub load_balancer_source_ranges: Option<Vec<String>>,
+    /// Annotations on the front Service, for the cloud provider's load-balancer settings.
+    #[serde(default, skip_serializing_if = "Option::is_none", deserialize_with = "read_annotations")]
+    #[schemars(schema_with = "annotations_schema")]
+    pub annotations: Option<BTreeMap<String, String>>,
+}
+
+impl FrontService {
+    /// The Service type after defaulting.
+    pub fn effective_type(&self) -> &str {
+        self.type_.as_deref().unwrap_or(SERVICE_TYPES[0])
+    }
+}
+
+impl BalancerSpec {
+    /// The front Service's type after defaulting.
+    pub fn service_type(&self) -> &str {
+        self.service.as_ref().map_or(SERVICE_TYPES[0], FrontService::effective_type)
+    }
+}
+
+/// At most [`MAX_SOURCE_RANGES`] CIDRs (an IPv6 CIDR is at most 43 characters).
+fn source_ranges_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "type": "array",
+        "nullable": true,
+        "maxItems": MAX_SOURCE_RANGES,
+        "items": {"type": "string", "maxLength": 43},
+    })
+}
+
+/// At most [`MAX_SERVICE_ANNOTATIONS`] annotations of at most [`MAX_ANNOTATION_VALUE_LEN`]
+/// characters (keys are checked by the webhook, as a selector's are).
+fn annotations_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "type": "object",
+        "nullable": true,
+        "maxProperties": MAX_SERVICE_ANNOTATIONS,
+        "additionalProperties": {"type": "string", "maxLength": MAX_ANNOTATION_VALUE_LEN},
+    })
+}
+
+/// One address the Balancer is reached at, as Gateway API's `status.addresses` has it.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+pub struct BalancerAddress {
+    /// `IPAddress` or `Hostname`.
+    #[serde(rename = "type")]
+    pub type_: String,
+    pub value: String,
+}
+
+/// A front port's node port (`NodePort` and `LoadBalancer` Services).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NodePortStatus {
+    pub port: i32,
+    pub protocol: String,
+    pub node_port: i32,
 }
 
 /// Observed state of a Balancer.
@@ -115,6 +217,14 @@ pub struct BalancerStatus {
     /// The proxy pods' label selector, as a string (what a HorizontalPodAutoscaler reads).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub selector: Option<String>,
+    /// Where clients reach the Balancer: the front Service's load-balancer ingress (type
+    /// LoadBalancer; empty while it is pending), else its cluster IPs. Always written, so an
+    /// address that goes away is removed by the status's merge patch.
+    #[serde(default)]
+    pub addresses: Vec<BalancerAddress>,
+    /// The front Service's node ports (types NodePort and LoadBalancer); always written.
+    #[serde(default)]
+    pub node_ports: Vec<NodePortStatus>,
     /// Backend Services present and matching the spec.
     #[serde(default)]
     pub active_backends: i32,

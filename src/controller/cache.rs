@@ -2,8 +2,8 @@
 //!
 //! A typed `Deployment` takes several kilobytes in memory even when most of its fields are
 //! empty, and the watch delivers much the controller never reads (`managedFields`, often larger
-//! than the rest, annotations, timestamps). A [`Cached`] child keeps the metadata the reconciles
-//! read (name, namespace, uid, generation, labels, owners) and the rest of the object (spec, data,
+//! than the rest, timestamps). A [`Cached`] child keeps the metadata the reconciles
+//! read (name, namespace, uid, generation, labels, annotations, owners) and the rest of the object (spec, data,
 //! status) as compact JSON text, read back into the typed object only when a reconcile looks at
 //! it. Everything the subset comparison reads is still there, so a hand edit is still seen and
 //! repaired.
@@ -78,9 +78,14 @@ pub fn is_created(entry: &ManagedFieldsEntry) -> bool {
 }
 
 /// Only what the reconciles read: name, namespace, uid, generation (a Deployment's rollout is
-/// judged against it), labels (which Balancer and component) and owners (who controls it); and
-/// the resource version, where the watch resumes from.
+/// judged against it), labels (which Balancer and component), annotations (a front Service's
+/// come from the Balancer) and owners (who controls it); and the resource version, where the
+/// watch resumes from. `kubectl apply`'s copy of an object is left out: nothing reads it.
 fn read_metadata(metadata: ObjectMeta) -> ObjectMeta {
+    let annotations = metadata.annotations.map(|mut a| {
+        a.remove(LAST_APPLIED);
+        a
+    });
     ObjectMeta {
         name: metadata.name,
         namespace: metadata.namespace,
@@ -88,10 +93,14 @@ fn read_metadata(metadata: ObjectMeta) -> ObjectMeta {
         resource_version: metadata.resource_version,
         generation: metadata.generation,
         labels: metadata.labels,
+        annotations: annotations.filter(|a| !a.is_empty()),
         owner_references: metadata.owner_references,
         ..ObjectMeta::default()
     }
 }
+
+/// Where `kubectl apply` keeps the last configuration it applied, often the largest annotation.
+const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
 
 impl<'de, K: Serialize + DeserializeOwned> Deserialize<'de> for Cached<K> {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
@@ -161,7 +170,8 @@ mod tests {
             "metadata": {
                 "name": "d", "namespace": "ns", "uid": "u", "generation": 3, "resourceVersion": "9",
                 "labels": {"app.kubernetes.io/managed-by": "balancer"},
-                "annotations": {"deployment.kubernetes.io/revision": "1"},
+                "annotations": {"deployment.kubernetes.io/revision": "1",
+                                "kubectl.kubernetes.io/last-applied-configuration": "{}"},
                 "ownerReferences": [{"apiVersion": "exposer.hliangzhao.io/v1alpha1", "kind": "Balancer",
                                      "name": "b", "uid": "owner", "controller": true}],
                 "managedFields": [{"manager": "balancer", "operation": "Update", "apiVersion": "apps/v1",
@@ -191,7 +201,8 @@ mod tests {
         assert_eq!((meta.name.as_deref(), meta.uid.as_deref(), meta.generation), (Some("d"), Some("u"), Some(3)));
         assert_eq!(meta.owner_references.as_ref().map(Vec::len), Some(1));
         assert_eq!(meta.labels.as_ref().map(|l| l.len()), Some(1));
-        assert_eq!((meta.managed_fields.is_none(), meta.annotations.is_none()), (true, true));
+        assert!(meta.managed_fields.is_none());
+        assert_eq!(meta.annotations.as_ref().map(|a| a.len()), Some(1), "kubectl's copy is dropped");
         assert_eq!(meta.resource_version.as_deref(), Some("9"), "where a watch resumes");
         let mut expected: Deployment = serde_json::from_value(stored()).unwrap();
         expected.metadata = object.metadata.clone();

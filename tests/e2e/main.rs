@@ -92,6 +92,7 @@ fn main() -> ExitCode {
             balancers_are_reconciled_into_children_and_status,
             a_namesake_is_never_adopted,
             a_dropped_port_leaves_every_child,
+            a_balancer_is_exposed_by_node_ports_and_a_load_balancer,
             versions_convert_and_the_proxy_scales,
             steady_state_makes_no_writes,
             deleting_a_balancer_collects_its_children,
@@ -461,11 +462,16 @@ async fn balancers_are_reconciled_into_children_and_status(world: &mut World) {
     let (ok, out, err) = world.plane.kubectl("admin", &["get", "bal", SAMPLE], None);
     // Printer columns: 1.20 shows only the first value of a `[*]` path (v1, not v1,v2,v3).
     let row: Vec<&str> = out.lines().nth(1).unwrap_or_default().split_whitespace().collect();
-    // v1beta1's columns: Obsolete only with `-o wide` (priority 1); Replicas and Ready for the proxy.
+    // v1beta1's columns: Active, Ready-Replicas and Obsolete only with `-o wide` (priority 1).
     let header: Vec<&str> = out.lines().next().unwrap_or_default().split_whitespace().collect();
-    assert_eq!(header, ["NAME", "PORTS", "BACKENDS", "ACTIVE", "REPLICAS", "READY", "AGE"], "{out}");
-    let ready = if world.plane.has_controller_manager() { "1" } else { "0" };
-    assert!(ok && row.len() == 7 && row[..6] == [SAMPLE, "80", "v1", "3", "1", ready], "printer columns: {out}{err}");
+    assert_eq!(header, ["NAME", "PORTS", "BACKENDS", "ADDRESS", "READY", "REPLICAS", "AGE"], "{out}");
+    let ready = if world.plane.has_controller_manager() { "True" } else { "False" };
+    let front = Api::<Service>::namespaced(world.admin.clone(), NS).get(SAMPLE).await.expect("the front Service");
+    let cluster_ip = front.spec.and_then(|s| s.cluster_ip).unwrap_or_default();
+    assert!(
+        ok && row.len() == 7 && row[..6] == [SAMPLE, "80", "v1", cluster_ip.as_str(), ready, "1"],
+        "printer columns: {out}{err}"
+    );
 
     // Events were recorded on the Balancer: one for the six children, one for Ready.
     let events: Api<Event> = Api::namespaced(world.admin.clone(), NS);
@@ -482,6 +488,8 @@ async fn balancers_are_reconciled_into_children_and_status(world: &mut World) {
     assert!(recorded.iter().all(|e| e.reporting_controller.as_deref() == Some("balancer")));
     let created: Vec<&Event> = recorded.iter().filter(|e| e.reason.as_deref() == Some("Created")).collect();
     assert_eq!(created.len(), 1, "one Created event for all children: {created:#?}");
+    let warned = recorded.iter().any(|e| e.reason.as_deref() == Some("ProxyNotAvailable"));
+    assert!(!warned, "a new Balancer's first rollout is no warning: {recorded:#?}");
     let note = created[0].note.as_deref().unwrap_or_default();
     for child in [
         "Service example-balancer-v1-backend",
@@ -602,6 +610,99 @@ async fn a_dropped_port_leaves_every_child(world: &mut World) {
     let conf = config_maps.get("dropped-proxy-configmap").await.unwrap().data.unwrap()["nginx.conf"].clone();
     assert!(!conf.contains("8080"), "{conf}");
     balancers(world).delete("dropped", &DeleteParams::default()).await.unwrap();
+}
+
+/// `spec.service`: node ports allocated (or chosen) by the API server and reported in the
+/// status; a LoadBalancer's settings on the Service and its ingress as the Balancer's
+/// address; back to ClusterIP without a trace.
+async fn a_balancer_is_exposed_by_node_ports_and_a_load_balancer(world: &mut World) {
+    const NAME: &str = "exposed";
+    let services: Api<Service> = Api::namespaced(world.admin.clone(), NS);
+    let front = || async { services.get_opt(NAME).await.ok().flatten().and_then(|s| s.spec) };
+    let status = || async { balancers(world).get_opt(NAME).await.ok().flatten().and_then(|b| b.status) };
+    let ports = "  ports: [{name: http, port: 80, nodePort: 30080}, {name: dns, port: 53, protocol: UDP}]\n  \
+                 backends: [{name: a, selector: {app: a}}]\n";
+
+    // ClusterIP with a node port: the webhook names the field.
+    let (ok, out) = apply(world, "admin", &balancer_yaml(NAME, &format!("spec:\n{ports}")));
+    assert!(!ok && out.contains("spec.ports[0].nodePort: applies to type NodePort or LoadBalancer only"), "{out}");
+
+    let node_port = format!("spec:\n  service: {{type: NodePort}}\n{ports}");
+    let (ok, out) = apply(world, "admin", &balancer_yaml(NAME, &node_port));
+    assert!(ok, "{out}");
+    let (cluster_ip, allocated) =
+        eventually("NodePort Service, ports in the status", Duration::from_secs(30), || async {
+            let spec = front().await?;
+            let node_ports: Vec<i32> = spec.ports?.iter().map(|p| p.node_port.unwrap_or(0)).collect();
+            let status = status().await?;
+            let reported: Vec<i32> = status.node_ports.iter().map(|p| p.node_port).collect();
+            let ip = spec.cluster_ip?;
+            let addresses: Vec<&str> = status.addresses.iter().map(|a| a.value.as_str()).collect();
+            (spec.type_.as_deref() == Some("NodePort")
+                && node_ports[0] == 30080
+                && node_ports[1] > 0
+                && reported == node_ports
+                && addresses == [ip.as_str()])
+            .then_some((ip, node_ports[1]))
+        })
+        .await;
+    println!("e2e: NodePort {NAME}: cluster IP {cluster_ip}, node ports 30080 (chosen) and {allocated} (allocated)");
+
+    let load_balancer = format!(
+        "spec:\n  service:\n    type: LoadBalancer\n    externalTrafficPolicy: Local\n    \
+         loadBalancerSourceRanges: [10.0.0.0/8]\n    annotations: {{example.com/lb-scheme: internal}}\n{ports}"
+    );
+    let (ok, out) = apply(world, "admin", &balancer_yaml(NAME, &load_balancer));
+    assert!(ok, "{out}");
+    eventually("LoadBalancer Service, no address while pending", Duration::from_secs(30), || async {
+        let service = services.get_opt(NAME).await.ok().flatten()?;
+        let annotation = service.annotations().get("example.com/lb-scheme").cloned();
+        let spec = service.spec?;
+        let status = status().await?;
+        (spec.type_.as_deref() == Some("LoadBalancer")
+            && spec.external_traffic_policy.as_deref() == Some("Local")
+            && spec.load_balancer_source_ranges == Some(vec!["10.0.0.0/8".into()])
+            && annotation.as_deref() == Some("internal")
+            && status.addresses.is_empty()
+            && status.node_ports.len() == 2)
+            .then_some(())
+    })
+    .await;
+    // What a cloud controller would do (a documentation address: nothing is sent to it).
+    let ingress = json!({"status": {"loadBalancer": {"ingress": [{"ip": "192.0.2.10"}]}}});
+    services.patch_status(NAME, &PatchParams::default(), &Patch::Merge(&ingress)).await.expect("ingress set");
+    eventually("the ingress as the Balancer's address", Duration::from_secs(30), || async {
+        let status = status().await?;
+        (status.addresses.len() == 1 && status.addresses[0].value == "192.0.2.10").then_some(())
+    })
+    .await;
+    let out = kubectl_ok(world, &["get", "bal", NAME]);
+    let header: Vec<&str> = out.lines().next().unwrap_or_default().split_whitespace().collect();
+    let row: Vec<&str> = out.lines().nth(1).unwrap_or_default().split_whitespace().collect();
+    let address = header.iter().position(|h| *h == "ADDRESS").expect("an ADDRESS column");
+    assert_eq!(row.get(address), Some(&"192.0.2.10"), "{out}");
+
+    // Back to ClusterIP: no node port, policy, range or annotation is left behind.
+    let ports_only = "  ports: [{name: http, port: 80}, {name: dns, port: 53, protocol: UDP}]\n  \
+                      backends: [{name: a, selector: {app: a}}]\n";
+    let (ok, out) = apply(world, "admin", &balancer_yaml(NAME, &format!("spec:\n{ports_only}")));
+    assert!(ok, "{out}");
+    eventually("ClusterIP again, node ports gone", Duration::from_secs(30), || async {
+        let service = services.get_opt(NAME).await.ok().flatten()?;
+        let annotated = service.annotations().contains_key("example.com/lb-scheme");
+        let spec = service.spec?;
+        let status = status().await?;
+        let node_ports = spec.ports?.iter().any(|p| p.node_port.is_some());
+        (spec.type_.as_deref() == Some("ClusterIP")
+            && !node_ports
+            && !annotated
+            && spec.load_balancer_source_ranges.is_none()
+            && status.node_ports.is_empty()
+            && status.addresses.first().map(|a| a.value.as_str()) == spec.cluster_ip.as_deref())
+        .then_some(())
+    })
+    .await;
+    balancers(world).delete(NAME, &DeleteParams::default()).await.unwrap();
 }
 
 // ---------------------------------------------------------------------------
