@@ -7,13 +7,13 @@ use std::hint::black_box;
 use balancer::admission::parse_spec;
 use balancer::admission::{Answer, BadRequest, Outcome, Webhook};
 use balancer::convert::conversion_review;
-use balancer::defaulting::{Defaults, defaults_patch};
+use balancer::defaulting::{SpecPolicy, defaults_patch};
 use balancer::validation::{ObjectName, validate};
 use criterion::{Criterion, criterion_group, criterion_main};
 use serde_json::{Value, json};
 
 /// What the server defaults with (`--proxy-replicas` 1).
-const DEFAULTS: Defaults = Defaults { replicas: 1 };
+const DEFAULTS: SpecPolicy = SpecPolicy::DEFAULT;
 
 fn review(webhook: Webhook, body: &[u8]) -> Result<Answer, BadRequest> {
     balancer::admission::review(webhook, body, &DEFAULTS)

@@ -25,7 +25,7 @@ use serde_json::value::RawValue;
 use crate::admit::admit;
 use crate::api::{BalancerSpec, GROUP, KIND};
 use crate::bounded::ObjectOnly;
-use crate::defaulting::{Defaults, defaults_patch};
+use crate::defaulting::{SpecPolicy, defaults_patch};
 use crate::echo::cut;
 use crate::validation::{FieldError, ObjectName};
 
@@ -273,7 +273,7 @@ struct MetaIn<'a> {
 }
 
 /// Parses `body` and answers it with `webhook`'s rules, defaulting with `defaults`.
-pub fn review(webhook: Webhook, body: &[u8], defaults: &Defaults) -> Result<Answer, BadRequest> {
+pub fn review(webhook: Webhook, body: &[u8], defaults: &SpecPolicy) -> Result<Answer, BadRequest> {
     let request = parse_request(body)?;
     let allowed = allowed(&request.uid);
     let (response, outcome) = match balancer_write(&request) {
@@ -408,7 +408,7 @@ fn validate(
     request: &RequestIn<'_>,
     object: &ObjectIn<'_>,
     spec: BalancerSpec,
-    defaults: &Defaults,
+    defaults: &SpecPolicy,
 ) -> (AdmissionResponse, Outcome) {
     let (mut response, warnings) = match admit(object_name(object), spec, defaults) {
         Ok(admitted) => (response, admitted.warnings().to_vec()),
@@ -421,7 +421,7 @@ fn validate(
     (response, outcome)
 }
 
-fn mutate(response: AdmissionResponse, spec: &BalancerSpec, defaults: &Defaults) -> (AdmissionResponse, Outcome) {
+fn mutate(response: AdmissionResponse, spec: &BalancerSpec, defaults: &SpecPolicy) -> (AdmissionResponse, Outcome) {
     // Serializing a patch of strings and numbers cannot fail; if it ever did,
     // refusing is safer than letting an undefaulted object through.
     let refuse = |response: AdmissionResponse, e: &dyn std::fmt::Display| {

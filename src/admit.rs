@@ -8,7 +8,7 @@
 use std::ops::Deref;
 
 use crate::api::BalancerSpec;
-use crate::defaulting::{Defaults, fill_defaults};
+use crate::defaulting::{SpecPolicy, fill_defaults};
 use crate::validation::{ObjectName, Report, validate};
 
 /// A spec with its defaults filled in that passed every rule.
@@ -39,7 +39,7 @@ impl Deref for Admitted {
 }
 
 /// Defaults `spec` and checks it against every rule; the report lists every violation.
-pub fn admit(name: ObjectName<'_>, mut spec: BalancerSpec, defaults: &Defaults) -> Result<Admitted, Report> {
+pub fn admit(name: ObjectName<'_>, mut spec: BalancerSpec, defaults: &SpecPolicy) -> Result<Admitted, Report> {
     fill_defaults(&mut spec, defaults);
     let report = validate(name, &spec);
     match report.is_valid() {

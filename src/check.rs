@@ -9,7 +9,7 @@ use crate::admission::parse_spec;
 use crate::admit::{Admitted, admit};
 use crate::api::conversion::{Version, convert};
 use crate::api::{GROUP, KIND};
-use crate::defaulting::Defaults;
+use crate::defaulting::SpecPolicy;
 use crate::validation::{FieldError, ObjectName, Report};
 
 /// The verdict on one Balancer document.
@@ -62,7 +62,7 @@ pub fn balancer_documents(source_name: &str, text: &str) -> Result<Vec<(usize, V
 }
 
 /// Checks every Balancer in a (multi-document) YAML text; other kinds are skipped.
-pub fn check_yaml(source_name: &str, text: &str, defaults: &Defaults) -> Result<Vec<Finding>, YamlError> {
+pub fn check_yaml(source_name: &str, text: &str, defaults: &SpecPolicy) -> Result<Vec<Finding>, YamlError> {
     Ok(balancer_documents(source_name, text)?
         .into_iter()
         .map(|(document, doc)| Finding { document, name: doc_name(&doc), report: check_document(&doc, defaults) })
@@ -81,7 +81,7 @@ pub fn doc_name(doc: &Value) -> String {
 }
 
 /// Defaults then validates one document, exactly as the two webhooks would in sequence.
-pub fn check_document(doc: &Value, defaults: &Defaults) -> Report {
+pub fn check_document(doc: &Value, defaults: &SpecPolicy) -> Report {
     match admit_document(doc, defaults) {
         Ok(admitted) => Report { errors: vec![], warnings: admitted.warnings().to_vec() },
         Err(report) => report,
@@ -90,7 +90,7 @@ pub fn check_document(doc: &Value, defaults: &Defaults) -> Report {
 
 /// One document of either version through the spec pipeline: v1alpha1 is converted to
 /// v1beta1 first, as the API server would before calling the webhooks.
-pub fn admit_document(doc: &Value, defaults: &Defaults) -> Result<Admitted, Report> {
+pub fn admit_document(doc: &Value, defaults: &SpecPolicy) -> Result<Admitted, Report> {
     let api_version = doc.get("apiVersion").and_then(Value::as_str).unwrap_or("");
     let hub = match Version::from_api_version(api_version) {
         Some(Version::V1beta1) => parse_spec(doc),

@@ -20,7 +20,7 @@ use kube::Resource;
 
 use crate::admit::Admitted;
 use crate::api::{self, BackendSpec, BalancerPort, BalancerSpec};
-use crate::defaulting::Defaults;
+use crate::defaulting::SpecPolicy;
 use crate::nginx::{self, CONFIG_FILE};
 
 /// Label every child carries: who manages it.
@@ -62,7 +62,7 @@ pub struct ProxySettings {
     /// module is not built in (Debian, Ubuntu, UBI).
     pub load_modules: Vec<String>,
     /// What a Balancer that does not say gets (`spec.replicas`).
-    pub defaults: Defaults,
+    pub policy: SpecPolicy,
 }
 
 /// The identity children point back to.

@@ -8,7 +8,7 @@ use clap::{Args, Parser, Subcommand};
 
 use crate::api::conversion::Version;
 use crate::children::ProxySettings;
-use crate::defaulting::Defaults;
+use crate::defaulting::SpecPolicy;
 use crate::telemetry::LogFormat;
 
 #[derive(Debug, Parser)]
@@ -161,6 +161,20 @@ pub struct ProxyArgs {
     /// for several.
     #[arg(long = "proxy-load-module", env = "BALANCER_PROXY_LOAD_MODULES", value_delimiter = ',', value_parser = module_path)]
     pub proxy_load_modules: Vec<String>,
+    /// Image prefixes a Balancer's own spec.proxy.image may start with (e.g.
+    /// registry.example.com/nginx/); repeat or separate with commas. None, the default, refuses
+    /// every per-Balancer image: whoever may edit a Balancer could otherwise run any image in
+    /// its proxy pods.
+    #[arg(long = "allowed-proxy-images", env = "BALANCER_ALLOWED_PROXY_IMAGES", value_delimiter = ',', value_parser = image_prefix)]
+    pub allowed_proxy_images: Vec<String>,
+}
+
+/// An image prefix: non-empty, printable, no spaces.
+fn image_prefix(prefix: &str) -> Result<String, String> {
+    if prefix.is_empty() || prefix.len() > 255 || !prefix.chars().all(|c| c.is_ascii_graphic()) {
+        return Err("must be 1 to 255 printable characters without spaces, such as registry.example.com/nginx/".into());
+    }
+    Ok(prefix.to_string())
 }
 
 /// An absolute path of plain characters: it is written into every nginx.conf as it is.
@@ -173,15 +187,15 @@ fn module_path(path: &str) -> Result<String, String> {
 }
 
 impl ProxyArgs {
-    pub fn defaults(&self) -> Defaults {
-        Defaults { replicas: self.proxy_replicas }
+    pub fn spec_policy(&self) -> SpecPolicy {
+        SpecPolicy { replicas: self.proxy_replicas, allowed_images: self.allowed_proxy_images.clone() }
     }
 
     pub fn settings(&self) -> ProxySettings {
         ProxySettings {
             image: self.proxy_image.clone(),
             load_modules: self.proxy_load_modules.clone(),
-            defaults: self.defaults(),
+            policy: self.spec_policy(),
         }
     }
 }
@@ -221,8 +235,8 @@ pub struct CheckArgs {
 }
 
 impl CheckArgs {
-    pub fn defaults(&self) -> Defaults {
-        Defaults { replicas: self.proxy_replicas }
+    pub fn spec_policy(&self) -> SpecPolicy {
+        SpecPolicy { replicas: self.proxy_replicas, ..SpecPolicy::default() }
     }
 }
 

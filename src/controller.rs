@@ -203,7 +203,7 @@ async fn converge(balancer: &StoredBalancer, ctx: &Context, written: &mut Writte
         Ok(spec) => spec.clone(),
         Err(unreadable) => return refuse(balancer, ctx, &owner, std::slice::from_ref(unreadable)).await,
     };
-    let spec = match admit(ObjectName::Name(&owner.name), spec, &ctx.settings.defaults) {
+    let spec = match admit(ObjectName::Name(&owner.name), spec, &ctx.settings.policy) {
         Ok(admitted) => admitted,
         Err(report) => return refuse(balancer, ctx, &owner, &report.errors).await,
     };

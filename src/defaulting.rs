@@ -15,16 +15,26 @@ use crate::api::{
     SESSION_AFFINITIES,
 };
 
-/// Defaults that come from the operator's configuration rather than the API.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Defaults {
+/// What the operator's configuration, rather than the API, decides about every spec: the
+/// default `spec.replicas`, and which `spec.proxy.image`s a Balancer may choose.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SpecPolicy {
     /// `spec.replicas` when a Balancer does not say (`--proxy-replicas`).
     pub replicas: i32,
+    /// Prefixes a per-Balancer proxy image must start with (`--allowed-proxy-images`); none
+    /// allows no per-Balancer image: anyone who may edit a Balancer could otherwise run any
+    /// image in the proxy pods.
+    pub allowed_images: Vec<String>,
 }
 
-impl Default for Defaults {
+impl SpecPolicy {
+    /// One proxy pod, and no per-Balancer image.
+    pub const DEFAULT: SpecPolicy = SpecPolicy { replicas: 1, allowed_images: Vec::new() };
+}
+
+impl Default for SpecPolicy {
     fn default() -> Self {
-        Defaults { replicas: 1 }
+        SpecPolicy::DEFAULT
     }
 }
 
@@ -32,14 +42,14 @@ impl Default for Defaults {
 /// protocol `TCP`, `targetPort` = `port`, weight 1, `sessionAffinity: None`,
 /// `service.type: ClusterIP`, the timeouts and
 /// passive health settings (see [`crate::api`]'s `DEFAULT_*`), and `replicas` from `defaults`.
-pub fn with_defaults(spec: &BalancerSpec, defaults: &Defaults) -> BalancerSpec {
+pub fn with_defaults(spec: &BalancerSpec, defaults: &SpecPolicy) -> BalancerSpec {
     let mut spec = spec.clone();
     fill_defaults(&mut spec, defaults);
     spec
 }
 
 /// [`with_defaults`] in place: the one place defaults are written.
-pub fn fill_defaults(spec: &mut BalancerSpec, defaults: &Defaults) {
+pub fn fill_defaults(spec: &mut BalancerSpec, defaults: &SpecPolicy) {
     // Validation refuses longer lists; defaulting them would only cost memory.
     if spec.ports.len() > MAX_PORTS || spec.backends.len() > MAX_BACKENDS {
         return;
@@ -86,7 +96,7 @@ fn fill(field: &mut Option<String>, default: &str) {
 /// The RFC 6902 patch that turns `spec` (at `/spec` of the reviewed object) into
 /// [`with_defaults`]'s result. Lists keep their indices, so every path names a member
 /// that the reviewed object has or can take.
-pub fn defaults_patch(spec: &BalancerSpec, defaults: &Defaults) -> Result<Patch, serde_json::Error> {
+pub fn defaults_patch(spec: &BalancerSpec, defaults: &SpecPolicy) -> Result<Patch, serde_json::Error> {
     let at_spec = |spec: &BalancerSpec| -> Result<Value, serde_json::Error> {
         Ok(Value::Object(Map::from_iter([("spec".to_string(), serde_json::to_value(spec)?)])))
     };

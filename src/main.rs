@@ -80,7 +80,7 @@ fn check_files(args: &CheckArgs) -> ExitCode {
             Ok(input) => input,
             Err(message) => return fail(&message),
         };
-        match check::check_yaml(&name, &text, &args.defaults()) {
+        match check::check_yaml(&name, &text, &args.spec_policy()) {
             Ok(findings) => {
                 invalid |= findings.iter().any(|f| !f.report.is_valid());
                 let _ = std::io::stdout().write_all(check::render(&name, &findings).as_bytes());

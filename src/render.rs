@@ -34,8 +34,8 @@ pub fn render_yaml(
     for (document, doc) in balancer_documents(source_name, text)? {
         let name = doc_name(&doc);
         let invalid = |message: String| RenderError::Invalid { source_name: source_name.into(), document, message };
-        let spec = admit_document(&doc, &settings.defaults)
-            .map_err(|report| invalid(denial_message(&name, &report.errors)))?;
+        let spec =
+            admit_document(&doc, &settings.policy).map_err(|report| invalid(denial_message(&name, &report.errors)))?;
         let namespace = doc.pointer("/metadata/namespace").and_then(Value::as_str).unwrap_or(namespace);
         let owner = Owner {
             name: name.clone(),

@@ -90,12 +90,12 @@ pub async fn start(
     let body_budget = Arc::new(Semaphore::new(budget.min(Semaphore::MAX_PERMITS)));
     let conversion_budget = Arc::new(Semaphore::new(limits.max_conversion_body_bytes.min(Semaphore::MAX_PERMITS)));
     let limits = Arc::new(limits);
-    let defaults = args.controller.proxy.defaults();
+    let policy = args.controller.proxy.spec_policy();
     let state = AppState {
         metrics,
         readiness: readiness.clone(),
         limits: limits.clone(),
-        defaults,
+        policy,
         body_budget,
         conversion_budget,
         metrics_auth,

@@ -23,7 +23,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use crate::admission::{self, BadRequest, Outcome, Webhook};
 use crate::api::CONVERT_PATH;
 use crate::convert::{Converted, conversion_review};
-use crate::defaulting::Defaults;
+use crate::defaulting::SpecPolicy;
 use crate::listener::{ConnectionLimits, Serve};
 use crate::metrics_auth::{MetricsAuth, ReviewError, Verdict};
 use crate::telemetry::ConversionResult;
@@ -80,7 +80,7 @@ pub struct AppState {
     pub readiness: Readiness,
     pub limits: Arc<Limits>,
     /// What the mutating webhook fills in that the operator's flags decide.
-    pub defaults: Defaults,
+    pub policy: SpecPolicy,
     /// Bytes of review bodies that may be held at once (see [`Limits::max_body_bytes_in_flight`]).
     pub body_budget: Arc<Semaphore>,
     /// Bytes of ConversionReview bodies that may be held at once: a budget of their own, so
@@ -234,7 +234,7 @@ where
     let (outcome, response) = match read_review_body(state, request, limit).await {
         Err(rejection) => (Outcome::BadRequest, rejection),
         // The budget stays held until the answer is built: parsing borrows from the body.
-        Ok((body, _budget)) => match admission::review(webhook, &body, &state.defaults) {
+        Ok((body, _budget)) => match admission::review(webhook, &body, &state.policy) {
             Err(bad) => (Outcome::BadRequest, bad_request(&bad)),
             Ok(answer) => match answer.to_json() {
                 Ok(body) => (answer.outcome, json_bytes(StatusCode::OK, body)),

@@ -12,7 +12,7 @@ use balancer::children::{
     self, BACKEND_LABEL, BALANCER_NAME_LABEL, BackendHosts, COMPONENT_LABEL, CONFIG_HASH_ANNOTATION, MANAGED_BY_LABEL,
     Owner, OwnerError, ProxySettings,
 };
-use balancer::defaulting::{Defaults, with_defaults};
+use balancer::defaulting::{SpecPolicy, with_defaults};
 use balancer::nginx;
 use balancer::validation::ObjectName;
 use k8s_openapi::api::apps::v1::Deployment;
@@ -29,7 +29,7 @@ const UID: &str = "6a1c3b3e-1f0e-4d2a-9b7c-0123456789ab";
 fn sample() -> Balancer {
     let mut balancer: Balancer = serde_json::from_value(support::sample_balancer()).expect("sample parses");
     balancer.metadata.uid = Some(UID.to_string());
-    balancer.spec = with_defaults(&balancer.spec, &settings().defaults);
+    balancer.spec = with_defaults(&balancer.spec, &settings().policy);
     balancer
 }
 
@@ -37,14 +37,14 @@ fn settings() -> ProxySettings {
     ProxySettings {
         image: "nginxinc/nginx-unprivileged:1.28.0-alpine".into(),
         load_modules: Vec::new(),
-        defaults: Defaults { replicas: 2 },
+        policy: SpecPolicy { replicas: 2, ..SpecPolicy::default() },
     }
 }
 
 /// A Balancer's spec through the pipeline the controller uses; the fixtures are all valid.
 fn admitted(balancer: &Balancer, settings: &ProxySettings) -> Admitted {
     let name = balancer.metadata.name.as_deref().expect("a name");
-    admit(ObjectName::Name(name), balancer.spec.clone(), &settings.defaults)
+    admit(ObjectName::Name(name), balancer.spec.clone(), &settings.policy)
         .unwrap_or_else(|report| panic!("the fixture is valid: {report:?}"))
 }
 
@@ -109,7 +109,7 @@ fn backend(name: &str, weight: i32) -> BackendSpec {
 fn with_ports(ports: Vec<BalancerPort>) -> Balancer {
     let mut balancer = sample();
     balancer.spec.ports = ports;
-    balancer.spec = with_defaults(&balancer.spec, &settings().defaults);
+    balancer.spec = with_defaults(&balancer.spec, &settings().policy);
     balancer
 }
 
@@ -355,7 +355,7 @@ fn admit_fills_in_the_defaults_the_webhook_did_not() {
     };
     let settings = settings();
     let spec = admitted(&balancer, &settings);
-    assert_eq!(*spec, with_defaults(&balancer.spec, &settings.defaults));
+    assert_eq!(*spec, with_defaults(&balancer.spec, &settings.policy));
     assert_eq!(spec.replicas(), 2, "the operator's default");
     let built = desired(&owner(&balancer), &spec, &settings);
     let backend_port = &service_ports(&built.backend_services[0])[0];
@@ -367,7 +367,7 @@ fn admit_fills_in_the_defaults_the_webhook_did_not() {
     assert_eq!(built.deployment.spec.as_ref().and_then(|s| s.replicas), Some(2));
 
     let mut defaulted = balancer.clone();
-    defaulted.spec = with_defaults(&balancer.spec, &settings.defaults);
+    defaulted.spec = with_defaults(&balancer.spec, &settings.policy);
     let from_defaulted = desired(&owner(&defaulted), &admitted(&defaulted, &settings), &settings);
     assert_eq!(as_json(&built), as_json(&from_defaulted), "the same children as for the defaulted spec");
 }
@@ -378,7 +378,8 @@ fn the_proxy_has_the_replicas_the_balancer_asks_for() {
     let replicas = |spec_replicas: Option<i32>, default: i32| {
         let mut balancer = sample();
         balancer.spec.replicas = spec_replicas;
-        let settings = ProxySettings { defaults: Defaults { replicas: default }, ..settings() };
+        let settings =
+            ProxySettings { policy: SpecPolicy { replicas: default, ..SpecPolicy::default() }, ..settings() };
         let spec = admitted(&balancer, &settings);
         let deployment = desired(&owner(&balancer), &spec, &settings).deployment;
         let replicas = deployment.spec.as_ref().and_then(|s| s.replicas);
@@ -821,7 +822,7 @@ fn config_hash_changes_exactly_when_nginx_conf_changes() {
         ("proxy image", |_, s, _| s.image = "nginx:1.29".into(), false),
         ("replicas", |b, _, _| b.spec.replicas = Some(5), false),
         ("scaled to zero", |b, _, _| b.spec.replicas = Some(0), false),
-        ("default replicas", |b, s, _| (b.spec.replicas, s.defaults.replicas) = (None, 5), false),
+        ("default replicas", |b, s, _| (b.spec.replicas, s.policy.replicas) = (None, 5), false),
         ("selector", |b, _, _| b.spec.selector = Some(labels(&[("app", "other")])), false),
         ("targetPort", |b, _, _| b.spec.ports[0].target_port = Some(IntOrString::String("web".into())), false),
         ("port name", |b, _, _| b.spec.ports[0].name = Some("web".into()), false),

@@ -30,7 +30,7 @@ use std::time::{Duration, Instant};
 
 use balancer::admit::{Admitted, admit};
 use balancer::api::{BackendSpec, BalancerPort, BalancerSpec};
-use balancer::defaulting::Defaults;
+use balancer::defaulting::SpecPolicy;
 use balancer::nginx;
 use balancer::validation::ObjectName;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -462,7 +462,7 @@ fn sample_spec(port: u16) -> BalancerSpec {
 
 /// A spec through the pipeline the controller renders from: defaulted and validated.
 fn admitted(spec: BalancerSpec) -> Admitted {
-    admit(ObjectName::Name("test"), spec, &Defaults::default())
+    admit(ObjectName::Name("test"), spec, &SpecPolicy::default())
         .unwrap_or_else(|report| panic!("the test holds valid specs only: {:?}", report.errors))
 }
 
@@ -784,7 +784,7 @@ fn nginx_t_accepts_every_rendered_config() {
     let Some(bin) = nginx_binary() else { return };
     let mut rejected = Vec::new();
     for (case, spec) in config_table() {
-        let spec = admit(ObjectName::Name("table"), spec, &Defaults::default())
+        let spec = admit(ObjectName::Name("table"), spec, &SpecPolicy::default())
             .unwrap_or_else(|report| panic!("{case}: the table holds valid specs only: {:?}", report.errors));
         let rendered = nginx::render("table", &spec, &[], &loopback_addresses(&spec));
         if let Err(log) = nginx_check(&bin, &rendered) {

@@ -19,7 +19,7 @@ use balancer::api::conversion::{PRESERVED_ANNOTATION, Version, convert};
 use balancer::api::v1beta1::{BalancerAddress, FrontService, NodePortStatus};
 use balancer::api::{BackendSpec, Balancer, BalancerPort, BalancerSpec, BalancerStatus};
 use balancer::convert::conversion_review;
-use balancer::defaulting::{Defaults, with_defaults};
+use balancer::defaulting::{SpecPolicy, with_defaults};
 use balancer::validation::{self, ObjectName, Report};
 use base64::Engine as _;
 use json_patch::{Patch, PatchOperation};
@@ -34,8 +34,8 @@ use serde_json::{Value, json};
 const CASES: u32 = 256;
 
 /// What the webhooks default with in these tests (`--proxy-replicas 3`: not the type's default,
-/// so a test cannot pass by accident with `Defaults::default()`).
-const DEFAULTS: Defaults = Defaults { replicas: 3 };
+/// so a test cannot pass by accident with `SpecPolicy::default()`).
+const DEFAULTS: SpecPolicy = SpecPolicy { replicas: 3, allowed_images: Vec::new() };
 
 /// The defaults patch, which cannot fail to encode for a spec of strings and numbers.
 fn defaults_patch(spec: &BalancerSpec) -> Patch {

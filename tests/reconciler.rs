@@ -13,7 +13,7 @@ use balancer::controller::{
     self, Cached, ChildCaches, Context, ErrorKind, backoff, error_policy, fold_created_into_applied, is_subset,
     reconcile,
 };
-use balancer::defaulting::Defaults;
+use balancer::defaulting::SpecPolicy;
 use balancer::stored::StoredBalancer;
 use balancer::telemetry::Metrics;
 use balancer::throttle::{Rate, ThrottleLayer};
@@ -46,12 +46,16 @@ type ApiServer = Handle<Request<Body>, Response<Body>>;
 const CLUSTER_IP: &str = "10.96.0.10";
 
 fn settings() -> ProxySettings {
-    ProxySettings { image: "nginx-test:1".into(), load_modules: Vec::new(), defaults: Defaults { replicas: 1 } }
+    ProxySettings {
+        image: "nginx-test:1".into(),
+        load_modules: Vec::new(),
+        policy: SpecPolicy { replicas: 1, ..SpecPolicy::default() },
+    }
 }
 
 /// A spec through the pipeline the controller uses.
 fn admitted(balancer: &Balancer) -> Admitted {
-    admit(ObjectName::Name(NAME), balancer.spec.clone(), &settings().defaults).expect("a valid fixture")
+    admit(ObjectName::Name(NAME), balancer.spec.clone(), &settings().policy).expect("a valid fixture")
 }
 
 fn sample() -> Balancer {
@@ -972,7 +976,7 @@ async fn scaling_a_balancer_scales_its_proxy_deployment() {
 async fn a_balancer_without_replicas_gets_the_operators_default() {
     let (service, mut server) = mock::pair::<Request<Body>, Response<Body>>();
     let (children, _caches) = child_caches();
-    let settings = ProxySettings { defaults: Defaults { replicas: 4 }, ..settings() };
+    let settings = ProxySettings { policy: SpecPolicy { replicas: 4, ..SpecPolicy::default() }, ..settings() };
     let ctx = Arc::new(Context::new(Client::new(service, "default"), children, settings, Arc::new(Metrics::default())));
     let balancer = sample();
     assert_eq!(balancer.spec.replicas, None);

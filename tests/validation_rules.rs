@@ -12,7 +12,7 @@ use balancer::admission::denial_message;
 use balancer::api::v1beta1::FrontService;
 use balancer::api::{BackendSpec, BalancerPort, BalancerSpec};
 use balancer::check::check_yaml;
-use balancer::defaulting::Defaults;
+use balancer::defaulting::SpecPolicy;
 use balancer::validation::{
     FieldError, ObjectName, Report, check_label_key, check_label_value, is_dns1035_label, is_dns1123_label,
     is_dns1123_subdomain, is_iana_svc_name, validate,
@@ -1002,7 +1002,7 @@ fn the_invalid_sample_reports_every_problem() {
     assert!(text.contains("apiVersion: exposer.hliangzhao.io/v1alpha1\n"));
     let beta = text.replace("exposer.hliangzhao.io/v1alpha1", "exposer.hliangzhao.io/v1beta1");
     for text in [text, beta.as_str()] {
-        let findings = check_yaml("invalid-balancer.yaml", text, &Defaults::default()).expect("the sample is YAML");
+        let findings = check_yaml("invalid-balancer.yaml", text, &SpecPolicy::default()).expect("the sample is YAML");
         assert_eq!(findings.len(), 1);
         let errors: Vec<String> = findings[0].report.errors.iter().map(ToString::to_string).collect();
         assert_eq!(
