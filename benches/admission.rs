@@ -121,7 +121,7 @@ fn bench(c: &mut Criterion) {
         b.iter(|| serde_json::from_slice::<Value>(black_box(&largest)).unwrap())
     });
     group.bench_function("rules only: validation::validate", |b| {
-        b.iter(|| validate(ObjectName::Name("example-balancer"), black_box(&spec)))
+        b.iter(|| validate(ObjectName::Name("example-balancer"), black_box(&spec), &DEFAULTS))
     });
     group.bench_function("rules only: defaults_patch", |b| b.iter(|| defaults_patch(black_box(&spec), &DEFAULTS)));
     group.finish();

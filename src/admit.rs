@@ -39,9 +39,9 @@ impl Deref for Admitted {
 }
 
 /// Defaults `spec` and checks it against every rule; the report lists every violation.
-pub fn admit(name: ObjectName<'_>, mut spec: BalancerSpec, defaults: &SpecPolicy) -> Result<Admitted, Report> {
-    fill_defaults(&mut spec, defaults);
-    let report = validate(name, &spec);
+pub fn admit(name: ObjectName<'_>, mut spec: BalancerSpec, policy: &SpecPolicy) -> Result<Admitted, Report> {
+    fill_defaults(&mut spec, policy);
+    let report = validate(name, &spec, policy);
     match report.is_valid() {
         true => Ok(Admitted { spec, warnings: report.warnings }),
         false => Err(report),

@@ -214,3 +214,115 @@ pub fn raw_items(text: &str, max: usize) -> Result<Option<Vec<&serde_json::value
     deserializer.end()?;
     Ok(items)
 }
+
+/// An optional `T` (a Kubernetes type such as `Affinity`) read from at most `max` JSON values
+/// in all (each object, list, key, string, number…), named `what` in the error; `null` and a
+/// missing field are `None`. A small type cannot then be inflated with many tiny objects: the
+/// JSON is counted as it is read, and only what is kept is turned into `T`, whose own errors
+/// name the field inside (`nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution: …`).
+pub fn optional_capped<'de, D, T>(deserializer: D, max: usize, what: &'static str) -> Result<Option<T>, D::Error>
+where
+    D: Deserializer<'de>,
+    T: de::DeserializeOwned,
+{
+    let budget = std::cell::Cell::new(max);
+    let value = de::DeserializeSeed::deserialize(Counted { budget: &budget, max, what }, deserializer)?;
+    if value.is_null() {
+        return Ok(None);
+    }
+    serde_path_to_error::deserialize(value).map(Some).map_err(|e| {
+        let path = e.path().to_string();
+        match path.as_str() {
+            "." => de::Error::custom(e.into_inner()),
+            _ => de::Error::custom(format_args!("{path}: {}", e.into_inner())),
+        }
+    })
+}
+
+/// Reads any JSON value, spending one of `budget` per value and per key.
+struct Counted<'a> {
+    budget: &'a std::cell::Cell<usize>,
+    max: usize,
+    what: &'static str,
+}
+
+impl Counted<'_> {
+    fn spend<E: de::Error>(&self) -> Result<(), E> {
+        match self.budget.get() {
+            0 => Err(E::custom(format_args!("must have at most {} {} in all", self.max, self.what))),
+            left => {
+                self.budget.set(left - 1);
+                Ok(())
+            }
+        }
+    }
+
+    fn again(&self) -> Self {
+        Counted { budget: self.budget, max: self.max, what: self.what }
+    }
+}
+
+impl<'de> de::DeserializeSeed<'de> for Counted<'_> {
+    type Value = serde_json::Value;
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
+        deserializer.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Counted<'_> {
+    type Value = serde_json::Value;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        write!(f, "at most {} {}", self.max, self.what)
+    }
+    fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
+        Ok(serde_json::Value::Null)
+    }
+    fn visit_none<E: de::Error>(self) -> Result<Self::Value, E> {
+        Ok(serde_json::Value::Null)
+    }
+    fn visit_some<D: Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
+        deserializer.deserialize_any(self)
+    }
+    fn visit_bool<E: de::Error>(self, v: bool) -> Result<Self::Value, E> {
+        self.spend()?;
+        Ok(v.into())
+    }
+    fn visit_i64<E: de::Error>(self, v: i64) -> Result<Self::Value, E> {
+        self.spend()?;
+        Ok(v.into())
+    }
+    fn visit_u64<E: de::Error>(self, v: u64) -> Result<Self::Value, E> {
+        self.spend()?;
+        Ok(v.into())
+    }
+    fn visit_f64<E: de::Error>(self, v: f64) -> Result<Self::Value, E> {
+        self.spend()?;
+        Ok(serde_json::Number::from_f64(v).map_or(serde_json::Value::Null, serde_json::Value::Number))
+    }
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
+        self.spend()?;
+        Ok(v.into())
+    }
+    fn visit_string<E: de::Error>(self, v: String) -> Result<Self::Value, E> {
+        self.spend()?;
+        Ok(v.into())
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        self.spend()?;
+        let mut items = Vec::new();
+        while let Some(item) = seq.next_element_seed(self.again())? {
+            items.push(item);
+        }
+        Ok(serde_json::Value::Array(items))
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        self.spend()?;
+        let mut entries = serde_json::Map::new();
+        while let Some(key) = map.next_key::<String>()? {
+            self.spend()?;
+            let value = map.next_value_seed(self.again())?;
+            entries.insert(key, value);
+        }
+        Ok(serde_json::Value::Object(entries))
+    }
+}

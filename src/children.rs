@@ -257,10 +257,12 @@ pub fn proxy_config_map(owner: &Owner, nginx_conf: &str) -> ConfigMap {
 pub fn proxy_deployment(owner: &Owner, spec: &Admitted, settings: &ProxySettings, config_hash: &str) -> Deployment {
     let mut pod_labels = labels(&owner.name, COMPONENT_PROXY);
     pod_labels.extend(proxy_selector(&owner.name));
+    let mut annotations = spec.proxy.as_ref().and_then(|p| p.pod_annotations.clone()).unwrap_or_default();
+    annotations.insert(CONFIG_HASH_ANNOTATION.to_string(), config_hash.to_string());
     let template = PodTemplateSpec {
         metadata: Some(ObjectMeta {
             labels: Some(pod_labels),
-            annotations: Some(BTreeMap::from([(CONFIG_HASH_ANNOTATION.to_string(), config_hash.to_string())])),
+            annotations: Some(annotations),
             ..ObjectMeta::default()
         }),
         spec: Some(proxy_pod_spec(owner, spec, settings)),
@@ -278,6 +280,7 @@ pub fn proxy_deployment(owner: &Owner, spec: &Admitted, settings: &ProxySettings
 }
 
 fn proxy_pod_spec(owner: &Owner, spec: &BalancerSpec, settings: &ProxySettings) -> PodSpec {
+    let proxy = spec.proxy.clone().unwrap_or_default();
     let config_volume = "nginx-conf";
     let tmp_volume = "tmp";
     // Ports below 1024 need the (namespaced, safe since Kubernetes 1.22) sysctl for a non-root nginx.
@@ -288,7 +291,7 @@ fn proxy_pod_spec(owner: &Owner, spec: &BalancerSpec, settings: &ProxySettings) 
         .then(|| vec![Sysctl { name: "net.ipv4.ip_unprivileged_port_start".into(), value: "0".into() }]);
     let container = Container {
         name: "nginx".into(),
-        image: Some(settings.image.clone()),
+        image: Some(proxy.image.unwrap_or_else(|| settings.image.clone())),
         image_pull_policy: Some("IfNotPresent".into()),
         command: Some(vec!["/bin/sh".into(), "-c".into(), STOP_GRACEFULLY.into(), "nginx".into()]),
         args: Some(nginx_args()),
@@ -304,14 +307,7 @@ fn proxy_pod_spec(owner: &Owner, spec: &BalancerSpec, settings: &ProxySettings) 
         ),
         readiness_probe: Some(readiness_probe(spec)),
         lifecycle: Some(graceful_stop()),
-        resources: Some(ResourceRequirements {
-            requests: Some(BTreeMap::from([
-                ("cpu".to_string(), Quantity("50m".into())),
-                ("memory".to_string(), Quantity("32Mi".into())),
-            ])),
-            limits: Some(BTreeMap::from([("memory".to_string(), Quantity("128Mi".into()))])),
-            ..ResourceRequirements::default()
-        }),
+        resources: Some(proxy.resources.unwrap_or_else(default_resources)),
         security_context: Some(SecurityContext {
             allow_privilege_escalation: Some(false),
             read_only_root_filesystem: Some(true),
@@ -343,7 +339,13 @@ fn proxy_pod_spec(owner: &Owner, spec: &BalancerSpec, settings: &ProxySettings) 
             ..PodSecurityContext::default()
         }),
         containers: vec![container],
-        topology_spread_constraints: Some(vec![spread_across_nodes(owner)]),
+        topology_spread_constraints: Some(
+            proxy.topology_spread_constraints.unwrap_or_else(|| vec![spread_across_nodes(owner)]),
+        ),
+        node_selector: proxy.node_selector.filter(|s| !s.is_empty()),
+        tolerations: proxy.tolerations.filter(|t| !t.is_empty()),
+        affinity: proxy.affinity,
+        priority_class_name: proxy.priority_class_name.filter(|c| !c.is_empty()),
         volumes: Some(vec![
             Volume {
                 name: config_volume.into(),
@@ -356,6 +358,19 @@ fn proxy_pod_spec(owner: &Owner, spec: &BalancerSpec, settings: &ProxySettings) 
             Volume { name: tmp_volume.into(), empty_dir: Some(EmptyDirVolumeSource::default()), ..Volume::default() },
         ]),
         ..PodSpec::default()
+    }
+}
+
+/// What a proxy pod asks for unless `spec.proxy.resources` says: nginx at rest needs a few
+/// MiB; the limit keeps a runaway worker from taking the node's memory.
+fn default_resources() -> ResourceRequirements {
+    ResourceRequirements {
+        requests: Some(BTreeMap::from([
+            ("cpu".to_string(), Quantity("50m".into())),
+            ("memory".to_string(), Quantity("32Mi".into())),
+        ])),
+        limits: Some(BTreeMap::from([("memory".to_string(), Quantity("128Mi".into()))])),
+        ..ResourceRequirements::default()
     }
 }
 

@@ -10,11 +10,13 @@ use std::hash::{Hash, Hasher};
 
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
+use crate::api::v1beta1::ProxySpec;
 use crate::api::{
     self, BalancerSpec, EXTERNAL_TRAFFIC_POLICIES, MAX_ANNOTATION_VALUE_LEN, MAX_BACKENDS, MAX_MAX_FAILS, MAX_PORTS,
-    MAX_REPLICAS, MAX_SELECTOR_LABELS, MAX_SERVICE_ANNOTATIONS, MAX_SOURCE_RANGES, MAX_WEIGHT, PROTOCOLS,
-    SERVICE_TYPES, SESSION_AFFINITIES,
+    MAX_REPLICAS, MAX_SELECTOR_LABELS, MAX_SERVICE_ANNOTATIONS, MAX_SOURCE_RANGES, MAX_SPREAD_CONSTRAINTS,
+    MAX_TOLERATIONS, MAX_WEIGHT, PROTOCOLS, SERVICE_TYPES, SESSION_AFFINITIES,
 };
+use crate::defaulting::SpecPolicy;
 use crate::echo::{MAX_QUOTED_BYTES, cut, quoted};
 
 /// Longest DNS-1123 / DNS-1035 label, and so longest Service name.
@@ -97,9 +99,11 @@ impl<'a> ObjectName<'a> {
     }
 }
 
-/// Checks a Balancer (already defaulted) against every rule.
-pub fn validate(name: ObjectName<'_>, spec: &BalancerSpec) -> Report {
+/// Checks a Balancer (already defaulted) against every rule; `policy` says which proxy
+/// images it may choose.
+pub fn validate(name: ObjectName<'_>, spec: &BalancerSpec, policy: &SpecPolicy) -> Report {
     let mut report = Report::default();
+    validate_proxy(spec.proxy.as_ref(), policy, &mut report);
     validate_name(name, &mut report);
     validate_replicas(spec.replicas, &mut report);
     validate_session_affinity(spec.session_affinity.as_deref(), &mut report);
@@ -262,11 +266,84 @@ fn validate_service(spec: &BalancerSpec, report: &mut Report) {
             report.error(format!("spec.service.loadBalancerSourceRanges[{i}]"), detail);
         }
     }
-    validate_annotations(service.annotations.as_ref(), report);
+    validate_annotations("spec.service.annotations", service.annotations.as_ref(), report);
 }
 
-fn validate_annotations(annotations: Option<&BTreeMap<String, String>>, report: &mut Report) {
-    let at = "spec.service.annotations";
+/// `spec.proxy`: the image against the operator's allowlist, and the fields the API server
+/// would otherwise refuse only on the Deployment, where the user would not see why.
+fn validate_proxy(proxy: Option<&ProxySpec>, policy: &SpecPolicy, report: &mut Report) {
+    let Some(proxy) = proxy else { return };
+    if let Some(image) = &proxy.image {
+        validate_image(image, &policy.allowed_images, report);
+    }
+    validate_selector(&"spec.proxy.nodeSelector", proxy.node_selector.as_ref(), report);
+    validate_annotations("spec.proxy.podAnnotations", proxy.pod_annotations.as_ref(), report);
+    if let Some(class) = proxy.priority_class_name.as_deref().filter(|c| !is_dns1123_subdomain(c)) {
+        let detail = format!("must be a DNS-1123 subdomain (a PriorityClass name), got {}", quoted(class));
+        report.error("spec.proxy.priorityClassName", detail);
+    }
+    let tolerations = proxy.tolerations.as_ref().map_or(0, Vec::len);
+    if tolerations > MAX_TOLERATIONS {
+        report.error(
+            "spec.proxy.tolerations",
+            format!("must have at most {MAX_TOLERATIONS} tolerations, got {tolerations}"),
+        );
+    }
+    let spread = proxy.topology_spread_constraints.as_ref().map_or(0, Vec::len);
+    if spread > MAX_SPREAD_CONSTRAINTS {
+        let detail = format!("must have at most {MAX_SPREAD_CONSTRAINTS} constraints, got {spread}");
+        report.error("spec.proxy.topologySpreadConstraints", detail);
+    }
+    let resources = proxy.resources.iter().flat_map(|r| [("limits", &r.limits), ("requests", &r.requests)]);
+    for (kind, quantities) in resources {
+        for (name, quantity) in quantities.iter().flatten().filter(|(_, q)| !is_quantity(&q.0)) {
+            let at = format!("spec.proxy.resources.{kind}[{}]", cut(name, MAX_QUOTED_BYTES));
+            report.error(at, format!("must be a quantity such as 100m, 1, 64Mi or 1G, got {}", quoted(&quantity.0)));
+        }
+    }
+}
+
+/// A per-Balancer image runs with the operator's authority: only with the installer's consent.
+fn validate_image(image: &str, allowed: &[String], report: &mut Report) {
+    let at = "spec.proxy.image";
+    if allowed.is_empty() {
+        let detail = "is not allowed: this operator runs every proxy with its own --proxy-image, since the \
+                      image would run with the operator's authority; the installer can allow image prefixes \
+                      with --allowed-proxy-images";
+        report.error(at, detail);
+    } else if !allowed.iter().any(|prefix| image.starts_with(prefix.as_str())) {
+        let prefixes: Vec<String> = allowed.iter().map(|p| quoted(p)).collect();
+        let detail = format!(
+            "must start with one of the prefixes the operator allows (--allowed-proxy-images): {}; got {}",
+            prefixes.join(", "),
+            quoted(image)
+        );
+        report.error(at, detail);
+    } else if image.is_empty() || image.contains(|c: char| c.is_whitespace() || c.is_control()) {
+        report.error(at, format!("must be an image reference without spaces, got {}", quoted(image)));
+    }
+}
+
+/// A Kubernetes quantity's form: a decimal number, then an optional SI, binary or exponent suffix.
+fn is_quantity(text: &str) -> bool {
+    let number_end =
+        text.find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '+' || c == '-')).unwrap_or(text.len());
+    let (number, suffix) = text.split_at(number_end);
+    let number = number.strip_prefix(['+', '-']).unwrap_or(number);
+    let digits = number.bytes().filter(u8::is_ascii_digit).count();
+    let well_formed = digits > 0
+        && number.bytes().filter(|b| *b == b'.').count() <= 1
+        && number.bytes().all(|b| b.is_ascii_digit() || b == b'.');
+    let suffix_ok =
+        matches!(suffix, "" | "m" | "k" | "M" | "G" | "T" | "P" | "E" | "Ki" | "Mi" | "Gi" | "Ti" | "Pi" | "Ei")
+            || suffix.strip_prefix(['e', 'E']).is_some_and(|exp| {
+                let exp = exp.strip_prefix(['+', '-']).unwrap_or(exp);
+                !exp.is_empty() && exp.bytes().all(|b| b.is_ascii_digit())
+            });
+    well_formed && suffix_ok && text.len() <= 64
+}
+
+fn validate_annotations(at: &str, annotations: Option<&BTreeMap<String, String>>, report: &mut Report) {
     let len = annotations.map_or(0, BTreeMap::len);
     if len > MAX_SERVICE_ANNOTATIONS {
         report.error(at, format!("must have at most {MAX_SERVICE_ANNOTATIONS} annotations, got {len}"));

@@ -6,7 +6,7 @@ mod support;
 use std::collections::BTreeMap;
 
 use balancer::admit::{Admitted, admit};
-use balancer::api::v1beta1::FrontService;
+use balancer::api::v1beta1::{FrontService, ProxySpec};
 use balancer::api::{BackendSpec, Balancer, BalancerPort, BalancerSpec};
 use balancer::children::{
     self, BACKEND_LABEL, BALANCER_NAME_LABEL, BackendHosts, COMPONENT_LABEL, CONFIG_HASH_ANNOTATION, MANAGED_BY_LABEL,
@@ -344,6 +344,7 @@ fn admit_fills_in_the_defaults_the_webhook_did_not() {
         replicas: None,
         session_affinity: None,
         service: None,
+        proxy: None,
         ports: vec![BalancerPort { name: None, protocol: None, port: 8080, target_port: None, ..Default::default() }],
         selector: None,
         backends: vec![BackendSpec {
@@ -906,5 +907,64 @@ fn the_front_service_is_exposed_as_spec_service_says() {
     assert_eq!(
         (front.external_traffic_policy.as_ref(), desired.front_service.metadata.annotations.as_ref()),
         (None, None)
+    );
+}
+
+/// `spec.proxy` goes into the proxy pods as it is: image, resources, placement, priority and
+/// annotations (the config hash stays the operator's); unset, the defaults stand.
+#[test]
+fn the_proxy_pods_are_shaped_as_spec_proxy_says() {
+    use k8s_openapi::api::core::v1::{Affinity, ResourceRequirements, Toleration, TopologySpreadConstraint};
+    use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+    let mut balancer = with_ports(vec![port(Some("http"), "TCP", 80)]);
+    let defaults = desired_for(&balancer);
+    let default_pod = pod_spec(&defaults.deployment).clone();
+    let requests = BTreeMap::from([("cpu".to_string(), Quantity("250m".into()))]);
+    let spread = TopologySpreadConstraint {
+        max_skew: 2,
+        topology_key: "topology.kubernetes.io/zone".into(),
+        when_unsatisfiable: "DoNotSchedule".into(),
+        ..TopologySpreadConstraint::default()
+    };
+    balancer.spec.proxy = Some(ProxySpec {
+        image: Some("registry.example.com/nginx/stream:1".into()),
+        resources: Some(ResourceRequirements { requests: Some(requests.clone()), ..Default::default() }),
+        node_selector: Some(BTreeMap::from([("kubernetes.io/os".into(), "linux".into())])),
+        tolerations: Some(vec![Toleration {
+            key: Some("dedicated".into()),
+            operator: Some("Exists".into()),
+            ..Default::default()
+        }]),
+        affinity: Some(Affinity::default()),
+        topology_spread_constraints: Some(vec![spread.clone()]),
+        priority_class_name: Some("system-cluster-critical".into()),
+        pod_annotations: Some(BTreeMap::from([
+            ("example.com/scrape".into(), "true".into()),
+            (CONFIG_HASH_ANNOTATION.into(), "mine".into()),
+        ])),
+    });
+    let mut settings = settings();
+    settings.policy.allowed_images = vec!["registry.example.com/nginx/".into()];
+    let desired = desired(&owner(&balancer), &admitted(&balancer, &settings), &settings);
+    let pod = pod_spec(&desired.deployment);
+    let nginx = container(&desired.deployment);
+    assert_eq!(nginx.image.as_deref(), Some("registry.example.com/nginx/stream:1"));
+    assert_eq!(nginx.resources.as_ref().and_then(|r| r.requests.clone()), Some(requests));
+    assert_eq!(pod.node_selector.as_ref().map(|s| s.len()), Some(1));
+    assert_eq!(pod.tolerations.as_ref().map(Vec::len), Some(1));
+    assert_eq!(pod.affinity, Some(Affinity::default()));
+    assert_eq!(pod.topology_spread_constraints, Some(vec![spread]), "replaces the default spread");
+    assert_eq!(pod.priority_class_name.as_deref(), Some("system-cluster-critical"));
+    let template = desired.deployment.spec.as_ref().and_then(|s| s.template.metadata.as_ref()).expect("metadata");
+    let annotations = template.annotations.as_ref().expect("annotations");
+    assert_eq!(annotations.get("example.com/scrape").map(String::as_str), Some("true"));
+    let hash = defaults.deployment.spec.as_ref().and_then(|s| s.template.metadata.as_ref()?.annotations.clone());
+    assert_eq!(annotations.get(CONFIG_HASH_ANNOTATION), hash.as_ref().and_then(|h| h.get(CONFIG_HASH_ANNOTATION)));
+    // Unset: the operator's image, requests, spread; no placement of its own.
+    assert_eq!(container(&defaults.deployment).image.as_deref(), Some(settings.image.as_str()));
+    assert!(default_pod.node_selector.is_none() && default_pod.tolerations.is_none() && default_pod.affinity.is_none());
+    assert_eq!(
+        default_pod.topology_spread_constraints.as_ref().map(|t| t[0].topology_key.as_str()),
+        Some("kubernetes.io/hostname")
     );
 }

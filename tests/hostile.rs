@@ -299,6 +299,8 @@ enum PadAt {
     Metadata,
     /// `request.x`: an unknown field of the AdmissionRequest itself.
     Request,
+    /// `spec.proxy.affinity`'s node selector terms: a Kubernetes type the spec does read.
+    Affinity,
 }
 
 /// A review just under the body limit whose bulk is `[{"a":0},{"a":0},…]` at `at`:
@@ -316,8 +318,14 @@ fn tiny_objects_review(at: PadAt) -> Vec<u8> {
         PadAt::Spec => &mut review["request"]["object"]["spec"],
         PadAt::Metadata => &mut review["request"]["object"]["metadata"],
         PadAt::Request => &mut review["request"],
+        PadAt::Affinity => &mut review["request"]["object"]["spec"]["proxy"]["affinity"]["nodeAffinity"],
     };
-    slot["x"] = json!(MARK);
+    match at {
+        PadAt::Affinity => {
+            slot["requiredDuringSchedulingIgnoredDuringExecution"] = json!({"nodeSelectorTerms": MARK});
+        }
+        _ => slot["x"] = json!(MARK),
+    }
     let text = serde_json::to_string(&review).expect("serialize");
     let quoted = format!("\"{MARK}\"");
     let room = BODY_BUDGET - 1_000 - (text.len() - quoted.len());
@@ -497,6 +505,11 @@ async fn row1_tiny_objects_in_metadata_cost_bounded_memory() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn row1_tiny_objects_in_request_cost_bounded_memory() {
     tiny_objects_row(PadAt::Request).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn row1_tiny_objects_in_an_affinity_cost_bounded_memory() {
+    tiny_objects_row(PadAt::Affinity).await;
 }
 
 // ---------------------------------------------------------------------------

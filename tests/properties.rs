@@ -16,13 +16,15 @@ use std::collections::BTreeMap;
 use balancer::admission::{self, Answer, BadRequest, MAX_ANSWER_BYTES, MAX_UID_BYTES, MAX_WARNINGS, Outcome, Webhook};
 use balancer::admit::admit;
 use balancer::api::conversion::{PRESERVED_ANNOTATION, Version, convert};
-use balancer::api::v1beta1::{BalancerAddress, FrontService, NodePortStatus};
+use balancer::api::v1beta1::{BalancerAddress, FrontService, NodePortStatus, ProxySpec};
 use balancer::api::{BackendSpec, Balancer, BalancerPort, BalancerSpec, BalancerStatus};
 use balancer::convert::conversion_review;
 use balancer::defaulting::{SpecPolicy, with_defaults};
 use balancer::validation::{self, ObjectName, Report};
 use base64::Engine as _;
 use json_patch::{Patch, PatchOperation};
+use k8s_openapi::api::core::v1::{ResourceRequirements, Toleration};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use proptest::collection::{btree_map, btree_set, vec};
 use proptest::option;
@@ -152,6 +154,7 @@ fn arb_spec() -> impl Strategy<Value = BalancerSpec> {
             replicas,
             session_affinity,
             service,
+            proxy: None,
             ports,
             selector,
             backends,
@@ -232,6 +235,7 @@ fn valid_balancer() -> impl Strategy<Value = ValidBalancer> {
                 replicas: Some(replicas),
                 session_affinity: Some(["None", "ClientIP"][replicas as usize % 2].to_string()),
                 service: Some(exposure(replicas)),
+                proxy: (replicas % 2 == 0).then(|| proxy_pods(replicas)),
                 ports,
                 selector,
                 backends: backends
@@ -274,6 +278,26 @@ fn exposure(n: i32) -> FrontService {
         external_traffic_policy: (type_ != "ClusterIP").then(|| ["Cluster", "Local"][n as usize % 2].into()),
         load_balancer_source_ranges: load_balancer.then(|| vec!["10.0.0.0/8".into(), "fd00::/8".into()]),
         annotations: Some(BTreeMap::from([("example.com/lb-scheme".to_string(), "internal".to_string())])),
+    }
+}
+
+/// A valid `spec.proxy` (no image: the policy allows none).
+fn proxy_pods(n: i32) -> ProxySpec {
+    let quantities = BTreeMap::from([
+        ("cpu".to_string(), Quantity(format!("{}m", 10 + n))),
+        ("memory".to_string(), Quantity("64Mi".into())),
+    ]);
+    ProxySpec {
+        resources: Some(ResourceRequirements { requests: Some(quantities), ..ResourceRequirements::default() }),
+        node_selector: Some(BTreeMap::from([("kubernetes.io/os".to_string(), "linux".to_string())])),
+        tolerations: Some(vec![Toleration {
+            key: Some("dedicated".into()),
+            operator: Some("Exists".into()),
+            ..Toleration::default()
+        }]),
+        priority_class_name: Some("system-cluster-critical".into()),
+        pod_annotations: Some(BTreeMap::from([("example.com/scrape".to_string(), "true".to_string())])),
+        ..ProxySpec::default()
     }
 }
 
@@ -494,7 +518,7 @@ fn spec_of(doc: &Value) -> BalancerSpec {
 }
 
 fn validate_as(meta: &(Option<String>, Option<String>), spec: &BalancerSpec) -> Report {
-    validation::validate(ObjectName::from_meta(meta.0.as_deref(), meta.1.as_deref()), spec)
+    validation::validate(ObjectName::from_meta(meta.0.as_deref(), meta.1.as_deref()), spec, &DEFAULTS)
 }
 
 // ---------------------------------------------------------------------------
@@ -600,7 +624,7 @@ proptest! {
 
     #[test]
     fn valid_balancers_are_valid(valid in valid_balancer()) {
-        let report = validation::validate(ObjectName::Name(&valid.name), &valid.spec);
+        let report = validation::validate(ObjectName::Name(&valid.name), &valid.spec, &DEFAULTS);
         prop_assert!(report.is_valid(), "{:#?}", report.errors);
         prop_assert!(defaults_patch(&valid.spec).0.is_empty(), "every optional field is set");
         let admitted = admit(ObjectName::Name(&valid.name), valid.spec.clone(), &DEFAULTS)
@@ -618,7 +642,7 @@ proptest! {
     ) {
         let dropped = drop_optional_fields(&valid.spec, &ports, &weights, single_port_name, replicas);
         let defaulted = defaulted(&dropped);
-        let report = validation::validate(ObjectName::Name(&valid.name), &defaulted);
+        let report = validation::validate(ObjectName::Name(&valid.name), &defaulted, &DEFAULTS);
         prop_assert!(report.is_valid(), "{:#?}", report.errors);
 
         // The same through both webhooks, in the order the API server calls them.

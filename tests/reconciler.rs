@@ -71,6 +71,7 @@ fn sample() -> Balancer {
             replicas: None,
             session_affinity: None,
             service: None,
+            proxy: None,
             ports: vec![BalancerPort {
                 name: Some("http".into()),
                 protocol: Some("TCP".into()),

@@ -9,7 +9,7 @@
 use std::collections::BTreeMap;
 
 use balancer::admission::denial_message;
-use balancer::api::v1beta1::FrontService;
+use balancer::api::v1beta1::{FrontService, ProxySpec};
 use balancer::api::{BackendSpec, BalancerPort, BalancerSpec};
 use balancer::check::check_yaml;
 use balancer::defaulting::SpecPolicy;
@@ -29,11 +29,14 @@ struct Subject {
     name: Option<String>,
     generate_name: Option<String>,
     spec: BalancerSpec,
+    /// The operator's `--allowed-proxy-images`.
+    allowed_images: Vec<String>,
 }
 
 impl Subject {
     fn report(&self) -> Report {
-        validate(ObjectName::from_meta(self.name.as_deref(), self.generate_name.as_deref()), &self.spec)
+        let policy = SpecPolicy { replicas: 1, allowed_images: self.allowed_images.clone() };
+        validate(ObjectName::from_meta(self.name.as_deref(), self.generate_name.as_deref()), &self.spec, &policy)
     }
 }
 
@@ -65,10 +68,12 @@ fn sample() -> Subject {
     Subject {
         name: Some("example-balancer".into()),
         generate_name: None,
+        allowed_images: Vec::new(),
         spec: BalancerSpec {
             replicas: Some(1),
             session_affinity: None,
             service: None,
+            proxy: None,
             ports: vec![port(Some("http"), Some("TCP"), 80, Some(IntOrString::Int(5678)))],
             selector: Some(labels(&[("app", "test")])),
             backends: vec![
@@ -1451,6 +1456,83 @@ fn service_rules() {
                 s.spec.service = Some(FrontService { annotations: Some(long), ..FrontService::default() });
             },
             strings!["spec.service.annotations[example.com/cert]: must be at most 4096 bytes, got 4097"],
+            vec![],
+        ),
+    ]);
+}
+
+#[test]
+fn proxy_rules() {
+    use k8s_openapi::api::core::v1::ResourceRequirements;
+    use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+    fn image(s: &mut Subject, image: &str) {
+        s.spec.proxy = Some(ProxySpec { image: Some(image.into()), ..ProxySpec::default() });
+    }
+    run(vec![
+        case(
+            "placement and resources",
+            |s| {
+                let requests = BTreeMap::from([("cpu".to_string(), Quantity("250m".into()))]);
+                s.spec.proxy = Some(ProxySpec {
+                    resources: Some(ResourceRequirements { requests: Some(requests), ..Default::default() }),
+                    node_selector: Some(labels(&[("kubernetes.io/os", "linux")])),
+                    priority_class_name: Some("system-cluster-critical".into()),
+                    pod_annotations: Some(labels(&[("example.com/scrape", "true")])),
+                    ..ProxySpec::default()
+                });
+            },
+            vec![],
+            vec![],
+        ),
+        case(
+            "an image while the operator allows none",
+            |s| image(s, "nginx:1.27"),
+            strings![
+                "spec.proxy.image: is not allowed: this operator runs every proxy with its own --proxy-image, since \
+                 the image would run with the operator's authority; the installer can allow image prefixes with \
+                 --allowed-proxy-images"
+            ],
+            vec![],
+        ),
+        case(
+            "an image under an allowed prefix",
+            |s| {
+                s.allowed_images = vec!["registry.example.com/nginx/".into()];
+                image(s, "registry.example.com/nginx/stream:1.27");
+            },
+            vec![],
+            vec![],
+        ),
+        case(
+            "an image under no allowed prefix",
+            |s| {
+                s.allowed_images = vec!["registry.example.com/nginx/".into()];
+                image(s, "evil.example.com/nginx/stream:1.27");
+            },
+            strings![
+                "spec.proxy.image: must start with one of the prefixes the operator allows (--allowed-proxy-images): \
+                 \"registry.example.com/nginx/\"; got \"evil.example.com/nginx/stream:1.27\""
+            ],
+            vec![],
+        ),
+        case(
+            "bad values",
+            |s| {
+                let limits = BTreeMap::from([("memory".to_string(), Quantity("lots".into()))]);
+                s.spec.proxy = Some(ProxySpec {
+                    resources: Some(ResourceRequirements { limits: Some(limits), ..Default::default() }),
+                    node_selector: Some(labels(&[("kubernetes.io/os", "not valid")])),
+                    priority_class_name: Some("High_Priority".into()),
+                    ..ProxySpec::default()
+                });
+            },
+            strings![
+                "spec.proxy.nodeSelector[kubernetes.io/os]: invalid label value \"not valid\": must be empty or \
+                 at most 63 alphanumeric characters, '-', '_' or '.', starting and ending with an alphanumeric \
+                 character",
+                "spec.proxy.priorityClassName: must be a DNS-1123 subdomain (a PriorityClass name), got \"High_Priority\"",
+                "spec.proxy.resources.limits[memory]: must be a quantity such as 100m, 1, 64Mi or 1G, got \"lots\"",
+            ],
             vec![],
         ),
     ]);

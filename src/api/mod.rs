@@ -70,6 +70,16 @@ pub const MAX_SOURCE_RANGES: usize = 64;
 /// load-balancer settings are short; a certificate ARN list is a few hundred characters).
 pub const MAX_SERVICE_ANNOTATIONS: usize = 64;
 pub const MAX_ANNOTATION_VALUE_LEN: usize = 4096;
+/// `spec.proxy` (v1beta1): most tolerations and spread constraints, and most JSON values in
+/// each of `resources`, `tolerations`, `affinity` and `topologySpreadConstraints` (a
+/// Kubernetes type read from a client is counted as it is read: see `bounded::optional_capped`).
+pub const MAX_TOLERATIONS: usize = 32;
+pub const MAX_SPREAD_CONSTRAINTS: usize = 8;
+pub const MAX_PROXY_VALUES: usize = 512;
+/// Longest string, and most items or entries, anywhere inside those Kubernetes types in the
+/// CRD schema (the API server enforces them even without the webhook).
+pub const MAX_NESTED_STRING_LEN: usize = 1024;
+pub const MAX_NESTED_ITEMS: usize = 64;
 /// Protocols nginx's stream module can proxy.
 pub const PROTOCOLS: [&str; 2] = ["TCP", "UDP"];
 
@@ -342,6 +352,7 @@ mod tests {
             replicas: None,
             session_affinity: None,
             service: None,
+            proxy: None,
             ports: vec![],
             selector: Some(BTreeMap::from([("app".into(), "a".into()), ("tier".into(), "x".into())])),
             backends: vec![],

@@ -12,6 +12,7 @@
 
 use std::collections::BTreeMap;
 
+use k8s_openapi::api::core::v1::{Affinity, ResourceRequirements, Toleration, TopologySpreadConstraint};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::CustomResource;
 use schemars::JsonSchema;
@@ -19,9 +20,10 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use super::{
-    BackendSpec, BalancerPort, DEFAULT_PROTOCOL, MAX_ANNOTATION_VALUE_LEN, MAX_BACKENDS, MAX_PORTS, MAX_REPLICAS,
-    MAX_SERVICE_ANNOTATIONS, MAX_SOURCE_RANGES, SERVICE_TYPES, read_annotations, read_backends, read_ports,
-    read_selector, read_source_ranges, selector_schema,
+    BackendSpec, BalancerPort, DEFAULT_PROTOCOL, MAX_ANNOTATION_VALUE_LEN, MAX_BACKENDS, MAX_NESTED_ITEMS,
+    MAX_NESTED_STRING_LEN, MAX_PORTS, MAX_PROXY_VALUES, MAX_REPLICAS, MAX_SERVICE_ANNOTATIONS, MAX_SOURCE_RANGES,
+    MAX_SPREAD_CONSTRAINTS, MAX_TOLERATIONS, SERVICE_TYPES, read_annotations, read_backends, read_ports, read_selector,
+    read_source_ranges, selector_schema,
 };
 
 /// This version's name.
@@ -108,6 +110,9 @@ pub struct BalancerSpec {
     /// How the front Service exposes the Balancer; a ClusterIP Service by default.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub service: Option<FrontService>,
+    /// The proxy pods: image (when the operator allows it), resources and placement.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub proxy: Option<ProxySpec>,
     /// Front-end ports; each is proxied to the same port of every backend.
     #[serde(deserialize_with = "read_ports")]
     #[schemars(schema_with = "ports_schema")]
@@ -184,6 +189,97 @@ fn annotations_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
         "maxProperties": MAX_SERVICE_ANNOTATIONS,
         "additionalProperties": {"type": "string", "maxLength": MAX_ANNOTATION_VALUE_LEN},
     })
+}
+
+/// The proxy pods: `spec.proxy`. Each field goes into the proxy Deployment's pod template as
+/// it is; the API server validates them there.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ProxySpec {
+    /// This Balancer's nginx image (stream module, non-root uid 101, `/bin/sh`), instead of the
+    /// operator's `--proxy-image`. Refused unless it starts with one of the operator's
+    /// `--allowed-proxy-images` prefixes: the image runs with the operator's authority.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 512))]
+    pub image: Option<String>,
+    /// The nginx container's requests and limits; unset: 50m CPU and 32Mi requested, 128Mi limit.
+    #[serde(default, skip_serializing_if = "Option::is_none", deserialize_with = "read_capped")]
+    #[schemars(schema_with = "kubernetes_schema::<Option<ResourceRequirements>>")]
+    pub resources: Option<ResourceRequirements>,
+    /// Labels a node must have to run a proxy pod.
+    #[serde(default, skip_serializing_if = "Option::is_none", deserialize_with = "read_selector")]
+    #[schemars(schema_with = "selector_schema")]
+    pub node_selector: Option<BTreeMap<String, String>>,
+    /// Taints the proxy pods tolerate.
+    #[serde(default, skip_serializing_if = "Option::is_none", deserialize_with = "read_capped")]
+    #[schemars(schema_with = "tolerations_schema")]
+    pub tolerations: Option<Vec<Toleration>>,
+    /// Node and pod (anti-)affinity of the proxy pods.
+    #[serde(default, skip_serializing_if = "Option::is_none", deserialize_with = "read_capped")]
+    #[schemars(schema_with = "kubernetes_schema::<Option<Affinity>>")]
+    pub affinity: Option<Affinity>,
+    /// How the proxy pods spread; replaces the default spread across nodes (max skew 1 by
+    /// `kubernetes.io/hostname`, `ScheduleAnyway`).
+    #[serde(default, skip_serializing_if = "Option::is_none", deserialize_with = "read_capped")]
+    #[schemars(schema_with = "spread_schema")]
+    pub topology_spread_constraints: Option<Vec<TopologySpreadConstraint>>,
+    /// The proxy pods' PriorityClass.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 253))]
+    pub priority_class_name: Option<String>,
+    /// Annotations on the proxy pods (a service mesh's or a monitoring agent's, say).
+    #[serde(default, skip_serializing_if = "Option::is_none", deserialize_with = "read_annotations")]
+    #[schemars(schema_with = "annotations_schema")]
+    pub pod_annotations: Option<BTreeMap<String, String>>,
+}
+
+fn read_capped<'de, D: serde::Deserializer<'de>, T: serde::de::DeserializeOwned>(d: D) -> Result<Option<T>, D::Error> {
+    crate::bounded::optional_capped(d, MAX_PROXY_VALUES, "values")
+}
+
+fn tolerations_schema(generator: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    let mut schema = kubernetes_schema::<Option<Vec<Toleration>>>(generator);
+    schema.insert("maxItems".into(), json!(MAX_TOLERATIONS));
+    schema
+}
+
+fn spread_schema(generator: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    let mut schema = kubernetes_schema::<Option<Vec<TopologySpreadConstraint>>>(generator);
+    schema.insert("maxItems".into(), json!(MAX_SPREAD_CONSTRAINTS));
+    schema
+}
+
+/// A Kubernetes type's own schema, with every string, list and map inside it bounded, so the
+/// API server holds a stored Balancer to a size even when the webhook is not called.
+fn kubernetes_schema<T: JsonSchema>(generator: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    let mut schema = generator.subschema_for::<T>();
+    if let Some(object) = schema.as_object_mut() {
+        object.values_mut().for_each(bound_nested);
+        bound_object(object);
+    }
+    schema
+}
+
+fn bound_nested(value: &mut Value) {
+    match value {
+        Value::Object(map) => {
+            bound_object(map);
+            map.values_mut().for_each(bound_nested);
+        }
+        Value::Array(items) => items.iter_mut().for_each(bound_nested),
+        _ => {}
+    }
+}
+
+/// A string, list or map schema gets a bound unless it has one.
+fn bound_object(map: &mut serde_json::Map<String, Value>) {
+    let bound = match map.get("type").and_then(Value::as_str) {
+        Some("string") => ("maxLength", MAX_NESTED_STRING_LEN),
+        Some("array") => ("maxItems", MAX_NESTED_ITEMS),
+        Some("object") if map.contains_key("additionalProperties") => ("maxProperties", MAX_NESTED_ITEMS),
+        _ => return,
+    };
+    map.entry(bound.0).or_insert(json!(bound.1));
 }
 
 /// One address the Balancer is reached at, as Gateway API's `status.addresses` has it.
