@@ -232,11 +232,14 @@ pub struct CheckArgs {
     /// The spec.replicas default the webhook would write (its --proxy-replicas).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(i32).range(1..=100))]
     pub proxy_replicas: i32,
+    /// The image prefixes the operator allows in spec.proxy.image (its --allowed-proxy-images).
+    #[arg(long = "allowed-proxy-images", value_delimiter = ',', value_parser = image_prefix)]
+    pub allowed_proxy_images: Vec<String>,
 }
 
 impl CheckArgs {
     pub fn spec_policy(&self) -> SpecPolicy {
-        SpecPolicy { replicas: self.proxy_replicas, ..SpecPolicy::default() }
+        SpecPolicy { replicas: self.proxy_replicas, allowed_images: self.allowed_proxy_images.clone() }
     }
 }
 
