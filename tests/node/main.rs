@@ -23,7 +23,7 @@ mod node;
 #[path = "../e2e/runner.rs"]
 mod runner;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 use std::time::{Duration, Instant};
@@ -37,7 +37,7 @@ use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use cluster::{ControlPlane, PlaneOptions};
-use node::{Host, KUBERNETES_SERVICE_IP, NODE_IP, Node, SERVICE_CIDR};
+use node::{Host, KUBERNETES_SERVICE_IP, NODE_IP, Node, POD_BRIDGE, SERVICE_CIDR};
 use runner::{eventually, scenarios};
 
 const OPERATOR_NS: &str = "balancer-system";
@@ -148,6 +148,7 @@ async fn run_suite(assets: &Path, images: &Path, state: &Path) -> ExitCode {
         weights_change_under_load_without_a_failed_connection,
         scaling_the_balancer_brings_up_proxy_pods,
         udp_is_proxied_to_udp_echo_pods,
+        a_node_port_balancer_with_client_ip_affinity_keeps_each_client_on_one_backend,
         the_other_replica_takes_over_when_the_leader_pod_is_deleted,
         a_replaced_certificate_is_served_without_a_restart,
         deleting_the_balancer_removes_every_child_and_pod,
@@ -416,8 +417,19 @@ async fn split(ip: &str, port: u16, requests: usize) -> BTreeMap<String, usize> 
 
 /// One `GET /` on a new connection: the body's first line.
 async fn one_request(address: &str) -> Result<String, String> {
+    one_request_from(None, address).await
+}
+
+/// [`one_request`] from a given local address (any, if `None`).
+async fn one_request_from(source: Option<&str>, address: &str) -> Result<String, String> {
+    let connect = async {
+        let Some(source) = source else { return tokio::net::TcpStream::connect(address).await };
+        let socket = tokio::net::TcpSocket::new_v4()?;
+        socket.bind(std::net::SocketAddr::new(source.parse().map_err(std::io::Error::other)?, 0))?;
+        socket.connect(address.parse().map_err(std::io::Error::other)?).await
+    };
     let exchange = async {
-        let mut stream = tokio::net::TcpStream::connect(address).await.map_err(|e| e.to_string())?;
+        let mut stream = connect.await.map_err(|e| e.to_string())?;
         stream.write_all(b"GET / HTTP/1.0\r\nHost: balancer\r\n\r\n").await.map_err(|e| e.to_string())?;
         let mut reply = Vec::with_capacity(256);
         stream.read_to_end(&mut reply).await.map_err(|e| e.to_string())?;
@@ -647,6 +659,125 @@ async fn udp_exchange(ip: &str, line: &str) -> Option<String> {
     let mut buffer = [0u8; 512];
     let (n, _) = tokio::time::timeout(Duration::from_secs(1), socket.recv_from(&mut buffer)).await.ok()?.ok()?;
     Some(String::from_utf8_lossy(&buffer[..n]).into_owned())
+}
+
+// ---------------------------------------------------------------------------
+// 4b. Node port and session affinity
+// ---------------------------------------------------------------------------
+
+/// A v1beta1 Balancer over the walkthrough's echo pods, 40/20/40, exposed at `node_port` on
+/// the node. `Local` keeps the client's address: kube-proxy masquerades node-port traffic
+/// under `Cluster`, and nginx would see the node's address for every client.
+fn node_port_balancer(name: &str, node_port: u16, affinity: &str) -> String {
+    format!(
+        "apiVersion: exposer.hliangzhao.io/v1beta1\nkind: Balancer\nmetadata:\n  name: {name}\n  namespace: {NS}\n\
+         spec:\n  sessionAffinity: {affinity}\n  service: {{type: NodePort, externalTrafficPolicy: Local}}\n\
+         \x20 ports: [{{name: http, port: 80, targetPort: 5678, nodePort: {node_port}}}]\n  selector: {{app: test}}\n\
+         \x20 backends:\n    - {{name: v1, weight: 40, selector: {{version: v1}}}}\n\
+         \x20   - {{name: v2, weight: 20, selector: {{version: v2}}}}\n\
+         \x20   - {{name: v3, weight: 40, selector: {{version: v3}}}}\n"
+    )
+}
+
+/// Host addresses of the test's own on the pod bridge, so that clients can differ by source
+/// address; removed when dropped (and with the bridge by `host.sh down` in any case).
+struct BridgeAddresses(Vec<String>);
+
+impl BridgeAddresses {
+    fn add(addresses: impl IntoIterator<Item = String>) -> BridgeAddresses {
+        let mut added = BridgeAddresses(Vec::new());
+        for address in addresses {
+            let ok = Command::new("ip")
+                .args(["addr", "add", &format!("{address}/32"), "dev", POD_BRIDGE])
+                .status()
+                .is_ok_and(|s| s.success());
+            assert!(ok, "ip addr add {address}/32 dev {POD_BRIDGE} failed");
+            added.0.push(address);
+        }
+        added
+    }
+}
+
+impl Drop for BridgeAddresses {
+    fn drop(&mut self) {
+        for address in &self.0 {
+            let _ = Command::new("ip").args(["addr", "del", &format!("{address}/32"), "dev", POD_BRIDGE]).status();
+        }
+    }
+}
+
+/// `spec.service` and `spec.sessionAffinity` on a real kube-proxy and nginx: a NodePort
+/// Balancer answers at the node's address, and its status says where. With `ClientIP`, every
+/// request from one address lands on one backend (nginx's consistent hash of the client
+/// address), where the same Balancer without affinity spreads that address 40/20/40; and
+/// distinct client addresses do not all land on the same backend, so the hash does see them.
+async fn a_node_port_balancer_with_client_ip_affinity_keeps_each_client_on_one_backend(world: &mut World) {
+    // The walkthrough's echo Deployments are still up (scenario 3 only took v3 out of its Balancer).
+    let balancers = [("sticky", 30080, "ClientIP"), ("spread", 30081, "None")];
+    for (name, node_port, affinity) in balancers {
+        kubectl(world, &["apply", "-f", "-"], Some(&node_port_balancer(name, node_port, affinity)));
+    }
+    for (name, node_port, _) in balancers {
+        let status = wait_ready_balancer(world, name, Duration::from_secs(120)).await;
+        let front = front_ip(world, name).await;
+        assert_eq!(status["nodePorts"], json!([{"port": 80, "protocol": "TCP", "nodePort": node_port}]), "{status}");
+        assert_eq!(status["addresses"], json!([{"type": "IPAddress", "value": front}]), "{status}");
+        let address = format!("{NODE_IP}:{node_port}");
+        eventually(&format!("{name} answering at {address}"), Duration::from_secs(30), || async {
+            one_request(&address).await.ok()
+        })
+        .await;
+    }
+    let weights = [("hello world v1", 40), ("hello world v2", 20), ("hello world v3", 40)];
+
+    // One client (the node's own address), no affinity: the weights.
+    let spread = split(NODE_IP, 30081, 600).await;
+    println!("node: 600 requests from {NODE_IP} to {NODE_IP}:30081 without affinity: {spread:?}");
+    assert_eq!(spread.get("failed"), None, "every request answered: {spread:?}");
+    assert_shares(&spread, &weights, 6.0);
+    // The same client with ClientIP: one backend.
+    let sticky = split(NODE_IP, 30080, 60).await;
+    println!("node: 60 requests from {NODE_IP} to {NODE_IP}:30080 with ClientIP: {sticky:?}");
+    assert_eq!(sticky.get("failed"), None, "every request answered: {sticky:?}");
+    assert_eq!(sticky.len(), 1, "every request from one address on one backend: {sticky:?}");
+
+    // Twelve more clients, from addresses at the top of the pod subnet that no pod holds.
+    let sources: Vec<String> = (240..252).map(|i| format!("10.244.0.{i}")).collect();
+    let pods: Api<Pod> = Api::all(world.admin.clone());
+    let taken: Vec<String> = pods
+        .list(&ListParams::default())
+        .await
+        .expect("pods")
+        .items
+        .into_iter()
+        .filter_map(|p| p.status?.pod_ip)
+        .filter(|ip| sources.contains(ip))
+        .collect();
+    assert!(taken.is_empty(), "pods hold {taken:?}");
+    let clients = BridgeAddresses::add(sources);
+    let address = format!("{NODE_IP}:30080");
+    let mut landed = BTreeMap::new();
+    for source in &clients.0 {
+        let mut answers = BTreeSet::new();
+        for _ in 0..5 {
+            answers.insert(one_request_from(Some(source), &address).await.unwrap_or_else(|e| format!("failed: {e}")));
+        }
+        assert_eq!(answers.len(), 1, "5 requests from {source} on one backend: {answers:?}");
+        assert!(!answers.iter().any(|a| a.starts_with("failed")), "from {source}: {answers:?}");
+        landed.insert(source.clone(), answers.pop_first().unwrap_or_default());
+    }
+    drop(clients);
+    let mut per_backend: BTreeMap<&str, usize> = BTreeMap::new();
+    for backend in landed.values() {
+        *per_backend.entry(backend).or_default() += 1;
+    }
+    println!("node: 12 client addresses × 5 requests with ClientIP, clients per backend: {per_backend:?}");
+    // Twelve addresses hashed onto one backend by chance: 2 × 0.4¹² + 0.2¹², about 3 in 100,000.
+    assert!(per_backend.len() >= 2, "every client on one backend: does nginx see one address? {landed:?}");
+
+    for (name, _, _) in balancers {
+        kubectl(world, &["-n", NS, "delete", "balancer", name], None);
+    }
 }
 
 // ---------------------------------------------------------------------------
