@@ -43,6 +43,7 @@ use exposure::Exposure;
 
 pub mod cache;
 pub mod exposure;
+pub mod migration;
 pub use cache::Cached;
 
 /// The field manager of every write, and the events' reporting controller.
@@ -68,7 +69,8 @@ pub const CLUSTER_PERMISSIONS: &[Permission] = &[
     ("exposer.hliangzhao.io", "balancers/finalizers", &["update"]),
     ("", "services", &["get", "list", "watch", "create", "patch", "delete"]),
     ("", "configmaps", &["get", "list", "watch", "create", "patch"]),
-    ("apps", "deployments", &["get", "list", "watch", "create", "patch"]),
+    // delete: the Go operator's proxy Deployment, once this operator's serves (see `migration`).
+    ("apps", "deployments", &["get", "list", "watch", "create", "patch", "delete"]),
     ("events.k8s.io", "events", &["create", "patch"]),
     // The protected /metrics endpoint reviews scrapers' tokens.
     ("authentication.k8s.io", "tokenreviews", &["create"]),
@@ -208,6 +210,13 @@ async fn converge(balancer: &StoredBalancer, ctx: &Context, written: &mut Writte
         Err(report) => return refuse(balancer, ctx, &owner, &report.errors).await,
     };
 
+    // A Balancer the Go operator ran: is its proxy Deployment still there?
+    let stage = migration::stage(balancer);
+    let found = match stage {
+        migration::Stage::Unchecked => Some(find_go_proxy(ctx, &owner).await?),
+        _ => None,
+    };
+
     let backend_services = children::backend_services(&owner, &spec);
     let mut cluster_ips = Vec::with_capacity(backend_services.len());
     let caches = &ctx.children;
@@ -215,13 +224,20 @@ async fn converge(balancer: &StoredBalancer, ctx: &Context, written: &mut Writte
         let applied = ensure(ctx, &owner, &caches.services, service, written).await?;
         cluster_ips.push(cluster_ip(&applied).ok_or_else(|| Error::NoClusterIp { name: applied.name_any() })?);
     }
-    let proxy = children::proxy(&owner, &spec, &ctx.settings, BackendHosts::ClusterIps(&cluster_ips));
+    let mut proxy = children::proxy(&owner, &spec, &ctx.settings, BackendHosts::ClusterIps(&cluster_ips));
     ensure(ctx, &owner, &caches.config_maps, &proxy.config_map, written).await?;
     let deployment = ensure(ctx, &owner, &caches.deployments, &proxy.deployment, written).await?;
+    let ready = proxy_condition(balancer, &deployment, backend_services.len());
+    let takeover = migration::step(&owner.name, &stage, found, ready.status == "True", Timestamp::now());
+    if let Some(front) = proxy.front_service.spec.as_mut().filter(|_| takeover.shared_front) {
+        front.selector = Some(migration::shared_selector(&owner.name));
+    }
     let front = ensure(ctx, &owner, &caches.services, &proxy.front_service, written).await?;
     announce(balancer, ctx, written).await;
+    if takeover.delete {
+        delete_go_proxy(balancer, ctx, &owner).await?;
+    }
 
-    let ready = proxy_condition(balancer, &deployment, backend_services.len());
     // Obsolete backends keep serving the running proxy pods until the new ones have rolled out.
     let obsolete = if ready.status == "True" {
         delete_obsolete_backends(balancer, ctx, &owner, &backend_services).await?;
@@ -235,8 +251,52 @@ async fn converge(balancer: &StoredBalancer, ctx: &Context, written: &mut Writte
         proxy: ProxyCounts::of(&deployment),
         exposure: Exposure::of(&front),
     };
-    write_status(balancer, ctx, counts, ready).await?;
-    Ok(Action::requeue(RESYNC))
+    write_status(balancer, ctx, counts, ready, takeover.condition).await?;
+    Ok(Action::requeue(takeover.requeue.unwrap_or(RESYNC)))
+}
+
+/// Looks for the Go operator's proxy Deployment of a Balancer (see [`migration`]).
+async fn find_go_proxy(ctx: &Context, owner: &Owner) -> Result<migration::Found, Error> {
+    let name = migration::deployment_name(&owner.name);
+    let api: Api<Deployment> = Api::namespaced(ctx.client.clone(), &owner.namespace);
+    let found = api.get_metadata_opt(&name).await.map_err(|source| Error::Api {
+        verb: "get",
+        kind: "Deployment".into(),
+        name: name.clone(),
+        source,
+    })?;
+    Ok(match found {
+        None => migration::Found::Absent,
+        Some(object) if controlled_by(&object, owner) => migration::Found::Controlled,
+        Some(_) => migration::Found::NotControlled,
+    })
+}
+
+/// Deletes the Go operator's proxy Deployment, only if it is still this Balancer's (by UID).
+async fn delete_go_proxy(balancer: &StoredBalancer, ctx: &Context, owner: &Owner) -> Result<(), Error> {
+    let name = migration::deployment_name(&owner.name);
+    let api: Api<Deployment> = Api::namespaced(ctx.client.clone(), &owner.namespace);
+    let api_error = |verb, source| Error::Api { verb, kind: "Deployment".into(), name: name.clone(), source };
+    let Some(found) = api.get_metadata_opt(&name).await.map_err(|e| api_error("get", e))? else { return Ok(()) };
+    if !controlled_by(&found, owner) {
+        return Ok(());
+    }
+    // Only that very object: a namesake created since is not touched.
+    let params = DeleteParams {
+        preconditions: Some(Preconditions { uid: found.metadata.uid.clone(), resource_version: None }),
+        ..DeleteParams::background()
+    };
+    match api.delete(&name, &params).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(status)) if status.code == 404 => return Ok(()),
+        Err(e) => return Err(api_error("delete", e)),
+    }
+    let note = format!(
+        "deleted the Go operator's proxy Deployment {name}: {} serves",
+        crate::api::proxy_deployment_name(&owner.name)
+    );
+    publish(balancer, ctx, EventType::Normal, "Migrated", note, None).await;
+    Ok(())
 }
 
 /// Records an invalid or unreadable spec as `Ready=False/InvalidSpec`; waits for the next change.
@@ -249,7 +309,7 @@ async fn refuse(
     let message = denial_message(&owner.name, errors);
     let counts = counts_from_cache(balancer, ctx);
     let ready = condition(balancer, false, "InvalidSpec", &message);
-    match write_status(balancer, ctx, counts, ready).await {
+    match write_status(balancer, ctx, counts, ready, None).await {
         Ok(()) => {}
         // The API server validates the whole object on a status write: one stored under a looser
         // schema cannot get a status until its spec is fixed, so it is told through an event.
@@ -627,14 +687,22 @@ fn condition(balancer: &StoredBalancer, ready: bool, reason: &str, message: &str
     }
 }
 
-/// The status a reconcile arrives at.
-fn next_status(balancer: &StoredBalancer, counts: Counts, ready: Condition) -> BalancerStatus {
+/// The status a reconcile arrives at; `takeover`, when given, replaces the Go-operator
+/// takeover's condition (see [`migration`]).
+fn next_status(
+    balancer: &StoredBalancer,
+    counts: Counts,
+    ready: Condition,
+    takeover: Option<Condition>,
+) -> BalancerStatus {
+    let replaced = |c: &Condition| c.type_ == READY || (takeover.is_some() && c.type_ == migration::CONDITION);
     let mut conditions: Vec<Condition> = balancer
         .status
         .as_ref()
-        .map(|s| s.conditions.iter().filter(|c| c.type_ != READY).cloned().collect())
+        .map(|s| s.conditions.iter().filter(|c| !replaced(c)).cloned().collect())
         .unwrap_or_default();
     conditions.push(ready);
+    conditions.extend(takeover);
     BalancerStatus {
         replicas: counts.proxy.replicas,
         ready_replicas: counts.proxy.ready,
@@ -649,8 +717,14 @@ fn next_status(balancer: &StoredBalancer, counts: Counts, ready: Condition) -> B
 }
 
 /// Patches the status subresource only when it changes; announces Ready flips as events.
-async fn write_status(balancer: &StoredBalancer, ctx: &Context, counts: Counts, ready: Condition) -> Result<(), Error> {
-    let status = next_status(balancer, counts, ready.clone());
+async fn write_status(
+    balancer: &StoredBalancer,
+    ctx: &Context,
+    counts: Counts,
+    ready: Condition,
+    takeover: Option<Condition>,
+) -> Result<(), Error> {
+    let status = next_status(balancer, counts, ready.clone(), takeover);
     if balancer.status.as_ref() == Some(&status) {
         return Ok(());
     }
@@ -681,7 +755,7 @@ async fn report_failure(balancer: &StoredBalancer, ctx: &Context, error: &Error)
         _ => "ReconcileError",
     };
     let ready = condition(balancer, false, reason, &error.to_string());
-    if let Err(e) = write_status(balancer, ctx, counts, ready).await {
+    if let Err(e) = write_status(balancer, ctx, counts, ready, None).await {
         tracing::debug!(error = %e, "could not record the failure in the status");
     }
 }

@@ -20,6 +20,7 @@ use balancer::throttle::{Rate, ThrottleLayer};
 use balancer::validation::ObjectName;
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentStatus};
 use k8s_openapi::api::core::v1::{ConfigMap, Service};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::client::Body;
 use kube::runtime::controller::Action;
@@ -557,7 +558,14 @@ async fn an_api_error_fails_the_reconcile_and_backs_off() {
         expect_event(&mut server, "ReconcileError").await;
     });
     let mut balancer = sample();
-    balancer.status = Some(BalancerStatus { replicas: 2, ready_replicas: 1, ..BalancerStatus::default() });
+    // Reconciled here before (a Ready condition): no look for the Go operator's proxy.
+    let ready: Condition =
+        serde_json::from_value(json!({"type": "Ready", "status": "True", "reason": "ProxyAvailable",
+        "message": "", "lastTransitionTime": "2026-01-01T00:00:00Z"}))
+        .unwrap();
+    let status =
+        BalancerStatus { replicas: 2, ready_replicas: 1, conditions: vec![ready], ..BalancerStatus::default() };
+    balancer.status = Some(status);
     let balancer = Arc::new(StoredBalancer::from(balancer));
     let error = reconcile(balancer.clone(), ctx.clone()).await.expect_err("reconcile fails");
     assert_eq!(error.kind(), ErrorKind::ApiError);
@@ -1096,6 +1104,54 @@ async fn children_of_the_v1alpha1_release_are_taken_over_once() {
         );
         expect_event(&mut server, "ProxyAvailable").await;
     });
+    reconcile(Arc::new(balancer.into()), ctx).await.expect("reconcile succeeds");
+    verifier.await.unwrap();
+}
+
+/// A Balancer the Go operator ran (a status with counts, no condition): one look for its proxy
+/// Deployment `<name>proxy`; controlled by this Balancer, it keeps serving: the front Service
+/// selects both proxies' pods while this operator's rolls out, and the status says so.
+#[tokio::test]
+async fn the_go_operators_proxy_serves_until_ours_is_available() {
+    let (ctx, mut server, _caches) = context();
+    let verifier = tokio::spawn(async move {
+        let path = "/apis/apps/v1/namespaces/ns/deployments/example-balancerproxy";
+        let (_, respond) = expect(&mut server, Method::GET, path).await;
+        ok(
+            respond,
+            &json!({"apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadata", "metadata": {
+                "name": "example-balancerproxy", "namespace": NS, "uid": "go-proxy",
+                "ownerReferences": [{"apiVersion": "exposer.hliangzhao.io/v1alpha1", "kind": "Balancer",
+                                     "name": NAME, "uid": UID, "controller": true}]}}),
+        );
+        for backend in ["v1", "v2", "v3"] {
+            let path = format!("/api/v1/namespaces/ns/services/example-balancer-{backend}-backend");
+            expect_create(&mut server, &path, "Service").await;
+        }
+        expect_create(&mut server, "/api/v1/namespaces/ns/configmaps/example-balancer-proxy-configmap", "ConfigMap")
+            .await;
+        expect_create(&mut server, "/apis/apps/v1/namespaces/ns/deployments/example-balancer-proxy", "Deployment")
+            .await;
+        let front = expect_create(&mut server, "/api/v1/namespaces/ns/services/example-balancer", "Service").await;
+        assert_eq!(
+            front["spec"]["selector"],
+            json!({"balancer.exposer.hliangzhao.io/balancer-name": NAME}),
+            "both proxies' pods"
+        );
+        expect_event(&mut server, "Created").await;
+        let status = expect_status(&mut server, &sample()).await;
+        let takeover =
+            status["conditions"].as_array().unwrap().iter().find(|c| c["type"] == "GoOperatorProxy").cloned();
+        let takeover = takeover.expect("the takeover's condition");
+        assert_eq!((takeover["status"].as_str(), takeover["reason"].as_str()), (Some("True"), Some("Serving")));
+        assert_eq!(
+            takeover["message"],
+            "the Go operator's proxy Deployment example-balancerproxy serves alongside example-balancer-proxy until it is available"
+        );
+        expect_done(&mut server).await;
+    });
+    let mut balancer = sample();
+    balancer.status = Some(BalancerStatus { active_backends: 3, ..BalancerStatus::default() });
     reconcile(Arc::new(balancer.into()), ctx).await.expect("reconcile succeeds");
     verifier.await.unwrap();
 }

@@ -1,0 +1,185 @@
+//! Taking a Balancer over from the Go operator (hliangzhao/balancer) without a gap in service.
+//!
+//! The Go operator gives a Balancer backend Services `<name>-<backend>-backend`, a front
+//! Service `<name>` and a ConfigMap `<name>-proxy-configmap`: the names this operator uses, so
+//! the controller takes them over as it does any child whose controller owner reference names
+//! the same Balancer UID (the front and backend Services keep their cluster IPs). Its proxy
+//! Deployment has another name, `<name>proxy`, and its pods carry only the label
+//! `balancer.exposer.hliangzhao.io/balancer-name`, which this operator's proxy pods carry too.
+//! So while this operator's proxy rolls out, the front Service selects by that label alone
+//! (both proxies serve); once it is available, the front Service selects only it, and
+//! [`DRAIN`] later, when kube-proxy everywhere has dropped the Go pods, their Deployment is
+//! deleted. A `<name>proxy` Deployment that another owner controls is left alone and reported.
+//!
+//! Where a Balancer stands is kept in its status, as the condition [`CONDITION`].
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use k8s_openapi::jiff::Timestamp;
+
+use crate::children::BALANCER_NAME_LABEL;
+use crate::stored::StoredBalancer;
+
+/// The condition telling where the takeover from the Go operator stands.
+pub const CONDITION: &str = "GoOperatorProxy";
+/// Time between the front Service leaving the Go operator's proxy pods and their deletion.
+pub const DRAIN: Duration = Duration::from_secs(10);
+
+const SERVING: &str = "Serving";
+const DRAINING: &str = "Draining";
+const REMOVED: &str = "Removed";
+const NOT_CONTROLLED: &str = "NotControlled";
+
+/// The Go operator's proxy Deployment of a Balancer.
+pub fn deployment_name(balancer: &str) -> String {
+    format!("{balancer}proxy")
+}
+
+/// The front Service's selector while both proxies serve: the Go operator's own.
+pub fn shared_selector(balancer: &str) -> BTreeMap<String, String> {
+    BTreeMap::from([(BALANCER_NAME_LABEL.to_string(), balancer.to_string())])
+}
+
+/// Where a Balancer stands, from its status.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Stage {
+    /// Never looked for: the status is the Go operator's, or no reconcile here has got far.
+    Unchecked,
+    /// The Go operator's proxy serves, alongside this operator's while it rolls out.
+    Serving,
+    /// The front Service left the Go proxy pods at `since`.
+    Draining { since: Timestamp },
+    /// Nothing (more) to do.
+    Done,
+}
+
+/// What a look for the Go operator's proxy Deployment found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Found {
+    Absent,
+    /// Its controller owner reference names this Balancer's UID: provably the Go operator's
+    /// child of this very Balancer.
+    Controlled,
+    NotControlled,
+}
+
+/// Reads the stage. A new Balancer (no status yet) is never looked at: the Go operator wrote a
+/// status on every Balancer it reconciled.
+pub fn stage(balancer: &StoredBalancer) -> Stage {
+    let Some(status) = &balancer.status else { return Stage::Done };
+    let find = |type_: &str| status.conditions.iter().find(|c| c.type_ == type_);
+    match find(CONDITION) {
+        Some(c) if c.reason == SERVING => Stage::Serving,
+        Some(c) if c.reason == DRAINING => Stage::Draining { since: c.last_transition_time.0 },
+        Some(_) => Stage::Done,
+        None => match find(crate::controller::READY) {
+            None => Stage::Unchecked,
+            Some(ready) if ["ReconcileError", "Conflict"].contains(&ready.reason.as_str()) => Stage::Unchecked,
+            Some(_) => Stage::Done,
+        },
+    }
+}
+
+/// What one reconcile does about the Go operator's proxy.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Step {
+    /// The front Service selects both proxies' pods.
+    pub shared_front: bool,
+    /// Delete the Go operator's proxy Deployment now.
+    pub delete: bool,
+    /// The condition to record, if it changes.
+    pub condition: Option<Condition>,
+    /// Come back this soon.
+    pub requeue: Option<Duration>,
+}
+
+impl Step {
+    const NONE: Step = Step { shared_front: false, delete: false, condition: None, requeue: None };
+}
+
+/// The next step, from the stage (with what a look found, if one was made), whether this
+/// operator's proxy is available, and the time.
+pub fn step(balancer: &str, stage: &Stage, found: Option<Found>, available: bool, now: Timestamp) -> Step {
+    let go = deployment_name(balancer);
+    let ours = crate::api::proxy_deployment_name(balancer);
+    match (stage, found) {
+        (Stage::Serving, _) | (Stage::Unchecked, Some(Found::Controlled)) => {}
+        (Stage::Unchecked, Some(Found::NotControlled)) => {
+            let message = format!("Deployment {go} is not controlled by this Balancer: left alone");
+            return Step { condition: Some(condition("False", NOT_CONTROLLED, message, now)), ..Step::NONE };
+        }
+        (Stage::Draining { since }, _) => {
+            let elapsed = now.duration_since(*since).unsigned_abs();
+            if elapsed < DRAIN {
+                return Step { requeue: Some(DRAIN - elapsed), ..Step::NONE };
+            }
+            let message = format!("the Go operator's proxy Deployment {go} was deleted once {ours} served");
+            return Step { delete: true, condition: Some(condition("False", REMOVED, message, now)), ..Step::NONE };
+        }
+        _ => return Step::NONE,
+    }
+    if available {
+        let message = format!("{ours} serves alone; the Go operator's proxy Deployment {go} is deleted in {DRAIN:?}");
+        Step { condition: Some(condition("False", DRAINING, message, now)), requeue: Some(DRAIN), ..Step::NONE }
+    } else {
+        let message = format!("the Go operator's proxy Deployment {go} serves alongside {ours} until it is available");
+        let recorded = *stage == Stage::Serving;
+        Step {
+            shared_front: true,
+            condition: (!recorded).then(|| condition("True", SERVING, message, now)),
+            ..Step::NONE
+        }
+    }
+}
+
+fn condition(status: &str, reason: &str, message: String, now: Timestamp) -> Condition {
+    Condition {
+        type_: CONDITION.into(),
+        status: status.into(),
+        reason: reason.into(),
+        message,
+        observed_generation: None,
+        last_transition_time: Time(now),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(seconds: i64) -> Timestamp {
+        Timestamp::from_second(1_700_000_000 + seconds).expect("a time")
+    }
+
+    #[test]
+    fn the_go_proxy_serves_until_ours_is_available_then_drains_then_goes() {
+        let first = step("b", &Stage::Unchecked, Some(Found::Controlled), false, at(0));
+        assert!(first.shared_front && !first.delete);
+        assert_eq!(first.condition.as_ref().map(|c| c.reason.as_str()), Some(SERVING));
+        let waiting = step("b", &Stage::Serving, None, false, at(5));
+        assert_eq!((waiting.shared_front, waiting.condition), (true, None), "nothing new to record");
+        let switched = step("b", &Stage::Serving, None, true, at(9));
+        assert!(!switched.shared_front && !switched.delete);
+        assert_eq!(switched.requeue, Some(DRAIN));
+        assert_eq!(switched.condition.as_ref().map(|c| c.reason.as_str()), Some(DRAINING));
+        let early = step("b", &Stage::Draining { since: at(9) }, None, true, at(15));
+        assert_eq!((early.delete, early.requeue), (false, Some(Duration::from_secs(4))));
+        let done = step("b", &Stage::Draining { since: at(9) }, None, true, at(19));
+        assert!(done.delete && !done.shared_front);
+        assert_eq!(
+            done.condition.map(|c| c.message),
+            Some("the Go operator's proxy Deployment bproxy was deleted once b-proxy served".into())
+        );
+    }
+
+    #[test]
+    fn a_namesake_or_nothing_is_left_alone() {
+        let other = step("b", &Stage::Unchecked, Some(Found::NotControlled), true, at(0));
+        assert!(!other.shared_front && !other.delete);
+        assert_eq!(other.condition.map(|c| c.reason), Some(NOT_CONTROLLED.to_string()));
+        assert_eq!(step("b", &Stage::Unchecked, Some(Found::Absent), true, at(0)), Step::NONE);
+        assert_eq!(step("b", &Stage::Done, None, true, at(0)), Step::NONE);
+    }
+}
