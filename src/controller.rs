@@ -16,6 +16,7 @@ use futures::{FutureExt, StreamExt};
 use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, ObjectReference, Service};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{FieldsV1, ManagedFieldsEntry};
 use k8s_openapi::jiff::Timestamp;
@@ -34,6 +35,7 @@ use crate::admit::admit;
 use crate::api::BalancerStatus;
 use crate::children::{self, BALANCER_NAME_LABEL, COMPONENT_BACKEND, COMPONENT_LABEL, MANAGED_BY, MANAGED_BY_LABEL};
 use crate::children::{BackendHosts, Owner, OwnerError, ProxySettings};
+use crate::disruption::{PodDisruptionBudgetV1beta1, PolicyVersion};
 use crate::echo::cut;
 use crate::events::{EventType, Events, Note, Published};
 use crate::stored::StoredBalancer;
@@ -71,6 +73,7 @@ pub const CLUSTER_PERMISSIONS: &[Permission] = &[
     ("", "configmaps", &["get", "list", "watch", "create", "patch"]),
     // delete: the Go operator's proxy Deployment, once this operator's serves (see `migration`).
     ("apps", "deployments", &["get", "list", "watch", "create", "patch", "delete"]),
+    ("policy", "poddisruptionbudgets", &["get", "list", "watch", "create", "patch", "delete"]),
     ("events.k8s.io", "events", &["create", "patch"]),
     // The protected /metrics endpoint reviews scrapers' tokens.
     ("authentication.k8s.io", "tokenreviews", &["create"]),
@@ -227,6 +230,15 @@ async fn converge(balancer: &StoredBalancer, ctx: &Context, written: &mut Writte
     let mut proxy = children::proxy(&owner, &spec, &ctx.settings, BackendHosts::ClusterIps(&cluster_ips));
     ensure(ctx, &owner, &caches.config_maps, &proxy.config_map, written).await?;
     let deployment = ensure(ctx, &owner, &caches.deployments, &proxy.deployment, written).await?;
+    let budget = children::proxy_disruption_budget(&owner);
+    let wanted = spec.replicas() > 1;
+    match &caches.budgets {
+        BudgetCache::V1(store) => ensure_budget(balancer, ctx, &owner, store, budget, wanted, written).await?,
+        BudgetCache::V1beta1(store) => {
+            let budget = PodDisruptionBudgetV1beta1::from(budget);
+            ensure_budget(balancer, ctx, &owner, store, budget, wanted, written).await?
+        }
+    }
     let ready = proxy_condition(balancer, &deployment, backend_services.len());
     let takeover = migration::step(&owner.name, &stage, found, ready.status == "True", Timestamp::now());
     if let Some(front) = proxy.front_service.spec.as_mut().filter(|_| takeover.shared_front) {
@@ -253,6 +265,43 @@ async fn converge(balancer: &StoredBalancer, ctx: &Context, written: &mut Writte
     };
     write_status(balancer, ctx, counts, ready, takeover.condition).await?;
     Ok(Action::requeue(takeover.requeue.unwrap_or(RESYNC)))
+}
+
+/// The proxy's PodDisruptionBudget exists while it has more than one pod: created or kept as
+/// `desired`, else deleted when the cache has this Balancer's.
+async fn ensure_budget<K>(
+    balancer: &StoredBalancer,
+    ctx: &Context,
+    owner: &Owner,
+    cache: &Store<Cached<K>>,
+    desired: K,
+    wanted: bool,
+    written: &mut Written,
+) -> Result<(), Error>
+where
+    K: Resource<DynamicType = (), Scope = NamespaceResourceScope> + Clone + Debug + Serialize + DeserializeOwned,
+{
+    if wanted {
+        return ensure(ctx, owner, cache, &desired, written).await.map(drop);
+    }
+    let name = desired.name_any();
+    let Some(cached) = cache.get(&ObjectRef::new(&name).within(&owner.namespace)) else { return Ok(()) };
+    if !controlled_by(cached.as_ref(), owner) {
+        return Ok(());
+    }
+    let api: Api<K> = Api::namespaced(ctx.client.clone(), &owner.namespace);
+    let params = DeleteParams {
+        preconditions: Some(Preconditions { uid: cached.uid(), resource_version: None }),
+        ..DeleteParams::default()
+    };
+    match api.delete(&name, &params).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(status)) if status.code == 404 => return Ok(()),
+        Err(source) => return Err(Error::Api { verb: "delete", kind: K::kind(&()).into(), name, source }),
+    }
+    let note = format!("deleted PodDisruptionBudget {name}: the proxy has one pod at most");
+    publish(balancer, ctx, EventType::Normal, "Deleted", note, None).await;
+    Ok(())
 }
 
 /// Looks for the Go operator's proxy Deployment of a Balancer (see [`migration`]).
@@ -848,6 +897,38 @@ where
     }
 }
 
+/// The PodDisruptionBudgets watched, in the version the cluster serves.
+enum BudgetsReflected {
+    V1(Reflected<Cached<PodDisruptionBudget>>),
+    V1beta1(Reflected<Cached<PodDisruptionBudgetV1beta1>>),
+}
+
+impl BudgetsReflected {
+    fn cache(&self) -> BudgetCache {
+        match self {
+            BudgetsReflected::V1(r) => BudgetCache::V1(r.store.clone()),
+            BudgetsReflected::V1beta1(r) => BudgetCache::V1beta1(r.store.clone()),
+        }
+    }
+}
+
+/// Asks the API server which `policy` version it serves, until it answers or `stop`.
+async fn policy_version(client: &Client, stop: &CancellationToken) -> Option<PolicyVersion> {
+    loop {
+        match PolicyVersion::served(client).await {
+            Ok(version) => {
+                tracing::info!(?version, "PodDisruptionBudgets in this policy version");
+                return Some(version);
+            }
+            Err(e) => tracing::warn!(error = %e, "cannot tell the policy version the API server serves; retrying"),
+        }
+        tokio::select! {
+            _ = stop.cancelled() => return None,
+            _ = tokio::time::sleep(Duration::from_secs(5)) => {}
+        }
+    }
+}
+
 impl Reflected<StoredBalancer> {
     /// Every Balancer in scope, slimmed as cached. Only generation changes trigger: status
     /// updates do not change it, so the controller's own status writes never come back to it.
@@ -873,15 +954,21 @@ pub async fn run(
     stop: CancellationToken,
 ) {
     let scope = &options.scope;
+    let Some(policy) = policy_version(&client, &stop).await else { return };
     let services = Reflected::<Cached<Service>>::children(&client, scope);
     let config_maps = Reflected::<Cached<ConfigMap>>::children(&client, scope);
     let deployments = Reflected::<Cached<Deployment>>::children(&client, scope);
     let balancers = Reflected::balancers(&client, scope);
+    let budgets = match policy {
+        PolicyVersion::V1 => BudgetsReflected::V1(Reflected::children(&client, scope)),
+        PolicyVersion::V1beta1 => BudgetsReflected::V1beta1(Reflected::children(&client, scope)),
+    };
 
     let children = ChildCaches {
         services: services.store.clone(),
         config_maps: config_maps.store.clone(),
         deployments: deployments.store.clone(),
+        budgets: budgets.cache(),
     };
     let caches = Caches { balancers: balancers.store.clone(), children: children.clone() };
     let ctx = Arc::new(Context::new(client, children, options.proxy, metrics.clone()));
@@ -913,7 +1000,12 @@ pub async fn run(
     let controller = Controller::for_stream(balancers.changes, balancers.store)
         .owns_stream(services.changes)
         .owns_stream(config_maps.changes)
-        .owns_stream(deployments.changes)
+        .owns_stream(deployments.changes);
+    let controller = match budgets {
+        BudgetsReflected::V1(budgets) => controller.owns_stream(budgets.changes),
+        BudgetsReflected::V1beta1(budgets) => controller.owns_stream(budgets.changes),
+    };
+    let controller = controller
         .with_config(config)
         .graceful_shutdown_on(stop.cancelled_owned())
         .run(reconcile, error_policy, ctx)
@@ -940,15 +1032,28 @@ pub struct ChildCaches {
     pub services: Store<Cached<Service>>,
     pub config_maps: Store<Cached<ConfigMap>>,
     pub deployments: Store<Cached<Deployment>>,
+    pub budgets: BudgetCache,
 }
 
 impl ChildCaches {
     /// Waits until every child cache has listed; false when the controller stopped first.
     pub async fn synced(&self) -> bool {
+        let budgets = match &self.budgets {
+            BudgetCache::V1(store) => store.wait_until_ready().await.is_ok(),
+            BudgetCache::V1beta1(store) => store.wait_until_ready().await.is_ok(),
+        };
         self.services.wait_until_ready().await.is_ok()
             && self.config_maps.wait_until_ready().await.is_ok()
             && self.deployments.wait_until_ready().await.is_ok()
+            && budgets
     }
+}
+
+/// The proxies' PodDisruptionBudgets, in the `policy` version the cluster serves.
+#[derive(Clone)]
+pub enum BudgetCache {
+    V1(Store<Cached<PodDisruptionBudget>>),
+    V1beta1(Store<Cached<PodDisruptionBudgetV1beta1>>),
 }
 
 /// Every cache of the controller, for telling whether they have all listed.

@@ -14,6 +14,7 @@ pub mod cli;
 pub mod controller;
 pub mod convert;
 pub mod defaulting;
+pub mod disruption;
 pub mod echo;
 pub mod events;
 pub mod leader;

@@ -8,7 +8,7 @@ use serde_json::Value;
 use crate::admission::denial_message;
 use crate::api::{GROUP, KIND, STORAGE_VERSION};
 use crate::check::{YamlError, admit_document, balancer_documents, doc_name};
-use crate::children::{BackendHosts, Owner, ProxySettings, backend_services, proxy};
+use crate::children::{BackendHosts, Owner, ProxySettings, backend_services, proxy, proxy_disruption_budget};
 
 /// Stands in for the uid the API server assigns, which a file does not have.
 pub const PLACEHOLDER_UID: &str = "00000000-0000-0000-0000-000000000000";
@@ -58,6 +58,10 @@ pub fn render_yaml(
         }
         push_document(&mut out, &proxy.config_map)?;
         push_document(&mut out, &proxy.deployment)?;
+        if spec.replicas() > 1 {
+            // policy/v1; on clusters before Kubernetes 1.21 the controller writes policy/v1beta1.
+            push_document(&mut out, &proxy_disruption_budget(&owner))?;
+        }
         push_document(&mut out, &proxy.front_service)?;
     }
     Ok(out)

@@ -10,8 +10,8 @@ use balancer::admit::{Admitted, admit};
 use balancer::api::{BackendSpec, Balancer, BalancerPort, BalancerSpec, BalancerStatus};
 use balancer::children::{self, BackendHosts, Owner, ProxySettings};
 use balancer::controller::{
-    self, Cached, ChildCaches, Context, ErrorKind, backoff, error_policy, fold_created_into_applied, is_subset,
-    reconcile,
+    self, BudgetCache, Cached, ChildCaches, Context, ErrorKind, backoff, error_policy, fold_created_into_applied,
+    is_subset, reconcile,
 };
 use balancer::defaulting::SpecPolicy;
 use balancer::stored::StoredBalancer;
@@ -20,6 +20,7 @@ use balancer::throttle::{Rate, ThrottleLayer};
 use balancer::validation::ObjectName;
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentStatus};
 use k8s_openapi::api::core::v1::{ConfigMap, Service};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::client::Body;
@@ -94,6 +95,7 @@ struct Caches {
     services: Writer<Cached<Service>>,
     config_maps: Writer<Cached<ConfigMap>>,
     deployments: Writer<Cached<Deployment>>,
+    budgets: Writer<Cached<PodDisruptionBudget>>,
 }
 
 /// A cache that has listed (nothing).
@@ -111,8 +113,14 @@ fn child_caches() -> (ChildCaches, Caches) {
     let (services, services_writer) = synced_store();
     let (config_maps, config_maps_writer) = synced_store();
     let (deployments, deployments_writer) = synced_store();
-    let caches = Caches { services: services_writer, config_maps: config_maps_writer, deployments: deployments_writer };
-    (ChildCaches { services, config_maps, deployments }, caches)
+    let (budgets, budgets_writer) = synced_store();
+    let caches = Caches {
+        services: services_writer,
+        config_maps: config_maps_writer,
+        deployments: deployments_writer,
+        budgets: budgets_writer,
+    };
+    (ChildCaches { services, config_maps, deployments, budgets: BudgetCache::V1(budgets) }, caches)
 }
 
 /// A context whose client talks to the returned mock, with synced (empty) caches.
@@ -963,8 +971,20 @@ async fn scaling_a_balancer_scales_its_proxy_deployment() {
         stored["status"] = json!({"observedGeneration": 1, "replicas": 1, "updatedReplicas": 1,
                                   "readyReplicas": 1, "availableReplicas": 1});
         ok(respond, &stored);
-        let event = expect_event(&mut server, "Updated").await;
-        assert_eq!(event["note"], "updated Deployment example-balancer-proxy");
+        // More than one pod: a budget lets a drain take one at a time.
+        let path = "/apis/policy/v1/namespaces/ns/poddisruptionbudgets/example-balancer-proxy";
+        let budget = expect_create(&mut server, path, "PodDisruptionBudget").await;
+        assert_eq!(
+            budget["spec"],
+            json!({"maxUnavailable": 1, "selector": {"matchLabels": {
+            "app.kubernetes.io/component": "proxy", "balancer.exposer.hliangzhao.io/balancer-name": NAME}}})
+        );
+        assert_eq!(budget["metadata"]["ownerReferences"][0]["uid"], UID);
+        let event = expect_event(&mut server, "Created").await;
+        assert_eq!(
+            event["note"],
+            "created PodDisruptionBudget example-balancer-proxy; updated Deployment example-balancer-proxy"
+        );
         let status = expect_status(&mut server, &sample()).await;
         assert_status(
             &status,
@@ -999,6 +1019,8 @@ async fn a_balancer_without_replicas_gets_the_operators_default() {
         let path = "/apis/apps/v1/namespaces/ns/deployments/example-balancer-proxy";
         let deployment = expect_create(&mut server, path, "Deployment").await;
         assert_eq!(deployment["spec"]["replicas"], 4);
+        let path = "/apis/policy/v1/namespaces/ns/poddisruptionbudgets/example-balancer-proxy";
+        expect_create(&mut server, path, "PodDisruptionBudget").await;
         expect_create(&mut server, "/api/v1/namespaces/ns/services/example-balancer", "Service").await;
         expect_event(&mut server, "Created").await;
         let status = expect_status(&mut server, &sample()).await;
@@ -1152,6 +1174,31 @@ async fn the_go_operators_proxy_serves_until_ours_is_available() {
     });
     let mut balancer = sample();
     balancer.status = Some(BalancerStatus { active_backends: 3, ..BalancerStatus::default() });
+    reconcile(Arc::new(balancer.into()), ctx).await.expect("reconcile succeeds");
+    verifier.await.unwrap();
+}
+
+/// Back to one proxy pod: the budget goes (only this Balancer's own, by UID), and says so.
+#[tokio::test]
+async fn scaling_down_to_one_pod_deletes_the_disruption_budget() {
+    let (ctx, mut server, mut caches) = context();
+    let balancer = sample();
+    converged(&mut caches, &balancer);
+    let owner = Owner::of(&balancer).unwrap();
+    let mut budget = serde_json::to_value(children::proxy_disruption_budget(&owner)).unwrap();
+    budget["metadata"]["uid"] = json!("budget-uid");
+    caches.budgets.apply_watcher_event(&watcher::Event::Apply(serde_json::from_value(budget).unwrap()));
+    let verifier = tokio::spawn(async move {
+        let path = "/apis/policy/v1/namespaces/ns/poddisruptionbudgets/example-balancer-proxy?";
+        let (body, respond) = expect(&mut server, Method::DELETE, path).await;
+        assert_eq!(body["preconditions"]["uid"], "budget-uid", "{body}");
+        ok(respond, &json!({"kind": "Status", "apiVersion": "v1", "status": "Success"}));
+        let event = expect_event(&mut server, "Deleted").await;
+        assert_eq!(event["note"], "deleted PodDisruptionBudget example-balancer-proxy: the proxy has one pod at most");
+        expect_status(&mut server, &sample()).await;
+        expect_event(&mut server, "ProxyAvailable").await;
+        expect_done(&mut server).await;
+    });
     reconcile(Arc::new(balancer.into()), ctx).await.expect("reconcile succeeds");
     verifier.await.unwrap();
 }

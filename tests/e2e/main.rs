@@ -757,6 +757,15 @@ async fn versions_convert_and_the_proxy_scales(world: &mut World) {
     })
     .await;
     assert_eq!(scale["spec"]["replicas"], 3, "{scale:#}");
+    // More than one proxy pod: a PodDisruptionBudget, in the policy version this API server
+    // serves (v1.20: policy/v1beta1 only).
+    let budget = eventually("the proxy's PodDisruptionBudget", Duration::from_secs(30), || async {
+        let (ok, out, _) = world.plane.kubectl("admin", &["get", "pdb", &proxy, "-n", NS, "-o", "json"], None);
+        ok.then(|| serde_json::from_str::<Value>(&out).ok()).flatten()
+    })
+    .await;
+    assert_eq!(budget["spec"]["maxUnavailable"], 1, "{budget:#}");
+    assert_eq!(budget["metadata"]["ownerReferences"][0]["name"], SCALED);
 
     // A HorizontalPodAutoscaler may target a Balancer, and the HPA controller can read its scale.
     let hpa = json!({"apiVersion": "autoscaling/v2beta2", "kind": "HorizontalPodAutoscaler",
@@ -782,6 +791,13 @@ async fn versions_convert_and_the_proxy_scales(world: &mut World) {
         .await;
     }
     kubectl_ok(world, &["delete", "horizontalpodautoscalers.v2beta2.autoscaling", SCALED, "-n", NS]);
+    // Back to one pod: the budget goes.
+    kubectl_ok(world, &["scale", &format!("balancer/{SCALED}"), "-n", NS, "--replicas=1"]);
+    eventually("the PodDisruptionBudget to go", Duration::from_secs(30), || async {
+        let (ok, _, err) = world.plane.kubectl("admin", &["get", "pdb", &proxy, "-n", NS], None);
+        (!ok && err.contains("NotFound")).then_some(())
+    })
+    .await;
     balancers(world).delete(SCALED, &DeleteParams::default()).await.expect("delete");
 }
 
