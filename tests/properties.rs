@@ -149,12 +149,13 @@ fn arb_spec() -> impl Strategy<Value = BalancerSpec> {
     let backends = prop_oneof![3 => vec(arb_backend(), 0..4), 1 => vec(arb_backend(), 0..70)];
     let replicas = option::of(prop_oneof![0i32..=100, arb_number()]);
     let affinity = option::of(prop_oneof![Just("None".to_string()), Just("ClientIP".to_string()), arb_text()]);
-    (replicas, affinity, option::of(arb_service()), ports, option::of(arb_labels(5)), backends).prop_map(
-        |(replicas, session_affinity, service, ports, selector, backends)| BalancerSpec {
+    let proxy = option::of((0i32..100).prop_map(proxy_pods));
+    (replicas, affinity, option::of(arb_service()), proxy, ports, option::of(arb_labels(5)), backends).prop_map(
+        |(replicas, session_affinity, service, proxy, ports, selector, backends)| BalancerSpec {
             replicas,
             session_affinity,
             service,
-            proxy: None,
+            proxy,
             ports,
             selector,
             backends,
