@@ -410,9 +410,21 @@ fn validate(
     spec: BalancerSpec,
     defaults: &SpecPolicy,
 ) -> (AdmissionResponse, Outcome) {
+    // What may not change from the stored object (read leniently: one that does not read has
+    // nothing to compare with).
+    let unchangeable = match (&request.operation, &request.old_object) {
+        (Operation::Update, Some(old)) => {
+            read_spec(old.spec).map(|old| crate::validation::unchangeable(&old, &spec)).unwrap_or_default()
+        }
+        _ => Vec::new(),
+    };
     let (mut response, warnings) = match admit(object_name(object), spec, defaults) {
-        Ok(admitted) => (response, admitted.warnings().to_vec()),
-        Err(report) => (deny(response, request, report.errors), report.warnings),
+        Ok(admitted) if unchangeable.is_empty() => (response, admitted.warnings().to_vec()),
+        Ok(admitted) => (deny(response, request, unchangeable), admitted.warnings().to_vec()),
+        Err(mut report) => {
+            report.errors.extend(unchangeable);
+            (deny(response, request, report.errors), report.warnings)
+        }
     };
     if !warnings.is_empty() {
         response.warnings = Some(bounded_warnings(&warnings));

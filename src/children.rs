@@ -18,6 +18,7 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::Resource;
+use serde::Serialize;
 
 use crate::admit::Admitted;
 use crate::api::{self, BackendSpec, BalancerPort, BalancerSpec};
@@ -36,6 +37,12 @@ pub const BACKEND_LABEL: &str = "balancer.exposer.hliangzhao.io/backend";
 /// Pod template annotation: hash of `nginx.conf` (which holds the backends' cluster IPs),
 /// so a config change rolls the proxy pods.
 pub const CONFIG_HASH_ANNOTATION: &str = "balancer.exposer.hliangzhao.io/config-hash";
+
+/// Annotation on every child: a hash of the child as the controller last wanted it. A field
+/// dropped from the spec (a node selector, an annotation, a source range) changes it, so the
+/// child is applied again and server-side apply removes the field; the comparison with the
+/// child as it is would otherwise find every field still asked for present, and do nothing.
+pub const DESIRED_HASH_ANNOTATION: &str = "balancer.exposer.hliangzhao.io/desired-hash";
 
 pub const COMPONENT_BACKEND: &str = "backend";
 pub const COMPONENT_PROXY: &str = "proxy";
@@ -150,6 +157,25 @@ pub fn proxy(owner: &Owner, spec: &Admitted, settings: &ProxySettings, hosts: Ba
         front_service: front_service(owner, spec),
         nginx_conf,
     }
+}
+
+/// `desired` with [`DESIRED_HASH_ANNOTATION`] set to the hash of everything else in it.
+pub fn stamped<K: Resource + Serialize + Clone>(desired: &K) -> Result<K, serde_json::Error> {
+    let hash = sha256_hex(&serde_json::to_string(desired)?);
+    let mut stamped = desired.clone();
+    let annotations = stamped.meta_mut().annotations.get_or_insert_default();
+    annotations.insert(DESIRED_HASH_ANNOTATION.to_string(), hash[..16].to_string());
+    Ok(stamped)
+}
+
+/// SHA-256 of `text`, in lowercase hex.
+pub fn sha256_hex(text: &str) -> String {
+    use std::fmt::Write as _;
+    let digest = ring::digest::digest(&ring::digest::SHA256, text.as_bytes());
+    digest.as_ref().iter().fold(String::with_capacity(64), |mut hex, byte| {
+        let _ = write!(hex, "{byte:02x}");
+        hex
+    })
 }
 
 /// The labels every child of `balancer` carries, plus its component.

@@ -232,12 +232,18 @@ async fn converge(balancer: &StoredBalancer, ctx: &Context, written: &mut Writte
     let deployment = ensure(ctx, &owner, &caches.deployments, &proxy.deployment, written).await?;
     let budget = children::proxy_disruption_budget(&owner);
     let wanted = spec.replicas() > 1;
-    match &caches.budgets {
-        BudgetCache::V1(store) => ensure_budget(balancer, ctx, &owner, store, budget, wanted, written).await?,
+    let budgeted = match &caches.budgets {
+        BudgetCache::V1(store) => ensure_budget(balancer, ctx, &owner, store, budget, wanted, written).await,
         BudgetCache::V1beta1(store) => {
             let budget = PodDisruptionBudgetV1beta1::from(budget);
-            ensure_budget(balancer, ctx, &owner, store, budget, wanted, written).await?
+            ensure_budget(balancer, ctx, &owner, store, budget, wanted, written).await
         }
+    };
+    // A budget protects against drains; without one the proxy still serves, so a refusal (a
+    // namesake, a quota) is told, and the rest of the reconcile goes on.
+    if let Err(e) = budgeted {
+        tracing::warn!(balancer = %owner.name, error = %e, "no PodDisruptionBudget for the proxy");
+        publish(balancer, ctx, EventType::Warning, "DisruptionBudget", e.to_string(), None).await;
     }
     let ready = proxy_condition(balancer, &deployment, backend_services.len());
     let takeover = migration::step(&owner.name, &stage, found, ready.status == "True", Timestamp::now());
@@ -401,6 +407,8 @@ where
     let kind = || K::kind(&()).into_owned();
     let api_error = |verb, source| Error::Api { verb, kind: kind(), name: name.clone(), source };
     let api: Api<K> = Api::namespaced(ctx.client.clone(), &namespace);
+    let desired =
+        &children::stamped(desired).map_err(|source| Error::Unreadable { kind: kind(), name: name.clone(), source })?;
     let (current, created_by_post) = match cache.get(&ObjectRef::new(&name).within(&namespace)) {
         Some(cached) => {
             let object =
@@ -702,11 +710,11 @@ fn proxy_condition(balancer: &StoredBalancer, deployment: &Deployment, active: u
     let available = status.available_replicas.unwrap_or(0);
     if want == 0 {
         let message = format!("proxy Deployment {name} is scaled to zero: no traffic is served");
-        return condition(balancer, false, "ScaledToZero", &message);
+        return condition(balancer, false, SCALED_TO_ZERO, &message);
     }
     if observed && updated >= want && old <= 0 && available >= want {
         let message = format!("proxy Deployment {name} is available ({available}/{want}); {active} backends active");
-        condition(balancer, true, "ProxyAvailable", &message)
+        condition(balancer, true, PROXY_AVAILABLE, &message)
     } else {
         // Only the available count: the updated count moves as the Deployment controller starts a
         // rollout, and every change of the message is a status write.
@@ -715,8 +723,12 @@ fn proxy_condition(balancer: &StoredBalancer, deployment: &Deployment, active: u
     }
 }
 
-/// The `Ready` reason while the proxy rolls out.
+/// The `Ready` reasons of a reconcile that got as far as the proxy: available, rolling out,
+/// scaled to zero.
+const PROXY_AVAILABLE: &str = "ProxyAvailable";
 const PROXY_NOT_AVAILABLE: &str = "ProxyNotAvailable";
+const SCALED_TO_ZERO: &str = "ScaledToZero";
+pub const PROXY_REASONS: [&str; 3] = [PROXY_AVAILABLE, PROXY_NOT_AVAILABLE, SCALED_TO_ZERO];
 
 /// A `Ready` condition, keeping the previous transition time when the status has not flipped.
 fn condition(balancer: &StoredBalancer, ready: bool, reason: &str, message: &str) -> Condition {

@@ -108,9 +108,5 @@ fn upstream_name(port: &BalancerPort) -> String {
 
 /// Hex SHA-256 of the rendered file, for the proxy pod template annotation.
 pub fn config_hash(conf: &str) -> String {
-    let digest = ring::digest::digest(&ring::digest::SHA256, conf.as_bytes());
-    digest.as_ref().iter().fold(String::with_capacity(64), |mut hex, byte| {
-        let _ = write!(hex, "{byte:02x}");
-        hex
-    })
+    crate::children::sha256_hex(conf)
 }

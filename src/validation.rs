@@ -12,9 +12,9 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use crate::api::v1beta1::ProxySpec;
 use crate::api::{
-    self, BalancerSpec, EXTERNAL_TRAFFIC_POLICIES, MAX_ANNOTATION_VALUE_LEN, MAX_BACKENDS, MAX_MAX_FAILS, MAX_PORTS,
-    MAX_REPLICAS, MAX_SELECTOR_LABELS, MAX_SERVICE_ANNOTATIONS, MAX_SOURCE_RANGES, MAX_SPREAD_CONSTRAINTS,
-    MAX_TOLERATIONS, MAX_WEIGHT, PROTOCOLS, SERVICE_TYPES, SESSION_AFFINITIES,
+    self, BalancerSpec, EXTERNAL_TRAFFIC_POLICIES, MAX_ANNOTATION_VALUE_LEN, MAX_ANNOTATIONS_BYTES, MAX_BACKENDS,
+    MAX_MAX_FAILS, MAX_PORTS, MAX_REPLICAS, MAX_SELECTOR_LABELS, MAX_SERVICE_ANNOTATIONS, MAX_SOURCE_RANGES,
+    MAX_SPREAD_CONSTRAINTS, MAX_TOLERATIONS, MAX_WEIGHT, PROTOCOLS, SERVICE_TYPES, SESSION_AFFINITIES,
 };
 use crate::defaulting::SpecPolicy;
 use crate::echo::{MAX_QUOTED_BYTES, cut, quoted};
@@ -269,6 +269,19 @@ fn validate_service(spec: &BalancerSpec, report: &mut Report) {
     validate_annotations("spec.service.annotations", service.annotations.as_ref(), report);
 }
 
+/// What an UPDATE may not change: the API server refuses to change a LoadBalancer Service's
+/// `loadBalancerClass` (set or unset included), so the controller could never apply it.
+pub fn unchangeable(old: &BalancerSpec, new: &BalancerSpec) -> Vec<FieldError> {
+    let class = |spec: &BalancerSpec| spec.service.as_ref().and_then(|s| s.load_balancer_class.clone());
+    let load_balancer = |spec: &BalancerSpec| spec.service_type() == "LoadBalancer";
+    if load_balancer(old) && load_balancer(new) && class(old) != class(new) {
+        let detail = "may not change while the type is LoadBalancer (Kubernetes refuses it on the Service): \
+                      set the type to ClusterIP first, then to LoadBalancer with the new class";
+        return vec![FieldError { field: "spec.service.loadBalancerClass".into(), detail: detail.into() }];
+    }
+    Vec::new()
+}
+
 /// `spec.proxy`: the image against the operator's allowlist, and the fields the API server
 /// would otherwise refuse only on the Deployment, where the user would not see why.
 fn validate_proxy(proxy: Option<&ProxySpec>, policy: &SpecPolicy, report: &mut Report) {
@@ -311,7 +324,7 @@ fn validate_image(image: &str, allowed: &[String], report: &mut Report) {
                       image would run with the operator's authority; the installer can allow image prefixes \
                       with --allowed-proxy-images";
         report.error(at, detail);
-    } else if !allowed.iter().any(|prefix| image.starts_with(prefix.as_str())) {
+    } else if !allowed.iter().any(|prefix| image_under(image, prefix)) {
         let prefixes: Vec<String> = allowed.iter().map(|p| quoted(p)).collect();
         let detail = format!(
             "must start with one of the prefixes the operator allows (--allowed-proxy-images): {}; got {}",
@@ -322,6 +335,14 @@ fn validate_image(image: &str, allowed: &[String], report: &mut Report) {
     } else if image.is_empty() || image.contains(|c: char| c.is_whitespace() || c.is_control()) {
         report.error(at, format!("must be an image reference without spaces, got {}", quoted(image)));
     }
+}
+
+/// Whether `image` lies under `prefix` at a boundary: `registry.example.com/nginx` admits
+/// `registry.example.com/nginx:1.27` and `registry.example.com/nginx/stream`, not
+/// `registry.example.com/nginx-evil` (nor, for `registry.example.com`, `registry.example.com.evil.io/x`).
+fn image_under(image: &str, prefix: &str) -> bool {
+    let Some(rest) = image.strip_prefix(prefix) else { return false };
+    prefix.ends_with(['/', ':', '@']) || rest.is_empty() || rest.starts_with(['/', ':', '@'])
 }
 
 /// A Kubernetes quantity's form: a decimal number, then an optional SI, binary or exponent suffix.
@@ -348,6 +369,11 @@ fn validate_annotations(at: &str, annotations: Option<&BTreeMap<String, String>>
     if len > MAX_SERVICE_ANNOTATIONS {
         report.error(at, format!("must have at most {MAX_SERVICE_ANNOTATIONS} annotations, got {len}"));
         return;
+    }
+    let total: usize = annotations.into_iter().flatten().map(|(k, v)| k.len() + v.len()).sum();
+    if total > MAX_ANNOTATIONS_BYTES {
+        report
+            .error(at, format!("must be at most {MAX_ANNOTATIONS_BYTES} bytes in all (keys and values), got {total}"));
     }
     for (key, value) in annotations.into_iter().flatten() {
         if let Err(problem) = check_label_key(key) {

@@ -147,17 +147,19 @@ fn converged(caches: &mut Caches, balancer: &Balancer) {
         value["metadata"]["managedFields"] = json!([{"manager": "balancer", "operation": "Apply"}]);
         value
     };
+    // As the controller applied them: with the hash of what it wanted.
     for service in backend_services.iter().chain([&proxy.front_service]) {
-        let mut value = stored(serde_json::to_value(service).unwrap());
+        let mut value = stored(serde_json::to_value(children::stamped(service).unwrap()).unwrap());
         value["spec"]["clusterIP"] = json!(CLUSTER_IP);
         value["spec"]["sessionAffinity"] = json!("None");
         value["spec"]["ports"][0]["nodePort"] = Value::Null;
         caches.services.apply_watcher_event(&watcher::Event::Apply(serde_json::from_value(value).unwrap()));
     }
-    let config_map = stored(serde_json::to_value(&proxy.config_map).unwrap());
+    let config_map = stored(serde_json::to_value(children::stamped(&proxy.config_map).unwrap()).unwrap());
     caches.config_maps.apply_watcher_event(&watcher::Event::Apply(serde_json::from_value(config_map).unwrap()));
     let mut deployment: Deployment =
-        serde_json::from_value(stored(serde_json::to_value(&proxy.deployment).unwrap())).unwrap();
+        serde_json::from_value(stored(serde_json::to_value(children::stamped(&proxy.deployment).unwrap()).unwrap()))
+            .unwrap();
     deployment.spec.as_mut().unwrap().template.spec.as_mut().unwrap().dns_policy = Some("ClusterFirst".into());
     deployment.status = Some(DeploymentStatus {
         observed_generation: Some(1),

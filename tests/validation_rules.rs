@@ -1537,3 +1537,69 @@ fn proxy_rules() {
         ),
     ]);
 }
+
+#[test]
+fn image_prefixes_match_at_a_boundary_and_annotations_have_a_total() {
+    run(vec![
+        case(
+            "a prefix without a slash still ends at a boundary",
+            |s| {
+                s.allowed_images = vec!["registry.example.com/nginx".into()];
+                s.spec.proxy =
+                    Some(ProxySpec { image: Some("registry.example.com/nginx-evil:1".into()), ..ProxySpec::default() });
+            },
+            strings![
+                "spec.proxy.image: must start with one of the prefixes the operator allows (--allowed-proxy-images): \
+                 \"registry.example.com/nginx\"; got \"registry.example.com/nginx-evil:1\""
+            ],
+            vec![],
+        ),
+        case(
+            "the image itself, tagged, under that prefix",
+            |s| {
+                s.allowed_images = vec!["registry.example.com/nginx".into()];
+                s.spec.proxy =
+                    Some(ProxySpec { image: Some("registry.example.com/nginx:1.27".into()), ..ProxySpec::default() });
+            },
+            vec![],
+            vec![],
+        ),
+        case(
+            "annotations over 64 KiB in all",
+            |s| {
+                let big: BTreeMap<String, String> =
+                    (0..20).map(|i| (format!("example.com/a{i}"), "x".repeat(4000))).collect();
+                s.spec.service = Some(FrontService { annotations: Some(big), ..FrontService::default() });
+            },
+            strings!["spec.service.annotations: must be at most 65536 bytes in all (keys and values), got 80290"],
+            vec![],
+        ),
+    ]);
+}
+
+#[test]
+fn a_load_balancers_class_cannot_change() {
+    let with_class = |type_: &str, class: Option<&str>| {
+        let mut spec = sample().spec;
+        spec.service = Some(FrontService {
+            type_: Some(type_.into()),
+            load_balancer_class: class.map(String::from),
+            ..FrontService::default()
+        });
+        spec
+    };
+    let lb = |class| with_class("LoadBalancer", class);
+    let changed = balancer::validation::unchangeable(&lb(Some("example.com/a")), &lb(Some("example.com/b")));
+    assert_eq!(
+        changed.iter().map(ToString::to_string).collect::<Vec<_>>(),
+        ["spec.service.loadBalancerClass: may not change while the type is LoadBalancer (Kubernetes refuses it on \
+          the Service): set the type to ClusterIP first, then to LoadBalancer with the new class"]
+    );
+    assert_eq!(balancer::validation::unchangeable(&lb(None), &lb(Some("example.com/a"))).len(), 1, "set once");
+    assert!(balancer::validation::unchangeable(&lb(Some("example.com/a")), &lb(Some("example.com/a"))).is_empty());
+    let cluster_ip = with_class("ClusterIP", None);
+    assert!(
+        balancer::validation::unchangeable(&cluster_ip, &lb(Some("example.com/a"))).is_empty(),
+        "a new LoadBalancer"
+    );
+}

@@ -531,6 +531,30 @@ async fn updates_that_keep_the_spec_are_not_judged_again() {
     server.stop().await;
 }
 
+/// A LoadBalancer's class cannot change (the API server would refuse it on the Service for
+/// ever after): the validating webhook compares with the stored object and says how to do it.
+#[tokio::test]
+async fn a_load_balancers_class_change_is_refused_on_update() {
+    let server = TestServer::start().await;
+    let mut stored = sample_balancer();
+    stored["spec"]["service"] = json!({"type": "LoadBalancer", "loadBalancerClass": "example.com/a"});
+    let mut changed = stored.clone();
+    changed["spec"]["service"]["loadBalancerClass"] = json!("example.com/b");
+    let mut update = review("UPDATE", changed);
+    update["request"]["oldObject"] = stored.clone();
+    let (_, body) = post_json(&server, "/validate", &update).await;
+    assert_eq!(body["response"]["allowed"], false, "{body}");
+    let message = body["response"]["status"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("spec.service.loadBalancerClass: may not change while the type is LoadBalancer"),
+        "{message}"
+    );
+    // Created with a class: nothing to compare with.
+    let (_, body) = post_json(&server, "/validate", &review("CREATE", stored)).await;
+    assert_eq!(body["response"]["allowed"], true, "{body}");
+    server.stop().await;
+}
+
 /// Review bodies share a byte budget: while one client holds all of it with a body it has
 /// not finished sending, another review waits only `budget_wait`, then gets 503 at once,
 /// well inside the API server's timeout; once the first is gone, reviews flow again.

@@ -70,6 +70,9 @@ pub const MAX_SOURCE_RANGES: usize = 64;
 /// load-balancer settings are short; a certificate ARN list is a few hundred characters).
 pub const MAX_SERVICE_ANNOTATIONS: usize = 64;
 pub const MAX_ANNOTATION_VALUE_LEN: usize = 4096;
+/// All of them together (keys and values), well within Kubernetes' 256 KiB for an object's
+/// annotations, with room for the others a Service or pod gets.
+pub const MAX_ANNOTATIONS_BYTES: usize = 64 * 1024;
 /// `spec.proxy` (v1beta1): most tolerations and spread constraints, and most JSON values in
 /// each of `resources`, `tolerations`, `affinity` and `topologySpreadConstraints` (a
 /// Kubernetes type read from a client is counted as it is read: see `bounded::optional_capped`).

@@ -66,7 +66,8 @@ pub enum Found {
 }
 
 /// Reads the stage. A new Balancer (no status yet) is never looked at: the Go operator wrote a
-/// status on every Balancer it reconciled.
+/// status on every Balancer it reconciled. One whose reconciles here have not yet reached the
+/// proxy is looked at (again): that costs a read per retry, and only until one gets there.
 pub fn stage(balancer: &StoredBalancer) -> Stage {
     let Some(status) = &balancer.status else { return Stage::Done };
     let find = |type_: &str| status.conditions.iter().find(|c| c.type_ == type_);
@@ -74,10 +75,11 @@ pub fn stage(balancer: &StoredBalancer) -> Stage {
         Some(c) if c.reason == SERVING => Stage::Serving,
         Some(c) if c.reason == DRAINING => Stage::Draining { since: c.last_transition_time.0 },
         Some(_) => Stage::Done,
+        // Only a reconcile that got as far as the proxy writes these: one that failed or
+        // refused the spec earlier never looked.
         None => match find(crate::controller::READY) {
-            None => Stage::Unchecked,
-            Some(ready) if ["ReconcileError", "Conflict"].contains(&ready.reason.as_str()) => Stage::Unchecked,
-            Some(_) => Stage::Done,
+            Some(ready) if crate::controller::PROXY_REASONS.contains(&ready.reason.as_str()) => Stage::Done,
+            _ => Stage::Unchecked,
         },
     }
 }
@@ -111,7 +113,8 @@ pub fn step(balancer: &str, stage: &Stage, found: Option<Found>, available: bool
             return Step { condition: Some(condition("False", NOT_CONTROLLED, message, now)), ..Step::NONE };
         }
         (Stage::Draining { since }, _) => {
-            let elapsed = now.duration_since(*since).unsigned_abs();
+            // A transition time ahead of this clock (another replica's) counts as just now.
+            let elapsed = Duration::try_from(now.duration_since(*since)).unwrap_or_default();
             if elapsed < DRAIN {
                 return Step { requeue: Some(DRAIN - elapsed), ..Step::NONE };
             }

@@ -683,6 +683,21 @@ async fn a_balancer_is_exposed_by_node_ports_and_a_load_balancer(world: &mut Wor
     let address = header.iter().position(|h| *h == "ADDRESS").expect("an ADDRESS column");
     assert_eq!(row.get(address), Some(&"192.0.2.10"), "{out}");
 
+    // Settings dropped from the spec leave the Service too (every one it asked for is still
+    // there, so only the hash of the wanted Service tells the controller to apply it again).
+    let (ok, out) =
+        apply(world, "admin", &balancer_yaml(NAME, &format!("spec:\n  service: {{type: LoadBalancer}}\n{ports}")));
+    assert!(ok, "{out}");
+    eventually("the dropped LoadBalancer settings to go", Duration::from_secs(30), || async {
+        let service = services.get_opt(NAME).await.ok().flatten()?;
+        let annotated = service.annotations().contains_key("example.com/lb-scheme");
+        let spec = service.spec?;
+        let dropped =
+            spec.load_balancer_source_ranges.is_none() && spec.external_traffic_policy.as_deref() == Some("Cluster");
+        (spec.type_.as_deref() == Some("LoadBalancer") && !annotated && dropped).then_some(())
+    })
+    .await;
+
     // Back to ClusterIP: no node port, policy, range or annotation is left behind.
     let ports_only = "  ports: [{name: http, port: 80}, {name: dns, port: 53, protocol: UDP}]\n  \
                       backends: [{name: a, selector: {app: a}}]\n";
