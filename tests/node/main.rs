@@ -151,6 +151,7 @@ async fn run_suite(assets: &Path, images: &Path, state: &Path) -> ExitCode {
         a_node_port_balancer_with_client_ip_affinity_keeps_each_client_on_one_backend,
         the_other_replica_takes_over_when_the_leader_pod_is_deleted,
         a_replaced_certificate_is_served_without_a_restart,
+        a_go_operator_balancer_is_taken_over_without_a_failed_request,
         deleting_the_balancer_removes_every_child_and_pod,
     ];
     let (passed, failed) = runner::run_in_order(&mut world, all, diagnose).await;
@@ -458,31 +459,40 @@ fn assert_shares(counts: &BTreeMap<String, usize>, weights: &[(&str, u32)], poin
 // 3. Weights change under load
 // ---------------------------------------------------------------------------
 
-/// Clients sending requests back to back until stopped: every failure, with its error.
+/// Clients sending requests back to back until stopped: every failure, with its error, and
+/// how many requests got each answer so far.
 struct Load {
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
     tasks: tokio::task::JoinSet<(usize, Vec<String>)>,
+    answers: std::sync::Arc<std::sync::Mutex<BTreeMap<String, usize>>>,
 }
 
 impl Load {
     fn start(address: String, clients: usize) -> Load {
         let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let answers = std::sync::Arc::new(std::sync::Mutex::new(BTreeMap::new()));
         let mut tasks = tokio::task::JoinSet::new();
         for _ in 0..clients {
-            let (address, stop) = (address.clone(), stop.clone());
+            let (address, stop, answers) = (address.clone(), stop.clone(), answers.clone());
             tasks.spawn(async move {
                 let (mut sent, mut failures) = (0, Vec::new());
                 while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                     sent += 1;
-                    if let Err(e) = one_request(&address).await {
-                        failures.push(e);
+                    match one_request(&address).await {
+                        Ok(answer) => *answers.lock().expect("answers").entry(answer).or_insert(0) += 1,
+                        Err(e) => failures.push(e),
                     }
                     tokio::time::sleep(Duration::from_millis(5)).await;
                 }
                 (sent, failures)
             });
         }
-        Load { stop, tasks }
+        Load { stop, tasks, answers }
+    }
+
+    /// How many requests got each answer so far.
+    fn answers(&self) -> BTreeMap<String, usize> {
+        self.answers.lock().expect("answers").clone()
     }
 
     /// Stops the clients: how many requests they sent, and every failure.
@@ -959,6 +969,191 @@ async fn operator_pod_restarts(world: &World) -> BTreeMap<String, i32> {
             (p.name_any(), restarts)
         })
         .collect()
+}
+
+// ---------------------------------------------------------------------------
+// 6b. Taking over from the Go operator
+// ---------------------------------------------------------------------------
+
+/// Someone else's hold on the leader Lease, renewed as a live leader renews it (a 3 s lease,
+/// every second) until dropped; the replicas take it back once it expires. (A replica that
+/// sees another holder sleeps until that holder's lease expires: a long lease taken once
+/// would keep them away for all of it. The displaced leader's next renewal, if it comes
+/// after the drop, stretches this hold to its own 15 s.)
+struct ForeignLease(tokio::task::JoinHandle<()>);
+
+impl ForeignLease {
+    async fn take(client: Client, holder: &'static str) -> ForeignLease {
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+        use kube::api::{Patch, PatchParams};
+        let leases: Api<Lease> = Api::namespaced(client, OPERATOR_NS);
+        let hold = move || {
+            let spec = json!({"holderIdentity": holder, "leaseDurationSeconds": 3,
+                              "renewTime": MicroTime(k8s_openapi::jiff::Timestamp::now())});
+            Patch::Merge(json!({ "spec": spec }))
+        };
+        leases.patch("balancer-leader", &PatchParams::default(), &hold()).await.expect("take the Lease");
+        ForeignLease(tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                let _ = leases.patch("balancer-leader", &PatchParams::default(), &hold()).await;
+            }
+        }))
+    }
+}
+
+impl Drop for ForeignLease {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// The Go operator's children of a Balancer, as it leaves them (names, labels, controller
+/// owner references to the Balancer's UID). Its proxy pods mount the ConfigMap at /etc/nginx,
+/// as the Go operator's do; here that nginx.conf answers `go proxy` itself.
+fn go_operator_children(name: &str, uid: &str, backends: &[&str]) -> String {
+    let owner = json!([{"apiVersion": "exposer.hliangzhao.io/v1alpha1", "kind": "Balancer", "name": name,
+                        "uid": uid, "controller": true, "blockOwnerDeletion": true}]);
+    let labels = json!({"balancer.exposer.hliangzhao.io/balancer-name": name});
+    let meta = |object: &str, labels: &Value| json!({"name": object, "namespace": NS, "labels": labels, "ownerReferences": owner});
+    let config_map = format!("{name}-proxy-configmap");
+    let conf = "worker_processes 1;\nevents {}\nhttp {\n  access_log off;\n  server {\n    listen 80;\n    \
+                location / { default_type text/plain; return 200 \"go proxy\\n\"; }\n  }\n}\n";
+    let pod = json!({
+        "containers": [{
+            "name": "nginx",
+            "image": BASE_IMAGE,
+            "imagePullPolicy": "Never",
+            "command": ["nginx", "-e", "stderr", "-g", "daemon off;"],
+            "ports": [{"containerPort": 80}],
+            "readinessProbe": {"tcpSocket": {"port": 80}, "periodSeconds": 1},
+            "volumeMounts": [{"name": "conf", "mountPath": "/etc/nginx"}],
+        }],
+        "volumes": [{"name": "conf", "configMap": {"name": config_map}}],
+    });
+    let deployment = json!({"replicas": 1, "selector": {"matchLabels": labels},
+                            "template": {"metadata": {"labels": labels}, "spec": pod}});
+    let front = json!({"selector": labels, "ports": [{"name": "http", "protocol": "TCP", "port": 80}]});
+    let mut items = vec![
+        json!({"apiVersion": "v1", "kind": "Service", "metadata": meta(name, &json!({})), "spec": front}),
+        json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta(&config_map, &json!({})),
+               "data": {"nginx.conf": conf}}),
+        json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": meta(&format!("{name}proxy"), &labels),
+               "spec": deployment}),
+    ];
+    for backend in backends {
+        let spec = json!({"selector": {"app": "test", "version": backend},
+                          "ports": [{"name": "http", "protocol": "TCP", "port": 80, "targetPort": 5678}]});
+        let metadata = meta(&format!("{name}-{backend}-backend"), &labels);
+        items.push(json!({"apiVersion": "v1", "kind": "Service", "metadata": metadata, "spec": spec}));
+    }
+    json!({"apiVersion": "v1", "kind": "List", "items": items}).to_string()
+}
+
+/// The README's migration on a real kubelet and kube-proxy: a Balancer the Go operator ran
+/// (rebuilt by hand while someone else holds the Lease, its proxy pods answering `go proxy`)
+/// is taken over while clients send requests to its front Service without a pause, and not
+/// one request fails: the answers move from the Go proxy to the backends through ours, and
+/// the Go operator's Deployment and pods are gone by the end.
+async fn a_go_operator_balancer_is_taken_over_without_a_failed_request(world: &mut World) {
+    const NAME: &str = "legacy";
+    let go_pods = format!("balancer.exposer.hliangzhao.io/balancer-name={NAME},!app.kubernetes.io/component");
+    // The leader stops reconciling while someone else holds the Lease.
+    let leader = eventually("a leader", Duration::from_secs(30), || lease_holder(world)).await;
+    let step_downs = || {
+        let logs = kubectl(world, &["-n", OPERATOR_NS, "logs", &leader], None);
+        logs.matches("stopping reconciles").count()
+    };
+    let before = step_downs();
+    let foreign = ForeignLease::take(world.admin.clone(), "go-operator").await;
+    let taken = Instant::now();
+    eventually(&format!("{leader} to step down"), Duration::from_secs(30), || async {
+        (step_downs() > before).then_some(())
+    })
+    .await;
+    println!("node: {leader} stopped reconciling {:.1} s after the Lease was taken", taken.elapsed().as_secs_f64());
+
+    // The Go operator's Balancer: the walkthrough's, its children, and its status.
+    let sample = std::fs::read_to_string(repo("deploy/samples/balancer.yaml")).expect("sample");
+    kubectl(world, &["-n", NS, "apply", "-f", "-"], Some(&sample.replace(SAMPLE, NAME)));
+    let alpha = kube::api::ApiResource::erase::<balancer::api::v1alpha1::Balancer>(&());
+    let alpha: Api<kube::api::DynamicObject> = Api::namespaced_with(world.admin.clone(), NS, &alpha);
+    let uid = alpha.get(NAME).await.expect("the Balancer").metadata.uid.expect("a uid");
+    kubectl(world, &["apply", "-f", "-"], Some(&go_operator_children(NAME, &uid, &["v1", "v2", "v3"])));
+    let status = json!({"status": {"activeBackendsNum": 3, "obsoleteBackendsNum": 0}});
+    let params = kube::api::PatchParams::default();
+    alpha.patch_status(NAME, &params, &kube::api::Patch::Merge(status)).await.expect("the Go operator's status");
+    wait_available(world, NS, &format!("{NAME}proxy"), 1).await;
+    let front = front_ip(world, NAME).await;
+    let address = format!("{front}:80");
+    eventually("the Go proxy answering", Duration::from_secs(30), || async {
+        (one_request(&address).await.ok()? == "go proxy").then_some(())
+    })
+    .await;
+    let deployments: Api<Deployment> = Api::namespaced(world.admin.clone(), NS);
+    let ours = format!("{NAME}-proxy");
+    assert!(deployments.get_opt(&ours).await.expect("get").is_none(), "reconciled while not leading");
+
+    // Load from before the takeover until after the Go operator's pods are gone.
+    let load = Load::start(address, 4);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let before_takeover = load.answers();
+    drop(foreign);
+    let released = Instant::now();
+    let replicas = operator_pods(world).await;
+    eventually("an operator replica to lead", Duration::from_secs(45), || async {
+        lease_holder(world).await.filter(|holder| replicas.contains(holder))
+    })
+    .await;
+    let api: Api<kube::api::DynamicObject> = Api::namespaced_with(world.admin.clone(), NS, &balancer_resource());
+    // The condition's reasons, each with when it was first seen.
+    let mut stages: Vec<(String, f64)> = Vec::new();
+    while stages.last().map(|(r, _)| r.as_str()) != Some("Removed") {
+        assert!(released.elapsed() < Duration::from_secs(120), "the takeover stalled at {stages:?}");
+        let status = api.get(NAME).await.ok().and_then(|b| b.data.get("status").cloned()).unwrap_or_default();
+        let conditions = status["conditions"].as_array().cloned().unwrap_or_default();
+        let reason = conditions.iter().find(|c| c["type"] == "GoOperatorProxy").and_then(|c| c["reason"].as_str());
+        if let Some(reason) = reason.filter(|r| stages.last().map(|(s, _)| s.as_str()) != Some(r)) {
+            stages.push((reason.to_string(), released.elapsed().as_secs_f64()));
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let seen: Vec<String> = stages.iter().map(|(reason, at)| format!("{reason} at {at:.1} s")).collect();
+    println!("node: GoOperatorProxy after the Lease was released: {}", seen.join(", "));
+    assert_eq!(stages.iter().map(|(r, _)| r.as_str()).collect::<Vec<_>>(), ["Serving", "Draining", "Removed"]);
+    let pods: Api<Pod> = Api::namespaced(world.admin.clone(), NS);
+    eventually("the Go operator's Deployment and pods gone", Duration::from_secs(60), || async {
+        let deployment = deployments.get_opt(&format!("{NAME}proxy")).await.ok()?;
+        let left = pods.list(&ListParams::default().labels(&go_pods)).await.ok()?.items;
+        (deployment.is_none() && left.is_empty()).then_some(())
+    })
+    .await;
+    let after_takeover = load.answers();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let tally = load.answers.clone();
+    let (sent, failures) = load.finish().await;
+    let answers = tally.lock().expect("answers").clone();
+
+    let backends = ["hello world v1", "hello world v2", "hello world v3"];
+    let go = answers.get("go proxy").copied().unwrap_or(0);
+    let through_ours: usize = backends.iter().filter_map(|b| answers.get(*b)).sum();
+    let unexpected: BTreeMap<&String, &usize> =
+        answers.iter().filter(|(a, _)| *a != "go proxy" && !backends.contains(&a.as_str())).collect();
+    let failed = failures.len() + unexpected.values().copied().sum::<usize>();
+    println!(
+        "node: {sent} requests during the takeover, {failed} failed, {go} from the Go proxy, {through_ours} through ours"
+    );
+    assert!(failures.is_empty(), "{} of {sent} failed: {:?}", failures.len(), &failures[..failures.len().min(10)]);
+    assert!(unexpected.is_empty(), "answers from neither proxy: {unexpected:?}");
+    assert!(before_takeover.keys().eq(["go proxy"]), "before the takeover: {before_takeover:?}");
+    // The last 3 s, after the Go operator's pods are gone: only backends, through our proxy.
+    let last: BTreeMap<&String, usize> =
+        answers.iter().map(|(a, n)| (a, n - after_takeover.get(a).unwrap_or(&0))).filter(|(_, n)| *n > 0).collect();
+    assert!(!last.is_empty() && last.keys().all(|a| backends.contains(&a.as_str())), "at the end: {last:?}");
+    let selector = kubectl(world, &["-n", NS, "get", "service", NAME, "-o", "jsonpath={.spec.selector}"], None);
+    assert!(selector.contains("\"app.kubernetes.io/component\":\"proxy\""), "the front Service selects {selector}");
+
+    kubectl(world, &["-n", NS, "delete", "balancer", NAME], None);
 }
 
 // ---------------------------------------------------------------------------
