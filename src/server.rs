@@ -230,6 +230,7 @@ where
         bytes: state.limits.max_body_bytes,
         time: state.limits.body_timeout,
         budget: state.body_budget.clone(),
+        whole_at_once: false,
     };
     let (outcome, response) = match read_review_body(state, request, limit).await {
         Err(rejection) => (Outcome::BadRequest, rejection),
@@ -259,6 +260,7 @@ async fn convert(State(state): State<AppState>, request: Request) -> Response {
         bytes: state.limits.max_conversion_body_bytes,
         time: state.limits.conversion_body_timeout,
         budget: state.conversion_budget.clone(),
+        whole_at_once: true,
     };
     let (result, response) = match read_review_body(&state, request, limit).await {
         Err(rejection) => (ConversionResult::BadRequest, rejection),
@@ -288,6 +290,10 @@ struct BodyLimit {
     time: Duration,
     /// The budget the body's bytes are paid from.
     budget: Arc<Semaphore>,
+    /// Pay for the declared length at once, when the first bytes arrive, rather than as the
+    /// buffer doubles. For conversions, whose budget holds one largest body: two large ones
+    /// paying as they grow would each hold half and wait for the other, both until 503.
+    whole_at_once: bool,
 }
 
 /// Checks the content type and reads the body within the size and time `limit`, and the memory budget.
@@ -307,16 +313,21 @@ where
     let limits = &state.limits;
     let deadline = tokio::time::Instant::now() + limit.time;
     let pool = limit.budget;
+    let limit_whole = limit.whole_at_once;
     let limit = limit.bytes;
     let declared = parts.headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
     if declared.is_some_and(|len| len > limit as u64) {
         return Err(too_large_after_draining(&mut body, limit, deadline).await);
     }
     let budget = BodyBudget { pool, held: None, wait: limits.budget_wait };
-    // The declared length sizes the first allocation (never past FIRST_ALLOCATION_MAX), still
-    // paid for from the budget only when the first bytes arrive.
+    // The declared length sizes the first allocation (never past FIRST_ALLOCATION_MAX unless
+    // the whole body is paid at once), still paid for only when the first bytes arrive.
     let declared = declared.map(|len| len as usize);
-    let first = declared.map_or(FIRST_ALLOCATION_MAX, |len| len.min(FIRST_ALLOCATION_MAX));
+    let first = match (declared, limit_whole) {
+        (Some(len), true) => len,
+        (Some(len), false) => len.min(FIRST_ALLOCATION_MAX),
+        (None, _) => FIRST_ALLOCATION_MAX,
+    };
     let size = BodySize { limit, first, declared };
     match tokio::time::timeout_at(deadline, read_within(&mut body, size, budget)).await {
         Err(_) => Err(error(StatusCode::REQUEST_TIMEOUT, "the body was not received in time")),
