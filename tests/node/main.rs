@@ -1082,7 +1082,12 @@ async fn a_go_operator_balancer_is_taken_over_without_a_failed_request(world: &m
     kubectl(world, &["apply", "-f", "-"], Some(&go_operator_children(NAME, &uid, &["v1", "v2", "v3"])));
     let status = json!({"status": {"activeBackendsNum": 3, "obsoleteBackendsNum": 0}});
     let params = kube::api::PatchParams::default();
-    alpha.patch_status(NAME, &params, &kube::api::Patch::Merge(status)).await.expect("the Go operator's status");
+    // Through the conversion webhook, whose CA the rotation scenario just replaced: the API
+    // server's handlers pick up the CRD's new caBundle a moment apart.
+    eventually("the Go operator's status", Duration::from_secs(30), || async {
+        alpha.patch_status(NAME, &params, &kube::api::Patch::Merge(&status)).await.ok()
+    })
+    .await;
     wait_available(world, NS, &format!("{NAME}proxy"), 1).await;
     let front = front_ip(world, NAME).await;
     let address = format!("{front}:80");
