@@ -296,18 +296,26 @@ where
         return Ok(());
     }
     let api: Api<K> = Api::namespaced(ctx.client.clone(), &owner.namespace);
-    let params = DeleteParams {
-        preconditions: Some(Preconditions { uid: cached.uid(), resource_version: None }),
-        ..DeleteParams::default()
-    };
-    match api.delete(&name, &params).await {
-        Ok(_) => {}
-        Err(kube::Error::Api(status)) if status.code == 404 => return Ok(()),
-        Err(source) => return Err(Error::Api { verb: "delete", kind: K::kind(&()).into(), name, source }),
+    if !delete_exact(&api, &name, cached.uid(), DeleteParams::default()).await? {
+        return Ok(());
     }
     let note = format!("deleted PodDisruptionBudget {name}: the proxy has one pod at most");
     publish(balancer, ctx, EventType::Normal, "Deleted", note, None).await;
     Ok(())
+}
+
+/// Deletes exactly the object with `uid`, never a namesake created since; `false` when it was
+/// already gone.
+async fn delete_exact<K>(api: &Api<K>, name: &str, uid: Option<String>, params: DeleteParams) -> Result<bool, Error>
+where
+    K: Resource<DynamicType = ()> + Clone + Debug + DeserializeOwned,
+{
+    let params = DeleteParams { preconditions: Some(Preconditions { uid, resource_version: None }), ..params };
+    match api.delete(name, &params).await {
+        Ok(_) => Ok(true),
+        Err(kube::Error::Api(status)) if status.code == 404 => Ok(false),
+        Err(source) => Err(Error::Api { verb: "delete", kind: K::kind(&()).into(), name: name.to_string(), source }),
+    }
 }
 
 /// Looks for the Go operator's proxy Deployment of a Balancer (see [`migration`]).
@@ -336,15 +344,8 @@ async fn delete_go_proxy(balancer: &StoredBalancer, ctx: &Context, owner: &Owner
     if !controlled_by(&found, owner) {
         return Ok(());
     }
-    // Only that very object: a namesake created since is not touched.
-    let params = DeleteParams {
-        preconditions: Some(Preconditions { uid: found.metadata.uid.clone(), resource_version: None }),
-        ..DeleteParams::background()
-    };
-    match api.delete(&name, &params).await {
-        Ok(_) => {}
-        Err(kube::Error::Api(status)) if status.code == 404 => return Ok(()),
-        Err(e) => return Err(api_error("delete", e)),
+    if !delete_exact(&api, &name, found.metadata.uid.clone(), DeleteParams::background()).await? {
+        return Ok(());
     }
     let note = format!(
         "deleted the Go operator's proxy Deployment {name}: {} serves",
@@ -618,16 +619,7 @@ async fn delete_obsolete_backends(
     let api: Api<Service> = Api::namespaced(ctx.client.clone(), &owner.namespace);
     for service in obsolete_backends(ctx, owner, wanted) {
         let name = service.name_any();
-        // Delete exactly the object seen, never a namesake created since.
-        let params = DeleteParams {
-            preconditions: Some(Preconditions { uid: service.uid(), resource_version: None }),
-            ..DeleteParams::default()
-        };
-        match api.delete(&name, &params).await {
-            Ok(_) => {}
-            Err(kube::Error::Api(status)) if status.code == 404 => {}
-            Err(source) => return Err(Error::Api { verb: "delete", kind: "Service".into(), name, source }),
-        }
+        delete_exact(&api, &name, service.uid(), DeleteParams::default()).await?;
         ctx.metrics.controller.child_deleted("Service");
         let note = format!("deleted obsolete backend Service {name}");
         publish(balancer, ctx, EventType::Normal, "Deleted", note, Some(service.object_ref(&()))).await;
