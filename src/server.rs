@@ -317,6 +317,11 @@ where
     let limit = limit.bytes;
     let declared = parts.headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
     if declared.is_some_and(|len| len > limit as u64) {
+        // A client waiting for `100 Continue` has sent no byte of the body yet: it gets its 413
+        // at once, and the connection closes with nothing unread that could turn into a reset.
+        if expects_continue(&parts.headers) {
+            return Err(closing(too_large(limit)));
+        }
         return Err(too_large_after_draining(&mut body, limit, deadline).await);
     }
     let budget = BodyBudget { pool, held: None, wait: limits.budget_wait };
@@ -447,6 +452,17 @@ where
         buffer.extend_from_slice(&data);
     }
     Ok((buffer, budget))
+}
+
+/// Whether the client waits for `100 Continue` before it sends the body.
+fn expects_continue(headers: &HeaderMap) -> bool {
+    headers.get(header::EXPECT).is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"))
+}
+
+/// `response`, after which the connection closes.
+fn closing(mut response: Response) -> Response {
+    response.headers_mut().insert(header::CONNECTION, header::HeaderValue::from_static("close"));
+    response
 }
 
 fn too_large(limit: usize) -> Response {

@@ -360,6 +360,32 @@ async fn curl_with_cacert_gets_real_answers() {
     server.stop().await;
 }
 
+/// A client that declares an oversized body and waits for `100 Continue` before sending it
+/// gets its 413 at once, never a 100, and the connection closes: it sent nothing that could
+/// turn the close into a reset, so the 413 is what it reads (as curl does with large bodies).
+#[tokio::test]
+async fn a_declared_oversized_body_awaiting_100_continue_gets_its_413_at_once() {
+    let server = TestServer::start().await;
+    // 32 MiB: over both the review limit and the conversion limit (16 MiB).
+    for path in ["/validate", "/convert"] {
+        let mut tls = tls_connect(&server).await;
+        let head = format!(
+            "POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+             Content-Length: 33554432\r\nExpect: 100-continue\r\n\r\n"
+        );
+        tls.write_all(head.as_bytes()).await.unwrap();
+        let mut answer = Vec::new();
+        // Nothing of the body is sent: a server that waits for it would still be waiting.
+        let read = tokio::time::timeout(Duration::from_secs(2), tls.read_to_end(&mut answer)).await;
+        assert!(read.is_ok(), "{path}: no answer and no close within 2 s: {:?}", String::from_utf8_lossy(&answer));
+        let answer = String::from_utf8_lossy(&answer);
+        assert!(answer.starts_with("HTTP/1.1 413 "), "{path}: {answer}");
+        assert!(answer.to_ascii_lowercase().contains("connection: close"), "{path}: {answer}");
+        assert!(answer.contains("exceeds the limit"), "{path}: {answer}");
+    }
+    server.stop().await;
+}
+
 #[tokio::test]
 async fn a_client_that_does_not_finish_its_headers_is_disconnected() {
     let server = TestServer::start().await;
