@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::stream::BoxStream;
-use futures::{FutureExt, StreamExt};
+use futures::{FutureExt, Stream, StreamExt};
 use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, ObjectReference, Service};
@@ -35,9 +35,11 @@ use crate::admit::admit;
 use crate::api::BalancerStatus;
 use crate::children::{self, BALANCER_NAME_LABEL, COMPONENT_BACKEND, COMPONENT_LABEL, MANAGED_BY, MANAGED_BY_LABEL};
 use crate::children::{BackendHosts, Owner, OwnerError, ProxySettings};
+use crate::contact::Contact;
 use crate::disruption::{PodDisruptionBudgetV1beta1, PolicyVersion};
 use crate::echo::cut;
 use crate::events::{EventType, Events, Note, Published};
+use crate::retry::{RetryDelay, relist_at_once};
 use crate::stored::StoredBalancer;
 use crate::telemetry::{Metrics, ReconcileResult};
 use crate::validation::{FieldError, ObjectName};
@@ -82,7 +84,7 @@ pub const CLUSTER_PERMISSIONS: &[Permission] = &[
 
 /// Leader election's permissions, in the operator's own namespace.
 pub const LEADER_ELECTION_PERMISSIONS: &[Permission] =
-    &[("coordination.k8s.io", "leases", &["get", "create", "patch"])];
+    &[("coordination.k8s.io", "leases", &["get", "create", "update"])];
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -836,6 +838,18 @@ async fn publish(
     }
 }
 
+/// The controller's clients, both reporting to one [`Contact`].
+#[derive(Clone)]
+pub struct Clients {
+    /// Watches and lists (and the leader Lease): a few long-lived requests, retried on the
+    /// controller's own terms (see [`retry`](crate::retry)), never held by the throttle.
+    pub direct: Client,
+    /// Every reconcile's request, through the throttle (see [`crate::throttle`]).
+    pub throttled: Client,
+    /// Whether the API server answers them.
+    pub contact: Contact,
+}
+
 /// Which namespaces the controller watches.
 #[derive(Debug, Clone)]
 pub enum Scope {
@@ -877,6 +891,40 @@ pub fn slim<K: Resource>(object: &mut K) {
     }
 }
 
+/// Watches `api`, retrying every few seconds at most and re-listing at once when the watch
+/// expired (see [`retry`](crate::retry)). Its errors are logged here and go no further: the
+/// controller would otherwise back off *all* its watches after any one's error, with
+/// kube-runtime's default backoff (up to a minute), and leave their requests unpolled meanwhile.
+fn watch<K>(
+    api: Api<K>,
+    config: watcher::Config,
+    contact: &Contact,
+) -> impl Stream<Item = Result<watcher::Event<K>, watcher::Error>> + use<K>
+where
+    K: Resource<DynamicType = ()> + Clone + Debug + DeserializeOwned + Send + 'static,
+{
+    let contact = contact.clone();
+    relist_at_once(watcher(api, config)).backoff(RetryDelay::default()).filter(move |event| {
+        if let Err(e) = event {
+            // While the API server is lost, every retry fails: the loss is logged once.
+            if contact.is_lost() {
+                tracing::debug!(kind = %K::kind(&()), error = %e, "watch error");
+            } else {
+                tracing::warn!(kind = %K::kind(&()), error = %e, "watch error; retrying");
+            }
+        }
+        std::future::ready(event.is_ok())
+    })
+}
+
+/// Lists are served from the API server's watch cache (`resourceVersion=0`, in one page: kube
+/// drops `resourceVersion=0` from a paged list), as client-go's informers list: the watch that
+/// follows starts from the same cache at the same version, and a list does not wait for etcd
+/// while the API server catches up after etcd came back.
+fn watch_config() -> watcher::Config {
+    watcher::Config { page_size: None, ..watcher::Config::default().any_semantic() }
+}
+
 /// One watched kind: the cache the reconciles read, and the changes that trigger them.
 struct Reflected<K: Resource<DynamicType = ()> + 'static> {
     store: Store<K>,
@@ -893,10 +941,10 @@ where
         + 'static,
 {
     /// balancer's own children of one kind (selected by label), cached compactly (see [`Cached`]).
-    fn children(client: &Client, scope: &Scope) -> Self {
-        let config = watcher::Config::default().labels(&format!("{MANAGED_BY_LABEL}={MANAGED_BY}"));
+    fn children(client: &Client, scope: &Scope, contact: &Contact) -> Self {
+        let config = watch_config().labels(&format!("{MANAGED_BY_LABEL}={MANAGED_BY}"));
         let (store, writer) = reflector::store();
-        let changes = watcher(api(client, scope), config).default_backoff().reflect(writer).touched_objects().boxed();
+        let changes = watch(api(client, scope), config, contact).reflect(writer).touched_objects().boxed();
         Reflected { store, changes }
     }
 }
@@ -936,10 +984,9 @@ async fn policy_version(client: &Client, stop: &CancellationToken) -> Option<Pol
 impl Reflected<StoredBalancer> {
     /// Every Balancer in scope, slimmed as cached. Only generation changes trigger: status
     /// updates do not change it, so the controller's own status writes never come back to it.
-    fn balancers(client: &Client, scope: &Scope) -> Self {
+    fn balancers(client: &Client, scope: &Scope, contact: &Contact) -> Self {
         let (store, writer) = reflector::store();
-        let changes = watcher(api(client, scope), watcher::Config::default())
-            .default_backoff()
+        let changes = watch(api(client, scope), watch_config(), contact)
             .modify(slim)
             .reflect(writer)
             .applied_objects()
@@ -951,21 +998,22 @@ impl Reflected<StoredBalancer> {
 
 /// Runs the controller until `stop` is cancelled; sets `synced` once every cache has listed.
 pub async fn run(
-    client: Client,
+    clients: Clients,
     options: Options,
     metrics: Arc<Metrics>,
     synced: Arc<AtomicBool>,
     stop: CancellationToken,
 ) {
     let scope = &options.scope;
+    let Clients { direct: client, throttled, contact } = clients;
     let Some(policy) = policy_version(&client, &stop).await else { return };
-    let services = Reflected::<Cached<Service>>::children(&client, scope);
-    let config_maps = Reflected::<Cached<ConfigMap>>::children(&client, scope);
-    let deployments = Reflected::<Cached<Deployment>>::children(&client, scope);
-    let balancers = Reflected::balancers(&client, scope);
+    let services = Reflected::<Cached<Service>>::children(&client, scope, &contact);
+    let config_maps = Reflected::<Cached<ConfigMap>>::children(&client, scope, &contact);
+    let deployments = Reflected::<Cached<Deployment>>::children(&client, scope, &contact);
+    let balancers = Reflected::balancers(&client, scope, &contact);
     let budgets = match policy {
-        PolicyVersion::V1 => BudgetsReflected::V1(Reflected::children(&client, scope)),
-        PolicyVersion::V1beta1 => BudgetsReflected::V1beta1(Reflected::children(&client, scope)),
+        PolicyVersion::V1 => BudgetsReflected::V1(Reflected::children(&client, scope, &contact)),
+        PolicyVersion::V1beta1 => BudgetsReflected::V1beta1(Reflected::children(&client, scope, &contact)),
     };
 
     let children = ChildCaches {
@@ -975,7 +1023,7 @@ pub async fn run(
         budgets: budgets.cache(),
     };
     let caches = Caches { balancers: balancers.store.clone(), children: children.clone() };
-    let ctx = Arc::new(Context::new(client, children, options.proxy, metrics.clone()));
+    let ctx = Arc::new(Context::new(throttled, children, options.proxy, metrics.clone()));
     let census = count_balancers(balancers.store.clone(), ctx.clone(), stop.clone());
     let readiness = {
         let caches = caches.clone();
@@ -1106,7 +1154,8 @@ async fn count_balancers(balancers: Store<StoredBalancer>, ctx: Arc<Context>, st
 
 fn log_controller_error(error: &controller::Error<Error, watcher::Error>) {
     match error {
-        // Reconcile errors are logged where they happen; a vanished object is routine.
+        // Reconcile errors are logged where they happen, watch errors in `watch`; a vanished
+        // object is routine.
         controller::Error::ReconcilerFailed(..) | controller::Error::ObjectNotFound(_) => {}
         other => tracing::warn!(error = %other, "controller error"),
     }

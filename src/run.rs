@@ -13,7 +13,8 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
 use crate::cli::{ControllerArgs, RunArgs};
-use crate::controller::{self, Scope};
+use crate::contact::Contact;
+use crate::controller::{self, Clients, Scope};
 use crate::leader;
 use crate::listener::{self, Workers};
 use crate::metrics_auth::MetricsAuth;
@@ -71,7 +72,7 @@ pub async fn start(
     let clients = connect(&args.controller, &metrics, &shutdown).await?;
     let metrics_auth = match (&clients, args.insecure_metrics) {
         (_, true) => None,
-        (Some(clients), false) => Some(Arc::new(MetricsAuth::new(clients.plain.clone()))),
+        (Some(clients), false) => Some(Arc::new(MetricsAuth::new(clients.direct.clone()))),
         // Webhooks only (or the cluster was unreachable at start): still review scrape
         // tokens whenever a configuration exists; requests fail cleanly while it is down.
         (None, false) => match kube_config(&args.controller).await.map(Client::try_from) {
@@ -79,10 +80,10 @@ pub async fn start(
             _ => None,
         },
     };
-    let controller = clients.map(|Clients { plain, throttled }| {
+    let controller = clients.map(|clients| {
         let synced = Arc::new(AtomicBool::new(false));
         let args = args.controller.clone();
-        tokio::spawn(supervise(plain, throttled, args, metrics.clone(), synced, shutdown.clone()))
+        tokio::spawn(supervise(clients, args, metrics.clone(), synced, shutdown.clone()))
     });
     // A single review body may always be read, however the budget is set. Conversions have a
     // budget of their own, one largest body: many small ones or one large one at a time.
@@ -185,12 +186,6 @@ pub async fn run(args: RunArgs) -> Result<(), RunError> {
     Ok(())
 }
 
-/// The clients of one cluster: kube's own, and the controller's, whose requests are throttled.
-struct Clients {
-    plain: Client,
-    throttled: Client,
-}
-
 /// Clients for the cluster, or `None` (controller off) when there is none to reach.
 /// The throttled client stops waiting once `shutdown` is cancelled (see [`throttle`]).
 async fn connect(
@@ -216,13 +211,15 @@ async fn connect(
     let url = config.cluster_url.clone();
     let rate = Rate { qps: f64::from(args.api_qps), burst: args.api_burst };
     let throttle = ThrottleLayer::new(rate, metrics.api.clone(), shutdown.clone());
-    let clients = Client::try_from(config.clone())
-        .and_then(|plain| Ok(Clients { plain, throttled: throttle::client(config, &throttle)? }));
+    let contact = Contact::new(metrics.api.unreachable_since.clone());
+    let clients = contact.client(config.clone()).and_then(|direct| {
+        Ok(Clients { direct, throttled: throttle::client(config, &contact, &throttle)?, contact: contact.clone() })
+    });
     let clients = match clients {
         Ok(clients) => clients,
         Err(e) => return off(format!("cannot build a client for {url}: {e}")),
     };
-    match tokio::time::timeout(Duration::from_secs(10), clients.plain.apiserver_version()).await {
+    match tokio::time::timeout(Duration::from_secs(10), clients.direct.apiserver_version()).await {
         Ok(Ok(version)) => {
             tracing::info!(%url, version = %version.git_version, "connected to the cluster; starting the controller");
             Ok(Some(clients))
@@ -253,11 +250,11 @@ async fn kube_config(args: &ControllerArgs) -> Result<kube::Config, String> {
 
 /// Runs the controller, through leader election when asked, until `shutdown`.
 ///
-/// Reconciles go through `controller_client`, throttled (see [`throttle`]); the Lease through
-/// `client`, so that a pause the API server asks of the controller never delays a renewal.
+/// Reconciles go through the throttled client (see [`throttle`]); watches and the Lease through
+/// the direct one, so that a pause the API server asks of the controller never delays a
+/// renewal or the controller's return after an outage.
 async fn supervise(
-    client: Client,
-    controller_client: Client,
+    clients: Clients,
     args: ControllerArgs,
     metrics: Arc<Metrics>,
     synced: Arc<AtomicBool>,
@@ -271,15 +268,34 @@ async fn supervise(
         controller::Options { scope, proxy: args.proxy.settings(), concurrency: args.max_concurrent_reconciles };
     if !args.leader_elect {
         metrics.controller.set_leader(true);
-        controller::run(controller_client, options, metrics.clone(), synced, shutdown).await;
+        controller::run(clients, options, metrics.clone(), synced, shutdown).await;
         metrics.controller.set_leader(false);
         return;
     }
     let ignored_sync = Arc::new(AtomicBool::new(false));
+    let lease_client = clients.direct.clone();
+    let election = leader_options(&args, &lease_client);
     let reconcile = |stop: CancellationToken| {
-        controller::run(controller_client.clone(), options.clone(), metrics.clone(), ignored_sync.clone(), stop)
+        controller::run(clients.clone(), options.clone(), metrics.clone(), ignored_sync.clone(), stop)
     };
-    leader::run_while_leading(&client, &args, &metrics, &shutdown, reconcile).await;
+    leader::run_while_leading(&lease_client, election, &metrics, &shutdown, reconcile).await;
+}
+
+/// The Lease from the flags: in `--leader-election-namespace`, else the pod's namespace, else the
+/// client's.
+fn leader_options(args: &ControllerArgs, client: &Client) -> leader::Options {
+    let namespace = args
+        .leader_election_namespace
+        .clone()
+        .or_else(|| std::env::var("POD_NAMESPACE").ok())
+        .unwrap_or_else(|| client.default_namespace().to_string());
+    leader::Options {
+        name: args.leader_election_id.clone(),
+        namespace,
+        identity: leader::identity(),
+        duration: Duration::from_secs(args.lease_duration),
+        field_manager: controller::FIELD_MANAGER.to_string(),
+    }
 }
 
 /// SIGTERM and SIGINT, listened for from the moment this is created.

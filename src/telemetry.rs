@@ -377,16 +377,20 @@ impl ControllerMetrics {
     }
 }
 
-/// The client's manners towards the API server (see [`crate::throttle`]).
+/// The client's manners towards the API server (see [`crate::throttle`]), and whether it answers
+/// (see [`crate::contact`]).
 #[derive(Clone)]
 pub struct ApiMetrics {
     refusals: Family<CodeLabels, Counter>,
     waited: Counter<f64, AtomicU64>,
+    /// Set by [`crate::contact::Contact`].
+    pub unreachable_since: Gauge,
 }
 
 impl ApiMetrics {
     fn register(registry: &mut Registry) -> Self {
-        let metrics = ApiMetrics { refusals: Family::default(), waited: Counter::default() };
+        let metrics =
+            ApiMetrics { refusals: Family::default(), waited: Counter::default(), unreachable_since: Gauge::default() };
         registry.register(
             "api_overload_responses",
             "Answers from the API server that it is overloaded (429, 503, 504, 5xx with Retry-After), by code",
@@ -396,6 +400,11 @@ impl ApiMetrics {
             "api_throttle_wait_seconds",
             "Time requests to the API server waited for the client-side rate limit or an overload pause",
             metrics.waited.clone(),
+        );
+        registry.register(
+            "api_unreachable_since_timestamp_seconds",
+            "When the API server stopped answering (a failed connection, 503/504, or no answer), as a Unix time; 0 while it answers",
+            metrics.unreachable_since.clone(),
         );
         let _ = metrics.refusals.get_or_create(&CodeLabels { code: "429".into() });
         metrics

@@ -9,6 +9,14 @@
 //! increase, multiplicative decrease, as TCP does). Transient refusals (429, 503, 504) are
 //! retried behind that pause.
 //!
+//! A pause is as long as the API server's `Retry-After` asks, up to 30 s; without one it is
+//! 0.5 s, doubling while refusals continue, up to 4 s. An API server that lost etcd answers 503
+//! until etcd is back: a longer guess would only hold the controller back after that.
+//!
+//! Watches and the initial lists go around this layer (see [`crate::retry`]): they are a few
+//! long-lived requests, and a pause must never keep the controller from seeing that the API
+//! server is back. So do the leader Lease and the metrics endpoint's token reviews.
+//!
 //! Once the process is shutting down, nothing waits any more: a pause (up to 30 s) would
 //! outlast the drain, and under leader election the Lease is released only after it.
 
@@ -23,6 +31,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tower::{Layer, Service, ServiceExt};
 
+use crate::contact::Contact;
 use crate::telemetry::ApiMetrics;
 
 /// How many times a request refused as transient (429, 503, 504) is sent again.
@@ -31,6 +40,8 @@ pub const MAX_RETRIES: u32 = 5;
 const FIRST_PAUSE: Duration = Duration::from_millis(500);
 /// The longest pause, whatever `Retry-After` asks.
 pub const MAX_PAUSE: Duration = Duration::from_secs(30);
+/// The longest pause the API server did not ask for with `Retry-After`.
+pub const MAX_UNASKED_PAUSE: Duration = Duration::from_secs(4);
 /// The rate never falls below this many requests per second.
 const MIN_QPS: f64 = 1.0;
 
@@ -104,6 +115,12 @@ enum Signal {
         retry_after: Option<Duration>,
         retry: bool,
     },
+}
+
+/// The pause after `strikes` episodes of refusals in a row, when the API server did not say
+/// how long (`Retry-After`): [`FIRST_PAUSE`], doubling, at most [`MAX_UNASKED_PAUSE`].
+fn unasked_pause(strikes: u32) -> Duration {
+    FIRST_PAUSE.saturating_mul(1 << strikes.saturating_sub(1).min(16)).min(MAX_UNASKED_PAUSE)
 }
 
 /// 429, 503 and 504 say "overloaded" whatever else they carry; another 5xx says so only with a
@@ -189,8 +206,7 @@ impl Shared {
             limiter.epoch += 1;
             limiter.strikes = limiter.strikes.saturating_add(1);
             limiter.qps = (limiter.qps / 2.0).max(MIN_QPS);
-            let exponential = FIRST_PAUSE.saturating_mul(1 << limiter.strikes.saturating_sub(1).min(16));
-            until = until.max(now + exponential.min(MAX_PAUSE));
+            until = until.max(now + unasked_pause(limiter.strikes));
             // Resume gently rather than with a full burst.
             limiter.tokens = 0.0;
         }
@@ -283,9 +299,21 @@ fn clone_request(request: &Request<Body>) -> Option<Request<Body>> {
     Some(copy)
 }
 
-/// A client whose every request goes through `layer` (kube's own retry is off: the layer retries).
-pub fn client(mut config: kube::Config, layer: &ThrottleLayer) -> Result<kube::Client, kube::Error> {
-    config.default_retry = false;
-    let builder = kube::client::ClientBuilder::try_from(config)?;
-    Ok(builder.with_layer(&tower::buffer::BufferLayer::new(1024)).with_layer(layer).build())
+/// A client whose every request goes through `layer`, and whose answers `contact` watches (kube's
+/// own retry is off: the layer retries).
+pub fn client(config: kube::Config, contact: &Contact, layer: &ThrottleLayer) -> Result<kube::Client, kube::Error> {
+    let builder = kube::client::ClientBuilder::try_from(Contact::config(config))?;
+    Ok(builder.with_layer(contact).with_layer(&tower::buffer::BufferLayer::new(1024)).with_layer(layer).build())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_pause_nobody_asked_for_doubles_to_four_seconds() {
+        let pauses: Vec<f64> = (1..=7).map(|strikes| unasked_pause(strikes).as_secs_f64()).collect();
+        assert_eq!(pauses, [0.5, 1.0, 2.0, 4.0, 4.0, 4.0, 4.0]);
+        assert_eq!(unasked_pause(u32::MAX), MAX_UNASKED_PAUSE);
+    }
 }
