@@ -97,6 +97,7 @@ async fn dashboard_and_alerts_query_only_exported_metrics() {
             "BalancerCertificateExpiresSoon",
             "BalancerReconcileErrors",
             "BalancerNoLeader",
+            "BalancerAPIServerUnreachable",
             "BalancersNotReady"
         ]
     );
@@ -116,6 +117,7 @@ async fn dashboard_and_alerts_query_only_exported_metrics() {
         "balancer_reconcile_errors",
         "balancer_balancers",
         "balancer_tls_certificate_expiry_timestamp_seconds",
+        "balancer_api_unreachable_since_timestamp_seconds",
     ] {
         assert!(queried.iter().any(|q| q == family), "nothing shows {family}");
     }
