@@ -29,19 +29,47 @@ pub const SCRAPER_USER: &str = "metrics-scraper";
 pub struct Proc {
     pub name: String,
     pub child: Child,
+    /// How it was started, to start it again the same way (see [`Proc::restart`]).
+    program: std::ffi::OsString,
+    args: Vec<std::ffi::OsString>,
+    log: PathBuf,
 }
 
 impl Proc {
     pub fn spawn(name: &str, command: &mut Command, log: &Path) -> Proc {
         let out = std::fs::File::create(log).expect("log file");
+        let child = Proc::start(name, command, out);
+        let program = command.get_program().to_owned();
+        let args = command.get_args().map(ToOwned::to_owned).collect();
+        Proc { name: name.into(), child, program, args, log: log.to_owned() }
+    }
+
+    fn start(name: &str, command: &mut Command, out: std::fs::File) -> Child {
         let err = out.try_clone().expect("log file");
-        let child = command
+        command
             .stdin(Stdio::null())
             .stdout(Stdio::from(out))
             .stderr(Stdio::from(err))
             .spawn()
-            .unwrap_or_else(|e| panic!("cannot start {name}: {e}"));
-        Proc { name: name.into(), child }
+            .unwrap_or_else(|e| panic!("cannot start {name}: {e}"))
+    }
+
+    /// SIGKILL, as a crash or an OOM kill would end it, and reaped.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Starts the (stopped) process again with the same program and arguments, its output
+    /// appended to the same log.
+    pub fn restart(&mut self) {
+        let out = std::fs::OpenOptions::new().append(true).open(&self.log).expect("log file");
+        self.child = Proc::start(&self.name, Command::new(&self.program).args(&self.args), out);
+    }
+
+    /// Whether the process is still running (not exited, not killed).
+    pub fn running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
     }
 
     /// SIGTERM, then waits up to `limit` for the process to exit: how long it took and how it
@@ -291,18 +319,11 @@ impl ControlPlane {
         Client::try_from(config).expect("client")
     }
 
-    async fn wait_ready(&self) {
-        let client = http_client(&self.ca_pem);
+    /// Waits until the API server is ready, at most 90 s.
+    pub async fn wait_ready(&self) {
         let deadline = Instant::now() + Duration::from_secs(90);
         loop {
-            let ready = client
-                .get(format!("{}/readyz", self.url))
-                .bearer_auth(ADMIN_TOKEN)
-                .send()
-                .await
-                .map(|r| r.status().is_success())
-                .unwrap_or(false);
-            if ready {
+            if self.is_ready().await {
                 return;
             }
             if Instant::now() > deadline {
@@ -343,6 +364,19 @@ impl ControlPlane {
             .lines()
             .filter_map(|l| serde_json::from_str(l).ok())
             .collect()
+    }
+
+    /// The control-plane process `name` (`etcd`, `kube-apiserver`, `kube-controller-manager`).
+    pub fn process(&mut self, name: &str) -> &mut Proc {
+        self.processes.iter_mut().find(|p| p.name == name).unwrap_or_else(|| panic!("no {name} in the control plane"))
+    }
+
+    /// Whether the API server answers `/readyz` (with etcd behind it) within a second.
+    pub async fn is_ready(&self) -> bool {
+        let client = http_client(&self.ca_pem);
+        let request = client.get(format!("{}/readyz", self.url)).bearer_auth(ADMIN_TOKEN);
+        let answer = tokio::time::timeout(Duration::from_secs(1), request.send()).await;
+        matches!(answer, Ok(Ok(r)) if r.status().is_success())
     }
 
     pub fn has_controller_manager(&self) -> bool {

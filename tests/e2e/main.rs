@@ -7,6 +7,7 @@
 //! which makes it mandatory.
 
 mod cluster;
+mod faults;
 mod operator;
 mod runner;
 mod scale;
@@ -101,13 +102,20 @@ fn main() -> ExitCode {
             webhook_down_blocks_writes_until_it_is_back,
             metrics_need_a_token_allowed_to_get_them,
             an_unreadable_stored_balancer_is_reported_on_itself,
+            the_controller_catches_up_after_the_api_server_restarts,
+            the_controller_catches_up_after_etcd_restarts,
+            the_controller_catches_up_after_two_minutes_without_the_api_server,
         ];
         let (passed, failed) = runner::run_in_order(&mut world, all, |world| {
+            let tail = |log: String| {
+                log.lines().rev().take(30).collect::<Vec<_>>().into_iter().rev().collect::<Vec<_>>().join("\n")
+            };
             for op in &world.operators {
-                let log = op.log(&world.plane);
-                let tail: Vec<&str> = log.lines().rev().take(15).collect();
-                println!("--- last lines of {}:\n{}", op.name, tail.into_iter().rev().collect::<Vec<_>>().join("\n"));
+                println!("--- last lines of {}:\n{}", op.name, tail(op.log(&world.plane)));
             }
+            let apiserver =
+                std::fs::read_to_string(world.plane.dir.path().join("kube-apiserver.log")).unwrap_or_default();
+            println!("--- last lines of kube-apiserver:\n{}", tail(apiserver));
         })
         .await;
         println!("e2e: {passed} passed, {failed} failed");
@@ -179,6 +187,15 @@ async fn register_webhooks(world: &World, operator: &Operator) {
     }
     let (ok, out) = apply(world, "admin", &as_list(items));
     assert!(ok, "registering the webhooks failed: {out}");
+}
+
+/// Removes the admission webhook configurations of deploy/.
+fn unregister_webhooks(world: &World) {
+    for doc in yaml_docs(&repo_file("deploy/webhook.yaml")) {
+        let target = format!("{}/{}", doc["kind"].as_str().unwrap(), doc["metadata"]["name"].as_str().unwrap());
+        let (ok, out, err) = world.plane.kubectl("admin", &["delete", &target, "--ignore-not-found"], None);
+        assert!(ok, "deleting {target}: {out}{err}");
+    }
 }
 
 fn balancers(world: &World) -> Api<Balancer> {
@@ -1203,11 +1220,7 @@ async fn an_unreadable_stored_balancer_is_reported_on_itself(world: &mut World) 
     for mut op in world.operators.drain(..) {
         op.stop();
     }
-    for doc in yaml_docs(&repo_file("deploy/webhook.yaml")) {
-        let target = format!("{}/{}", doc["kind"].as_str().unwrap(), doc["metadata"]["name"].as_str().unwrap());
-        let (ok, out, err) = world.plane.kubectl("admin", &["delete", &target, "--ignore-not-found"], None);
-        assert!(ok, "deleting {target}: {out}{err}");
-    }
+    unregister_webhooks(world);
     let shipped: Value = yaml_docs(&shipped_crd()).remove(0);
     let shipped_target_port =
         shipped.pointer(&target_port_pointer(&shipped, balancer::api::STORAGE_VERSION)).unwrap().clone();
@@ -1308,4 +1321,25 @@ async fn an_unreadable_stored_balancer_is_reported_on_itself(world: &mut World) 
         (!left.iter().any(|b| ["unreadable", "healthy"].contains(&b.name_any().as_str()))).then_some(())
     })
     .await;
+}
+
+// ---------------------------------------------------------------------------
+// 11. The control plane goes away (see tests/e2e/faults.rs)
+// ---------------------------------------------------------------------------
+
+async fn the_controller_catches_up_after_the_api_server_restarts(world: &mut World) {
+    faults::start_operators(world).await;
+    let fault = faults::Fault { process: "kube-apiserver", down: Duration::from_secs(15), elected_may_lag: false };
+    faults::survive(world, fault, 20).await;
+}
+
+async fn the_controller_catches_up_after_etcd_restarts(world: &mut World) {
+    let fault = faults::Fault { process: "etcd", down: Duration::from_secs(15), elected_may_lag: true };
+    faults::survive(world, fault, 30).await;
+}
+
+async fn the_controller_catches_up_after_two_minutes_without_the_api_server(world: &mut World) {
+    let fault = faults::Fault { process: "kube-apiserver", down: Duration::from_secs(120), elected_may_lag: false };
+    faults::survive(world, fault, 40).await;
+    faults::clean_up(world);
 }

@@ -150,6 +150,8 @@ async fn run_suite(assets: &Path, images: &Path, state: &Path) -> ExitCode {
         udp_is_proxied_to_udp_echo_pods,
         a_node_port_balancer_with_client_ip_affinity_keeps_each_client_on_one_backend,
         the_other_replica_takes_over_when_the_leader_pod_is_deleted,
+        a_change_after_an_api_server_restart_reaches_the_wire_without_a_failed_request,
+        the_leader_killed_in_the_middle_of_a_change_leaves_it_to_the_other_replica,
         a_replaced_certificate_is_served_without_a_restart,
         a_go_operator_balancer_is_taken_over_without_a_failed_request,
         deleting_the_balancer_removes_every_child_and_pod,
@@ -853,6 +855,129 @@ async fn the_other_replica_takes_over_when_the_leader_pod_is_deleted(world: &mut
     kubectl(world, &["-n", NS, "delete", "balancer", "failover-probe"], None);
 }
 
+// ---------------------------------------------------------------------------
+// 5b. Faults: the API server restarted, the leader killed
+// ---------------------------------------------------------------------------
+
+/// Sets the weights of the sample's two backends, retrying while the API server cannot take it.
+async fn set_weights(world: &World, v1: u32, v2: u32) {
+    let patch = json!([
+        {"op": "replace", "path": "/spec/backends/0/weight", "value": v1},
+        {"op": "replace", "path": "/spec/backends/1/weight", "value": v2},
+    ])
+    .to_string();
+    let args = ["-n", NS, "patch", "balancer", SAMPLE, "--type=json", "-p", &patch];
+    eventually("the weight change accepted", Duration::from_secs(30), || async {
+        world.plane.kubectl("admin", &args, None).0.then_some(())
+    })
+    .await;
+}
+
+/// Waits until the sample's proxy configuration has the weights `v1` and `v2`.
+async fn configured_weights(world: &World, v1: u32, v2: u32, timeout: Duration) {
+    let config_maps: Api<ConfigMap> = Api::namespaced(world.admin.clone(), NS);
+    eventually(&format!("the proxy configured with weights {v1}/{v2}"), timeout, || async {
+        let data = config_maps.get("example-balancer-proxy-configmap").await.ok()?.data?;
+        let conf = data.get("nginx.conf")?;
+        (conf.contains(&format!("weight={v1} ")) && conf.contains(&format!("weight={v2} "))).then_some(())
+    })
+    .await;
+}
+
+/// Once the change is Ready, 1,200 requests split by the new weights.
+async fn weights_on_the_wire(world: &World, v1: u32, v2: u32) {
+    wait_ready_balancer(world, SAMPLE, Duration::from_secs(120)).await;
+    let counts = split(&front_ip(world, SAMPLE).await, 80, 1200).await;
+    println!("node: after the change to {v1}/{v2}, 1200 requests: {counts:?}");
+    assert_shares(&counts, &[("hello world v1", v1), ("hello world v2", v2)], 4.0);
+}
+
+/// The proxy serves on while the API server is away (SIGKILL, 15 s); once it is back, a weight
+/// change reaches the wire, and no client request fails all along.
+async fn a_change_after_an_api_server_restart_reaches_the_wire_without_a_failed_request(world: &mut World) {
+    let load = Load::start(format!("{}:80", front_ip(world, SAMPLE).await), 2);
+    world.plane.process("kube-apiserver").kill();
+    tokio::time::sleep(Duration::from_secs(15)).await;
+    let during = load.answers().values().sum::<usize>();
+    world.plane.process("kube-apiserver").restart();
+    world.plane.wait_ready().await;
+    let back = Instant::now();
+    set_weights(world, 50, 50).await;
+    let accepted = back.elapsed();
+    configured_weights(world, 50, 50, Duration::from_secs(60)).await;
+    let reconciled = back.elapsed();
+    weights_on_the_wire(world, 50, 50).await;
+    println!(
+        "node: API server back: the change accepted after {:.1} s, reconciled after {:.1} s, on the wire after {:.1} s",
+        accepted.as_secs_f64(),
+        reconciled.as_secs_f64(),
+        back.elapsed().as_secs_f64()
+    );
+    let (sent, failures) = load.finish().await;
+    println!("node: {sent} requests through the restart ({during} while it was down), {} failed", failures.len());
+    assert!(during > 0, "no request was answered while the API server was down");
+    assert!(failures.is_empty(), "{} of {sent} failed: {:?}", failures.len(), &failures[..failures.len().min(10)]);
+}
+
+/// The host pid of the operator process in `pod` (its container's process, seen from the host).
+fn operator_pid(pod: &str) -> Option<u32> {
+    let wanted = format!("POD_NAME={pod}");
+    std::fs::read_dir("/proc").ok()?.flatten().find_map(|entry| {
+        let pid: u32 = entry.file_name().to_str()?.parse().ok()?;
+        let comm = std::fs::read_to_string(entry.path().join("comm")).ok()?;
+        let environ = std::fs::read(entry.path().join("environ")).ok()?;
+        let ours = comm.trim() == "balancer" && environ.split(|b| *b == 0).any(|v| v == wanted.as_bytes());
+        ours.then_some(pid)
+    })
+}
+
+/// A weight change, and SIGKILL to the leader's process the moment the API server has taken the
+/// change (no Lease released, no drain; the controller waits 200 ms to gather changes before it
+/// reconciles). The other replica takes the Lease once it has run out and finishes the change;
+/// no client request fails, and the killed container restarts as a follower (each process is a
+/// new identity in the Lease). Whether the killed leader had written anything first is printed.
+async fn the_leader_killed_in_the_middle_of_a_change_leaves_it_to_the_other_replica(world: &mut World) {
+    use kube::api::{Patch, PatchParams};
+    let leader = eventually("a leader", Duration::from_secs(30), || lease_holder(world)).await;
+    let pid = operator_pid(&leader).unwrap_or_else(|| panic!("no balancer process for pod {leader} on the host"));
+    let restarted_before = operator_pod_restarts(world).await.get(&leader).copied().unwrap_or(0);
+    let load = Load::start(format!("{}:80", front_ip(world, SAMPLE).await), 2);
+    let balancers: Api<kube::api::DynamicObject> = Api::namespaced_with(world.admin.clone(), NS, &balancer_resource());
+    let change = json!([
+        {"op": "replace", "path": "/spec/backends/0/weight", "value": 20},
+        {"op": "replace", "path": "/spec/backends/1/weight", "value": 80},
+    ]);
+    let patch: json_patch::Patch = serde_json::from_value(change).expect("a JSON patch");
+    balancers.patch(SAMPLE, &PatchParams::default(), &Patch::<()>::Json(patch)).await.expect("the weight change");
+    let status = Command::new("kill").args(["-KILL", &pid.to_string()]).status().expect("kill runs");
+    assert!(status.success(), "kill -KILL {pid}");
+    let killed = Instant::now();
+    let config_maps: Api<ConfigMap> = Api::namespaced(world.admin.clone(), NS);
+    let conf = config_maps.get("example-balancer-proxy-configmap").await.expect("the proxy ConfigMap").data;
+    let written_first = conf.and_then(|d| d.get("nginx.conf").cloned()).is_some_and(|c| c.contains("weight=20 "));
+    configured_weights(world, 20, 80, Duration::from_secs(60)).await;
+    let reconciled = killed.elapsed();
+    weights_on_the_wire(world, 20, 80).await;
+    let holder = lease_holder(world).await.unwrap_or_default();
+    println!(
+        "node: leader {leader} killed right after a change (it had {} the proxy's configuration): {holder} had it \
+         configured {:.1} s after the kill (the Lease lasts 15 s from its last renewal), on the wire after {:.1} s",
+        if written_first { "already written" } else { "not yet written" },
+        reconciled.as_secs_f64(),
+        killed.elapsed().as_secs_f64()
+    );
+    assert_ne!(holder, leader, "the other replica leads after the kill");
+    let (sent, failures) = load.finish().await;
+    println!("node: {sent} requests through the leader's kill, {} failed", failures.len());
+    assert!(failures.is_empty(), "{} of {sent} failed: {:?}", failures.len(), &failures[..failures.len().min(10)]);
+    eventually("the killed container restarted", Duration::from_secs(60), || async {
+        let restarts = operator_pod_restarts(world).await.get(&leader).copied().unwrap_or(0);
+        (restarts == restarted_before + 1).then_some(())
+    })
+    .await;
+    wait_available(world, OPERATOR_NS, "balancer", 2).await;
+}
+
 /// `kubectl apply` from a plain thread: Ok, or the error output.
 fn cluster_kubectl(kubeconfig: &Path, args: &[&str], stdin: &str) -> Result<(), String> {
     use std::io::Write;
@@ -976,10 +1101,8 @@ async fn operator_pod_restarts(world: &World) -> BTreeMap<String, i32> {
 // ---------------------------------------------------------------------------
 
 /// Someone else's hold on the leader Lease, renewed as a live leader renews it (a 3 s lease,
-/// every second) until dropped; the replicas take it back once it expires. (A replica that
-/// sees another holder sleeps until that holder's lease expires: a long lease taken once
-/// would keep them away for all of it. The displaced leader's next renewal, if it comes
-/// after the drop, stretches this hold to its own 15 s.)
+/// every second) until dropped; the replicas take it back once they have seen it unchanged for
+/// 3 s. (A long lease taken once would keep them away for all of it.)
 struct ForeignLease(tokio::task::JoinHandle<()>);
 
 impl ForeignLease {
