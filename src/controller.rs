@@ -1089,16 +1089,43 @@ pub struct ChildCaches {
 
 impl ChildCaches {
     /// Waits until every child cache has listed; false when the controller stopped first.
+    ///
+    /// It looks every [`LISTED_POLL`] rather than awaiting kube's `wait_until_ready`, which
+    /// wakes only the last task to wait (one waker per store). Of several reconciles and the
+    /// readiness check waiting for a slow list, all but one then slept on after it arrived.
+    /// This was seen after an etcd restart: a new leader's reconcile never woke, and the change
+    /// it was for waited for the 5-minute resync.
     pub async fn synced(&self) -> bool {
-        let budgets = match &self.budgets {
-            BudgetCache::V1(store) => store.wait_until_ready().await.is_ok(),
-            BudgetCache::V1beta1(store) => store.wait_until_ready().await.is_ok(),
-        };
-        self.services.wait_until_ready().await.is_ok()
-            && self.config_maps.wait_until_ready().await.is_ok()
-            && self.deployments.wait_until_ready().await.is_ok()
-            && budgets
+        loop {
+            match self.listed() {
+                Some(listed) => return listed,
+                None => tokio::time::sleep(LISTED_POLL).await,
+            }
+        }
     }
+
+    /// `Some(true)` once every child cache has listed, `Some(false)` when one never will (the
+    /// controller stopped), `None` meanwhile.
+    fn listed(&self) -> Option<bool> {
+        let budgets = match &self.budgets {
+            BudgetCache::V1(store) => listed_now(store),
+            BudgetCache::V1beta1(store) => listed_now(store),
+        };
+        let all = [listed_now(&self.services), listed_now(&self.config_maps), listed_now(&self.deployments), budgets];
+        if all.contains(&Some(false)) {
+            return Some(false);
+        }
+        all.iter().all(Option::is_some).then_some(true)
+    }
+}
+
+/// How often a reconcile waiting for the child caches looks again (only until they have listed).
+const LISTED_POLL: Duration = Duration::from_millis(50);
+
+/// Whether `store` has listed, without waiting: `None` not yet, `Some(false)` never (its writer
+/// is gone).
+fn listed_now<K: Resource<DynamicType = ()> + Clone>(store: &Store<K>) -> Option<bool> {
+    store.wait_until_ready().now_or_never().map(|ready| ready.is_ok())
 }
 
 /// The proxies' PodDisruptionBudgets, in the `policy` version the cluster serves.

@@ -123,6 +123,45 @@ fn child_caches() -> (ChildCaches, Caches) {
     (ChildCaches { services, config_maps, deployments, budgets: BudgetCache::V1(budgets) }, caches)
 }
 
+/// Several tasks waiting at once for caches still listing (a new leader's reconciles and its
+/// readiness check, while the API server is slow after an etcd restart) all go on once the
+/// caches have listed. kube's own wait wakes only the last task to wait for a store: with it,
+/// the first of these waiters slept on for good.
+#[tokio::test]
+async fn every_task_waiting_for_the_child_caches_goes_on_once_they_have_listed() {
+    let (services, mut services_writer) = reflector::store::<Cached<Service>>();
+    let (config_maps, config_maps_writer) = synced_store();
+    let (deployments, deployments_writer) = synced_store();
+    let (budgets, budgets_writer) = synced_store();
+    let children = ChildCaches { services, config_maps, deployments, budgets: BudgetCache::V1(budgets) };
+    let waiting: Vec<_> = (0..3)
+        .map(|_| {
+            let children = children.clone();
+            tokio::spawn(async move { children.synced().await })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    services_writer.apply_watcher_event(&watcher::Event::InitDone);
+    for waiter in waiting {
+        let synced = tokio::time::timeout(Duration::from_secs(2), waiter).await;
+        assert!(matches!(synced, Ok(Ok(true))), "a waiter did not go on: {synced:?}");
+    }
+    drop((services_writer, config_maps_writer, deployments_writer, budgets_writer));
+}
+
+/// Once a cache's writer is gone without its list (the controller stopped), waiting ends: false.
+#[tokio::test]
+async fn waiting_for_the_child_caches_ends_when_the_controller_stops() {
+    let (services, services_writer) = reflector::store::<Cached<Service>>();
+    let (config_maps, _config_maps_writer) = synced_store();
+    let (deployments, _deployments_writer) = synced_store();
+    let (budgets, _budgets_writer) = synced_store();
+    let children = ChildCaches { services, config_maps, deployments, budgets: BudgetCache::V1(budgets) };
+    drop(services_writer);
+    let synced = tokio::time::timeout(Duration::from_secs(2), children.synced()).await;
+    assert_eq!(synced, Ok(false));
+}
+
 /// A context whose client talks to the returned mock, with synced (empty) caches.
 fn context() -> (Arc<Context>, ApiServer, Caches) {
     let (service, handle) = mock::pair::<Request<Body>, Response<Body>>();
