@@ -102,9 +102,6 @@ pub async fn start_operators(world: &mut World) {
 pub struct Fault {
     pub process: &'static str,
     pub down: Duration,
-    /// A gap known and reported rather than asserted: the leader-elected pair's change after
-    /// an etcd restart (see the README's "Recovery from control-plane faults").
-    pub elected_may_lag: bool,
 }
 
 /// Kills `fault.process`, waits, starts it again, changes `moving` in both namespaces to `weight`,
@@ -153,11 +150,7 @@ pub async fn survive(world: &mut World, fault: Fault, weight: u32) {
         problems.push(format!("not reconciled within {:?} without leader election", recovery_limit()));
     }
     if recovery.elected.is_none() {
-        let lag = format!("not reconciled within {:?} with leader election", recovery_limit());
-        match fault.elected_may_lag {
-            true => println!("e2e: {name}: known gap: {lag}"),
-            false => problems.push(lag),
-        }
+        problems.push(format!("not reconciled within {:?} with leader election", recovery_limit()));
     }
     if !recovery.both_led.is_empty() {
         problems.push(format!("two replicas led at once, at {:?}", recovery.both_led));

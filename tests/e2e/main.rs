@@ -1329,17 +1329,17 @@ async fn an_unreadable_stored_balancer_is_reported_on_itself(world: &mut World) 
 
 async fn the_controller_catches_up_after_the_api_server_restarts(world: &mut World) {
     faults::start_operators(world).await;
-    let fault = faults::Fault { process: "kube-apiserver", down: Duration::from_secs(15), elected_may_lag: false };
+    let fault = faults::Fault { process: "kube-apiserver", down: Duration::from_secs(15) };
     faults::survive(world, fault, 20).await;
 }
 
 async fn the_controller_catches_up_after_etcd_restarts(world: &mut World) {
-    let fault = faults::Fault { process: "etcd", down: Duration::from_secs(15), elected_may_lag: true };
+    let fault = faults::Fault { process: "etcd", down: Duration::from_secs(15) };
     faults::survive(world, fault, 30).await;
 }
 
 async fn the_controller_catches_up_after_two_minutes_without_the_api_server(world: &mut World) {
-    let fault = faults::Fault { process: "kube-apiserver", down: Duration::from_secs(120), elected_may_lag: false };
+    let fault = faults::Fault { process: "kube-apiserver", down: Duration::from_secs(120) };
     faults::survive(world, fault, 40).await;
     faults::clean_up(world);
 }
