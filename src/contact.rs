@@ -24,7 +24,7 @@ pub const SLOW_ANSWER: Duration = Duration::from_secs(10);
 pub const GIVEN_UP: Duration = Duration::from_secs(3);
 
 /// Whether the API server answers, shared by every client of the process.
-#[derive(Clone, Default)]
+#[derive(Clone)]
 pub struct Contact {
     /// When it was lost, for the log line that says it is back.
     lost: Arc<Mutex<Option<Instant>>>,
