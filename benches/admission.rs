@@ -4,11 +4,12 @@
 
 use std::hint::black_box;
 
-use balancer::admission::parse_spec;
-use balancer::admission::{Answer, BadRequest, Outcome, Webhook};
-use balancer::convert::conversion_review;
-use balancer::defaulting::{SpecPolicy, defaults_patch};
-use balancer::validation::{ObjectName, validate};
+use balancer::spec::parse_spec;
+use balancer::spec::{ObjectName, validate};
+use balancer::spec::{SpecPolicy, defaults_patch};
+use balancer::webhook::admission::{Answer, Outcome, Webhook};
+use balancer::webhook::conversion::conversion_review;
+use balancer::webhook::review::BadRequest;
 use criterion::{Criterion, criterion_group, criterion_main};
 use serde_json::{Value, json};
 
@@ -16,7 +17,7 @@ use serde_json::{Value, json};
 const DEFAULTS: SpecPolicy = SpecPolicy::DEFAULT;
 
 fn review(webhook: Webhook, body: &[u8]) -> Result<Answer, BadRequest> {
-    balancer::admission::review(webhook, body, &DEFAULTS)
+    balancer::webhook::admission::review(webhook, body, &DEFAULTS)
 }
 
 fn sample_review(defaulted: bool) -> Vec<u8> {

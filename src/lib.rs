@@ -3,31 +3,26 @@
 //! One binary serves the admission webhooks for the `Balancer` resource over
 //! TLS and runs the controller that turns Balancers into nginx proxies; see
 //! the README for the user's guide.
+//!
+//! The layers, each importing only those before it:
+//! - [`util`] and [`deploy`]: small helpers, and the facts `deploy/` must agree with;
+//! - [`runtime`]: the operator's own small controller-runtime, which knows nothing of Balancers;
+//! - [`api`]: the CRD's types and conversion;
+//! - [`spec`]: what a spec means (read, default, validate), shared by webhook, controller, CLI;
+//! - [`proxy`]: the pure builders of what a Balancer owns, nginx's config included;
+//! - [`webhook`] and [`controller`]: the two things `balancer run` serves;
+//! - [`manager`]: the `run` wiring, the only place that knows every area;
+//! - [`cli`]: the commands, the only place that knows flags.
+//!
+//! `tests/architecture.rs` fails when a module imports a later layer.
 
-pub mod admission;
-pub mod admit;
 pub mod api;
-pub mod bounded;
-pub mod check;
-pub mod children;
 pub mod cli;
-pub mod contact;
 pub mod controller;
-pub mod convert;
-pub mod defaulting;
-pub mod disruption;
-pub mod echo;
-pub mod events;
-pub mod leader;
-pub mod listener;
-pub mod metrics_auth;
-pub mod nginx;
-pub mod render;
-pub mod retry;
-pub mod run;
-pub mod server;
-pub mod stored;
-pub mod telemetry;
-pub mod throttle;
-pub mod tls;
-pub mod validation;
+pub mod deploy;
+pub mod manager;
+pub mod proxy;
+pub mod runtime;
+pub mod spec;
+pub mod util;
+pub mod webhook;

@@ -25,7 +25,8 @@ use std::time::{Duration, Instant};
 
 use axum::body::Bytes;
 use serde_json::{Value, json};
-use support::{conversion_review, review, sample_balancer, sample_balancer_v1alpha1};
+use support::fixtures::{sample_json as sample_balancer, sample_v1alpha1 as sample_balancer_v1alpha1};
+use support::{conversion_review, review};
 use tempfile::TempDir;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;

@@ -28,11 +28,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use balancer::admit::{Admitted, admit};
 use balancer::api::{BackendSpec, BalancerPort, BalancerSpec};
-use balancer::defaulting::SpecPolicy;
-use balancer::nginx;
-use balancer::validation::ObjectName;
+use balancer::proxy::nginx;
+use balancer::spec::ObjectName;
+use balancer::spec::SpecPolicy;
+use balancer::spec::{Admitted, admit};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use tempfile::TempDir;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
@@ -454,16 +454,14 @@ fn the_swrr_model_matches_nginx_documented_sequence() {
 
 /// The original project's sample Balancer, listening on `port`.
 fn sample_spec(port: u16) -> BalancerSpec {
-    let sample = support::sample_balancer();
-    let mut spec: BalancerSpec = serde_json::from_value(sample["spec"].clone()).expect("sample spec");
+    let mut spec = support::fixtures::sample_spec();
     spec.ports[0].port = i32::from(port);
     spec
 }
 
 /// A spec through the pipeline the controller renders from: defaulted and validated.
 fn admitted(spec: BalancerSpec) -> Admitted {
-    admit(ObjectName::Name("test"), spec, &SpecPolicy::default())
-        .unwrap_or_else(|report| panic!("the test holds valid specs only: {:?}", report.errors))
+    support::fixtures::admitted("test", spec, &SpecPolicy::default())
 }
 
 fn port(name: Option<&str>, protocol: &str, number: i32) -> BalancerPort {

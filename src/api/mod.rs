@@ -6,7 +6,7 @@
 //!   (v1beta1's), and [`conversion`] turns objects of either version into the other.
 //!
 //! The CRD schema carries the simple bounds (ranges, enums, list sizes) so the API server
-//! enforces them even when the webhook is unreachable; the webhook ([`crate::validation`])
+//! enforces them even when the webhook is unreachable; the webhook ([`crate::spec::validation`])
 //! is the complete rule set.
 
 use std::collections::BTreeMap;
@@ -21,13 +21,15 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 pub mod conversion;
+pub mod formats;
 pub mod v1alpha1;
 pub mod v1beta1;
 
 pub use v1beta1::{Balancer, BalancerSpec, BalancerStatus};
 
-use crate::bounded;
-use crate::validation::{MAX_IANA_SVC_NAME_LEN, MAX_LABEL_LEN};
+use crate::deploy::{CONVERT_PATH, INSTALL_NAMESPACE, SERVING_CERTIFICATE, WEBHOOK_SERVICE};
+use crate::util::bounded;
+use formats::{MAX_IANA_SVC_NAME_LEN, MAX_LABEL_LEN};
 
 /// API group of the Balancer resource.
 pub const GROUP: &str = "exposer.hliangzhao.io";
@@ -185,7 +187,7 @@ pub fn duration_millis(text: &str) -> Option<u64> {
     Some(number * scale)
 }
 
-// Lists and selectors are read within their bounds (see `crate::bounded`): a stored
+// Lists and selectors are read within their bounds (see `crate::util::bounded`): a stored
 // object or a review with a huge list costs no more memory than the limit.
 
 pub(crate) fn read_ports<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<BalancerPort>, D::Error> {
@@ -283,15 +285,6 @@ pub fn proxy_deployment_name(balancer: &str) -> String {
 pub fn proxy_configmap_name(balancer: &str) -> String {
     format!("{balancer}{PROXY_CONFIGMAP_SUFFIX}")
 }
-
-/// Where `deploy/` runs the webhook Service that also answers conversions.
-pub const WEBHOOK_SERVICE: &str = "balancer-webhook";
-/// The namespace `deploy/` installs into.
-pub const INSTALL_NAMESPACE: &str = "balancer-system";
-/// The cert-manager Certificate whose CA is injected into the CRD and webhook configurations.
-pub const SERVING_CERTIFICATE: &str = "balancer-serving-cert";
-/// Path of the conversion webhook on the TLS server.
-pub const CONVERT_PATH: &str = "/convert";
 
 /// The CustomResourceDefinition: both versions, v1beta1 stored, converted by our webhook.
 ///

@@ -234,7 +234,7 @@ pub struct ProxySpec {
 }
 
 fn read_capped<'de, D: serde::Deserializer<'de>, T: serde::de::DeserializeOwned>(d: D) -> Result<Option<T>, D::Error> {
-    crate::bounded::optional_capped(d, MAX_PROXY_VALUES, "values")
+    crate::util::bounded::optional_capped(d, MAX_PROXY_VALUES, "values")
 }
 
 fn tolerations_schema(generator: &mut schemars::SchemaGenerator) -> schemars::Schema {

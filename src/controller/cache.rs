@@ -18,7 +18,17 @@ use serde::de::{DeserializeOwned, Error as _};
 use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::{Map, Value};
 
-use super::FIELD_MANAGER;
+use std::time::Duration;
+
+use futures::FutureExt;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{ConfigMap, Service};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use kube::runtime::reflector::Store;
+
+use super::budget_version::PodDisruptionBudgetV1beta1;
+use super::stored::StoredBalancer;
+use crate::deploy::FIELD_MANAGER;
 
 /// One child of kind `K`, cached compactly.
 pub struct Cached<K> {
@@ -158,9 +168,138 @@ impl<K: Resource<DynamicType = ()>> Resource for Cached<K> {
     }
 }
 
+/// The caches of the children balancer writes: only its own, selected by label. Objects it does
+/// not manage are not watched: creating a child is a POST, which a taken name refuses.
+#[derive(Clone)]
+pub struct ChildCaches {
+    pub services: Store<Cached<Service>>,
+    pub config_maps: Store<Cached<ConfigMap>>,
+    pub deployments: Store<Cached<Deployment>>,
+    pub budgets: BudgetCache,
+}
+
+impl ChildCaches {
+    /// Waits until every child cache has listed; false when the controller stopped first.
+    ///
+    /// It looks every [`LISTED_POLL`] rather than awaiting kube's `wait_until_ready`, which
+    /// wakes only the last task to wait (one waker per store). Of several reconciles and the
+    /// readiness check waiting for a slow list, all but one then slept on after it arrived.
+    /// This was seen after an etcd restart: a new leader's reconcile never woke, and the change
+    /// it was for waited for the 5-minute resync.
+    pub async fn synced(&self) -> bool {
+        loop {
+            match self.listed() {
+                Some(listed) => return listed,
+                None => tokio::time::sleep(LISTED_POLL).await,
+            }
+        }
+    }
+
+    /// `Some(true)` once every child cache has listed, `Some(false)` when one never will (the
+    /// controller stopped), `None` meanwhile.
+    fn listed(&self) -> Option<bool> {
+        let budgets = match &self.budgets {
+            BudgetCache::V1(store) => listed_now(store),
+            BudgetCache::V1beta1(store) => listed_now(store),
+        };
+        let all = [listed_now(&self.services), listed_now(&self.config_maps), listed_now(&self.deployments), budgets];
+        if all.contains(&Some(false)) {
+            return Some(false);
+        }
+        all.iter().all(Option::is_some).then_some(true)
+    }
+}
+
+/// How often a reconcile waiting for the child caches looks again (only until they have listed).
+const LISTED_POLL: Duration = Duration::from_millis(50);
+
+/// Whether `store` has listed, without waiting: `None` not yet, `Some(false)` never (its writer
+/// is gone).
+fn listed_now<K: Resource<DynamicType = ()> + Clone>(store: &Store<K>) -> Option<bool> {
+    store.wait_until_ready().now_or_never().map(|ready| ready.is_ok())
+}
+
+/// The proxies' PodDisruptionBudgets, in the `policy` version the cluster serves.
+#[derive(Clone)]
+pub enum BudgetCache {
+    V1(Store<Cached<PodDisruptionBudget>>),
+    V1beta1(Store<Cached<PodDisruptionBudgetV1beta1>>),
+}
+
+/// Every cache of the controller, for telling whether they have all listed.
+#[derive(Clone)]
+pub(super) struct Caches {
+    pub balancers: Store<StoredBalancer>,
+    pub children: ChildCaches,
+}
+
+impl Caches {
+    /// Waits until every cache has listed; false when the controller stopped first.
+    pub async fn synced(&self) -> bool {
+        self.balancers.wait_until_ready().await.is_ok() && self.children.synced().await
+    }
+
+    /// Whether every cache has listed, without waiting.
+    pub fn synced_now(&self) -> bool {
+        self.synced().now_or_never() == Some(true)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use kube::runtime::reflector::{self, store::Writer};
+    use kube::runtime::watcher;
+
+    /// A cache that has listed (nothing).
+    fn synced_store<K>() -> (Store<K>, Writer<K>)
+    where
+        K: Resource<DynamicType = ()> + Clone + 'static,
+    {
+        let (store, mut writer) = reflector::store::<K>();
+        writer.apply_watcher_event(&watcher::Event::InitDone);
+        (store, writer)
+    }
+
+    /// Several tasks waiting at once for caches still listing (a new leader's reconciles and its
+    /// readiness check, while the API server is slow after an etcd restart) all go on once the
+    /// caches have listed. kube's own wait wakes only the last task to wait for a store: with it,
+    /// the first of these waiters slept on for good.
+    #[tokio::test]
+    async fn every_task_waiting_for_the_child_caches_goes_on_once_they_have_listed() {
+        let (services, mut services_writer) = reflector::store::<Cached<Service>>();
+        let (config_maps, config_maps_writer) = synced_store();
+        let (deployments, deployments_writer) = synced_store();
+        let (budgets, budgets_writer) = synced_store();
+        let children = ChildCaches { services, config_maps, deployments, budgets: BudgetCache::V1(budgets) };
+        let waiting: Vec<_> = (0..3)
+            .map(|_| {
+                let children = children.clone();
+                tokio::spawn(async move { children.synced().await })
+            })
+            .collect();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        services_writer.apply_watcher_event(&watcher::Event::InitDone);
+        for waiter in waiting {
+            let synced = tokio::time::timeout(Duration::from_secs(2), waiter).await;
+            assert!(matches!(synced, Ok(Ok(true))), "a waiter did not go on: {synced:?}");
+        }
+        drop((services_writer, config_maps_writer, deployments_writer, budgets_writer));
+    }
+
+    /// Once a cache's writer is gone without its list (the controller stopped), waiting ends: false.
+    #[tokio::test]
+    async fn waiting_for_the_child_caches_ends_when_the_controller_stops() {
+        let (services, services_writer) = reflector::store::<Cached<Service>>();
+        let (config_maps, _config_maps_writer) = synced_store();
+        let (deployments, _deployments_writer) = synced_store();
+        let (budgets, _budgets_writer) = synced_store();
+        let children = ChildCaches { services, config_maps, deployments, budgets: BudgetCache::V1(budgets) };
+        drop(services_writer);
+        let synced = tokio::time::timeout(Duration::from_secs(2), children.synced()).await;
+        assert_eq!(synced, Ok(false));
+    }
+
     use k8s_openapi::api::apps::v1::Deployment;
     use serde_json::json;
 

@@ -19,8 +19,11 @@ use std::time::Duration;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 
-use crate::children::BALANCER_NAME_LABEL;
-use crate::stored::StoredBalancer;
+use k8s_openapi::api::core::v1::Service;
+
+use super::status::{PROXY_REASONS, READY};
+use super::stored::StoredBalancer;
+use crate::proxy::BALANCER_NAME_LABEL;
 
 /// The condition telling where the takeover from the Go operator stands.
 pub const CONDITION: &str = "GoOperatorProxy";
@@ -77,8 +80,8 @@ pub fn stage(balancer: &StoredBalancer) -> Stage {
         Some(_) => Stage::Done,
         // Only a reconcile that got as far as the proxy writes these: one that failed or
         // refused the spec earlier never looked.
-        None => match find(crate::controller::READY) {
-            Some(ready) if crate::controller::PROXY_REASONS.contains(&ready.reason.as_str()) => Stage::Done,
+        None => match find(READY) {
+            Some(ready) if PROXY_REASONS.contains(&ready.reason.as_str()) => Stage::Done,
             _ => Stage::Unchecked,
         },
     }
@@ -99,6 +102,14 @@ pub struct Step {
 
 impl Step {
     const NONE: Step = Step { shared_front: false, delete: false, condition: None, requeue: None };
+
+    /// The front Service of `balancer` as this step wants it: selecting both proxies' pods
+    /// while they share the traffic.
+    pub fn shape_front(&self, balancer: &str, front: &mut Service) {
+        if let Some(spec) = front.spec.as_mut().filter(|_| self.shared_front) {
+            spec.selector = Some(shared_selector(balancer));
+        }
+    }
 }
 
 /// The next step, from the stage (with what a look found, if one was made), whether this
@@ -184,5 +195,24 @@ mod tests {
         assert_eq!(other.condition.map(|c| c.reason), Some(NOT_CONTROLLED.to_string()));
         assert_eq!(step("b", &Stage::Unchecked, Some(Found::Absent), true, at(0)), Step::NONE);
         assert_eq!(step("b", &Stage::Done, None, true, at(0)), Step::NONE);
+    }
+
+    #[test]
+    fn the_front_selects_both_proxies_only_while_they_share_the_traffic() {
+        use k8s_openapi::api::core::v1::ServiceSpec;
+        let ours = BTreeMap::from([("app.kubernetes.io/component".to_string(), "proxy".to_string())]);
+        let front = Service {
+            spec: Some(ServiceSpec { selector: Some(ours.clone()), ..ServiceSpec::default() }),
+            ..Service::default()
+        };
+        let selector = |step: &Step| {
+            let mut front = front.clone();
+            step.shape_front("b", &mut front);
+            front.spec.and_then(|s| s.selector)
+        };
+        let sharing = step("b", &Stage::Serving, None, false, at(0));
+        assert_eq!(selector(&sharing), Some(shared_selector("b")));
+        let alone = step("b", &Stage::Serving, None, true, at(0));
+        assert_eq!(selector(&alone), Some(ours));
     }
 }

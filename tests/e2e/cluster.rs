@@ -184,7 +184,7 @@ impl ControlPlane {
         let d = dir.path();
         let mut sans = vec!["127.0.0.1".to_string(), "localhost".into(), options.address.clone()];
         sans.extend(options.extra_sans.iter().cloned());
-        let certs = balancer::tls::generate(&sans, Duration::from_secs(86400)).expect("certificates");
+        let certs = balancer::runtime::tls::generate(&sans, Duration::from_secs(86400)).expect("certificates");
         certs.write_to(&d.join("pki")).expect("write certificates");
         let sa_key = rcgen::KeyPair::generate().expect("service account key");
         std::fs::write(d.join("pki/sa.key"), sa_key.serialize_pem()).unwrap();

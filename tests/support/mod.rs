@@ -1,6 +1,9 @@
 //! Shared test support: a real balancer server on ephemeral loopback ports, with
-//! certificates made by `balancer::tls::generate`, and clients that trust them.
+//! certificates made by `balancer::runtime::tls::generate`, and clients that trust them.
 #![allow(dead_code)]
+
+pub mod fixtures;
+pub mod mock_api;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -8,10 +11,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use balancer::cli::{Cli, Command, RunArgs};
-use balancer::listener::ConnectionLimits;
-use balancer::run;
-use balancer::server::Limits;
-use balancer::tls;
+use balancer::manager;
+use balancer::runtime::listener::ConnectionLimits;
+use balancer::runtime::tls;
+use balancer::webhook::Limits;
 use clap::Parser;
 use rustls::pki_types::CertificateDer;
 use rustls::pki_types::pem::PemObject;
@@ -73,7 +76,7 @@ impl TestServer {
         let mut args = run_args(&cert, &key, limits.max_body_bytes);
         adjust(&mut args);
         let shutdown = CancellationToken::new();
-        let (bound, _, task) = run::start(&args, limits, shutdown.clone()).await.expect("server starts");
+        let (bound, _, task) = manager::start(&args.config(), limits, shutdown.clone()).await.expect("server starts");
         TestServer { webhook: bound.webhook, probe: bound.probe, dir, shutdown, task }
     }
 
@@ -166,33 +169,6 @@ pub fn client_config(ca_file: &std::path::Path) -> rustls::ClientConfig {
         .expect("versions")
         .with_root_certificates(roots)
         .with_no_client_auth()
-}
-
-/// The original project's sample Balancer (deploy/samples/balancer.yaml) as JSON, in the
-/// version the operator works on: what the API server sends the webhooks (they are
-/// registered for v1beta1, with `matchPolicy: Equivalent`) and what the controller reads.
-pub fn sample_balancer() -> Value {
-    let mut sample = sample_balancer_v1alpha1();
-    sample["apiVersion"] = json!("exposer.hliangzhao.io/v1beta1");
-    sample
-}
-
-/// The original project's sample Balancer, as the Go project wrote it (v1alpha1).
-pub fn sample_balancer_v1alpha1() -> Value {
-    json!({
-        "apiVersion": "exposer.hliangzhao.io/v1alpha1",
-        "kind": "Balancer",
-        "metadata": {"name": "example-balancer", "namespace": "default"},
-        "spec": {
-            "ports": [{"name": "http", "protocol": "TCP", "port": 80, "targetPort": 5678}],
-            "selector": {"app": "test"},
-            "backends": [
-                {"name": "v1", "weight": 40, "selector": {"version": "v1"}},
-                {"name": "v2", "weight": 20, "selector": {"version": "v2"}},
-                {"name": "v3", "weight": 40, "selector": {"version": "v3"}}
-            ]
-        }
-    })
 }
 
 pub const UID: &str = "705ab4f5-6393-11e8-b7cc-42010a800002";

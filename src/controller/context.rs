@@ -1,0 +1,111 @@
+//! What reconciles share: clients, caches, settings, metrics, and each Balancer's failures
+//! for the backoff.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use k8s_openapi::NamespaceResourceScope;
+use kube::runtime::controller::Action;
+use kube::{Api, Client, Resource, ResourceExt};
+
+use super::cache::ChildCaches;
+use super::metrics::ControllerMetrics;
+use super::stored::StoredBalancer;
+use super::{Error, RESYNC};
+use crate::deploy::FIELD_MANAGER;
+use crate::proxy::ProxySettings;
+use crate::runtime::contact::Contact;
+use crate::runtime::events::Events;
+
+/// The controller's clients, both reporting to one [`Contact`].
+#[derive(Clone)]
+pub struct Clients {
+    /// Watches and lists (and the leader Lease): a few long-lived requests, retried on the
+    /// controller's own terms (see [`retry`](crate::runtime::retry)), never held by the throttle.
+    pub direct: Client,
+    /// Every reconcile's request, through the throttle (see [`crate::runtime::throttle`]).
+    pub throttled: Client,
+    /// Whether the API server answers them.
+    pub contact: Contact,
+}
+
+/// Which namespaces the controller watches.
+#[derive(Debug, Clone)]
+pub enum Scope {
+    All,
+    Namespace(String),
+}
+
+pub(super) fn api<K>(client: &Client, scope: &Scope) -> Api<K>
+where
+    K: Resource<Scope = NamespaceResourceScope, DynamicType = ()>,
+{
+    match scope {
+        Scope::All => Api::all(client.clone()),
+        Scope::Namespace(ns) => Api::namespaced(client.clone(), ns),
+    }
+}
+
+/// How the controller runs and what it builds.
+#[derive(Debug, Clone)]
+pub struct Options {
+    pub scope: Scope,
+    pub proxy: ProxySettings,
+    /// Balancers reconciled at the same time. kube-runtime's default is no bound at all, and
+    /// 1,000 new Balancers then send thousands of requests at once.
+    pub concurrency: u16,
+}
+
+/// What reconciles share: the client, the children's caches and the settings.
+pub struct Context {
+    pub client: Client,
+    pub events: Events,
+    pub children: ChildCaches,
+    pub settings: ProxySettings,
+    pub metrics: Arc<ControllerMetrics>,
+    /// Consecutive failures per Balancer uid (a recreated namesake starts afresh), for backoff.
+    failures: Mutex<HashMap<String, u32>>,
+}
+
+impl Context {
+    pub fn new(
+        client: Client,
+        children: ChildCaches,
+        settings: ProxySettings,
+        metrics: Arc<ControllerMetrics>,
+    ) -> Self {
+        let events = Events::new(client.clone(), FIELD_MANAGER);
+        let failures = Mutex::new(HashMap::new());
+        Context { client, events, children, settings, metrics, failures }
+    }
+
+    pub(super) fn failures(&self) -> std::sync::MutexGuard<'_, HashMap<String, u32>> {
+        self.failures.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// Requeues a failed Balancer with exponential backoff: 1 s, 2 s, 4 s … up to 5 minutes.
+pub fn error_policy(balancer: Arc<StoredBalancer>, _error: &Error, ctx: Arc<Context>) -> Action {
+    let mut failures = ctx.failures();
+    let count = failures.entry(balancer.uid().unwrap_or_default()).or_insert(0);
+    *count = count.saturating_add(1);
+    Action::requeue(backoff(*count))
+}
+
+/// `2^(failures-1)` seconds, capped at [`RESYNC`].
+pub fn backoff(failures: u32) -> Duration {
+    let secs = 1u64.checked_shl(failures.saturating_sub(1)).unwrap_or(u64::MAX);
+    Duration::from_secs(secs).min(RESYNC)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_up_to_the_resync_period() {
+        let secs: Vec<u64> = [1, 2, 3, 4, 9, 10, 64, u32::MAX].iter().map(|&n| backoff(n).as_secs()).collect();
+        assert_eq!(secs, [1, 2, 4, 8, 256, 300, 300, 300]);
+    }
+}

@@ -1,0 +1,163 @@
+//! The controller's metrics: reconciles by result, their errors and duration, children written,
+//! events dropped, leadership, and Balancers by Ready condition.
+
+use std::time::Duration;
+
+use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+
+use super::error::ErrorKind;
+use crate::runtime::metrics::InFlight;
+
+/// How a reconcile ended.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+pub enum ReconcileResult {
+    Success,
+    Error,
+}
+
+impl EncodeLabelValue for ReconcileResult {
+    fn encode(&self, encoder: &mut LabelValueEncoder) -> std::fmt::Result {
+        match self {
+            ReconcileResult::Success => "success",
+            ReconcileResult::Error => "error",
+        }
+        .encode(encoder)
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReconcileLabels {
+    result: ReconcileResult,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReadyLabels {
+    ready: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ErrorLabels {
+    kind: ErrorKind,
+}
+
+impl EncodeLabelValue for ErrorKind {
+    fn encode(&self, encoder: &mut LabelValueEncoder) -> std::fmt::Result {
+        self.as_str().encode(encoder)
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct KindLabels {
+    kind: String,
+}
+
+/// The reconcile loop: reconciles, their errors and duration, children written, leadership.
+pub struct ControllerMetrics {
+    reconciles: Family<ReconcileLabels, Counter>,
+    reconcile_errors: Family<ErrorLabels, Counter>,
+    reconcile_duration: Histogram,
+    reconciles_in_flight: Gauge,
+    children_applied: Family<KindLabels, Counter>,
+    children_deleted: Family<KindLabels, Counter>,
+    events_dropped: Counter,
+    leader: Gauge,
+    balancers: Family<ReadyLabels, Gauge>,
+}
+
+impl ControllerMetrics {
+    pub fn register(registry: &mut Registry) -> Self {
+        let metrics = ControllerMetrics {
+            reconciles: Family::default(),
+            reconcile_errors: Family::default(),
+            reconcile_duration: Histogram::new([0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0]),
+            reconciles_in_flight: Gauge::default(),
+            children_applied: Family::default(),
+            children_deleted: Family::default(),
+            events_dropped: Counter::default(),
+            leader: Gauge::default(),
+            balancers: Family::default(),
+        };
+        registry.register(
+            "balancers",
+            "Balancers seen by the leader, by their Ready condition (true, false, unknown)",
+            metrics.balancers.clone(),
+        );
+        registry.register("reconciles", "Balancer reconciles, by result", metrics.reconciles.clone());
+        registry.register("reconcile_errors", "Failed reconciles, by error kind", metrics.reconcile_errors.clone());
+        registry.register("reconcile_duration_seconds", "Time one reconcile takes", metrics.reconcile_duration.clone());
+        registry.register(
+            "reconciles_in_flight",
+            "Reconciles running now (the controller's work in progress)",
+            metrics.reconciles_in_flight.clone(),
+        );
+        registry.register(
+            "children_applied",
+            "Child objects created or updated, by kind",
+            metrics.children_applied.clone(),
+        );
+        registry.register("children_deleted", "Child objects deleted, by kind", metrics.children_deleted.clone());
+        registry.register(
+            "events_dropped",
+            "Events not published because their Balancer exceeded its event budget",
+            metrics.events_dropped.clone(),
+        );
+        registry.register(
+            "controller_leader",
+            "1 while this replica runs the reconcile loop (leader, or leader election off), else 0",
+            metrics.leader.clone(),
+        );
+        for result in [ReconcileResult::Success, ReconcileResult::Error] {
+            let _ = metrics.reconciles.get_or_create(&ReconcileLabels { result });
+        }
+        for kind in ErrorKind::ALL {
+            let _ = metrics.reconcile_errors.get_or_create(&ErrorLabels { kind });
+        }
+        for kind in ["Service", "ConfigMap", "Deployment"] {
+            let _ = metrics.children_applied.get_or_create(&KindLabels { kind: kind.into() });
+        }
+        let _ = metrics.children_deleted.get_or_create(&KindLabels { kind: "Service".into() });
+        metrics.set_balancers(0, 0, 0);
+        metrics
+    }
+
+    /// Marks a reconcile as started; the guard counts it out when dropped.
+    pub fn reconcile_started(&self) -> InFlight {
+        InFlight::enter(&self.reconciles_in_flight)
+    }
+
+    pub fn reconciled(&self, result: ReconcileResult, error_kind: Option<ErrorKind>, elapsed: Duration) {
+        self.reconciles.get_or_create(&ReconcileLabels { result }).inc();
+        if let Some(kind) = error_kind {
+            self.reconcile_errors.get_or_create(&ErrorLabels { kind }).inc();
+        }
+        self.reconcile_duration.observe(elapsed.as_secs_f64());
+    }
+
+    pub fn child_applied(&self, kind: &str) {
+        self.children_applied.get_or_create(&KindLabels { kind: kind.to_string() }).inc();
+    }
+
+    pub fn child_deleted(&self, kind: &str) {
+        self.children_deleted.get_or_create(&KindLabels { kind: kind.to_string() }).inc();
+    }
+
+    pub fn event_dropped(&self) {
+        self.events_dropped.inc();
+    }
+
+    /// Balancers by Ready condition; all zero when this replica does not reconcile.
+    pub fn set_balancers(&self, ready: i64, not_ready: i64, unknown: i64) {
+        for (label, count) in [("true", ready), ("false", not_ready), ("unknown", unknown)] {
+            self.balancers.get_or_create(&ReadyLabels { ready: label }).set(count);
+        }
+    }
+
+    pub fn set_leader(&self, leading: bool) {
+        self.leader.set(i64::from(leading));
+    }
+}

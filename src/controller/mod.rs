@@ -1,0 +1,45 @@
+//! The reconcile loop: every Balancer becomes its children (see [`crate::proxy`]) and a status.
+//!
+//! Level-based and cheap on the API server: desired objects are compared with
+//! the watch caches of the children, and only what differs is written (with
+//! server-side apply, one field manager, forced). A converged Balancer costs no
+//! writes, status included.
+//!
+//! The modules follow the seams of a reconcile:
+//! - orchestration: [`reconcile`], which reads the clock once, and [`runner`], which runs
+//!   kube-runtime's `Controller` over the [`watches`];
+//! - pure decisions: [`status`] (counts, conditions, which change deserves an event),
+//!   [`plan`] (whose a child is, what is obsolete), [`ssa`] (server-side apply bookkeeping),
+//!   [`migration`] (taking over from the Go operator) and [`exposure`] (addresses);
+//! - I/O: [`apply`] (writes and deletions) and [`report`] (status writes and events);
+//! - the controller's own parts: the lenient [`stored`] Balancer, the compact child [`cache`],
+//!   and the PodDisruptionBudget version shim, [`budget_version`].
+
+use std::time::Duration;
+
+mod apply;
+pub mod budget_version;
+pub mod cache;
+mod context;
+mod error;
+pub mod exposure;
+pub mod metrics;
+pub mod migration;
+mod plan;
+mod reconcile;
+mod report;
+mod runner;
+pub mod ssa;
+pub mod status;
+pub mod stored;
+mod watches;
+
+pub use cache::{BudgetCache, Cached, ChildCaches};
+pub use context::{Clients, Context, Options, Scope, backoff, error_policy};
+pub use error::{Error, ErrorKind};
+pub use reconcile::reconcile;
+pub use runner::run;
+pub use status::READY;
+
+/// How often a converged Balancer is checked again for drift the watches could have missed.
+pub const RESYNC: Duration = Duration::from_secs(300);

@@ -1,0 +1,127 @@
+//! What a reconcile tells: the status subresource (written only when it changes), and events
+//! for the children written and for changes of `Ready`.
+
+use k8s_openapi::api::core::v1::ObjectReference;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::api::{Patch, PatchParams};
+use kube::{Api, Resource, ResourceExt};
+use serde_json::json;
+
+use super::Error;
+use super::context::Context;
+use super::exposure::Exposure;
+use super::plan::owned_backend_services;
+use super::status::{Counts, ProxyCounts, READY, next_status, ready_event};
+use super::stored::StoredBalancer;
+use crate::proxy::Owner;
+use crate::runtime::events::{EventType, Note, Published};
+use crate::util::echo::cut;
+
+/// How a child was written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Verb {
+    Created,
+    Updated,
+}
+
+/// The children one reconcile wrote, told in one event: a new Balancer gets one `Created`
+/// event for its children, not one per child.
+#[derive(Default)]
+pub(super) struct Written {
+    children: Vec<(Verb, ObjectReference)>,
+}
+
+impl Written {
+    /// Records a child just written (and counts it); returns it for the caller to use.
+    pub(super) fn add<K: Resource<DynamicType = ()>>(&mut self, ctx: &Context, verb: Verb, child: K) -> K {
+        ctx.metrics.child_applied(&K::kind(&()));
+        self.children.push((verb, child.object_ref(&())));
+        child
+    }
+}
+
+/// Publishes one event for the children written so far, and forgets them:
+/// `created Service a, ConfigMap b; updated Deployment c`.
+pub(super) async fn announce(balancer: &StoredBalancer, ctx: &Context, written: &mut Written) {
+    let children = std::mem::take(&mut written.children);
+    let Some((_, first)) = children.first() else { return };
+    let list = |verb: Verb| {
+        let names: Vec<String> = children
+            .iter()
+            .filter(|(v, _)| *v == verb)
+            .map(|(_, r)| {
+                format!("{} {}", r.kind.as_deref().unwrap_or_default(), r.name.as_deref().unwrap_or_default())
+            })
+            .collect();
+        (!names.is_empty()).then(|| names.join(", "))
+    };
+    let (created, updated) = (list(Verb::Created), list(Verb::Updated));
+    let reason = if created.is_some() { "Created" } else { "Updated" };
+    let parts: Vec<String> = [("created", created), ("updated", updated)]
+        .into_iter()
+        .filter_map(|(verb, names)| names.map(|n| format!("{verb} {n}")))
+        .collect();
+    // The first child keeps the recorder from folding different news into one series.
+    publish(balancer, ctx, EventType::Normal, reason, parts.join("; "), Some(first.clone())).await;
+}
+
+/// Counts from the cache alone (when a reconcile could not finish): owned backend
+/// Services the spec names, and those it no longer names.
+pub(super) fn counts_from_cache(balancer: &StoredBalancer, ctx: &Context) -> Counts {
+    let proxy = ProxyCounts::previous(balancer);
+    let exposure = Exposure::previous(balancer.status.as_ref());
+    let Ok(owner) = Owner::of(balancer) else { return Counts { active: 0, obsolete: 0, proxy, exposure } };
+    // An unreadable spec names no backend: every owned one counts as obsolete.
+    let backends = balancer.spec.as_ref().map(|s| s.backends.as_slice()).unwrap_or_default();
+    let named: Vec<String> = backends.iter().map(|b| crate::api::backend_service_name(&owner.name, &b.name)).collect();
+    let (active, obsolete): (Vec<_>, Vec<_>) =
+        owned_backend_services(&ctx.children.services, &owner).into_iter().partition(|s| named.contains(&s.name_any()));
+    Counts { active: active.len(), obsolete: obsolete.len(), proxy, exposure }
+}
+
+/// Patches the status subresource only when it changes; announces Ready flips as events.
+pub(super) async fn write_status(
+    balancer: &StoredBalancer,
+    ctx: &Context,
+    counts: Counts,
+    ready: Condition,
+    takeover: Option<Condition>,
+) -> Result<(), Error> {
+    let status = next_status(balancer, counts, ready.clone(), takeover);
+    if balancer.status.as_ref() == Some(&status) {
+        return Ok(());
+    }
+    let name = balancer.name_any();
+    let api: Api<StoredBalancer> = Api::namespaced(ctx.client.clone(), &balancer.namespace().unwrap_or_default());
+    let patch = Patch::Merge(json!({ "status": status }));
+    let status_error = |e| Error::api("update status of", "Balancer", &name, e);
+    api.patch_status(&name, &PatchParams::default(), &patch).await.map_err(status_error)?;
+    let was = balancer.status.as_ref().and_then(|s| s.conditions.iter().find(|c| c.type_ == READY));
+    if let Some(type_) = ready_event(was, &ready) {
+        publish(balancer, ctx, type_, &ready.reason, ready.message.clone(), None).await;
+    }
+    Ok(())
+}
+
+/// Events are for people; failing to record one must not fail the reconcile.
+/// `related` names the child concerned, which also keeps the recorder from
+/// folding events about different children into one series.
+pub(super) async fn publish(
+    balancer: &StoredBalancer,
+    ctx: &Context,
+    type_: EventType,
+    reason: &str,
+    note: String,
+    related: Option<ObjectReference>,
+) {
+    // The events API refuses notes over 1 KiB.
+    let note = cut(&note, 1024);
+    match ctx.events.publish(&balancer.object_ref(&()), Note { type_, reason, note: &note, related }).await {
+        Ok(Published::Sent) => {}
+        Ok(Published::Dropped) => {
+            ctx.metrics.event_dropped();
+            tracing::debug!(reason, %note, "event budget spent: not published");
+        }
+        Err(e) => tracing::debug!(error = %e, reason, "could not record an event"),
+    }
+}

@@ -1,0 +1,140 @@
+//! The controller as it runs: the watches, kube-runtime's `Controller` over them, and the census
+//! of Balancers for the metrics, until stopped.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{ConfigMap, Service};
+use kube::ResourceExt;
+use kube::runtime::controller::{self, Controller};
+use kube::runtime::reflector::Store;
+use kube::runtime::watcher;
+use tokio_util::sync::CancellationToken;
+
+use super::Error;
+use super::budget_version::PolicyVersion;
+use super::cache::{Cached, Caches, ChildCaches};
+use super::context::{Clients, Context, Options, error_policy};
+use super::metrics::ControllerMetrics;
+use super::reconcile::reconcile;
+use super::status::READY;
+use super::stored::StoredBalancer;
+use super::watches::{BudgetsReflected, Reflected, policy_version};
+
+/// Runs the controller until `stop` is cancelled; sets `synced` once every cache has listed.
+pub async fn run(
+    clients: Clients,
+    options: Options,
+    metrics: Arc<ControllerMetrics>,
+    synced: Arc<AtomicBool>,
+    stop: CancellationToken,
+) {
+    let scope = &options.scope;
+    let Clients { direct: client, throttled, contact } = clients;
+    let Some(policy) = policy_version(&client, &stop).await else { return };
+    let services = Reflected::<Cached<Service>>::children(&client, scope, &contact);
+    let config_maps = Reflected::<Cached<ConfigMap>>::children(&client, scope, &contact);
+    let deployments = Reflected::<Cached<Deployment>>::children(&client, scope, &contact);
+    let balancers = Reflected::balancers(&client, scope, &contact);
+    let budgets = match policy {
+        PolicyVersion::V1 => BudgetsReflected::V1(Reflected::children(&client, scope, &contact)),
+        PolicyVersion::V1beta1 => BudgetsReflected::V1beta1(Reflected::children(&client, scope, &contact)),
+    };
+
+    let children = ChildCaches {
+        services: services.store.clone(),
+        config_maps: config_maps.store.clone(),
+        deployments: deployments.store.clone(),
+        budgets: budgets.cache(),
+    };
+    let caches = Caches { balancers: balancers.store.clone(), children: children.clone() };
+    let ctx = Arc::new(Context::new(throttled, children, options.proxy, metrics.clone()));
+    let census = count_balancers(balancers.store.clone(), ctx.clone(), stop.clone());
+    let readiness = {
+        let caches = caches.clone();
+        async move {
+            if caches.synced().await {
+                synced.store(true, Ordering::Release);
+                tracing::info!("controller caches synced");
+            }
+        }
+    };
+    // Graceful shutdown drains in-flight reconciles, but kube-runtime's runner waits for the
+    // Balancer cache to sync before it can end, and that cache's writer lives in the stream the
+    // runner owns. Every reconcile waits for every cache before it writes, and a cache once
+    // synced stays so: with any of them unsynced at the stop (RBAC, a missing CRD), nothing is in
+    // flight and the controller is dropped instead.
+    let stopped_unsynced = {
+        let stop = stop.clone();
+        async move {
+            stop.cancelled().await;
+            if caches.synced_now() {
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    let config = controller::Config::default().debounce(Duration::from_millis(200)).concurrency(options.concurrency);
+    let controller = Controller::for_stream(balancers.changes, balancers.store)
+        .owns_stream(services.changes)
+        .owns_stream(config_maps.changes)
+        .owns_stream(deployments.changes);
+    let controller = match budgets {
+        BudgetsReflected::V1(budgets) => controller.owns_stream(budgets.changes),
+        BudgetsReflected::V1beta1(budgets) => controller.owns_stream(budgets.changes),
+    };
+    let controller = controller
+        .with_config(config)
+        .graceful_shutdown_on(stop.cancelled_owned())
+        .run(reconcile, error_policy, ctx)
+        .for_each(|result| {
+            if let Err(e) = result {
+                log_controller_error(&e);
+            }
+            std::future::ready(())
+        });
+    let controller = async {
+        tokio::select! {
+            _ = controller => {}
+            _ = stopped_unsynced => tracing::info!("stopped before the Balancer cache synced: nothing to drain"),
+        }
+    };
+    tokio::join!(controller, readiness, census);
+    metrics.set_balancers(0, 0, 0);
+}
+
+/// Every 10 s: the Balancers by readiness, for the metrics, and the failure counts of
+/// Balancers deleted while failing forgotten (deleted objects are never reconciled again).
+async fn count_balancers(balancers: Store<StoredBalancer>, ctx: Arc<Context>, stop: CancellationToken) {
+    let mut ticker = tokio::time::interval(Duration::from_secs(10));
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = ticker.tick() => {}
+        }
+        let (mut ready, mut not_ready, mut unknown) = (0, 0, 0);
+        let mut uids = std::collections::HashSet::new();
+        for balancer in balancers.state() {
+            uids.extend(balancer.uid());
+            let condition = balancer.status.as_ref().and_then(|s| s.conditions.iter().find(|c| c.type_ == READY));
+            match condition.map(|c| c.status.as_str()) {
+                Some("True") => ready += 1,
+                Some("False") => not_ready += 1,
+                _ => unknown += 1,
+            }
+        }
+        ctx.metrics.set_balancers(ready, not_ready, unknown);
+        ctx.failures().retain(|uid, _| uids.contains(uid));
+    }
+}
+
+fn log_controller_error(error: &controller::Error<Error, watcher::Error>) {
+    match error {
+        // Reconcile errors are logged where they happen, watch errors in `watch`; a vanished
+        // object is routine.
+        controller::Error::ReconcilerFailed(..) | controller::Error::ObjectNotFound(_) => {}
+        other => tracing::warn!(error = %other, "controller error"),
+    }
+}

@@ -1,0 +1,274 @@
+//! The status a reconcile arrives at, decided purely: counts, the `Ready` condition, and
+//! which change of it deserves an event.
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use k8s_openapi::jiff::Timestamp;
+use kube::ResourceExt;
+
+use super::exposure::Exposure;
+use super::stored::StoredBalancer;
+use crate::api::BalancerStatus;
+use crate::proxy;
+use crate::runtime::events::EventType;
+
+/// The `Ready` condition type.
+pub const READY: &str = "Ready";
+
+/// The numbers and addresses in the status.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Counts {
+    pub active: usize,
+    pub obsolete: usize,
+    pub proxy: ProxyCounts,
+    pub exposure: Exposure,
+}
+
+/// The proxy pods, for the scale subresource.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ProxyCounts {
+    pub replicas: i32,
+    pub ready: i32,
+}
+
+impl ProxyCounts {
+    pub fn of(deployment: &Deployment) -> Self {
+        let status = deployment.status.as_ref();
+        ProxyCounts {
+            replicas: status.and_then(|s| s.replicas).unwrap_or(0),
+            ready: status.and_then(|s| s.ready_replicas).unwrap_or(0),
+        }
+    }
+
+    /// What the status said last (a reconcile that stops early does not look at the Deployment).
+    pub fn previous(balancer: &StoredBalancer) -> Self {
+        let status = balancer.status.as_ref();
+        ProxyCounts { replicas: status.map_or(0, |s| s.replicas), ready: status.map_or(0, |s| s.ready_replicas) }
+    }
+}
+
+/// `Ready` from the proxy Deployment: rolled out (no pod of an older template left, as
+/// `kubectl rollout status` has it) and available. Until then the old pods may still send
+/// traffic to backends the spec no longer names.
+pub fn proxy_condition(balancer: &StoredBalancer, deployment: &Deployment, active: usize, now: Timestamp) -> Condition {
+    let name = deployment.name_any();
+    let want = deployment.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
+    let status = deployment.status.clone().unwrap_or_default();
+    let observed = status.observed_generation.unwrap_or(0) >= deployment.metadata.generation.unwrap_or(0);
+    let updated = status.updated_replicas.unwrap_or(0);
+    let old = status.replicas.unwrap_or(0) - updated;
+    let available = status.available_replicas.unwrap_or(0);
+    if want == 0 {
+        let message = format!("proxy Deployment {name} is scaled to zero: no traffic is served");
+        return condition(balancer, false, SCALED_TO_ZERO, &message, now);
+    }
+    if observed && updated >= want && old <= 0 && available >= want {
+        let message = format!("proxy Deployment {name} is available ({available}/{want}); {active} backends active");
+        condition(balancer, true, PROXY_AVAILABLE, &message, now)
+    } else {
+        // Only the available count: the updated count moves as the Deployment controller starts a
+        // rollout, and every change of the message is a status write.
+        let message = format!("waiting for proxy Deployment {name} to roll out ({available}/{want} available)");
+        condition(balancer, false, PROXY_NOT_AVAILABLE, &message, now)
+    }
+}
+
+/// The `Ready` reasons of a reconcile that got as far as the proxy: available, rolling out,
+/// scaled to zero.
+const PROXY_AVAILABLE: &str = "ProxyAvailable";
+
+pub const PROXY_NOT_AVAILABLE: &str = "ProxyNotAvailable";
+
+const SCALED_TO_ZERO: &str = "ScaledToZero";
+
+pub const PROXY_REASONS: [&str; 3] = [PROXY_AVAILABLE, PROXY_NOT_AVAILABLE, SCALED_TO_ZERO];
+
+/// A `Ready` condition, keeping the previous transition time when the status has not flipped
+/// (else `now`).
+pub fn condition(balancer: &StoredBalancer, ready: bool, reason: &str, message: &str, now: Timestamp) -> Condition {
+    let status = if ready { "True" } else { "False" };
+    let previous = balancer
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.iter().find(|c| c.type_ == READY))
+        .filter(|c| c.status == status);
+    Condition {
+        type_: READY.into(),
+        status: status.into(),
+        reason: reason.into(),
+        message: message.into(),
+        observed_generation: balancer.metadata.generation,
+        last_transition_time: previous.map(|c| c.last_transition_time.clone()).unwrap_or(Time(now)),
+    }
+}
+
+/// The status a reconcile arrives at; `takeover`, when given, replaces the Go-operator
+/// takeover's condition (see [`migration`](super::migration)).
+pub fn next_status(
+    balancer: &StoredBalancer,
+    counts: Counts,
+    ready: Condition,
+    takeover: Option<Condition>,
+) -> BalancerStatus {
+    let replaced = |c: &Condition| c.type_ == READY || takeover.as_ref().is_some_and(|t| t.type_ == c.type_);
+    let mut conditions: Vec<Condition> = balancer
+        .status
+        .as_ref()
+        .map(|s| s.conditions.iter().filter(|c| !replaced(c)).cloned().collect())
+        .unwrap_or_default();
+    conditions.push(ready);
+    conditions.extend(takeover);
+    BalancerStatus {
+        replicas: counts.proxy.replicas,
+        ready_replicas: counts.proxy.ready,
+        addresses: counts.exposure.addresses,
+        node_ports: counts.exposure.node_ports,
+        selector: balancer.metadata.name.as_deref().map(proxy::proxy_selector_string),
+        active_backends: i32::try_from(counts.active).unwrap_or(i32::MAX),
+        obsolete_backends: i32::try_from(counts.obsolete).unwrap_or(i32::MAX),
+        observed_generation: balancer.metadata.generation,
+        conditions,
+    }
+}
+
+/// Whether a refusal is about the stored spec (its causes, or its message, name a `spec` field).
+pub fn names_spec(status: &kube::core::Status) -> bool {
+    let causes = status.details.as_ref().map(|d| d.causes.as_slice()).unwrap_or_default();
+    causes.iter().any(|c| c.field.starts_with("spec")) || status.message.contains(": spec.")
+}
+
+/// The event a change of `Ready` deserves, if any: every change of status or reason, but not a
+/// new Balancer waiting for its first proxy pods (progress, not a warning).
+pub fn ready_event(was: Option<&Condition>, ready: &Condition) -> Option<EventType> {
+    let first_rollout = was.is_none() && ready.reason == PROXY_NOT_AVAILABLE;
+    let changed = was.is_none_or(|c| c.status != ready.status || c.reason != ready.reason);
+    match (first_rollout, changed) {
+        (false, true) if ready.status == "True" => Some(EventType::Normal),
+        (false, true) => Some(EventType::Warning),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::api::apps::v1::{DeploymentSpec, DeploymentStatus};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+    use super::*;
+    use crate::spec::FieldError;
+
+    const NOW: &str = "2026-11-24T08:00:00Z";
+    const EARLIER: &str = "2026-11-24T07:00:00Z";
+
+    fn at(text: &str) -> Timestamp {
+        text.parse().expect("a timestamp")
+    }
+
+    /// A stored Balancer whose Ready condition, if any, is `ready` since [`EARLIER`].
+    fn balancer(ready: Option<(&str, &str)>) -> StoredBalancer {
+        let conditions = ready.into_iter().map(|(status, reason)| Condition {
+            type_: READY.into(),
+            status: status.into(),
+            reason: reason.into(),
+            message: String::new(),
+            observed_generation: Some(1),
+            last_transition_time: Time(at(EARLIER)),
+        });
+        StoredBalancer {
+            metadata: ObjectMeta { name: Some("lb".into()), generation: Some(2), ..ObjectMeta::default() },
+            spec: Err(FieldError::new("spec", "not read by these rules")),
+            status: Some(BalancerStatus { conditions: conditions.collect(), ..BalancerStatus::default() }),
+        }
+    }
+
+    fn deployment(want: i32, status: DeploymentStatus) -> Deployment {
+        Deployment {
+            metadata: ObjectMeta { name: Some("lb-proxy".into()), generation: Some(3), ..ObjectMeta::default() },
+            spec: Some(DeploymentSpec { replicas: Some(want), ..DeploymentSpec::default() }),
+            status: Some(status),
+        }
+    }
+
+    fn rolled_out(n: i32) -> DeploymentStatus {
+        DeploymentStatus {
+            observed_generation: Some(3),
+            replicas: Some(n),
+            updated_replicas: Some(n),
+            available_replicas: Some(n),
+            ..DeploymentStatus::default()
+        }
+    }
+
+    #[test]
+    fn ready_follows_the_proxy_rollout() {
+        let stale = DeploymentStatus { observed_generation: Some(2), ..rolled_out(2) };
+        let old_pod_left = DeploymentStatus { replicas: Some(3), ..rolled_out(2) };
+        let cases = [
+            (deployment(2, rolled_out(2)), "True", PROXY_AVAILABLE),
+            (deployment(2, stale), "False", PROXY_NOT_AVAILABLE),
+            (deployment(2, old_pod_left), "False", PROXY_NOT_AVAILABLE),
+            (deployment(2, rolled_out(1)), "False", PROXY_NOT_AVAILABLE),
+            (deployment(0, rolled_out(0)), "False", SCALED_TO_ZERO),
+        ];
+        for (deployment, status, reason) in cases {
+            let ready = proxy_condition(&balancer(None), &deployment, 3, at(NOW));
+            assert_eq!((ready.status.as_str(), ready.reason.as_str()), (status, reason), "{:?}", deployment.status);
+            assert_eq!(ready.observed_generation, Some(2));
+        }
+    }
+
+    #[test]
+    fn the_transition_time_moves_only_when_the_status_flips() {
+        let kept = condition(&balancer(Some(("True", PROXY_AVAILABLE))), true, PROXY_AVAILABLE, "", at(NOW));
+        assert_eq!(kept.last_transition_time, Time(at(EARLIER)));
+        let reason_only = condition(&balancer(Some(("False", "InvalidSpec"))), false, SCALED_TO_ZERO, "", at(NOW));
+        assert_eq!(reason_only.last_transition_time, Time(at(EARLIER)), "the same status with a new reason");
+        let flipped = condition(&balancer(Some(("False", PROXY_NOT_AVAILABLE))), true, PROXY_AVAILABLE, "", at(NOW));
+        assert_eq!(flipped.last_transition_time, Time(at(NOW)));
+        let first = condition(&balancer(None), false, PROXY_NOT_AVAILABLE, "", at(NOW));
+        assert_eq!(first.last_transition_time, Time(at(NOW)));
+    }
+
+    #[test]
+    fn every_change_of_ready_is_an_event_but_a_first_rollout() {
+        let ready = |status: &str, reason: &str| condition(&balancer(None), status == "True", reason, "", at(NOW));
+        let cases = [
+            (None, ready("False", PROXY_NOT_AVAILABLE), None),
+            (None, ready("True", PROXY_AVAILABLE), Some(EventType::Normal)),
+            (None, ready("False", "InvalidSpec"), Some(EventType::Warning)),
+            (Some(ready("False", PROXY_NOT_AVAILABLE)), ready("True", PROXY_AVAILABLE), Some(EventType::Normal)),
+            (Some(ready("True", PROXY_AVAILABLE)), ready("True", PROXY_AVAILABLE), None),
+            (Some(ready("True", PROXY_AVAILABLE)), ready("False", PROXY_NOT_AVAILABLE), Some(EventType::Warning)),
+            (Some(ready("False", PROXY_NOT_AVAILABLE)), ready("False", SCALED_TO_ZERO), Some(EventType::Warning)),
+        ];
+        for (was, now, event) in cases {
+            assert_eq!(
+                ready_event(was.as_ref(), &now),
+                event,
+                "{:?} -> {}/{}",
+                was.map(|c| c.reason),
+                now.status,
+                now.reason
+            );
+        }
+    }
+
+    #[test]
+    fn the_next_status_replaces_ready_and_keeps_other_conditions() {
+        let mut stored = balancer(Some(("False", PROXY_NOT_AVAILABLE)));
+        let other = Condition { type_: "Other".into(), ..stored.status.as_ref().unwrap().conditions[0].clone() };
+        stored.status.as_mut().unwrap().conditions.push(other.clone());
+        let counts = Counts {
+            active: 3,
+            obsolete: 1,
+            proxy: ProxyCounts { replicas: 2, ready: 1 },
+            exposure: Exposure::previous(None),
+        };
+        let ready = condition(&stored, true, PROXY_AVAILABLE, "serving", at(NOW));
+        let status = next_status(&stored, counts, ready.clone(), None);
+        assert_eq!(status.conditions, vec![other, ready]);
+        assert_eq!((status.active_backends, status.obsolete_backends), (3, 1));
+        assert_eq!((status.replicas, status.ready_replicas, status.observed_generation), (2, 1, Some(2)));
+        assert_eq!(status.selector.as_deref(), Some(proxy::proxy_selector_string("lb").as_str()));
+    }
+}

@@ -1,0 +1,130 @@
+//! The controller's watches: what each caches, what triggers a reconcile, and how they come
+//! back after the API server does.
+
+use std::fmt::Debug;
+use std::time::Duration;
+
+use futures::stream::BoxStream;
+use futures::{Stream, StreamExt};
+use k8s_openapi::NamespaceResourceScope;
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{WatchStreamExt, predicates, watcher};
+use kube::{Api, Client, Resource};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use tokio_util::sync::CancellationToken;
+
+use super::budget_version::{PodDisruptionBudgetV1beta1, PolicyVersion};
+use super::cache::{BudgetCache, Cached};
+use super::context::{Scope, api};
+use super::ssa::slim;
+use super::stored::StoredBalancer;
+use crate::proxy::{MANAGED_BY, MANAGED_BY_LABEL};
+use crate::runtime::contact::Contact;
+use crate::runtime::retry::{RetryDelay, relist_at_once};
+
+/// Watches `api`, retrying every few seconds at most and re-listing at once when the watch
+/// expired (see [`retry`](crate::runtime::retry)). Its errors are logged here and go no further: the
+/// controller would otherwise back off *all* its watches after any one's error, with
+/// kube-runtime's default backoff (up to a minute), and leave their requests unpolled meanwhile.
+pub(super) fn watch<K>(
+    api: Api<K>,
+    config: watcher::Config,
+    contact: &Contact,
+) -> impl Stream<Item = Result<watcher::Event<K>, watcher::Error>> + use<K>
+where
+    K: Resource<DynamicType = ()> + Clone + Debug + DeserializeOwned + Send + 'static,
+{
+    let contact = contact.clone();
+    relist_at_once(watcher(api, config)).backoff(RetryDelay::default()).filter(move |event| {
+        if let Err(e) = event {
+            // While the API server is lost, every retry fails: the loss is logged once.
+            if contact.is_lost() {
+                tracing::debug!(kind = %K::kind(&()), error = %e, "watch error");
+            } else {
+                tracing::warn!(kind = %K::kind(&()), error = %e, "watch error; retrying");
+            }
+        }
+        std::future::ready(event.is_ok())
+    })
+}
+
+/// Lists are served from the API server's watch cache (`resourceVersion=0`, in one page: kube
+/// drops `resourceVersion=0` from a paged list), as client-go's informers list: the watch that
+/// follows starts from the same cache at the same version, and a list does not wait for etcd
+/// while the API server catches up after etcd came back.
+pub(super) fn watch_config() -> watcher::Config {
+    watcher::Config { page_size: None, ..watcher::Config::default().any_semantic() }
+}
+
+/// One watched kind: the cache the reconciles read, and the changes that trigger them.
+pub(super) struct Reflected<K: Resource<DynamicType = ()> + 'static> {
+    pub store: Store<K>,
+    pub changes: BoxStream<'static, Result<K, watcher::Error>>,
+}
+
+impl<K> Reflected<Cached<K>>
+where
+    K: Resource<Scope = NamespaceResourceScope, DynamicType = ()>
+        + Serialize
+        + DeserializeOwned
+        + Send
+        + Sync
+        + 'static,
+{
+    /// balancer's own children of one kind (selected by label), cached compactly (see [`Cached`]).
+    pub(super) fn children(client: &Client, scope: &Scope, contact: &Contact) -> Self {
+        let config = watch_config().labels(&format!("{MANAGED_BY_LABEL}={MANAGED_BY}"));
+        let (store, writer) = reflector::store();
+        let changes = watch(api(client, scope), config, contact).reflect(writer).touched_objects().boxed();
+        Reflected { store, changes }
+    }
+}
+
+/// The PodDisruptionBudgets watched, in the version the cluster serves.
+pub(super) enum BudgetsReflected {
+    V1(Reflected<Cached<PodDisruptionBudget>>),
+    V1beta1(Reflected<Cached<PodDisruptionBudgetV1beta1>>),
+}
+
+impl BudgetsReflected {
+    pub(super) fn cache(&self) -> BudgetCache {
+        match self {
+            BudgetsReflected::V1(r) => BudgetCache::V1(r.store.clone()),
+            BudgetsReflected::V1beta1(r) => BudgetCache::V1beta1(r.store.clone()),
+        }
+    }
+}
+
+/// Asks the API server which `policy` version it serves, until it answers or `stop`.
+pub(super) async fn policy_version(client: &Client, stop: &CancellationToken) -> Option<PolicyVersion> {
+    loop {
+        match PolicyVersion::served(client).await {
+            Ok(version) => {
+                tracing::info!(?version, "PodDisruptionBudgets in this policy version");
+                return Some(version);
+            }
+            Err(e) => tracing::warn!(error = %e, "cannot tell the policy version the API server serves; retrying"),
+        }
+        tokio::select! {
+            _ = stop.cancelled() => return None,
+            _ = tokio::time::sleep(Duration::from_secs(5)) => {}
+        }
+    }
+}
+
+impl Reflected<StoredBalancer> {
+    /// Every Balancer in scope, slimmed as cached. Only generation changes trigger: status
+    /// updates do not change it, so the controller's own status writes never come back to it.
+    pub(super) fn balancers(client: &Client, scope: &Scope, contact: &Contact) -> Self {
+        let (store, writer) = reflector::store();
+        let changes = watch(api(client, scope), watch_config(), contact)
+            .modify(slim)
+            .reflect(writer)
+            .applied_objects()
+            .predicate_filter(predicates::generation, Default::default())
+            .boxed();
+        Reflected { store, changes }
+    }
+}

@@ -1,0 +1,42 @@
+//! The facts `deploy/` must agree with: names, paths and the RBAC the operator needs. Each is
+//! checked against the manifests by the manifests test, so the code and the YAML cannot drift.
+
+/// The field manager of every write, and the events' reporting controller.
+pub const FIELD_MANAGER: &str = "balancer";
+/// Where `deploy/` runs the webhook Service that also answers conversions.
+pub const WEBHOOK_SERVICE: &str = "balancer-webhook";
+/// The namespace `deploy/` installs into.
+pub const INSTALL_NAMESPACE: &str = "balancer-system";
+/// The cert-manager Certificate whose CA is injected into the CRD and webhook configurations.
+pub const SERVING_CERTIFICATE: &str = "balancer-serving-cert";
+/// Path of the conversion webhook on the TLS server.
+pub const CONVERT_PATH: &str = "/convert";
+
+/// One RBAC grant: API group, resource, verbs.
+pub type Permission = (&'static str, &'static str, &'static [&'static str]);
+
+/// Every cluster-wide permission the controller uses; `deploy/rbac.yaml` grants exactly these.
+/// Reads come from watch caches (list, watch) of balancer's own children; a child is created with
+/// a POST (create), changed with a forced server-side apply (patch, which may also create), and
+/// read (get) only when its name turns out to be taken, or before the first apply to a child a
+/// POST created (see `own_created_fields`).
+pub const CLUSTER_PERMISSIONS: &[Permission] = &[
+    ("exposer.hliangzhao.io", "balancers", &["list", "watch"]),
+    ("exposer.hliangzhao.io", "balancers/status", &["patch"]),
+    // Never called: clusters enforcing OwnerReferencesPermissionEnforcement require it to set
+    // blockOwnerDeletion on the children's ownerReferences.
+    ("exposer.hliangzhao.io", "balancers/finalizers", &["update"]),
+    ("", "services", &["get", "list", "watch", "create", "patch", "delete"]),
+    ("", "configmaps", &["get", "list", "watch", "create", "patch"]),
+    // delete: the Go operator's proxy Deployment, once this operator's serves (see `migration`).
+    ("apps", "deployments", &["get", "list", "watch", "create", "patch", "delete"]),
+    ("policy", "poddisruptionbudgets", &["get", "list", "watch", "create", "patch", "delete"]),
+    ("events.k8s.io", "events", &["create", "patch"]),
+    // The protected /metrics endpoint reviews scrapers' tokens.
+    ("authentication.k8s.io", "tokenreviews", &["create"]),
+    ("authorization.k8s.io", "subjectaccessreviews", &["create"]),
+];
+
+/// Leader election's permissions, in the operator's own namespace.
+pub const LEADER_ELECTION_PERMISSIONS: &[Permission] =
+    &[("coordination.k8s.io", "leases", &["get", "create", "update"])];

@@ -1,0 +1,60 @@
+//! What `balancer run` is asked to do, in the manager's terms: the CLI builds it from flags.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::controller;
+use crate::runtime::throttle::Rate;
+
+/// What `balancer run` serves and how it reaches the cluster (the CLI builds it from flags).
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub webhook_addr: SocketAddr,
+    pub probe_addr: SocketAddr,
+    pub metrics_addr: SocketAddr,
+    /// Serve `/metrics` on the probe port, unauthenticated, instead of the protected port.
+    pub insecure_metrics: bool,
+    pub certificate: Certificate,
+    /// How often the certificate files are checked for rotation.
+    pub tls_reload_interval: Duration,
+    /// How long to keep serving, not ready, after SIGTERM.
+    pub shutdown_delay: Duration,
+    /// Largest AdmissionReview body accepted.
+    pub max_body_bytes: usize,
+    pub cluster: ClusterConfig,
+}
+
+/// The serving certificate.
+#[derive(Debug, Clone)]
+pub enum Certificate {
+    /// These files, reloaded when they change.
+    Files { cert: PathBuf, key: PathBuf },
+    /// Dev certificates for localhost, created in (or reused from) this directory.
+    Dev(PathBuf),
+}
+
+/// How the cluster is reached, and how the controller runs in it.
+#[derive(Debug, Clone)]
+pub struct ClusterConfig {
+    /// Webhooks only.
+    pub disabled: bool,
+    /// Fail at start when no cluster is reachable (else serve the webhooks only).
+    pub required: bool,
+    pub kubeconfig: Option<PathBuf>,
+    pub context: Option<String>,
+    /// The controller's requests to the API server, at most.
+    pub rate: Rate,
+    pub controller: controller::Options,
+    /// Reconcile only while holding this Lease; `None` always reconciles.
+    pub leader_election: Option<LeaderElection>,
+}
+
+/// The leader election Lease.
+#[derive(Debug, Clone)]
+pub struct LeaderElection {
+    pub lease: String,
+    /// Default: POD_NAMESPACE, else the client's namespace.
+    pub namespace: Option<String>,
+    pub duration: Duration,
+}

@@ -1,0 +1,200 @@
+//! The proxy's ConfigMap and Deployment: unprivileged nginx, spread across nodes, reading
+//! `nginx.conf` from the ConfigMap and stopping gracefully.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
+use k8s_openapi::api::core::v1::{
+    Capabilities, ConfigMap, ConfigMapVolumeSource, Container, ContainerPort, EmptyDirVolumeSource, ExecAction,
+    PodSecurityContext, PodSpec, PodTemplateSpec, Probe, ResourceRequirements, SeccompProfile, SecurityContext, Sysctl,
+    TCPSocketAction, TopologySpreadConstraint, Volume, VolumeMount,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+
+use super::meta::{COMPONENT_PROXY, CONFIG_HASH_ANNOTATION, Owner, labels, metadata, proxy_selector};
+use super::nginx::{
+    self, CONFIG_DIR, CONFIG_FILE, ENDPOINT_REMOVAL_SECONDS, STOP_GRACEFULLY, graceful_stop, nginx_args,
+};
+use crate::api::{self, BalancerSpec};
+use crate::spec::{Admitted, SpecPolicy};
+
+/// nginx-unprivileged's user and group.
+const PROXY_UID: i64 = 101;
+
+/// How proxy Deployments are built; set from the command line.
+#[derive(Debug, Clone)]
+pub struct ProxySettings {
+    /// nginx image with the stream module, running as a non-root user.
+    pub image: String,
+    /// Dynamic modules `nginx.conf` loads first (`load_module`), for images whose stream
+    /// module is not built in (Debian, Ubuntu, UBI).
+    pub load_modules: Vec<String>,
+    /// What a Balancer that does not say gets (`spec.replicas`).
+    pub policy: SpecPolicy,
+}
+
+/// `<balancer>-proxy-configmap` holding `nginx.conf`.
+pub fn proxy_config_map(owner: &Owner, nginx_conf: &str) -> ConfigMap {
+    ConfigMap {
+        metadata: metadata(owner, api::proxy_configmap_name(&owner.name), labels(&owner.name, COMPONENT_PROXY)),
+        data: Some(BTreeMap::from([(CONFIG_FILE.to_string(), nginx_conf.to_string())])),
+        ..ConfigMap::default()
+    }
+}
+
+/// `<balancer>-proxy`: unprivileged nginx reading the ConfigMap, rolled when `config_hash` changes.
+pub fn proxy_deployment(owner: &Owner, spec: &Admitted, settings: &ProxySettings, config_hash: &str) -> Deployment {
+    let mut pod_labels = labels(&owner.name, COMPONENT_PROXY);
+    pod_labels.extend(proxy_selector(&owner.name));
+    let mut annotations = spec.proxy.as_ref().and_then(|p| p.pod_annotations.clone()).unwrap_or_default();
+    annotations.insert(CONFIG_HASH_ANNOTATION.to_string(), config_hash.to_string());
+    let template = PodTemplateSpec {
+        metadata: Some(ObjectMeta {
+            labels: Some(pod_labels),
+            annotations: Some(annotations),
+            ..ObjectMeta::default()
+        }),
+        spec: Some(proxy_pod_spec(owner, spec, settings)),
+    };
+    Deployment {
+        metadata: metadata(owner, api::proxy_deployment_name(&owner.name), labels(&owner.name, COMPONENT_PROXY)),
+        spec: Some(DeploymentSpec {
+            replicas: Some(spec.replicas()),
+            selector: LabelSelector { match_labels: Some(proxy_selector(&owner.name)), match_expressions: None },
+            template,
+            ..DeploymentSpec::default()
+        }),
+        status: None,
+    }
+}
+
+fn proxy_pod_spec(owner: &Owner, spec: &BalancerSpec, settings: &ProxySettings) -> PodSpec {
+    let proxy = spec.proxy.clone().unwrap_or_default();
+    let config_volume = "nginx-conf";
+    let tmp_volume = "tmp";
+    // Ports below 1024 need the (namespaced, safe since Kubernetes 1.22) sysctl for a non-root nginx.
+    let sysctls = spec
+        .ports
+        .iter()
+        .any(|p| p.port < 1024)
+        .then(|| vec![Sysctl { name: "net.ipv4.ip_unprivileged_port_start".into(), value: "0".into() }]);
+    let container = Container {
+        name: "nginx".into(),
+        image: Some(proxy.image.unwrap_or_else(|| settings.image.clone())),
+        image_pull_policy: Some("IfNotPresent".into()),
+        command: Some(vec!["/bin/sh".into(), "-c".into(), STOP_GRACEFULLY.into(), "nginx".into()]),
+        args: Some(nginx_args()),
+        ports: Some(
+            spec.ports
+                .iter()
+                .map(|p| ContainerPort {
+                    container_port: p.port,
+                    protocol: Some(p.effective_protocol().to_string()),
+                    ..ContainerPort::default()
+                })
+                .collect(),
+        ),
+        readiness_probe: Some(readiness_probe(spec)),
+        lifecycle: Some(graceful_stop()),
+        resources: Some(proxy.resources.unwrap_or_else(default_resources)),
+        security_context: Some(SecurityContext {
+            allow_privilege_escalation: Some(false),
+            read_only_root_filesystem: Some(true),
+            run_as_non_root: Some(true),
+            capabilities: Some(Capabilities { drop: Some(vec!["ALL".into()]), add: None }),
+            ..SecurityContext::default()
+        }),
+        volume_mounts: Some(vec![
+            VolumeMount {
+                name: config_volume.into(),
+                mount_path: CONFIG_DIR.into(),
+                read_only: Some(true),
+                ..VolumeMount::default()
+            },
+            VolumeMount { name: tmp_volume.into(), mount_path: "/tmp".into(), ..VolumeMount::default() },
+        ]),
+        ..Container::default()
+    };
+    PodSpec {
+        automount_service_account_token: Some(false),
+        // The stop hook's wait, nginx's drain, and a few seconds to spare.
+        termination_grace_period_seconds: Some(ENDPOINT_REMOVAL_SECONDS + nginx::DRAIN_SECONDS + 5),
+        security_context: Some(PodSecurityContext {
+            run_as_non_root: Some(true),
+            run_as_user: Some(PROXY_UID),
+            run_as_group: Some(PROXY_UID),
+            seccomp_profile: Some(SeccompProfile { type_: "RuntimeDefault".into(), localhost_profile: None }),
+            sysctls,
+            ..PodSecurityContext::default()
+        }),
+        containers: vec![container],
+        topology_spread_constraints: Some(
+            proxy.topology_spread_constraints.unwrap_or_else(|| vec![spread_across_nodes(owner)]),
+        ),
+        node_selector: proxy.node_selector.filter(|s| !s.is_empty()),
+        tolerations: proxy.tolerations.filter(|t| !t.is_empty()),
+        affinity: proxy.affinity,
+        priority_class_name: proxy.priority_class_name.filter(|c| !c.is_empty()),
+        volumes: Some(vec![
+            Volume {
+                name: config_volume.into(),
+                config_map: Some(ConfigMapVolumeSource {
+                    name: api::proxy_configmap_name(&owner.name),
+                    ..ConfigMapVolumeSource::default()
+                }),
+                ..Volume::default()
+            },
+            Volume { name: tmp_volume.into(), empty_dir: Some(EmptyDirVolumeSource::default()), ..Volume::default() },
+        ]),
+        ..PodSpec::default()
+    }
+}
+
+/// What a proxy pod asks for unless `spec.proxy.resources` says: nginx at rest needs a few
+/// MiB; the limit keeps a runaway worker from taking the node's memory.
+fn default_resources() -> ResourceRequirements {
+    ResourceRequirements {
+        requests: Some(BTreeMap::from([
+            ("cpu".to_string(), Quantity("50m".into())),
+            ("memory".to_string(), Quantity("32Mi".into())),
+        ])),
+        limits: Some(BTreeMap::from([("memory".to_string(), Quantity("128Mi".into()))])),
+        ..ResourceRequirements::default()
+    }
+}
+
+/// One Balancer's proxy pods on as many nodes as possible, so that losing a node loses one
+/// replica at most; `ScheduleAnyway`, so a single-node cluster still runs them all.
+fn spread_across_nodes(owner: &Owner) -> TopologySpreadConstraint {
+    TopologySpreadConstraint {
+        max_skew: 1,
+        topology_key: "kubernetes.io/hostname".into(),
+        when_unsatisfiable: "ScheduleAnyway".into(),
+        label_selector: Some(LabelSelector {
+            match_labels: Some(proxy_selector(&owner.name)),
+            match_expressions: None,
+        }),
+        ..TopologySpreadConstraint::default()
+    }
+}
+
+/// Ready when the first TCP port accepts connections; a UDP-only proxy is
+/// ready when nginx accepts its configuration (UDP has no connection to probe).
+fn readiness_probe(spec: &BalancerSpec) -> Probe {
+    let tcp_port = spec.ports.iter().find(|p| p.effective_protocol() == "TCP").map(|p| p.port);
+    let mut probe = Probe { period_seconds: Some(5), failure_threshold: Some(3), ..Probe::default() };
+    match tcp_port {
+        Some(port) => {
+            probe.tcp_socket = Some(TCPSocketAction { port: IntOrString::Int(port), host: None });
+        }
+        None => {
+            // Every argument, the pid file's path included: nginx -t opens it.
+            let mut command = vec!["nginx".to_string(), "-t".into(), "-q".into()];
+            command.extend(nginx_args());
+            probe.exec = Some(ExecAction { command: Some(command) });
+        }
+    }
+    probe
+}

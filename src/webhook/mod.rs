@@ -1,0 +1,12 @@
+//! The HTTPS webhooks: validating and mutating admission, and conversion between the API
+//! versions. Review handling is transport-free (the server, the benches and the CLI share it);
+//! the server adds the body limits and the routes.
+
+pub mod admission;
+mod body;
+pub mod conversion;
+pub mod metrics;
+pub mod review;
+pub mod server;
+
+pub use server::{AppState, Limits, WebhookService};

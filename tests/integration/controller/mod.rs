@@ -1,0 +1,3 @@
+//! The controller against a mock API server that asserts every request.
+
+mod reconcile;

@@ -1,0 +1,4 @@
+//! deploy/ against the code: RBAC, names, the monitoring component.
+
+mod manifests;
+mod monitoring;

@@ -1,0 +1,152 @@
+//! The opt-in monitoring component: it renders, its ServiceMonitor matches the
+//! protected metrics endpoint, and every metric its dashboard and alerts query is
+//! one the operator exports.
+
+use crate::support;
+
+use std::collections::BTreeSet;
+use std::path::{Component, Path, PathBuf};
+
+use crate::support::find;
+use serde_json::Value;
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// `to` relative to `from` (kustomize refuses absolute paths).
+fn relative(from: &Path, to: &Path) -> PathBuf {
+    let from: Vec<Component> = from.components().collect();
+    let to: Vec<Component> = to.components().collect();
+    let common = from.iter().zip(&to).take_while(|(a, b)| a == b).count();
+    let mut path: PathBuf = std::iter::repeat_n(Component::ParentDir, from.len() - common).collect();
+    path.extend(&to[common..]);
+    path
+}
+
+/// deploy/ plus the component, rendered through an overlay as a user would write it.
+fn rendered() -> Option<Vec<Value>> {
+    if !support::have_tool("kubectl") {
+        return None;
+    }
+    let overlay = Path::new(env!("CARGO_TARGET_TMPDIR")).join("monitoring-overlay");
+    std::fs::create_dir_all(&overlay).unwrap();
+    let overlay = overlay.canonicalize().unwrap();
+    let root = repo().canonicalize().unwrap();
+    let base = relative(&overlay, &root.join("deploy"));
+    let component = relative(&overlay, &root.join("deploy/components/monitoring"));
+    std::fs::write(
+        overlay.join("kustomization.yaml"),
+        format!("resources: [{}]\ncomponents: [{}]\n", base.display(), component.display()),
+    )
+    .unwrap();
+    Some(support::kustomize(&overlay))
+}
+
+/// Metric families the operator registers, from a real scrape.
+async fn exported_families() -> BTreeSet<String> {
+    let server = support::TestServer::start().await;
+    let text = server.metrics().await;
+    server.stop().await;
+    text.lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|l| l.split(' ').next())
+        .map(String::from)
+        .collect()
+}
+
+/// The metric families a PromQL expression reads.
+fn families_in(expr: &str) -> Vec<String> {
+    let mut names = Vec::new();
+    let mut rest = expr;
+    while let Some(at) = rest.find("balancer_") {
+        let name: String = rest[at..].chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect();
+        rest = &rest[at + name.len()..];
+        let family = ["_total", "_bucket", "_sum", "_count"]
+            .iter()
+            .fold(name.clone(), |n, suffix| n.strip_suffix(suffix).map(String::from).unwrap_or(n));
+        names.push(family);
+    }
+    names
+}
+
+#[tokio::test]
+async fn dashboard_and_alerts_query_only_exported_metrics() {
+    let Some(docs) = rendered() else { return };
+    let exported = exported_families().await;
+    assert!(exported.contains("balancer_admission_requests"), "{exported:?}");
+
+    let dashboard_map = find(&docs, "ConfigMap", "balancer-grafana-dashboard");
+    assert_eq!(dashboard_map["metadata"]["labels"]["grafana_dashboard"], "1");
+    let dashboard: Value = serde_json::from_str(dashboard_map["data"]["balancer-dashboard.json"].as_str().unwrap())
+        .expect("the dashboard is JSON");
+    let mut queried = Vec::new();
+    for panel in dashboard["panels"].as_array().unwrap() {
+        for target in panel["targets"].as_array().unwrap() {
+            queried.extend(families_in(target["expr"].as_str().unwrap()));
+        }
+    }
+    let rules = find(&docs, "PrometheusRule", "balancer");
+    let alerts = rules["spec"]["groups"][0]["rules"].as_array().unwrap();
+    let alert_names: Vec<&str> = alerts.iter().map(|r| r["alert"].as_str().unwrap()).collect();
+    assert_eq!(
+        alert_names,
+        [
+            "BalancerWebhookErrors",
+            "BalancerWebhookSlow",
+            "BalancerCertificateExpiresSoon",
+            "BalancerReconcileErrors",
+            "BalancerNoLeader",
+            "BalancerAPIServerUnreachable",
+            "BalancersNotReady"
+        ]
+    );
+    for rule in alerts {
+        let names = families_in(rule["expr"].as_str().unwrap());
+        assert!(!names.is_empty(), "{} queries no balancer metric", rule["alert"]);
+        queried.extend(names);
+    }
+    for family in &queried {
+        assert!(exported.contains(family), "{family} is queried but not exported; exported: {exported:?}");
+    }
+    // The dashboard covers the promised signals.
+    for family in [
+        "balancer_admission_requests",
+        "balancer_admission_duration_seconds",
+        "balancer_reconciles",
+        "balancer_reconcile_errors",
+        "balancer_balancers",
+        "balancer_tls_certificate_expiry_timestamp_seconds",
+        "balancer_api_unreachable_since_timestamp_seconds",
+    ] {
+        assert!(queried.iter().any(|q| q == family), "nothing shows {family}");
+    }
+}
+
+#[test]
+fn the_service_monitor_scrapes_the_protected_endpoint() {
+    let Some(docs) = rendered() else { return };
+    let monitor = find(&docs, "ServiceMonitor", "balancer");
+    let service = find(&docs, "Service", "balancer-webhook");
+    let certificate = find(&docs, "Certificate", "balancer-serving-cert");
+    let endpoint = &monitor["spec"]["endpoints"][0];
+    for (key, value) in monitor["spec"]["selector"]["matchLabels"].as_object().unwrap() {
+        assert_eq!(&service["metadata"]["labels"][key], value, "the ServiceMonitor selects the webhook Service");
+    }
+    let port = service["spec"]["ports"].as_array().unwrap().iter().find(|p| p["name"] == endpoint["port"]).unwrap();
+    assert_eq!(port["port"], 8443);
+    assert_eq!(endpoint["scheme"], "https");
+    assert_eq!(endpoint["path"], "/metrics");
+    assert!(endpoint["bearerTokenFile"].is_string(), "scrapes with a service-account token");
+    assert_eq!(endpoint["tlsConfig"]["ca"]["secret"]["name"], certificate["spec"]["secretName"]);
+    let server_name = endpoint["tlsConfig"]["serverName"].as_str().unwrap();
+    assert!(certificate["spec"]["dnsNames"].as_array().unwrap().iter().any(|n| n == server_name));
+    let binding = find(&docs, "ClusterRoleBinding", "balancer-metrics-reader-prometheus");
+    assert_eq!(binding["roleRef"]["name"], "balancer-metrics-reader");
+    // Prometheus must also be able to discover the endpoints in the operator's namespace.
+    let discovery = find(&docs, "RoleBinding", "balancer-prometheus-discovery");
+    assert_eq!(discovery["metadata"]["namespace"], "balancer-system");
+    assert_eq!(discovery["subjects"], binding["subjects"]);
+    let role = find(&docs, "Role", "balancer-prometheus-discovery");
+    assert!(role["rules"][0]["resources"].as_array().unwrap().iter().any(|r| r == "endpoints"));
+}

@@ -1,0 +1,3 @@
+//! The pure builders of what a Balancer owns.
+
+mod builders;

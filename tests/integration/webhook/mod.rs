@@ -1,0 +1,3 @@
+//! The HTTPS webhook server over real sockets.
+
+mod server;
