@@ -24,5 +24,5 @@ pub mod manager;
 pub mod proxy;
 pub mod runtime;
 pub mod spec;
-pub mod util;
+pub(crate) mod util;
 pub mod webhook;

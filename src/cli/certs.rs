@@ -12,7 +12,7 @@ use crate::runtime::logging::{LogFormat, init_logging};
 use crate::runtime::tls;
 
 /// Runs `balancer certs`: writes the files, prints the base64 caBundle.
-pub fn command(args: &CertsArgs) -> ExitCode {
+pub(super) fn command(args: &CertsArgs) -> ExitCode {
     init_logging(LogFormat::Text, "warn");
     let validity = Duration::from_secs(args.validity_days * 24 * 3600);
     let generated = match tls::generate(&args.dns_names, validity) {

@@ -5,7 +5,7 @@ use std::process::ExitCode;
 use super::{fail, out};
 
 /// Runs `balancer crd`.
-pub fn command() -> ExitCode {
+pub(super) fn command() -> ExitCode {
     let crd = match crate::api::crd() {
         Ok(crd) => crd,
         Err(e) => return fail(&format!("cannot merge the CRD's versions: {e}")),

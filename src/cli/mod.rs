@@ -7,7 +7,7 @@ pub mod check;
 pub mod convert;
 mod crd;
 pub mod render;
-pub mod yaml;
+mod yaml;
 
 use std::io::{Read, Write};
 use std::path::Path;

@@ -16,24 +16,24 @@ pub struct YamlError {
 }
 
 /// Every document of a (multi-document) YAML text, read as data.
-pub fn yaml_documents(source_name: &str, text: &str) -> Result<Vec<Value>, YamlError> {
+pub(super) fn yaml_documents(source_name: &str, text: &str) -> Result<Vec<Value>, YamlError> {
     serde_saphyr::from_multiple(text)
         .map_err(|e| YamlError { source_name: source_name.to_string(), reason: e.to_string() })
 }
 
 /// A Balancer document (its apiVersion is checked when it is read).
-pub fn is_balancer(doc: &Value) -> bool {
+pub(super) fn is_balancer(doc: &Value) -> bool {
     doc.get("kind").and_then(Value::as_str) == Some(KIND)
 }
 
 /// What `kubectl get -o yaml` prints for several objects.
-pub fn is_list(kind: &str) -> bool {
+pub(super) fn is_list(kind: &str) -> bool {
     kind == "List" || kind == "BalancerList"
 }
 
 /// The Balancer documents of a (multi-document) YAML text, with their 1-based positions.
 /// The items of a `List` (what `kubectl get -o yaml` prints) count as its document's.
-pub fn balancer_documents(source_name: &str, text: &str) -> Result<Vec<(usize, Value)>, YamlError> {
+pub(super) fn balancer_documents(source_name: &str, text: &str) -> Result<Vec<(usize, Value)>, YamlError> {
     let mut balancers = Vec::new();
     for (i, mut doc) in yaml_documents(source_name, text)?.into_iter().enumerate() {
         let kind = doc.get("kind").and_then(Value::as_str).unwrap_or("").to_string();
@@ -49,7 +49,7 @@ pub fn balancer_documents(source_name: &str, text: &str) -> Result<Vec<(usize, V
 }
 
 /// `metadata.name`, or `generateName*`, or empty.
-pub fn doc_name(doc: &Value) -> String {
+pub(super) fn doc_name(doc: &Value) -> String {
     let meta = doc.get("metadata");
     let field = |f: &str| meta.and_then(|m| m.get(f)).and_then(Value::as_str).unwrap_or("");
     match (field("name"), field("generateName")) {
@@ -59,13 +59,13 @@ pub fn doc_name(doc: &Value) -> String {
     }
 }
 
-pub fn doc_kind(doc: &serde_json::Value) -> String {
+pub(super) fn doc_kind(doc: &serde_json::Value) -> String {
     doc.get("kind").and_then(serde_json::Value::as_str).unwrap_or("").to_string()
 }
 
 /// One document of either version through the spec pipeline: v1alpha1 is converted to
 /// v1beta1 first, as the API server would before calling the webhooks.
-pub fn admit_document(doc: &Value, defaults: &SpecPolicy) -> Result<Admitted, Report> {
+pub(super) fn admit_document(doc: &Value, defaults: &SpecPolicy) -> Result<Admitted, Report> {
     let api_version = doc.get("apiVersion").and_then(Value::as_str).unwrap_or("");
     let hub = match Version::from_api_version(api_version) {
         Some(Version::V1beta1) => parse_spec(doc),
@@ -87,7 +87,7 @@ fn as_v1beta1(doc: &Value) -> Result<Value, FieldError> {
 }
 
 /// A Balancer document converted to `to`, exactly as the conversion webhook would.
-pub fn convert_document(doc: &Value, to: Version) -> Result<Value, FieldError> {
+pub(super) fn convert_document(doc: &Value, to: Version) -> Result<Value, FieldError> {
     let failed = |detail: String| FieldError { field: "apiVersion".into(), detail };
     let text = to_raw_value(doc).map_err(|e| failed(e.to_string()))?;
     let converted = convert(&text, to).map_err(|e| failed(format!("cannot convert: {e}")))?;

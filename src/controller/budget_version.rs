@@ -12,14 +12,14 @@ use serde::{Deserialize, Serialize};
 
 /// The `policy` version a cluster serves PodDisruptionBudgets in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PolicyVersion {
+pub(super) enum PolicyVersion {
     V1,
     V1beta1,
 }
 
 impl PolicyVersion {
     /// `policy/v1` when the API server lists PodDisruptionBudgets there, else `policy/v1beta1`.
-    pub async fn served(client: &kube::Client) -> Result<PolicyVersion, kube::Error> {
+    pub(super) async fn served(client: &kube::Client) -> Result<PolicyVersion, kube::Error> {
         match client.list_api_group_resources("policy/v1").await {
             Ok(list) if list.resources.iter().any(|r| r.name == "poddisruptionbudgets") => Ok(PolicyVersion::V1),
             Ok(_) => Ok(PolicyVersion::V1beta1),

@@ -81,7 +81,7 @@ impl<K: Serialize + DeserializeOwned> Cached<K> {
 }
 
 /// Whether a managedFields entry is balancer's, from a write that was not an apply.
-pub fn is_created(entry: &ManagedFieldsEntry) -> bool {
+pub(super) fn is_created(entry: &ManagedFieldsEntry) -> bool {
     entry.manager.as_deref() == Some(FIELD_MANAGER)
         && entry.operation.as_deref() == Some("Update")
         && entry.subresource.as_deref().unwrap_or_default().is_empty()
@@ -235,12 +235,12 @@ pub(super) struct Caches {
 
 impl Caches {
     /// Waits until every cache has listed; false when the controller stopped first.
-    pub async fn synced(&self) -> bool {
+    pub(super) async fn synced(&self) -> bool {
         self.balancers.wait_until_ready().await.is_ok() && self.children.synced().await
     }
 
     /// Whether every cache has listed, without waiting.
-    pub fn synced_now(&self) -> bool {
+    pub(super) fn synced_now(&self) -> bool {
         self.synced().now_or_never() == Some(true)
     }
 }

@@ -94,7 +94,7 @@ pub fn error_policy(balancer: Arc<StoredBalancer>, _error: &Error, ctx: Arc<Cont
 }
 
 /// `2^(failures-1)` seconds, capped at [`RESYNC`].
-pub fn backoff(failures: u32) -> Duration {
+pub(super) fn backoff(failures: u32) -> Duration {
     let secs = 1u64.checked_shl(failures.saturating_sub(1)).unwrap_or(u64::MAX);
     Duration::from_secs(secs).min(RESYNC)
 }

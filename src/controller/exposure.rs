@@ -6,7 +6,7 @@ use crate::api::v1beta1::{BalancerAddress, BalancerStatus, NodePortStatus};
 
 /// The status's `addresses` and `nodePorts`.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Exposure {
+pub(super) struct Exposure {
     pub addresses: Vec<BalancerAddress>,
     pub node_ports: Vec<NodePortStatus>,
 }
@@ -14,7 +14,7 @@ pub struct Exposure {
 impl Exposure {
     /// A LoadBalancer Service is reached at its ingress (none while the cloud provisions it);
     /// any other at its cluster IPs. Node ports as the API server allocated them.
-    pub fn of(service: &Service) -> Self {
+    pub(super) fn of(service: &Service) -> Self {
         let spec = service.spec.clone().unwrap_or_default();
         let addresses = match spec.type_.as_deref() {
             Some("LoadBalancer") => {
@@ -51,7 +51,7 @@ impl Exposure {
     }
 
     /// What the status said last (a reconcile that stops early does not look at the Service).
-    pub fn previous(status: Option<&BalancerStatus>) -> Self {
+    pub(super) fn previous(status: Option<&BalancerStatus>) -> Self {
         status.map_or_else(Exposure::default, |s| Exposure {
             addresses: s.addresses.clone(),
             node_ports: s.node_ports.clone(),

@@ -26,9 +26,9 @@ use super::stored::StoredBalancer;
 use crate::proxy::BALANCER_NAME_LABEL;
 
 /// The condition telling where the takeover from the Go operator stands.
-pub const CONDITION: &str = "GoOperatorProxy";
+pub(super) const CONDITION: &str = "GoOperatorProxy";
 /// Time between the front Service leaving the Go operator's proxy pods and their deletion.
-pub const DRAIN: Duration = Duration::from_secs(10);
+pub(super) const DRAIN: Duration = Duration::from_secs(10);
 
 const SERVING: &str = "Serving";
 const DRAINING: &str = "Draining";
@@ -36,18 +36,18 @@ const REMOVED: &str = "Removed";
 const NOT_CONTROLLED: &str = "NotControlled";
 
 /// The Go operator's proxy Deployment of a Balancer.
-pub fn deployment_name(balancer: &str) -> String {
+pub(super) fn deployment_name(balancer: &str) -> String {
     format!("{balancer}proxy")
 }
 
 /// The front Service's selector while both proxies serve: the Go operator's own.
-pub fn shared_selector(balancer: &str) -> BTreeMap<String, String> {
+pub(super) fn shared_selector(balancer: &str) -> BTreeMap<String, String> {
     BTreeMap::from([(BALANCER_NAME_LABEL.to_string(), balancer.to_string())])
 }
 
 /// Where a Balancer stands, from its status.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Stage {
+pub(super) enum Stage {
     /// Never looked for: the status is the Go operator's, or no reconcile here has got far.
     Unchecked,
     /// The Go operator's proxy serves, alongside this operator's while it rolls out.
@@ -60,7 +60,7 @@ pub enum Stage {
 
 /// What a look for the Go operator's proxy Deployment found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Found {
+pub(super) enum Found {
     Absent,
     /// Its controller owner reference names this Balancer's UID: provably the Go operator's
     /// child of this very Balancer.
@@ -71,7 +71,7 @@ pub enum Found {
 /// Reads the stage. A new Balancer (no status yet) is never looked at: the Go operator wrote a
 /// status on every Balancer it reconciled. One whose reconciles here have not yet reached the
 /// proxy is looked at (again): that costs a read per retry, and only until one gets there.
-pub fn stage(balancer: &StoredBalancer) -> Stage {
+pub(super) fn stage(balancer: &StoredBalancer) -> Stage {
     let Some(status) = &balancer.status else { return Stage::Done };
     let find = |type_: &str| status.conditions.iter().find(|c| c.type_ == type_);
     match find(CONDITION) {
@@ -89,7 +89,7 @@ pub fn stage(balancer: &StoredBalancer) -> Stage {
 
 /// What one reconcile does about the Go operator's proxy.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Step {
+pub(super) struct Step {
     /// The front Service selects both proxies' pods.
     pub shared_front: bool,
     /// Delete the Go operator's proxy Deployment now.
@@ -105,7 +105,7 @@ impl Step {
 
     /// The front Service of `balancer` as this step wants it: selecting both proxies' pods
     /// while they share the traffic.
-    pub fn shape_front(&self, balancer: &str, front: &mut Service) {
+    pub(super) fn shape_front(&self, balancer: &str, front: &mut Service) {
         if let Some(spec) = front.spec.as_mut().filter(|_| self.shared_front) {
             spec.selector = Some(shared_selector(balancer));
         }
@@ -114,7 +114,7 @@ impl Step {
 
 /// The next step, from the stage (with what a look found, if one was made), whether this
 /// operator's proxy is available, and the time.
-pub fn step(balancer: &str, stage: &Stage, found: Option<Found>, available: bool, now: Timestamp) -> Step {
+pub(super) fn step(balancer: &str, stage: &Stage, found: Option<Found>, available: bool, now: Timestamp) -> Step {
     let go = deployment_name(balancer);
     let ours = crate::api::proxy_deployment_name(balancer);
     match (stage, found) {

@@ -18,28 +18,29 @@
 use std::time::Duration;
 
 mod apply;
-pub mod budget_version;
-pub mod cache;
+mod budget_version;
+mod cache;
 mod context;
 mod error;
-pub mod exposure;
-pub mod metrics;
-pub mod migration;
+mod exposure;
+pub(crate) mod metrics;
+mod migration;
 mod plan;
 mod reconcile;
 mod report;
 mod runner;
-pub mod ssa;
-pub mod status;
-pub mod stored;
+mod ssa;
+mod status;
+mod stored;
 mod watches;
 
 pub use cache::{BudgetCache, Cached, ChildCaches};
-pub use context::{Clients, Context, Options, Scope, backoff, error_policy};
+pub use context::{Clients, Context, Options, Scope, error_policy};
 pub use error::{Error, ErrorKind};
 pub use reconcile::reconcile;
 pub use runner::run;
 pub use status::READY;
+pub use stored::StoredBalancer;
 
 /// How often a converged Balancer is checked again for drift the watches could have missed.
 pub const RESYNC: Duration = Duration::from_secs(300);

@@ -12,7 +12,7 @@ use crate::deploy::FIELD_MANAGER;
 /// The managedFields with balancer's `Update` entries folded into its `Apply` entry (which the
 /// first of them becomes when there is none); `None` when there is no `Update` entry. Entries
 /// of another API version are left alone: their field sets do not compare.
-pub fn fold_created_into_applied(entries: Vec<ManagedFieldsEntry>) -> Option<Vec<ManagedFieldsEntry>> {
+pub(super) fn fold_created_into_applied(entries: Vec<ManagedFieldsEntry>) -> Option<Vec<ManagedFieldsEntry>> {
     if !entries.iter().any(cache::is_created) {
         return None;
     }
@@ -58,7 +58,7 @@ fn union_fields(into: &mut Value, from: &Value) {
 /// Whether every field set in `desired` has the same value in `actual`: the
 /// server-side-apply view of "nothing to change". Lists must match in length
 /// and element by element, so a removed port or backend is noticed.
-pub fn is_subset(desired: &impl Serialize, actual: &impl Serialize) -> bool {
+pub(super) fn is_subset(desired: &impl Serialize, actual: &impl Serialize) -> bool {
     match (serde_json::to_value(desired), serde_json::to_value(actual)) {
         (Ok(d), Ok(a)) => value_subset(&d, &a),
         _ => false,
@@ -81,7 +81,7 @@ const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
 /// Drops what no reconcile reads before an object is cached: `managedFields` (often larger than
 /// the rest of the object) and kubectl's last-applied annotation (a copy of it). The subset
 /// comparison reads only the fields balancer sets, and it sets neither.
-pub fn slim<K: Resource>(object: &mut K) {
+pub(super) fn slim<K: Resource>(object: &mut K) {
     let meta = object.meta_mut();
     meta.managed_fields = None;
     if let Some(annotations) = meta.annotations.as_mut() {

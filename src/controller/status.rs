@@ -17,7 +17,7 @@ pub const READY: &str = "Ready";
 
 /// The numbers and addresses in the status.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Counts {
+pub(super) struct Counts {
     pub active: usize,
     pub obsolete: usize,
     pub proxy: ProxyCounts,
@@ -26,13 +26,13 @@ pub struct Counts {
 
 /// The proxy pods, for the scale subresource.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct ProxyCounts {
+pub(super) struct ProxyCounts {
     pub replicas: i32,
     pub ready: i32,
 }
 
 impl ProxyCounts {
-    pub fn of(deployment: &Deployment) -> Self {
+    pub(super) fn of(deployment: &Deployment) -> Self {
         let status = deployment.status.as_ref();
         ProxyCounts {
             replicas: status.and_then(|s| s.replicas).unwrap_or(0),
@@ -41,7 +41,7 @@ impl ProxyCounts {
     }
 
     /// What the status said last (a reconcile that stops early does not look at the Deployment).
-    pub fn previous(balancer: &StoredBalancer) -> Self {
+    pub(super) fn previous(balancer: &StoredBalancer) -> Self {
         let status = balancer.status.as_ref();
         ProxyCounts { replicas: status.map_or(0, |s| s.replicas), ready: status.map_or(0, |s| s.ready_replicas) }
     }
@@ -50,7 +50,12 @@ impl ProxyCounts {
 /// `Ready` from the proxy Deployment: rolled out (no pod of an older template left, as
 /// `kubectl rollout status` has it) and available. Until then the old pods may still send
 /// traffic to backends the spec no longer names.
-pub fn proxy_condition(balancer: &StoredBalancer, deployment: &Deployment, active: usize, now: Timestamp) -> Condition {
+pub(super) fn proxy_condition(
+    balancer: &StoredBalancer,
+    deployment: &Deployment,
+    active: usize,
+    now: Timestamp,
+) -> Condition {
     let name = deployment.name_any();
     let want = deployment.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
     let status = deployment.status.clone().unwrap_or_default();
@@ -77,15 +82,21 @@ pub fn proxy_condition(balancer: &StoredBalancer, deployment: &Deployment, activ
 /// scaled to zero.
 const PROXY_AVAILABLE: &str = "ProxyAvailable";
 
-pub const PROXY_NOT_AVAILABLE: &str = "ProxyNotAvailable";
+pub(super) const PROXY_NOT_AVAILABLE: &str = "ProxyNotAvailable";
 
 const SCALED_TO_ZERO: &str = "ScaledToZero";
 
-pub const PROXY_REASONS: [&str; 3] = [PROXY_AVAILABLE, PROXY_NOT_AVAILABLE, SCALED_TO_ZERO];
+pub(super) const PROXY_REASONS: [&str; 3] = [PROXY_AVAILABLE, PROXY_NOT_AVAILABLE, SCALED_TO_ZERO];
 
 /// A `Ready` condition, keeping the previous transition time when the status has not flipped
 /// (else `now`).
-pub fn condition(balancer: &StoredBalancer, ready: bool, reason: &str, message: &str, now: Timestamp) -> Condition {
+pub(super) fn condition(
+    balancer: &StoredBalancer,
+    ready: bool,
+    reason: &str,
+    message: &str,
+    now: Timestamp,
+) -> Condition {
     let status = if ready { "True" } else { "False" };
     let previous = balancer
         .status
@@ -104,7 +115,7 @@ pub fn condition(balancer: &StoredBalancer, ready: bool, reason: &str, message: 
 
 /// The status a reconcile arrives at; `takeover`, when given, replaces the Go-operator
 /// takeover's condition (see [`migration`](super::migration)).
-pub fn next_status(
+pub(super) fn next_status(
     balancer: &StoredBalancer,
     counts: Counts,
     ready: Condition,
@@ -132,14 +143,14 @@ pub fn next_status(
 }
 
 /// Whether a refusal is about the stored spec (its causes, or its message, name a `spec` field).
-pub fn names_spec(status: &kube::core::Status) -> bool {
+pub(super) fn names_spec(status: &kube::core::Status) -> bool {
     let causes = status.details.as_ref().map(|d| d.causes.as_slice()).unwrap_or_default();
     causes.iter().any(|c| c.field.starts_with("spec")) || status.message.contains(": spec.")
 }
 
 /// The event a change of `Ready` deserves, if any: every change of status or reason, but not a
 /// new Balancer waiting for its first proxy pods (progress, not a warning).
-pub fn ready_event(was: Option<&Condition>, ready: &Condition) -> Option<EventType> {
+pub(super) fn ready_event(was: Option<&Condition>, ready: &Condition) -> Option<EventType> {
     let first_rollout = was.is_none() && ready.reason == PROXY_NOT_AVAILABLE;
     let changed = was.is_none_or(|c| c.status != ready.status || c.reason != ready.reason);
     match (first_rollout, changed) {

@@ -20,9 +20,9 @@ use tower::{BoxError, Layer, Service};
 
 /// A request with no answer after this long counts as a lost API server (until an answer comes).
 /// Longer than a slow admission webhook usually takes.
-pub const SLOW_ANSWER: Duration = Duration::from_secs(10);
+pub(crate) const SLOW_ANSWER: Duration = Duration::from_secs(10);
 /// A request its caller gave up on after this long with no answer counts as a lost API server.
-pub const GIVEN_UP: Duration = Duration::from_secs(3);
+pub(crate) const GIVEN_UP: Duration = Duration::from_secs(3);
 
 /// Whether the API server answers, shared by every client of the process.
 #[derive(Clone)]

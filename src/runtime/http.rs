@@ -5,16 +5,16 @@ use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
 /// `status` with `{"error": message}`.
-pub fn error(status: StatusCode, message: &str) -> Response {
+pub(crate) fn error(status: StatusCode, message: &str) -> Response {
     json_bytes(status, json!({ "error": message }).to_string().into_bytes())
 }
 
 /// `status` with a JSON body.
-pub fn json_bytes(status: StatusCode, body: Vec<u8>) -> Response {
+pub(crate) fn json_bytes(status: StatusCode, body: Vec<u8>) -> Response {
     (status, [(header::CONTENT_TYPE, "application/json")], body).into_response()
 }
 
 /// A 404 in the same JSON shape as the other errors.
-pub async fn not_found() -> Response {
+pub(crate) async fn not_found() -> Response {
     error(StatusCode::NOT_FOUND, "no such route")
 }

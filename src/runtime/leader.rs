@@ -29,7 +29,7 @@ use tokio_util::sync::CancellationToken;
 
 /// The Lease and this replica's part in the election.
 #[derive(Debug, Clone)]
-pub struct Options {
+pub(crate) struct Options {
     pub name: String,
     pub namespace: String,
     /// This replica's name in the Lease; unique among the replicas.
@@ -42,12 +42,12 @@ pub struct Options {
 
 impl Options {
     /// How long the leader goes on without a renewal before it stops (client-go: 10 s of 15).
-    pub fn renew_deadline(&self) -> Duration {
+    pub(crate) fn renew_deadline(&self) -> Duration {
         self.duration * 2 / 3
     }
 
     /// Between two attempts to take or renew the Lease (client-go: 2 s of 15).
-    pub fn retry_period(&self) -> Duration {
+    pub(crate) fn retry_period(&self) -> Duration {
         (self.duration * 2 / 15).max(Duration::from_millis(200))
     }
 }
@@ -56,7 +56,7 @@ impl Options {
 /// every process, as controller-runtime names it. A container restarted after a crash is
 /// process 1 again, and with the process id it would take its predecessor's Lease as its own
 /// at once; as a new candidate it waits for that Lease to run out like any other replica.
-pub fn identity() -> String {
+pub(crate) fn identity() -> String {
     use ring::rand::{SecureRandom, SystemRandom};
     let host = std::env::var("POD_NAME")
         .or_else(|_| std::env::var("HOSTNAME"))
@@ -73,7 +73,7 @@ pub fn identity() -> String {
 /// then releases the Lease. `leading` hears each change of leadership. `reconcile` stops when
 /// its token is cancelled (shutdown: drained)
 /// or is dropped where it stands (leadership lost: another replica may already be writing).
-pub async fn run_while_leading<F, Fut>(
+pub(crate) async fn run_while_leading<F, Fut>(
     client: &Client,
     options: Options,
     leading: impl Fn(bool),
@@ -110,7 +110,7 @@ pub async fn run_while_leading<F, Fut>(
 
 /// Why a leader stopped leading.
 #[derive(Debug, PartialEq, Eq)]
-pub enum Lost {
+pub(crate) enum Lost {
     /// The Lease names another holder.
     Taken(String),
     /// No renewal succeeded within the renew deadline.

@@ -36,14 +36,14 @@ impl Drop for InFlight {
 }
 
 /// The OpenMetrics text exposition of every series in `registry`.
-pub fn encode(registry: &Registry) -> Result<String, std::fmt::Error> {
+pub(crate) fn encode(registry: &Registry) -> Result<String, std::fmt::Error> {
     let mut out = String::new();
     prometheus_client::encoding::text::encode(&mut out, registry)?;
     Ok(out)
 }
 
 /// `GET /metrics`: the exposition, as Prometheus asks for it.
-pub async fn exposition(State(registry): State<Arc<Registry>>) -> Response {
+pub(crate) async fn exposition(State(registry): State<Arc<Registry>>) -> Response {
     match encode(&registry) {
         Ok(text) => ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], text)
             .into_response(),
@@ -60,7 +60,7 @@ struct Protected {
 }
 
 /// Routes of the protected metrics port (HTTPS): `/metrics` for authorized bearer tokens.
-pub fn protected_router(registry: Arc<Registry>, auth: Option<Arc<MetricsAuth>>) -> Router {
+pub(crate) fn protected_router(registry: Arc<Registry>, auth: Option<Arc<MetricsAuth>>) -> Router {
     Router::new().route("/metrics", get(protected_metrics)).fallback(not_found).with_state(Protected { registry, auth })
 }
 

@@ -3,15 +3,15 @@
 //! probes, leader election, the API client's throttle and contact watch, the event recorder,
 //! retry delays and logging.
 
-pub mod contact;
+pub(crate) mod contact;
 pub mod events;
-pub mod http;
-pub mod leader;
+pub(crate) mod http;
+pub(crate) mod leader;
 pub mod listener;
-pub mod logging;
-pub mod metrics;
+pub(crate) mod logging;
+pub(crate) mod metrics;
 pub mod metrics_auth;
-pub mod probes;
-pub mod retry;
+pub(crate) mod probes;
+pub(crate) mod retry;
 pub mod throttle;
 pub mod tls;

@@ -42,7 +42,7 @@ impl Readiness {
 }
 
 /// Routes of the plain-HTTP probe port; `/metrics` too when `metrics` is given (unprotected).
-pub fn router(readiness: Readiness, metrics: Option<Arc<Registry>>) -> Router {
+pub(crate) fn router(readiness: Readiness, metrics: Option<Arc<Registry>>) -> Router {
     let probes = Router::new().route("/healthz", get(healthz)).route("/readyz", get(readyz)).with_state(readiness);
     let router = match metrics {
         Some(registry) => probes.merge(Router::new().route("/metrics", get(exposition)).with_state(registry)),
@@ -52,12 +52,12 @@ pub fn router(readiness: Readiness, metrics: Option<Arc<Registry>>) -> Router {
 }
 
 /// The process is alive.
-pub async fn healthz() -> &'static str {
+pub(crate) async fn healthz() -> &'static str {
     "ok"
 }
 
 /// Every part is ready, or 503 with what is not.
-pub async fn readyz(State(readiness): State<Readiness>) -> Response {
+pub(crate) async fn readyz(State(readiness): State<Readiness>) -> Response {
     let problems = readiness.problems();
     if problems.is_empty() {
         "ok".into_response()

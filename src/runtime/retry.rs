@@ -20,17 +20,17 @@ use kube::runtime::watcher;
 use ring::rand::{SecureRandom, SystemRandom};
 
 /// The first retry's delay.
-pub const FIRST_DELAY: Duration = Duration::from_millis(250);
+pub(crate) const FIRST_DELAY: Duration = Duration::from_millis(250);
 /// The longest delay between two attempts (plus at most a tenth of it at random).
-pub const MAX_DELAY: Duration = Duration::from_secs(2);
+pub(crate) const MAX_DELAY: Duration = Duration::from_secs(2);
 /// A second expired resource version within this long of the first goes to the backoff like any
 /// other error: a server that answered every watch 410 would otherwise be listed in a tight loop.
-pub const RELIST_AT_ONCE_EVERY: Duration = Duration::from_secs(10);
+pub(crate) const RELIST_AT_ONCE_EVERY: Duration = Duration::from_secs(10);
 
 /// Delays between attempts: [`FIRST_DELAY`] doubling to [`MAX_DELAY`], each up to a tenth
 /// longer at random so that many clients do not retry in step; back to the first after a success.
 #[derive(Debug, Clone)]
-pub struct RetryDelay {
+pub(crate) struct RetryDelay {
     next: Duration,
 }
 
@@ -67,14 +67,14 @@ fn jitter(most: Duration) -> Duration {
 
 /// Whether a watch error says its resource version is too old (`410 Gone`): kube's watcher has
 /// already reset itself, and its next step is a fresh list.
-pub fn is_expired(error: &watcher::Error) -> bool {
+pub(crate) fn is_expired(error: &watcher::Error) -> bool {
     matches!(error, watcher::Error::WatchError(status) if status.code == 410)
 }
 
 /// A watch stream without its expired-resource-version errors, so that the backoff after it
 /// never sleeps before the re-list those errors lead to. One each [`RELIST_AT_ONCE_EVERY`]:
 /// a second within that time is passed on, and backed off like any other error.
-pub fn relist_at_once<K, S>(watch: S) -> impl Stream<Item = S::Item>
+pub(crate) fn relist_at_once<K, S>(watch: S) -> impl Stream<Item = S::Item>
 where
     K: Resource<DynamicType = ()>,
     S: Stream<Item = Result<watcher::Event<K>, watcher::Error>>,

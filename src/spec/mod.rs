@@ -7,10 +7,10 @@
 
 use std::ops::Deref;
 
-pub mod defaults;
-pub mod policy;
-pub mod read;
-pub mod report;
+mod defaults;
+mod policy;
+mod read;
+pub(crate) mod report;
 pub mod validation;
 
 pub use defaults::{defaults_patch, fill_defaults, with_defaults};

@@ -85,12 +85,12 @@ impl<'a> ObjectName<'a> {
 }
 
 /// Field errors listed in a denial; the rest are counted ("and N more").
-pub const MAX_LISTED_ERRORS: usize = 16;
+pub(crate) const MAX_LISTED_ERRORS: usize = 16;
 
 /// Encoded size at most of an echoed field path, of a name, and of one problem or warning.
-pub const MAX_FIELD_BYTES: usize = 256;
+pub(crate) const MAX_FIELD_BYTES: usize = 256;
 
-pub const MAX_DETAIL_BYTES: usize = 512;
+pub(crate) const MAX_DETAIL_BYTES: usize = 512;
 
 /// `Balancer "x" is invalid: a` for one error, `... is invalid: [a, b]` for several,
 /// listing the first [`MAX_LISTED_ERRORS`] and counting the rest; echoed text is cut.
@@ -109,13 +109,13 @@ pub fn denial_message(name: &str, errors: &[FieldError]) -> String {
 }
 
 /// "and N more errors", when some were left out of a denial.
-pub fn unlisted(errors: &[FieldError]) -> Option<String> {
+pub(crate) fn unlisted(errors: &[FieldError]) -> Option<String> {
     let more = errors.len().saturating_sub(MAX_LISTED_ERRORS);
     (more > 0).then(|| format!("and {more} more errors"))
 }
 
 /// A field error whose echoed text fits the answer's budget.
-pub fn bounded(error: &FieldError) -> FieldError {
+pub(crate) fn bounded(error: &FieldError) -> FieldError {
     FieldError {
         field: cut(&error.field, MAX_FIELD_BYTES).into_owned(),
         detail: cut(&error.detail, MAX_DETAIL_BYTES).into_owned(),

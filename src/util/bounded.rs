@@ -14,7 +14,7 @@ use std::marker::PhantomData;
 use serde::de::{self, Deserialize, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 
 /// Reads `T` only from a JSON object.
-pub struct ObjectOnly<T>(pub T);
+pub(crate) struct ObjectOnly<T>(pub T);
 
 impl<'de, T: Deserialize<'de>> Deserialize<'de> for ObjectOnly<T> {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
@@ -33,7 +33,7 @@ impl<'de, T: Deserialize<'de>> Deserialize<'de> for ObjectOnly<T> {
 }
 
 /// A list of objects with at most `max` items, named `what` in the error ("ports").
-pub fn list<'de, D, T>(deserializer: D, max: usize, what: &'static str) -> Result<Vec<T>, D::Error>
+pub(crate) fn list<'de, D, T>(deserializer: D, max: usize, what: &'static str) -> Result<Vec<T>, D::Error>
 where
     D: Deserializer<'de>,
     T: Deserialize<'de>,
@@ -56,7 +56,7 @@ where
 }
 
 /// An optional list of strings (CIDRs, say) with at most `max` items, named `what` in the error.
-pub fn optional_strings<'de, D>(
+pub(crate) fn optional_strings<'de, D>(
     deserializer: D,
     max: usize,
     what: &'static str,
@@ -110,7 +110,7 @@ where
 }
 
 /// An optional string-to-string map (a selector): `null` and a missing field are `None`.
-pub fn optional_string_map<'de, D>(
+pub(crate) fn optional_string_map<'de, D>(
     deserializer: D,
     max: usize,
     what: &'static str,
@@ -135,7 +135,7 @@ fn too_many<E: de::Error>(max: usize, got: usize, what: &str) -> E {
 
 /// A JSON object (or `null`) with at most `max` entries, each value read as `V`, named `what`
 /// in the error: a map of many tiny keys costs no more than `max` entries before it is refused.
-pub fn optional_map<'de, D, V>(
+pub(crate) fn optional_map<'de, D, V>(
     deserializer: D,
     max: usize,
     what: &'static str,
@@ -188,7 +188,10 @@ where
 
 /// The items of a JSON array, each as its text, when there are at most `max` of them; `None`
 /// when there are more (they are counted, not kept).
-pub fn raw_items(text: &str, max: usize) -> Result<Option<Vec<&serde_json::value::RawValue>>, serde_json::Error> {
+pub(crate) fn raw_items(
+    text: &str,
+    max: usize,
+) -> Result<Option<Vec<&serde_json::value::RawValue>>, serde_json::Error> {
     struct ItemsVisitor {
         max: usize,
     }
@@ -220,7 +223,7 @@ pub fn raw_items(text: &str, max: usize) -> Result<Option<Vec<&serde_json::value
 /// missing field are `None`. A small type cannot then be inflated with many tiny objects: the
 /// JSON is counted as it is read, and only what is kept is turned into `T`, whose own errors
 /// name the field inside (`nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution: …`).
-pub fn optional_capped<'de, D, T>(deserializer: D, max: usize, what: &'static str) -> Result<Option<T>, D::Error>
+pub(crate) fn optional_capped<'de, D, T>(deserializer: D, max: usize, what: &'static str) -> Result<Option<T>, D::Error>
 where
     D: Deserializer<'de>,
     T: de::DeserializeOwned,

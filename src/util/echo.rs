@@ -7,13 +7,13 @@
 use std::borrow::Cow;
 
 /// Marks text cut short by [`cut`].
-pub const CUT_MARKER: &str = "…(truncated)";
+pub(crate) const CUT_MARKER: &str = "…(truncated)";
 /// Bytes of a value quoted by [`quoted`] before it is cut: a whole label key (317) fits.
-pub const MAX_QUOTED_BYTES: usize = 320;
+pub(crate) const MAX_QUOTED_BYTES: usize = 320;
 
 /// `text` cut, on a character boundary, so that its JSON encoding takes at most
 /// `max` bytes, [`CUT_MARKER`] included; unchanged when it already fits.
-pub fn cut(text: &str, max: usize) -> Cow<'_, str> {
+pub(crate) fn cut(text: &str, max: usize) -> Cow<'_, str> {
     if text.chars().map(json_width).sum::<usize>() <= max {
         return Cow::Borrowed(text);
     }
@@ -31,7 +31,7 @@ pub fn cut(text: &str, max: usize) -> Cow<'_, str> {
 }
 
 /// `value` in double quotes with Rust's escapes (`"a\u{7f}"`), cut first to a few dozen bytes.
-pub fn quoted(value: &str) -> String {
+pub(crate) fn quoted(value: &str) -> String {
     format!("{:?}", cut(value, MAX_QUOTED_BYTES))
 }
 

@@ -1,6 +1,6 @@
 //! Small helpers every layer may use; they know nothing of Balancers or Kubernetes.
 
-pub mod bounded;
-pub mod echo;
-pub mod hash;
-pub mod token_bucket;
+pub(crate) mod bounded;
+pub(crate) mod echo;
+pub(crate) mod hash;
+pub(crate) mod token_bucket;

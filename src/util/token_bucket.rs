@@ -8,7 +8,7 @@ use tokio::time::Instant;
 /// Admits at most `burst` at once and `per_second` on average. Time is passed in, so the
 /// owner decides which clock (and tests need no sleeping).
 #[derive(Debug, Clone)]
-pub struct TokenBucket {
+pub(crate) struct TokenBucket {
     tokens: f64,
     burst: f64,
     per_second: f64,
@@ -17,12 +17,12 @@ pub struct TokenBucket {
 
 impl TokenBucket {
     /// A bucket holding its whole burst at `now`.
-    pub fn full(burst: f64, per_second: f64, now: Instant) -> Self {
+    pub(crate) fn full(burst: f64, per_second: f64, now: Instant) -> Self {
         TokenBucket { tokens: burst, burst, per_second, refilled_at: now }
     }
 
     /// Takes a token if one is there at `now`.
-    pub fn try_take(&mut self, now: Instant) -> bool {
+    pub(crate) fn try_take(&mut self, now: Instant) -> bool {
         let elapsed = now.saturating_duration_since(self.refilled_at).as_secs_f64();
         self.tokens = (self.tokens + elapsed * self.per_second).min(self.burst);
         self.refilled_at = now;
@@ -35,32 +35,32 @@ impl TokenBucket {
     }
 
     /// How long after a refused [`try_take`](Self::try_take) the next token is due.
-    pub fn next_token_in(&self) -> Duration {
+    pub(crate) fn next_token_in(&self) -> Duration {
         Duration::from_secs_f64((1.0 - self.tokens).max(0.0) / self.per_second)
     }
 
     /// When tokens were last counted.
-    pub fn refilled_at(&self) -> Instant {
+    pub(crate) fn refilled_at(&self) -> Instant {
         self.refilled_at
     }
 
     /// The average rate now.
-    pub fn per_second(&self) -> f64 {
+    pub(crate) fn per_second(&self) -> f64 {
         self.per_second
     }
 
     /// Changes the average rate from now on.
-    pub fn set_per_second(&mut self, per_second: f64) {
+    pub(crate) fn set_per_second(&mut self, per_second: f64) {
         self.per_second = per_second;
     }
 
     /// Spends every token: the bucket fills again from empty.
-    pub fn empty(&mut self) {
+    pub(crate) fn empty(&mut self) {
         self.tokens = 0.0;
     }
 
     /// Holds the refill until `at` (a pause that ends then).
-    pub fn refill_from(&mut self, at: Instant) {
+    pub(crate) fn refill_from(&mut self, at: Instant) {
         self.refilled_at = at;
     }
 }

@@ -5,8 +5,9 @@
 pub mod admission;
 mod body;
 pub mod conversion;
-pub mod metrics;
+pub(crate) mod metrics;
 pub mod review;
-pub mod server;
+mod server;
 
-pub use server::{AppState, Limits, WebhookService};
+pub use server::Limits;
+pub(crate) use server::{AppState, WebhookService};

@@ -91,7 +91,7 @@ impl FromRef<AppState> for Readiness {
 }
 
 /// Routes of the TLS webhook port.
-pub fn webhook_router(state: AppState) -> Router {
+pub(super) fn webhook_router(state: AppState) -> Router {
     Router::new()
         .route("/validate", post(validate))
         .route("/mutate", post(mutate))
@@ -109,13 +109,13 @@ pub fn webhook_router(state: AppState) -> Router {
 /// dispatched here they skip the router's per-request work (a clone of every `Arc` in
 /// [`AppState`], boxing the body, route matching), measured in the README's performance section.
 #[derive(Clone)]
-pub struct WebhookService {
+pub(crate) struct WebhookService {
     state: Arc<AppState>,
     router: Router,
 }
 
 impl WebhookService {
-    pub fn new(state: AppState) -> Self {
+    pub(crate) fn new(state: AppState) -> Self {
         WebhookService { router: webhook_router(state.clone()), state: Arc::new(state) }
     }
 }

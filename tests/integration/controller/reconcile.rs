@@ -8,7 +8,7 @@ use crate::support::fixtures::{self, BalancerVariants};
 use crate::support::mock_api::{self, MockApi, Respond, ok};
 use axum::http::{Method, Response, StatusCode};
 use balancer::api::{Balancer, BalancerStatus};
-use balancer::controller::stored::StoredBalancer;
+use balancer::controller::StoredBalancer;
 use balancer::controller::{self, BudgetCache, Cached, ChildCaches, Context, ErrorKind, error_policy, reconcile};
 use balancer::manager::Metrics;
 use balancer::proxy::{self, BackendHosts, Owner, ProxySettings};

@@ -1,4 +1,4 @@
-//! Table-driven tests of every admission rule in `balancer::validation`.
+//! Table-driven tests of every admission rule in `balancer::spec::validation`.
 //!
 //! Each row starts from the project's sample Balancer (valid, no warnings),
 //! applies one mutation and states the complete report: every error as it is
