@@ -60,7 +60,7 @@ pub fn render(source_name: &str, findings: &[Finding]) -> String {
 }
 
 /// Runs `balancer check`: exit code 1 when a Balancer is invalid.
-pub fn command(args: &CheckArgs) -> ExitCode {
+pub(super) fn command(args: &CheckArgs) -> ExitCode {
     let mut invalid = false;
     for path in &args.files {
         let (name, text) = match read_input(path) {

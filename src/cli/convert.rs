@@ -3,8 +3,8 @@
 use std::process::ExitCode;
 
 use super::args::ConvertArgs;
+use super::rewrite;
 use super::yaml::{YamlError, convert_document, doc_kind, is_balancer, is_list, yaml_documents};
-use super::{fail, out, read_input};
 use crate::api::conversion::Version;
 use crate::spec::FieldError;
 
@@ -47,13 +47,6 @@ pub fn convert_yaml(source_name: &str, text: &str, to: Version) -> Result<String
 }
 
 /// Runs `balancer convert`.
-pub fn command(args: &ConvertArgs) -> ExitCode {
-    let (name, text) = match read_input(&args.file) {
-        Ok(input) => input,
-        Err(message) => return fail(&message),
-    };
-    match convert_yaml(&name, &text, args.to.into()) {
-        Ok(yaml) => out(&yaml),
-        Err(e) => fail(&e.to_string()),
-    }
+pub(super) fn command(args: &ConvertArgs) -> ExitCode {
+    rewrite(&args.file, |name, text| convert_yaml(name, text, args.to.into()))
 }

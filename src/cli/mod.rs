@@ -46,6 +46,18 @@ fn run(args: RunArgs) -> ExitCode {
     }
 }
 
+/// Reads `path`, and prints what `transform` makes of its name and text, or the error.
+fn rewrite<E: std::fmt::Display>(path: &Path, transform: impl FnOnce(&str, &str) -> Result<String, E>) -> ExitCode {
+    let (name, text) = match read_input(path) {
+        Ok(input) => input,
+        Err(message) => return fail(&message),
+    };
+    match transform(&name, &text) {
+        Ok(yaml) => out(&yaml),
+        Err(e) => fail(&e.to_string()),
+    }
+}
+
 /// A file's name and text; `-` is standard input.
 fn read_input(path: &Path) -> Result<(String, String), String> {
     if path.as_os_str() == "-" {

@@ -8,8 +8,8 @@ use serde_json::Value;
 use std::process::ExitCode;
 
 use super::args::RenderArgs;
+use super::rewrite;
 use super::yaml::{YamlError, admit_document, balancer_documents, doc_name};
-use super::{fail, out, read_input};
 use crate::api::{GROUP, KIND, STORAGE_VERSION};
 use crate::proxy::{BackendHosts, Owner, ProxySettings, backend_services, proxy, proxy_disruption_budget};
 use crate::spec::denial_message;
@@ -79,13 +79,7 @@ fn push_document(out: &mut String, object: &impl serde::Serialize) -> Result<(),
 }
 
 /// Runs `balancer render`.
-pub fn command(args: &RenderArgs) -> ExitCode {
-    let (name, text) = match read_input(&args.file) {
-        Ok(input) => input,
-        Err(message) => return fail(&message),
-    };
-    match render_yaml(&name, &text, &args.namespace, &args.proxy.settings()) {
-        Ok(yaml) => out(&yaml),
-        Err(e) => fail(&e.to_string()),
-    }
+pub(super) fn command(args: &RenderArgs) -> ExitCode {
+    let settings = args.proxy.settings();
+    rewrite(&args.file, |name, text| render_yaml(name, text, &args.namespace, &settings))
 }

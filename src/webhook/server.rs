@@ -84,6 +84,30 @@ pub struct AppState {
     pub conversion_budget: Arc<Semaphore>,
 }
 
+impl AppState {
+    /// An AdmissionReview's body: paid for as it grows, from the shared budget.
+    fn admission_limit(&self) -> BodyLimit {
+        BodyLimit {
+            bytes: self.limits.max_body_bytes,
+            time: self.limits.body_timeout,
+            budget: self.body_budget.clone(),
+            wait: self.limits.budget_wait,
+            whole_at_once: false,
+        }
+    }
+
+    /// A ConversionReview's body: paid for whole, from the conversions' own budget.
+    fn conversion_limit(&self) -> BodyLimit {
+        BodyLimit {
+            bytes: self.limits.max_conversion_body_bytes,
+            time: self.limits.conversion_body_timeout,
+            budget: self.conversion_budget.clone(),
+            wait: self.limits.budget_wait,
+            whole_at_once: true,
+        }
+    }
+}
+
 impl FromRef<AppState> for Readiness {
     fn from_ref(state: &AppState) -> Readiness {
         state.readiness.clone()
@@ -156,14 +180,7 @@ where
 {
     let _in_flight = state.metrics.started(webhook);
     let started = Instant::now();
-    let limit = BodyLimit {
-        bytes: state.limits.max_body_bytes,
-        time: state.limits.body_timeout,
-        budget: state.body_budget.clone(),
-        wait: state.limits.budget_wait,
-        whole_at_once: false,
-    };
-    let (outcome, response) = match read_review_body(request, limit).await {
+    let (outcome, response) = match read_review_body(request, state.admission_limit()).await {
         Err(rejection) => (Outcome::BadRequest, rejection),
         // The budget stays held until the answer is built: parsing borrows from the body.
         Ok((body, _budget)) => match admission::review(webhook, &body, &state.policy) {
@@ -187,14 +204,7 @@ where
 /// Answers a ConversionReview: v1alpha1 ↔ v1beta1 for the API server.
 async fn convert(State(state): State<AppState>, request: Request) -> Response {
     let started = Instant::now();
-    let limit = BodyLimit {
-        bytes: state.limits.max_conversion_body_bytes,
-        time: state.limits.conversion_body_timeout,
-        budget: state.conversion_budget.clone(),
-        wait: state.limits.budget_wait,
-        whole_at_once: true,
-    };
-    let (result, response) = match read_review_body(request, limit).await {
+    let (result, response) = match read_review_body(request, state.conversion_limit()).await {
         Err(rejection) => (ConversionResult::BadRequest, rejection),
         // A large page is seconds of CPU: off the connection's worker thread, which also
         // serves admission reviews. The budget is held until the answer is built.
