@@ -331,7 +331,8 @@ fn convert_stdin(to: &str, yaml: &str) -> (Option<i32>, String, String) {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    child.stdin.take().unwrap().write_all(yaml.as_bytes()).unwrap();
+    // A refused command line exits before reading: the write then meets a closed pipe.
+    let _ = child.stdin.take().unwrap().write_all(yaml.as_bytes());
     let output = child.wait_with_output().unwrap();
     let text = |bytes: Vec<u8>| String::from_utf8(bytes).unwrap();
     (output.status.code(), text(output.stdout), text(output.stderr))
