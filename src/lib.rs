@@ -5,7 +5,7 @@
 //! the README for the user's guide.
 //!
 //! The layers, each importing only those before it:
-//! - [`util`] and [`deploy`]: small helpers, and the facts `deploy/` must agree with;
+//! - `util` and [`deploy`]: small helpers, and the facts `deploy/` must agree with;
 //! - [`runtime`]: the operator's own small controller-runtime, which knows nothing of Balancers;
 //! - [`api`]: the CRD's types and conversion;
 //! - [`spec`]: what a spec means (read, default, validate), shared by webhook, controller, CLI;
@@ -14,7 +14,7 @@
 //! - [`manager`]: the `run` wiring, the only place that knows every area;
 //! - [`cli`]: the commands, the only place that knows flags.
 //!
-//! `tests/architecture.rs` fails when a module imports a later layer.
+//! `tests/integration/architecture.rs` fails when a module imports a later layer.
 
 pub mod api;
 pub mod cli;

@@ -1,8 +1,7 @@
 use std::process::ExitCode;
 
-use clap::Parser;
-
 use balancer::cli::{self, Cli};
+use clap::Parser;
 
 fn main() -> ExitCode {
     // One process-wide crypto provider (ring) for every rustls user, servers and clients alike.

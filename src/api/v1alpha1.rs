@@ -8,11 +8,10 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
-
-use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use super::{read_selector, selector_schema, target_port_schema};
 

@@ -79,7 +79,7 @@ pub struct RunArgs {
     pub controller: ControllerArgs,
     /// Log format.
     #[arg(long, env = "BALANCER_LOG_FORMAT", value_enum, default_value = "text")]
-    pub log_format: LogFormat,
+    pub log_format: LogFormatArg,
     /// Log filter when RUST_LOG is unset (e.g. info, balancer=debug).
     #[arg(long, env = "BALANCER_LOG_LEVEL", default_value = "info,rustls=error")]
     pub log_level: String,
@@ -259,6 +259,24 @@ pub struct ConvertArgs {
     pub to: ApiVersionArg,
     /// YAML file with Balancers (multi-document allowed); `-` reads standard input.
     pub file: PathBuf,
+}
+
+/// A log format, as `--log-format` names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormatArg {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line, for log pipelines.
+    Json,
+}
+
+impl From<LogFormatArg> for LogFormat {
+    fn from(arg: LogFormatArg) -> LogFormat {
+        match arg {
+            LogFormatArg::Text => LogFormat::Text,
+            LogFormatArg::Json => LogFormat::Json,
+        }
+    }
 }
 
 /// A served Balancer API version, as `balancer convert --to` names it.

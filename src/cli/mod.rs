@@ -32,7 +32,7 @@ pub fn main(cli: Cli) -> ExitCode {
 
 /// `balancer run`: serves until SIGTERM or SIGINT.
 fn run(args: RunArgs) -> ExitCode {
-    init_logging(args.log_format, &args.log_level);
+    init_logging(args.log_format.into(), &args.log_level);
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
         Err(e) => return fail(&format!("cannot start the async runtime: {e}")),

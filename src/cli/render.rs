@@ -1,11 +1,10 @@
 //! `balancer render`: the children the controller would apply, offline, as YAML.
 
 use std::fmt::Write as _;
+use std::process::ExitCode;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use serde_json::Value;
-
-use std::process::ExitCode;
 
 use super::args::RenderArgs;
 use super::rewrite;

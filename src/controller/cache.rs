@@ -11,20 +11,18 @@
 use std::borrow::Cow;
 use std::fmt;
 use std::marker::PhantomData;
-
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ManagedFieldsEntry, ObjectMeta};
-use kube::Resource;
-use serde::de::{DeserializeOwned, Error as _};
-use serde::{Deserialize, Deserializer, Serialize};
-use serde_json::{Map, Value};
-
 use std::time::Duration;
 
 use futures::FutureExt;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Service};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ManagedFieldsEntry, ObjectMeta};
+use kube::Resource;
 use kube::runtime::reflector::Store;
+use serde::de::{DeserializeOwned, Error as _};
+use serde::{Deserialize, Deserializer, Serialize};
+use serde_json::{Map, Value};
 
 use super::budget_version::PodDisruptionBudgetV1beta1;
 use super::stored::StoredBalancer;

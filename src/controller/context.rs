@@ -5,9 +5,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use k8s_openapi::NamespaceResourceScope;
 use kube::runtime::controller::Action;
-use kube::{Api, Client, Resource, ResourceExt};
+use kube::{Client, ResourceExt};
 
 use super::cache::ChildCaches;
 use super::metrics::ControllerMetrics;
@@ -35,16 +34,6 @@ pub struct Clients {
 pub enum Scope {
     All,
     Namespace(String),
-}
-
-pub(super) fn api<K>(client: &Client, scope: &Scope) -> Api<K>
-where
-    K: Resource<Scope = NamespaceResourceScope, DynamicType = ()>,
-{
-    match scope {
-        Scope::All => Api::all(client.clone()),
-        Scope::Namespace(ns) => Api::namespaced(client.clone(), ns),
-    }
 }
 
 /// How the controller runs and what it builds.

@@ -16,10 +16,9 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
-
-use k8s_openapi::api::core::v1::Service;
 
 use super::status::{PROXY_REASONS, READY};
 use super::stored::StoredBalancer;

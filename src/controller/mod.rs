@@ -6,14 +6,14 @@
 //! writes, status included.
 //!
 //! The modules follow the seams of a reconcile:
-//! - orchestration: [`reconcile`], which reads the clock once, and [`runner`], which runs
-//!   kube-runtime's `Controller` over the [`watches`];
-//! - pure decisions: [`status`] (counts, conditions, which change deserves an event),
-//!   [`plan`] (whose a child is, what is obsolete), [`ssa`] (server-side apply bookkeeping),
-//!   [`migration`] (taking over from the Go operator) and [`exposure`] (addresses);
-//! - I/O: [`apply`] (writes and deletions) and [`report`] (status writes and events);
-//! - the controller's own parts: the lenient [`stored`] Balancer, the compact child [`cache`],
-//!   and the PodDisruptionBudget version shim, [`budget_version`].
+//! - orchestration: `reconcile`, which reads the clock once, and `runner`, which runs
+//!   kube-runtime's `Controller` over the `watches`;
+//! - pure decisions: `status` (counts, conditions, which change deserves an event), `plan`
+//!   (whose a child is, what is obsolete), `ssa` (server-side apply bookkeeping), `migration`
+//!   (taking over from the Go operator) and `exposure` (addresses);
+//! - I/O: `apply` (writes and deletions) and `report` (status writes and events);
+//! - the controller's own parts: the lenient `stored` Balancer, the compact child `cache`,
+//!   and the PodDisruptionBudget version shim, `budget_version`.
 
 use std::time::Duration;
 
@@ -37,6 +37,7 @@ mod watches;
 pub use cache::{BudgetCache, Cached, ChildCaches};
 pub use context::{Clients, Context, Options, Scope, error_policy};
 pub use error::{Error, ErrorKind};
+pub use metrics::ControllerMetrics;
 pub use reconcile::reconcile;
 pub use runner::run;
 pub use status::READY;

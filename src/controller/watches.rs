@@ -17,7 +17,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::budget_version::{PodDisruptionBudgetV1beta1, PolicyVersion};
 use super::cache::{BudgetCache, Cached};
-use super::context::{Scope, api};
+use super::context::Scope;
 use super::ssa::slim;
 use super::stored::StoredBalancer;
 use crate::proxy::{MANAGED_BY, MANAGED_BY_LABEL};
@@ -126,5 +126,15 @@ impl Reflected<StoredBalancer> {
             .predicate_filter(predicates::generation, Default::default())
             .boxed();
         Reflected { store, changes }
+    }
+}
+
+fn api<K>(client: &Client, scope: &Scope) -> Api<K>
+where
+    K: Resource<Scope = NamespaceResourceScope, DynamicType = ()>,
+{
+    match scope {
+        Scope::All => Api::all(client.clone()),
+        Scope::Namespace(ns) => Api::namespaced(client.clone(), ns),
     }
 }

@@ -3,7 +3,6 @@
 //!
 //! The output is a pure function of its input (same spec, same bytes), so its
 //! hash can roll the proxy pods exactly when the configuration changes.
-
 //!
 //! Also nginx's process contract: the command line the proxy container runs it with, and how it
 //! stops, which must agree with the file it reads.

@@ -71,8 +71,8 @@ pub(crate) fn identity() -> String {
 
 /// Joins the election and runs `reconcile` whenever this replica leads, until `shutdown`;
 /// then releases the Lease. `leading` hears each change of leadership. `reconcile` stops when
-/// its token is cancelled (shutdown: drained)
-/// or is dropped where it stands (leadership lost: another replica may already be writing).
+/// its token is cancelled (shutdown: drained) or is dropped where it stands (leadership lost:
+/// another replica may already be writing).
 pub(crate) async fn run_while_leading<F, Fut>(
     client: &Client,
     options: Options,

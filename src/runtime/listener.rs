@@ -74,7 +74,7 @@ impl Default for ConnectionLimits {
 const READ_BUFFER_BYTES: usize = 64 * 1024;
 
 /// What answers the requests of one listener: an axum [`Router`], or a service that routes its
-/// hot paths itself (see `server::WebhookService`).
+/// hot paths itself (the webhook server does).
 pub trait Serve: Clone + Send + Sync + 'static {
     /// Answers one request; owns what it needs, as hyper holds the future past `&self`.
     fn call(&self, request: hyper::Request<Incoming>) -> impl Future<Output = Response> + Send + 'static + use<Self>;

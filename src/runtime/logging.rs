@@ -3,7 +3,7 @@
 use tracing_subscriber::EnvFilter;
 
 /// Log output format.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LogFormat {
     /// Human-readable lines.
     Text,

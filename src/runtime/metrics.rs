@@ -3,7 +3,7 @@
 //! authenticates and authorizes for `get /metrics`.
 //!
 //! Each area registers its own series in the one registry (as controller-runtime's packages
-//! do); only the `run` wiring ([`crate::manager`]) knows them all.
+//! do); only the `run` wiring (`manager`) knows them all.
 
 use std::sync::Arc;
 

@@ -1,5 +1,5 @@
-//! What a Balancer means, pure: the one spec pipeline. A spec is read ([`read`]), defaulted
-//! ([`defaults`]) and validated ([`validation`]) here, and only what passes becomes an
+//! What a Balancer means, pure: the one spec pipeline. A spec is read ([`read_spec`],
+//! [`parse_spec`]), defaulted ([`fill_defaults`]) and validated ([`validation`]) here, and only what passes becomes an
 //! [`Admitted`] spec, the type every builder of children requires.
 //!
 //! The validating webhook, the controller, `balancer check` and `balancer render` all go

@@ -87,9 +87,9 @@ impl<'a> ObjectName<'a> {
 /// Field errors listed in a denial; the rest are counted ("and N more").
 pub(crate) const MAX_LISTED_ERRORS: usize = 16;
 
-/// Encoded size at most of an echoed field path, of a name, and of one problem or warning.
+/// Encoded size at most of an echoed field path or name.
 pub(crate) const MAX_FIELD_BYTES: usize = 256;
-
+/// Encoded size at most of one problem or warning.
 pub(crate) const MAX_DETAIL_BYTES: usize = 512;
 
 /// `Balancer "x" is invalid: a` for one error, `... is invalid: [a, b]` for several,

@@ -1,6 +1,6 @@
 //! Reading lists and maps that a client controls without letting their length cost memory.
 //!
-//! A Balancer's lists and selectors have small limits (see [`crate::api`]); a review or a
+//! A Balancer's lists and selectors have small limits (see the `api` module); a review or a
 //! stored object can still carry hundreds of thousands of entries. These readers keep at
 //! most the limit, count the rest without building anything (`IgnoredAny`), and then
 //! fail with the exact count, so the error names the field and what it held.

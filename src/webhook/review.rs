@@ -5,10 +5,8 @@ use std::borrow::Cow;
 
 use serde::Deserialize;
 
+use crate::spec::report::MAX_FIELD_BYTES;
 use crate::util::echo::cut;
-
-/// Encoded size at most of an echoed field of the envelope.
-const MAX_FIELD_BYTES: usize = 256;
 
 /// Largest answer the webhook sends, whatever the request: every echoed value is cut to fit.
 pub const MAX_ANSWER_BYTES: usize = 64 * 1024;

@@ -24,7 +24,7 @@ pub struct Operator {
 impl Operator {
     /// Starts `balancer run` with the control plane's certificate (valid for 127.0.0.1) and `extra` flags,
     /// and waits until it is ready and, unless it is electing a leader, its controller's caches have
-    /// synced. (Readiness alone never waits for them: see `Readiness` in src/server.rs.)
+    /// synced. (Readiness alone never waits for them: see `Readiness` in src/runtime/probes.rs.)
     pub async fn start(plane: &ControlPlane, name: &str, extra: &[&str]) -> Operator {
         let operator = Operator::spawn(plane, name, "operator", extra);
         operator.wait_for(plane, "/readyz").await;

@@ -100,6 +100,9 @@ fn every_layer_imports_only_the_layers_below_it() {
             continue;
         };
         let text = std::fs::read_to_string(file).expect("a source file reads");
+        if code(&text).contains("super::super") {
+            violations.push(format!("{}: reaches up two modules; name it from the crate root", file.display()));
+        }
         for import in imports(&code(&text)) {
             if import != layer && !allowed.contains(&import.as_str()) {
                 violations.push(format!("{}: {layer} imports {import}", file.display()));

@@ -1,7 +1,5 @@
 //! The `balancer` binary itself: `crd`, `check`, `convert`, `render`, `certs` and `run`.
 
-use crate::support;
-
 use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -9,6 +7,8 @@ use std::time::Duration;
 
 use base64::Engine;
 use serde_json::{Value, json};
+
+use crate::support;
 
 fn balancer() -> Command {
     Command::new(env!("CARGO_BIN_EXE_balancer"))
@@ -553,4 +553,43 @@ fn render_loads_the_given_modules_first_and_refuses_a_path_nginx_could_misread()
         assert_eq!(out.status.code(), Some(2), "{bad:?}: {stderr}");
         assert!(stderr.contains("must be an absolute path"), "{bad:?}: {stderr}");
     }
+}
+
+/// `balancer <args> -` with `env` on `yaml`: the whole output.
+fn with_stdin(args: &[&str], env: &[(&str, &str)], yaml: &str) -> std::process::Output {
+    let mut child = balancer()
+        .args(args)
+        .arg("-")
+        .envs(env.iter().copied())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let _ = child.stdin.take().unwrap().write_all(yaml.as_bytes());
+    child.wait_with_output().unwrap()
+}
+
+/// The policy flags are declared once: `run` and `render` read them from the environment too,
+/// `check` only from its command line, as before.
+#[test]
+fn the_policy_flags_read_the_environment_in_render_but_not_in_check() {
+    let sample = std::fs::read_to_string(repo("deploy/samples/balancer.yaml")).unwrap();
+    let rendered = with_stdin(&["render"], &[("BALANCER_PROXY_REPLICAS", "3")], &sample);
+    assert!(rendered.status.success(), "{}", String::from_utf8_lossy(&rendered.stderr));
+    let docs = documents(&String::from_utf8(rendered.stdout).unwrap());
+    let deployment = docs.iter().find(|d| d["kind"] == "Deployment").expect("a Deployment");
+    assert_eq!(deployment["spec"]["replicas"], 3);
+
+    let own_image = format!("{sample}  proxy:\n    image: registry.example.com/nginx/nginx:1.28\n");
+    let allow = [("BALANCER_ALLOWED_PROXY_IMAGES", "registry.example.com/nginx/,other.example.com/")];
+    assert_eq!(with_stdin(&["render"], &[], &own_image).status.code(), Some(2), "no image is allowed by default");
+    let allowed = with_stdin(&["render"], &allow, &own_image);
+    assert!(allowed.status.success(), "{}", String::from_utf8_lossy(&allowed.stderr));
+    assert!(String::from_utf8_lossy(&allowed.stdout).contains("image: registry.example.com/nginx/nginx:1.28"));
+
+    let checked = with_stdin(&["check"], &allow, &own_image);
+    assert_eq!(checked.status.code(), Some(1), "check ignores the operator's environment");
+    let flagged = with_stdin(&["check", "--allowed-proxy-images", "registry.example.com/nginx/"], &[], &own_image);
+    assert_eq!(flagged.status.code(), Some(0), "{}", String::from_utf8_lossy(&flagged.stdout));
 }

@@ -4,8 +4,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::support::fixtures::{self, BalancerVariants};
-use crate::support::mock_api::{self, MockApi, Respond, ok};
 use axum::http::{Method, Response, StatusCode};
 use balancer::api::{Balancer, BalancerStatus};
 use balancer::controller::StoredBalancer;
@@ -26,6 +24,9 @@ use kube::runtime::watcher;
 use kube::{Client, Resource};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
+
+use crate::support::fixtures::{self, BalancerVariants};
+use crate::support::mock_api::{self, MockApi, Respond, ok};
 
 const NS: &str = "ns";
 const NAME: &str = "example-balancer";

@@ -1,14 +1,14 @@
 //! deploy/: renders with `kubectl kustomize`, and its pieces agree with each other,
 //! with the server's routes and flags, and with what the controller uses.
 
-use crate::support;
-
 use std::collections::BTreeSet;
 use std::path::Path;
 
-use crate::support::find;
 use balancer::deploy::{CLUSTER_PERMISSIONS, LEADER_ELECTION_PERMISSIONS, Permission};
 use serde_json::{Value, json};
+
+use crate::support;
+use crate::support::find;
 
 fn repo(path: &str) -> std::path::PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join(path)
@@ -58,7 +58,7 @@ fn everything_is_namespaced_in_balancer_system_and_labelled() {
         assert_eq!(doc["metadata"]["labels"]["app.kubernetes.io/part-of"], "balancer");
     }
     // kustomize re-encodes numbers (100.0 becomes 100), so compare what matters; the file
-    // itself is checked against `balancer crd` in tests/cli.rs.
+    // itself is checked against `balancer crd` in tests/integration/cli.rs.
     let crd = find(&docs, "CustomResourceDefinition", "balancers.exposer.hliangzhao.io");
     assert_eq!(crd["spec"]["names"]["shortNames"], json!(["bal"]));
     let versions: Vec<(&str, bool, bool)> = crd["spec"]["versions"]

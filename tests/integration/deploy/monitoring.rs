@@ -2,13 +2,13 @@
 //! protected metrics endpoint, and every metric its dashboard and alerts query is
 //! one the operator exports.
 
-use crate::support;
-
 use std::collections::BTreeSet;
 use std::path::{Component, Path, PathBuf};
 
-use crate::support::find;
 use serde_json::Value;
+
+use crate::support;
+use crate::support::find;
 
 fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))

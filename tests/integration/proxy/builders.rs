@@ -1,8 +1,6 @@
 //! The pure builders: the children a Balancer owns (`balancer::proxy`) and the
 //! `nginx.conf` the proxy reads (`balancer::proxy::nginx`), checked field by field.
 
-use crate::support::fixtures::{self, BalancerVariants};
-
 use std::collections::BTreeMap;
 
 use balancer::api::v1beta1::{FrontService, ProxySpec};
@@ -17,6 +15,8 @@ use balancer::spec::{SpecPolicy, with_defaults};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Container, PodSpec, Service, ServicePort};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+
+use crate::support::fixtures::{self, BalancerVariants};
 
 const UID: &str = "6a1c3b3e-1f0e-4d2a-9b7c-0123456789ab";
 

@@ -2,8 +2,6 @@
 //! kubelet mounts a cert-manager Secret: `tls.crt -> ..data/tls.crt`, where
 //! `..data` is a symlink swapped atomically to a new timestamped directory.
 
-use crate::support;
-
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -15,6 +13,8 @@ use rustls::pki_types::pem::PemObject;
 use tempfile::TempDir;
 use tokio::net::TcpStream;
 use tokio_util::sync::CancellationToken;
+
+use crate::support;
 
 /// Writes a new version directory and atomically repoints `..data` at it.
 fn publish(mount: &Path, version: &str, cert_pem: &str, key_pem: &str) {

@@ -7,7 +7,6 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::support::mock_api::{self, MockApi, Respond, reply};
 use axum::http::{Method, StatusCode};
 use balancer::runtime::metrics_auth::{
     Limits, MAX_NEW_TOKEN_REVIEWS_IN_FLIGHT, MAX_STALENESS, MetricsAuth, NEW_TOKEN_REVIEW_BURST,
@@ -16,6 +15,8 @@ use balancer::runtime::metrics_auth::{
 use futures::FutureExt;
 use serde_json::{Value, json};
 use tokio::task::JoinHandle;
+
+use crate::support::mock_api::{self, MockApi, Respond, reply};
 
 type ApiServer = MockApi;
 type Reviewed = JoinHandle<Result<Verdict, ReviewError>>;

@@ -13,17 +13,15 @@
 
 use std::collections::BTreeMap;
 
-use balancer::webhook::admission::{self, Answer, MAX_WARNINGS, Outcome, Webhook};
-use balancer::webhook::review::{BadRequest, MAX_ANSWER_BYTES, MAX_UID_BYTES};
-
-use crate::support::fixtures;
 use balancer::api::conversion::{PRESERVED_ANNOTATION, Version, convert};
 use balancer::api::v1beta1::{BalancerAddress, FrontService, NodePortStatus, ProxySpec};
 use balancer::api::{BackendSpec, Balancer, BalancerPort, BalancerSpec, BalancerStatus};
 use balancer::spec::admit;
 use balancer::spec::{ObjectName, Report};
 use balancer::spec::{SpecPolicy, with_defaults};
+use balancer::webhook::admission::{self, Answer, MAX_WARNINGS, Outcome, Webhook};
 use balancer::webhook::conversion::conversion_review;
+use balancer::webhook::review::{BadRequest, MAX_ANSWER_BYTES, MAX_UID_BYTES};
 use base64::Engine as _;
 use json_patch::{Patch, PatchOperation};
 use k8s_openapi::api::core::v1::{ResourceRequirements, Toleration};
@@ -35,6 +33,8 @@ use proptest::prelude::*;
 use proptest::sample::{Index, select};
 use serde_json::value::to_raw_value;
 use serde_json::{Value, json};
+
+use crate::support::fixtures;
 
 const CASES: u32 = 256;
 

@@ -8,9 +8,6 @@
 
 use std::collections::BTreeMap;
 
-use balancer::spec::denial_message;
-
-use crate::support::fixtures;
 use balancer::api::formats::{
     check_label_key, check_label_value, is_dns1035_label, is_dns1123_label, is_dns1123_subdomain, is_iana_svc_name,
 };
@@ -18,8 +15,11 @@ use balancer::api::v1beta1::{FrontService, ProxySpec};
 use balancer::api::{BackendSpec, BalancerPort, BalancerSpec};
 use balancer::cli::check::check_yaml;
 use balancer::spec::SpecPolicy;
+use balancer::spec::denial_message;
 use balancer::spec::{FieldError, ObjectName, Report, validate};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+
+use crate::support::fixtures;
 
 // ---------------------------------------------------------------------------
 // Building blocks

@@ -1,15 +1,15 @@
 //! The real TLS webhook server over real sockets: reqwest, curl, raw TCP and raw TLS.
 
-use crate::support;
-
 use std::time::Duration;
 
-use crate::support::fixtures::{sample_json, sample_v1alpha1 as sample_balancer_v1alpha1};
-use crate::support::{TestServer, UID, conversion_review, review};
 use base64::Engine;
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
+
+use crate::support;
+use crate::support::fixtures::{sample_json, sample_v1alpha1 as sample_balancer_v1alpha1};
+use crate::support::{TestServer, UID, conversion_review, review};
 
 async fn post_json(server: &TestServer, path: &str, body: &Value) -> (u16, Value) {
     let response = server.client().post(server.url(path)).json(body).send().await.expect("request");
