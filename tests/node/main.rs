@@ -443,6 +443,45 @@ async fn one_request_from(source: Option<&str>, address: &str) -> Result<String,
     tokio::time::timeout(Duration::from_secs(5), exchange).await.map_err(|_| "timed out".to_string())?
 }
 
+/// The upstream lines of the sample's proxy configuration: in its ConfigMap, and as each proxy
+/// pod mounted it (a failure's diagnosis).
+fn print_proxy_configs(world: &World) {
+    let upstreams = |conf: &str| conf.lines().filter(|l| l.contains("weight=")).collect::<Vec<_>>().join(" | ");
+    let (_, conf, _) = world.plane.kubectl(
+        "admin",
+        &["-n", NS, "get", "configmap", "example-balancer-proxy-configmap", "-o", "jsonpath={.data.nginx\\.conf}"],
+        None,
+    );
+    println!("node: the ConfigMap's upstreams: {}", upstreams(&conf));
+    let selector = "balancer.exposer.hliangzhao.io/balancer-name=example-balancer,app.kubernetes.io/component=proxy";
+    let (_, pods, _) = world.plane.kubectl("admin", &["-n", NS, "get", "pods", "-l", selector, "-o", "name"], None);
+    for pod in pods.lines() {
+        let (_, conf, _) =
+            world.plane.kubectl("admin", &["-n", NS, "exec", pod, "--", "cat", "/etc/balancer/nginx.conf"], None);
+        let (_, hash, _) = world.plane.kubectl(
+            "admin",
+            &[
+                "-n",
+                NS,
+                "get",
+                pod,
+                "-o",
+                "jsonpath={.metadata.annotations.balancer\\.exposer\\.hliangzhao\\.io/config-hash}",
+            ],
+            None,
+        );
+        println!("node: {pod} (config-hash {hash}) mounted: {}", upstreams(&conf));
+    }
+    for args in [
+        &["-n", NS, "get", "services", "-o", "wide"][..],
+        &["-n", NS, "get", "endpoints"][..],
+        &["-n", NS, "get", "pods", "-o", "wide", "--show-labels"][..],
+    ] {
+        let (_, out, _) = world.plane.kubectl("admin", args, None);
+        println!("node: kubectl {}:\n{out}", args.join(" "));
+    }
+}
+
 /// Whether each answer's share is its weight's, within `points` percentage points.
 fn shares_match(counts: &BTreeMap<String, usize>, weights: &[(&str, u32)], points: f64) -> bool {
     let total: usize = counts.values().sum();
@@ -900,9 +939,10 @@ async fn configured_weights(world: &World, v1: u32, v2: u32, timeout: Duration) 
 }
 
 /// Once the change is Ready, 1,200 requests split by the new weights. Right after an API server
-/// restart kube-proxy may still route new connections to the old proxy pod (serving the old
-/// weights while it drains) until its own watch is back: the split is measured again, each
-/// second, for up to 30 s, and the time it took is printed.
+/// restart kube-proxy may still route the front Service by its old endpoints until its own
+/// watch is back (client-go's reflector waits up to 30 s between attempts): the split is
+/// measured again, each second, for up to 60 s, the time it took is printed, and a failure
+/// prints the proxy pods' configuration and the Services' endpoints.
 async fn weights_on_the_wire(world: &World, v1: u32, v2: u32) {
     wait_ready_balancer(world, SAMPLE, Duration::from_secs(120)).await;
     let ready = Instant::now();
@@ -910,7 +950,10 @@ async fn weights_on_the_wire(world: &World, v1: u32, v2: u32) {
     loop {
         let counts = split(&front_ip(world, SAMPLE).await, 80, 1200).await;
         println!("node: after the change to {v1}/{v2}, 1200 requests: {counts:?}");
-        if shares_match(&counts, &weights, 4.0) || ready.elapsed() > Duration::from_secs(30) {
+        if shares_match(&counts, &weights, 4.0) || ready.elapsed() > Duration::from_secs(60) {
+            if !shares_match(&counts, &weights, 4.0) {
+                print_proxy_configs(world);
+            }
             assert_shares(&counts, &weights, 4.0);
             println!("node: the new weights on the wire {:.1} s after Ready", ready.elapsed().as_secs_f64());
             return;
