@@ -9,6 +9,7 @@ mod architecture;
 mod cli;
 mod controller;
 mod deploy;
+mod docs;
 mod proxy;
 mod runtime;
 mod spec;

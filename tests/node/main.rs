@@ -194,7 +194,7 @@ fn kubectl(world: &World, args: &[&str], stdin: Option<&str>) -> String {
 // 1. Install as a user would
 // ---------------------------------------------------------------------------
 
-/// The README's overlay for a cluster without cert-manager, with the locally built images
+/// docs/install.md's overlay for a cluster without cert-manager, with the locally built images
 /// and the two v1.20 bridges.
 fn test_kustomization(dir: &Path) {
     // Kustomize takes only relative paths to other kustomizations: up to / and down again.
@@ -234,7 +234,7 @@ patches:
 }
 
 async fn the_operator_installs_from_deploy_as_a_user_would(world: &mut World) {
-    // The README's manual-certificate path: everything but the cert-manager objects...
+    // docs/install.md's manual-certificate path: everything but the cert-manager objects...
     let dir = tempfile::TempDir::new().expect("temp dir");
     test_kustomization(dir.path());
     kubectl(world, &["apply", "-k", &dir.path().display().to_string()], None);
@@ -1246,7 +1246,7 @@ fn go_operator_children(name: &str, uid: &str, backends: &[&str]) -> String {
     json!({"apiVersion": "v1", "kind": "List", "items": items}).to_string()
 }
 
-/// The README's migration on a real kubelet and kube-proxy: a Balancer the Go operator ran
+/// docs/install.md's migration on a real kubelet and kube-proxy: a Balancer the Go operator ran
 /// (rebuilt by hand while someone else holds the Lease, its proxy pods answering `go proxy`)
 /// is taken over while clients send requests to its front Service without a pause, and not
 /// one request fails: the answers move from the Go proxy to the backends through ours, and

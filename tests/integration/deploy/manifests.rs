@@ -264,7 +264,7 @@ fn rbac_grants_exactly_what_the_controller_uses() {
     assert!(!viewer.contains(&triple("balancers/scale", "update")));
 }
 
-/// Without cert-manager, the README's overlay (deploy/ plus the without-cert-manager component)
+/// Without cert-manager, docs/install.md's overlay (deploy/ plus the without-cert-manager component)
 /// leaves out exactly the cert-manager objects and the CA injection annotations.
 #[test]
 fn the_without_cert_manager_component_leaves_out_exactly_the_cert_manager_objects() {

@@ -1,0 +1,8 @@
+//! The documentation against the code: the generated API reference, the command-line page
+//! against clap, every command example run as written, and every link resolving.
+
+mod api;
+mod cli;
+mod examples;
+mod links;
+mod quick_start;
