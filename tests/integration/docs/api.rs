@@ -125,12 +125,18 @@ fn describe_default(path: &str, values: &[(String, Value)], defaulted: &Value, o
     if distinct.len() == 1 {
         return format!("`{}`", distinct[0].trim_matches('"'));
     }
-    let by_protocol: Vec<String> = values
-        .iter()
-        .map(|(value, item)| format!("`{}` ({})", value.trim_matches('"'), item["protocol"].as_str().unwrap_or("?")))
-        .collect();
-    assert!(!by_protocol.is_empty(), "{field}: a default that depends on neither the protocol nor the port");
-    by_protocol.join(", ")
+    // Otherwise the default must follow the port's protocol: one value per protocol.
+    let mut by_protocol: BTreeMap<&str, &str> = BTreeMap::new();
+    for (value, item) in values {
+        let protocol = item["protocol"].as_str().unwrap_or_default();
+        let previous = by_protocol.insert(protocol, value.trim_matches('"'));
+        assert!(
+            previous.is_none_or(|p| p == value.trim_matches('"')),
+            "{field}: a default that depends on more than the port's protocol; teach describe_default"
+        );
+    }
+    let shown: Vec<String> = by_protocol.iter().map(|(protocol, value)| format!("`{value}` ({protocol})")).collect();
+    shown.join(", ")
 }
 
 /// Every field under `schema`, depth first, in the schema's (alphabetical) order.
