@@ -6,6 +6,7 @@ use std::borrow::Cow;
 use serde::Deserialize;
 
 use crate::spec::report::MAX_FIELD_BYTES;
+use crate::util::bounded::ObjectOnly;
 use crate::util::echo::cut;
 
 /// Largest answer the webhook sends, whatever the request: every echoed value is cut to fit.
@@ -88,8 +89,9 @@ fn json_error(e: &serde_json::Error) -> String {
 struct ReviewIn<'a, R> {
     #[serde(borrow)]
     api_version: Cow<'a, str>,
+    /// An object only: serde would otherwise read a struct from an array, field by field.
     #[serde(default = "none")]
-    request: Option<R>,
+    request: Option<ObjectOnly<R>>,
 }
 
 fn none<R>() -> Option<R> {
@@ -104,5 +106,30 @@ pub(super) fn read_request<'a, R: Deserialize<'a>>(
 ) -> Result<R, BadRequest> {
     let review: ReviewIn<'a, R> =
         serde_json::from_slice(body).map_err(|e| BadRequest::Malformed(kind, json_error(&e)))?;
-    kind.checked(&review.api_version, review.request, uid)
+    kind.checked(&review.api_version, review.request.map(|request| request.0), uid)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Deserialize)]
+    struct Request<'a> {
+        #[serde(borrow)]
+        uid: Cow<'a, str>,
+    }
+
+    fn read(body: &str) -> Result<String, BadRequest> {
+        read_request(ReviewKind::Conversion, body.as_bytes(), |r: &Request<'_>| &r.uid).map(|r| r.uid.into_owned())
+    }
+
+    #[test]
+    fn a_request_is_read_from_an_object_only() {
+        let envelope =
+            |request: &str| format!(r#"{{"apiVersion":"{CONVERSION_REVIEW_API_VERSION}","request":{request}}}"#);
+        assert_eq!(read(&envelope(r#"{"uid":"u-1"}"#)), Ok("u-1".to_string()));
+        // serde would read the struct from an array, field by field: "apiVersion" as the uid.
+        let array = read(&envelope(r#"["apiVersion"]"#));
+        assert!(matches!(array, Err(BadRequest::Malformed(ReviewKind::Conversion, _))), "{array:?}");
+    }
 }
