@@ -25,7 +25,7 @@ pub mod formats;
 pub mod v1alpha1;
 pub mod v1beta1;
 
-pub use v1beta1::{Balancer, BalancerSpec, BalancerStatus};
+pub use v1beta1::{BackendStatus, Balancer, BalancerSpec, BalancerStatus};
 
 use crate::deploy::{CONVERT_PATH, INSTALL_NAMESPACE, SERVING_CERTIFICATE, WEBHOOK_SERVICE};
 use crate::util::bounded;

@@ -66,6 +66,12 @@ pub const VERSION: &str = "v1beta1";
         description = "Whether traffic flows as specified"
     ),
     printcolumn(
+        name = "Backends-Ready",
+        type_ = "string",
+        json_path = ".status.backendsReady",
+        description = "Backends with a ready endpoint, of those in the spec"
+    ),
+    printcolumn(
         name = "Replicas",
         type_ = "integer",
         json_path = ".spec.replicas",
@@ -90,6 +96,13 @@ pub const VERSION: &str = "v1beta1";
         type_ = "integer",
         json_path = ".status.obsoleteBackends",
         description = "Owned backend Services no longer in the spec",
+        priority = 1
+    ),
+    printcolumn(
+        name = "Backends-Available",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"BackendsAvailable\")].status",
+        description = "Whether every backend with a weight has a ready endpoint",
         priority = 1
     ),
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
@@ -327,13 +340,47 @@ pub struct BalancerStatus {
     /// Owned backend Services no longer named by the spec, still present.
     #[serde(default)]
     pub obsolete_backends: i32,
+    /// Each backend of the spec, in spec order: its ready endpoints and its share of new
+    /// connections. Always written, so a backend removed from the spec leaves the list.
+    #[serde(default)]
+    #[schemars(schema_with = "backend_statuses_schema")]
+    pub backends: Vec<BackendStatus>,
+    /// Backends with at least one ready endpoint, of those in the spec: `2/3`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backends_ready: Option<String>,
     /// The `metadata.generation` this status describes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
-    /// Standard conditions; `Ready` summarises whether traffic flows as specified.
+    /// Standard conditions: `Ready` (the proxy serves the spec) and `BackendsAvailable` (every
+    /// backend with a weight has a ready endpoint).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(schema_with = "conditions_schema")]
     pub conditions: Vec<Condition>,
+}
+
+/// One backend as the traffic sees it.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct BackendStatus {
+    /// The backend's name in the spec.
+    pub name: String,
+    /// Its weight in the spec.
+    pub weight: i32,
+    /// Ready addresses behind its Service (the Service's Endpoints; at most 1,000 are listed there).
+    pub ready_endpoints: i32,
+    /// The percentage of new connections the proxy aims to give it: its weight over the weights
+    /// of the backends with a ready endpoint, rounded down, with the points left over given to
+    /// the largest remainders (so the shares add up to 100 while any backend is ready).
+    pub share: i32,
+}
+
+/// Backend statuses as a map keyed by `name`, as the spec's backends.
+fn backend_statuses_schema(generator: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    let mut schema = generator.subschema_for::<Vec<BackendStatus>>();
+    schema.insert("x-kubernetes-list-type".into(), json!("map"));
+    schema.insert("x-kubernetes-list-map-keys".into(), json!(["name"]));
+    schema.insert("maxItems".into(), json!(MAX_BACKENDS));
+    schema
 }
 
 /// Ports as a map keyed by `port` and `protocol`, like a Service's. A map key must be

@@ -25,6 +25,7 @@ use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::{Map, Value};
 
 use super::budget_version::PodDisruptionBudgetV1beta1;
+use super::endpoints::ReadyEndpoints;
 use super::stored::StoredBalancer;
 use crate::deploy::FIELD_MANAGER;
 
@@ -174,6 +175,8 @@ pub struct ChildCaches {
     pub config_maps: Store<Cached<ConfigMap>>,
     pub deployments: Store<Cached<Deployment>>,
     pub budgets: BudgetCache,
+    /// The backend Services' Endpoints (not a child: the endpoints controller writes them).
+    pub endpoints: Store<ReadyEndpoints>,
 }
 
 impl ChildCaches {
@@ -200,7 +203,13 @@ impl ChildCaches {
             BudgetCache::V1(store) => listed_now(store),
             BudgetCache::V1beta1(store) => listed_now(store),
         };
-        let all = [listed_now(&self.services), listed_now(&self.config_maps), listed_now(&self.deployments), budgets];
+        let all = [
+            listed_now(&self.services),
+            listed_now(&self.config_maps),
+            listed_now(&self.deployments),
+            budgets,
+            listed_now(&self.endpoints),
+        ];
         if all.contains(&Some(false)) {
             return Some(false);
         }
@@ -269,7 +278,8 @@ mod tests {
         let (config_maps, config_maps_writer) = synced_store();
         let (deployments, deployments_writer) = synced_store();
         let (budgets, budgets_writer) = synced_store();
-        let children = ChildCaches { services, config_maps, deployments, budgets: BudgetCache::V1(budgets) };
+        let (endpoints, endpoints_writer) = synced_store();
+        let children = ChildCaches { services, config_maps, deployments, budgets: BudgetCache::V1(budgets), endpoints };
         let waiting: Vec<_> = (0..3)
             .map(|_| {
                 let children = children.clone();
@@ -282,7 +292,7 @@ mod tests {
             let synced = tokio::time::timeout(Duration::from_secs(2), waiter).await;
             assert!(matches!(synced, Ok(Ok(true))), "a waiter did not go on: {synced:?}");
         }
-        drop((services_writer, config_maps_writer, deployments_writer, budgets_writer));
+        drop((services_writer, config_maps_writer, deployments_writer, budgets_writer, endpoints_writer));
     }
 
     /// Once a cache's writer is gone without its list (the controller stopped), waiting ends: false.
@@ -292,7 +302,8 @@ mod tests {
         let (config_maps, _config_maps_writer) = synced_store();
         let (deployments, _deployments_writer) = synced_store();
         let (budgets, _budgets_writer) = synced_store();
-        let children = ChildCaches { services, config_maps, deployments, budgets: BudgetCache::V1(budgets) };
+        let (endpoints, _endpoints_writer) = synced_store();
+        let children = ChildCaches { services, config_maps, deployments, budgets: BudgetCache::V1(budgets), endpoints };
         drop(services_writer);
         let synced = tokio::time::timeout(Duration::from_secs(2), children.synced()).await;
         assert_eq!(synced, Ok(false));

@@ -5,6 +5,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use k8s_openapi::jiff::Timestamp;
 use kube::runtime::controller::Action;
 use kube::{Client, ResourceExt};
 
@@ -55,6 +56,9 @@ pub struct Context {
     pub metrics: Arc<ControllerMetrics>,
     /// Consecutive failures per Balancer uid (a recreated namesake starts afresh), for backoff.
     failures: Mutex<HashMap<String, u32>>,
+    /// When each Balancer's status was last written, by uid: a change of backend readiness
+    /// alone waits for [`READINESS_WRITE_INTERVAL`](super::status::READINESS_WRITE_INTERVAL).
+    status_writes: Mutex<HashMap<String, Timestamp>>,
 }
 
 impl Context {
@@ -65,12 +69,16 @@ impl Context {
         metrics: Arc<ControllerMetrics>,
     ) -> Self {
         let events = Events::new(client.clone(), FIELD_MANAGER);
-        let failures = Mutex::new(HashMap::new());
-        Context { client, events, children, settings, metrics, failures }
+        let (failures, status_writes) = (Mutex::default(), Mutex::default());
+        Context { client, events, children, settings, metrics, failures, status_writes }
     }
 
     pub(super) fn failures(&self) -> std::sync::MutexGuard<'_, HashMap<String, u32>> {
         self.failures.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub(super) fn status_writes(&self) -> std::sync::MutexGuard<'_, HashMap<String, Timestamp>> {
+        self.status_writes.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 

@@ -8,19 +8,23 @@
 //! The modules follow the seams of a reconcile:
 //! - orchestration: `reconcile`, which reads the clock once, and `runner`, which runs
 //!   kube-runtime's `Controller` over the `watches`;
-//! - pure decisions: `status` (counts, conditions, which change deserves an event), `plan`
+//! - pure decisions: `status` (counts, conditions, which change deserves an event, when a
+//!   status write waits), `backends` (each backend's endpoints and share), `plan`
 //!   (whose a child is, what is obsolete), `ssa` (server-side apply bookkeeping), `migration`
 //!   (taking over from the Go operator) and `exposure` (addresses);
 //! - I/O: `apply` (writes and deletions) and `report` (status writes and events);
 //! - the controller's own parts: the lenient `stored` Balancer, the compact child `cache`,
-//!   and the PodDisruptionBudget version shim, `budget_version`.
+//!   the PodDisruptionBudget version shim, `budget_version`, and the backends' readiness as
+//!   their Endpoints tell it, `endpoints`.
 
 use std::time::Duration;
 
 mod apply;
+mod backends;
 mod budget_version;
 mod cache;
 mod context;
+mod endpoints;
 mod error;
 mod exposure;
 pub(crate) mod metrics;
@@ -34,13 +38,15 @@ mod status;
 mod stored;
 mod watches;
 
+pub use backends::BACKENDS_AVAILABLE;
 pub use cache::{BudgetCache, Cached, ChildCaches};
 pub use context::{Clients, Context, Options, Scope, error_policy};
+pub use endpoints::ReadyEndpoints;
 pub use error::{Error, ErrorKind};
 pub use metrics::ControllerMetrics;
 pub use reconcile::reconcile;
 pub use runner::run;
-pub use status::READY;
+pub use status::{READINESS_WRITE_INTERVAL, READY};
 pub use stored::StoredBalancer;
 
 /// How often a converged Balancer is checked again for drift the watches could have missed.

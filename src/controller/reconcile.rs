@@ -12,15 +12,17 @@ use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
 
 use super::apply::{delete_go_proxy, delete_obsolete_backends, ensure, ensure_budget, find_go_proxy};
+use super::backends::backends;
 use super::cache::BudgetCache;
 use super::context::Context;
 use super::exposure::Exposure;
 use super::metrics::ReconcileResult;
 use super::plan::{cluster_ip, obsolete_backends};
-use super::report::{Written, announce, counts_from_cache, publish, write_status};
+use super::report::{StatusWrite, Written, announce, counts_from_cache, publish, write_status};
 use super::status::{Counts, ProxyCounts, condition, names_spec, proxy_condition};
 use super::stored::StoredBalancer;
 use super::{Error, RESYNC, migration};
+use crate::api::backend_service_name;
 use crate::controller::budget_version::PodDisruptionBudgetV1beta1;
 use crate::proxy::{self, BackendHosts, Owner};
 use crate::runtime::events::EventType;
@@ -124,14 +126,23 @@ async fn converge(
     } else {
         obsolete_backends(&ctx.children.services, &owner, &backend_services).len()
     };
+    let endpoints = |backend: &str| {
+        let service = backend_service_name(&owner.name, backend);
+        let reference = ObjectRef::new(&service).within(&owner.namespace);
+        caches.endpoints.get(&reference).map_or(0, |e| e.ready)
+    };
     let counts = Counts {
         active: backend_services.len(),
         obsolete,
         proxy: ProxyCounts::of(&deployment),
         exposure: Exposure::of(&front),
+        backends: Some(backends(balancer, &spec, endpoints, now)),
     };
-    write_status(balancer, ctx, counts, ready, takeover.condition).await?;
-    Ok(Action::requeue(takeover.requeue.unwrap_or(RESYNC)))
+    let requeue = takeover.requeue.unwrap_or(RESYNC);
+    match write_status(balancer, ctx, counts, ready, takeover.condition, now).await? {
+        StatusWrite::Done => Ok(Action::requeue(requeue)),
+        StatusWrite::Held(wait) => Ok(Action::requeue(wait.min(requeue))),
+    }
 }
 
 /// Records an invalid or unreadable spec as `Ready=False/InvalidSpec`; waits for the next change.
@@ -145,8 +156,8 @@ async fn refuse(
     let message = denial_message(&owner.name, errors);
     let counts = counts_from_cache(balancer, ctx);
     let ready = condition(balancer, false, "InvalidSpec", &message, now);
-    match write_status(balancer, ctx, counts, ready, None).await {
-        Ok(()) => {}
+    match write_status(balancer, ctx, counts, ready, None, now).await {
+        Ok(_) => {}
         // The API server validates the whole object on a status write: one stored under a looser
         // schema cannot get a status until its spec is fixed, so it is told through an event.
         Err(Error::Api { source: kube::Error::Api(status), .. }) if status.code == 422 && names_spec(&status) => {
@@ -165,7 +176,7 @@ async fn report_failure(balancer: &StoredBalancer, ctx: &Context, error: &Error,
         _ => "ReconcileError",
     };
     let ready = condition(balancer, false, reason, &error.to_string(), now);
-    if let Err(e) = write_status(balancer, ctx, counts, ready, None).await {
+    if let Err(e) = write_status(balancer, ctx, counts, ready, None, now).await {
         tracing::debug!(error = %e, "could not record the failure in the status");
     }
 }

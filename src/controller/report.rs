@@ -1,8 +1,11 @@
 //! What a reconcile tells: the status subresource (written only when it changes), and events
 //! for the children written and for changes of `Ready`.
 
+use std::time::Duration;
+
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use k8s_openapi::jiff::Timestamp;
 use kube::api::{Patch, PatchParams};
 use kube::{Api, Resource, ResourceExt};
 use serde_json::json;
@@ -11,7 +14,7 @@ use super::Error;
 use super::context::Context;
 use super::exposure::Exposure;
 use super::plan::owned_backend_services;
-use super::status::{Counts, ProxyCounts, READY, next_status, ready_event};
+use super::status::{Counts, ProxyCounts, READY, hold, next_status, ready_event};
 use super::stored::StoredBalancer;
 use crate::proxy::Owner;
 use crate::runtime::events::{EventType, Note, Published};
@@ -70,37 +73,58 @@ pub(super) async fn announce(balancer: &StoredBalancer, ctx: &Context, written: 
 pub(super) fn counts_from_cache(balancer: &StoredBalancer, ctx: &Context) -> Counts {
     let proxy = ProxyCounts::previous(balancer);
     let exposure = Exposure::previous(balancer.status.as_ref());
-    let Ok(owner) = Owner::of(balancer) else { return Counts { active: 0, obsolete: 0, proxy, exposure } };
+    let Ok(owner) = Owner::of(balancer) else {
+        return Counts { active: 0, obsolete: 0, proxy, exposure, backends: None };
+    };
     // An unreadable spec names no backend: every owned one counts as obsolete.
     let backends = balancer.spec.as_ref().map(|s| s.backends.as_slice()).unwrap_or_default();
     let named: Vec<String> = backends.iter().map(|b| crate::api::backend_service_name(&owner.name, &b.name)).collect();
     let (active, obsolete): (Vec<_>, Vec<_>) =
         owned_backend_services(&ctx.children.services, &owner).into_iter().partition(|s| named.contains(&s.name_any()));
-    Counts { active: active.len(), obsolete: obsolete.len(), proxy, exposure }
+    Counts { active: active.len(), obsolete: obsolete.len(), proxy, exposure, backends: None }
 }
 
-/// Patches the status subresource only when it changes; announces Ready flips as events.
+/// What became of a status write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum StatusWrite {
+    /// Written, or nothing to write.
+    Done,
+    /// Only backend readiness changed, too soon after the last write: try again after this.
+    Held(Duration),
+}
+
+/// Patches the status subresource only when it changes, and a change of backend readiness
+/// alone no sooner than [`hold`] allows; announces Ready flips as events.
 pub(super) async fn write_status(
     balancer: &StoredBalancer,
     ctx: &Context,
     counts: Counts,
     ready: Condition,
     takeover: Option<Condition>,
-) -> Result<(), Error> {
+    now: Timestamp,
+) -> Result<StatusWrite, Error> {
     let status = next_status(balancer, counts, ready.clone(), takeover);
     if balancer.status.as_ref() == Some(&status) {
-        return Ok(());
+        return Ok(StatusWrite::Done);
+    }
+    let uid = balancer.uid().unwrap_or_default();
+    if let Some(stored) = &balancer.status {
+        let last = ctx.status_writes().get(&uid).copied();
+        if let Some(wait) = hold(stored, &status, last, now) {
+            return Ok(StatusWrite::Held(wait));
+        }
     }
     let name = balancer.name_any();
     let api: Api<StoredBalancer> = Api::namespaced(ctx.client.clone(), &balancer.namespace().unwrap_or_default());
     let patch = Patch::Merge(json!({ "status": status }));
     let status_error = |e| Error::api("update status of", "Balancer", &name, e);
     api.patch_status(&name, &PatchParams::default(), &patch).await.map_err(status_error)?;
+    ctx.status_writes().insert(uid, now);
     let was = balancer.status.as_ref().and_then(|s| s.conditions.iter().find(|c| c.type_ == READY));
     if let Some(type_) = ready_event(was, &ready) {
         publish(balancer, ctx, type_, &ready.reason, ready.message.clone(), None).await;
     }
-    Ok(())
+    Ok(StatusWrite::Done)
 }
 
 /// Events are for people; failing to record one must not fail the reconcile.

@@ -38,6 +38,7 @@ pub async fn run(
     let services = Reflected::<Cached<Service>>::children(&client, scope, &contact);
     let config_maps = Reflected::<Cached<ConfigMap>>::children(&client, scope, &contact);
     let deployments = Reflected::<Cached<Deployment>>::children(&client, scope, &contact);
+    let endpoints = Reflected::backend_endpoints(&client, scope, &contact);
     let balancers = Reflected::balancers(&client, scope, &contact);
     let budgets = match policy {
         PolicyVersion::V1 => BudgetsReflected::V1(Reflected::children(&client, scope, &contact)),
@@ -49,6 +50,7 @@ pub async fn run(
         config_maps: config_maps.store.clone(),
         deployments: deployments.store.clone(),
         budgets: budgets.cache(),
+        endpoints: endpoints.store.clone(),
     };
     let caches = Caches { balancers: balancers.store.clone(), children: children.clone() };
     let ctx = Arc::new(Context::new(throttled, children, options.proxy, metrics.clone()));
@@ -80,7 +82,8 @@ pub async fn run(
     let controller = Controller::for_stream(balancers.changes, balancers.store)
         .owns_stream(services.changes)
         .owns_stream(config_maps.changes)
-        .owns_stream(deployments.changes);
+        .owns_stream(deployments.changes)
+        .watches_stream(endpoints.changes, |endpoints| endpoints.balancer());
     let controller = match budgets {
         BudgetsReflected::V1(budgets) => controller.owns_stream(budgets.changes),
         BudgetsReflected::V1beta1(budgets) => controller.owns_stream(budgets.changes),
@@ -105,8 +108,8 @@ pub async fn run(
     metrics.set_balancers(0, 0, 0);
 }
 
-/// Every 10 s: the Balancers by readiness, for the metrics, and the failure counts of
-/// Balancers deleted while failing forgotten (deleted objects are never reconciled again).
+/// Every 10 s: the Balancers by readiness, for the metrics, and what is kept per Balancer
+/// (failure counts, status write times) forgotten for deleted ones (never reconciled again).
 async fn count_balancers(balancers: Store<StoredBalancer>, ctx: Arc<Context>, stop: CancellationToken) {
     let mut ticker = tokio::time::interval(Duration::from_secs(10));
     loop {
@@ -127,6 +130,7 @@ async fn count_balancers(balancers: Store<StoredBalancer>, ctx: Arc<Context>, st
         }
         ctx.metrics.set_balancers(ready, not_ready, unknown);
         ctx.failures().retain(|uid, _| uids.contains(uid));
+        ctx.status_writes().retain(|uid, _| uids.contains(uid));
     }
 }
 

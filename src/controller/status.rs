@@ -1,11 +1,14 @@
-//! The status a reconcile arrives at, decided purely: counts, the `Ready` condition, and
-//! which change of it deserves an event.
+//! The status a reconcile arrives at, decided purely: counts, the `Ready` condition, which
+//! change of it deserves an event, and when a write of it waits.
+
+use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 
+use super::backends::{BACKENDS_AVAILABLE, Backends};
 use super::exposure::Exposure;
 use super::stored::StoredBalancer;
 use crate::api::BalancerStatus;
@@ -16,12 +19,15 @@ use crate::runtime::events::EventType;
 pub const READY: &str = "Ready";
 
 /// The numbers and addresses in the status.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub(super) struct Counts {
     pub active: usize,
     pub obsolete: usize,
     pub proxy: ProxyCounts,
     pub exposure: Exposure,
+    /// What each backend's endpoints say; `None` keeps what the status said (a reconcile that
+    /// stopped before the backends were known).
+    pub backends: Option<Backends>,
 }
 
 /// The proxy pods, for the scale subresource.
@@ -97,14 +103,27 @@ pub(super) fn condition(
     message: &str,
     now: Timestamp,
 ) -> Condition {
+    condition_of(balancer, READY, ready, reason, message, now)
+}
+
+/// A condition of `type_`, keeping the previous transition time when its status has not
+/// flipped (else `now`).
+pub(super) fn condition_of(
+    balancer: &StoredBalancer,
+    type_: &str,
+    ready: bool,
+    reason: &str,
+    message: &str,
+    now: Timestamp,
+) -> Condition {
     let status = if ready { "True" } else { "False" };
     let previous = balancer
         .status
         .as_ref()
-        .and_then(|s| s.conditions.iter().find(|c| c.type_ == READY))
+        .and_then(|s| s.conditions.iter().find(|c| c.type_ == type_))
         .filter(|c| c.status == status);
     Condition {
-        type_: READY.into(),
+        type_: type_.into(),
         status: status.into(),
         reason: reason.into(),
         message: message.into(),
@@ -113,22 +132,32 @@ pub(super) fn condition(
     }
 }
 
-/// The status a reconcile arrives at; `takeover`, when given, replaces the Go-operator
-/// takeover's condition (see [`migration`](super::migration)).
+/// The status a reconcile arrives at. `ready`, the backends' condition (when known) and
+/// `takeover` (the Go-operator takeover's, see [`migration`](super::migration)) replace their
+/// namesakes in place; other conditions are kept.
 pub(super) fn next_status(
     balancer: &StoredBalancer,
     counts: Counts,
     ready: Condition,
     takeover: Option<Condition>,
 ) -> BalancerStatus {
-    let replaced = |c: &Condition| c.type_ == READY || takeover.as_ref().is_some_and(|t| t.type_ == c.type_);
-    let mut conditions: Vec<Condition> = balancer
-        .status
-        .as_ref()
-        .map(|s| s.conditions.iter().filter(|c| !replaced(c)).cloned().collect())
-        .unwrap_or_default();
-    conditions.push(ready);
-    conditions.extend(takeover);
+    let previous = balancer.status.as_ref();
+    let (backends, backends_ready, available) = match counts.backends {
+        Some(b) => (b.statuses, Some(b.summary), Some(b.condition)),
+        None => (
+            previous.map(|s| s.backends.clone()).unwrap_or_default(),
+            previous.and_then(|s| s.backends_ready.clone()),
+            None,
+        ),
+    };
+    let mut conditions: Vec<Condition> = previous.map(|s| s.conditions.clone()).unwrap_or_default();
+    for new in [Some(ready), available, takeover].into_iter().flatten() {
+        // In place: the order of the list never changes, so an unchanged status is equal.
+        match conditions.iter_mut().find(|c| c.type_ == new.type_) {
+            Some(old) => *old = new,
+            None => conditions.push(new),
+        }
+    }
     BalancerStatus {
         replicas: counts.proxy.replicas,
         ready_replicas: counts.proxy.ready,
@@ -137,9 +166,41 @@ pub(super) fn next_status(
         selector: balancer.metadata.name.as_deref().map(proxy::proxy_selector_string),
         active_backends: i32::try_from(counts.active).unwrap_or(i32::MAX),
         obsolete_backends: i32::try_from(counts.obsolete).unwrap_or(i32::MAX),
+        backends,
+        backends_ready,
         observed_generation: balancer.metadata.generation,
         conditions,
     }
+}
+
+/// The least time between two status writes when the second changes only what the backends'
+/// endpoints say: a pod flapping every second costs one write per Balancer per interval, and
+/// the status is at most this late.
+pub const READINESS_WRITE_INTERVAL: Duration = Duration::from_secs(5);
+
+/// How long a write of `next` over `stored` waits, if it must: only a change of backend
+/// readiness alone (the ready endpoints, the shares, `backendsReady`, `BackendsAvailable`)
+/// waits, until [`READINESS_WRITE_INTERVAL`] after the `last` write.
+pub(super) fn hold(
+    stored: &BalancerStatus,
+    next: &BalancerStatus,
+    last: Option<Timestamp>,
+    now: Timestamp,
+) -> Option<Duration> {
+    let without_readiness = |status: &BalancerStatus| BalancerStatus {
+        backends: Vec::new(),
+        backends_ready: None,
+        conditions: status.conditions.iter().filter(|c| c.type_ != BACKENDS_AVAILABLE).cloned().collect(),
+        ..status.clone()
+    };
+    if without_readiness(stored) != without_readiness(next) {
+        return None;
+    }
+    // A clock that went back does not hold a write for as long as it went back.
+    let elapsed = Duration::try_from(now.duration_since(last?)).ok()?;
+    let left = READINESS_WRITE_INTERVAL.checked_sub(elapsed).filter(|left| !left.is_zero())?;
+    // In whole milliseconds, rounded up: a wake-up before the interval is over would wait again.
+    Some(Duration::from_millis(u64::try_from(left.as_nanos().div_ceil(1_000_000)).unwrap_or(u64::MAX)))
 }
 
 /// Whether a refusal is about the stored spec (its causes, or its message, name a `spec` field).
@@ -265,6 +326,22 @@ mod tests {
     }
 
     #[test]
+    fn only_a_change_of_readiness_alone_waits_and_only_within_the_interval() {
+        let stored =
+            BalancerStatus { backends_ready: Some("3/3".into()), active_backends: 3, ..BalancerStatus::default() };
+        let readiness = BalancerStatus { backends_ready: Some("2/3".into()), ..stored.clone() };
+        let more = BalancerStatus { active_backends: 2, ..readiness.clone() };
+        let last = at(NOW);
+        let after =
+            |secs: i64| last.checked_add(k8s_openapi::jiff::SignedDuration::from_millis(secs * 1000 + 300)).unwrap();
+        assert_eq!(hold(&stored, &readiness, Some(last), after(1)), Some(Duration::from_millis(3700)));
+        assert_eq!(hold(&stored, &readiness, Some(last), after(5)), None, "the interval is over");
+        assert_eq!(hold(&stored, &readiness, None, after(0)), None, "no write since the operator started");
+        assert_eq!(hold(&stored, &more, Some(last), after(0)), None, "other news is written at once");
+        assert_eq!(hold(&stored, &readiness, Some(after(60)), after(0)), None, "a clock that went back holds nothing");
+    }
+
+    #[test]
     fn the_next_status_replaces_ready_and_keeps_other_conditions() {
         let mut stored = balancer(Some(("False", PROXY_NOT_AVAILABLE)));
         let other = Condition { type_: "Other".into(), ..stored.status.as_ref().unwrap().conditions[0].clone() };
@@ -274,10 +351,11 @@ mod tests {
             obsolete: 1,
             proxy: ProxyCounts { replicas: 2, ready: 1 },
             exposure: Exposure::previous(None),
+            backends: None,
         };
         let ready = condition(&stored, true, PROXY_AVAILABLE, "serving", at(NOW));
         let status = next_status(&stored, counts, ready.clone(), None);
-        assert_eq!(status.conditions, vec![other, ready]);
+        assert_eq!(status.conditions, vec![ready, other], "replaced in place");
         assert_eq!((status.active_backends, status.obsolete_backends), (3, 1));
         assert_eq!((status.replicas, status.ready_replicas, status.observed_generation), (2, 1, Some(2)));
         assert_eq!(status.selector.as_deref(), Some(proxy::proxy_selector_string("lb").as_str()));

@@ -18,9 +18,10 @@ use tokio_util::sync::CancellationToken;
 use super::budget_version::{PodDisruptionBudgetV1beta1, PolicyVersion};
 use super::cache::{BudgetCache, Cached};
 use super::context::Scope;
+use super::endpoints::ReadyEndpoints;
 use super::ssa::slim;
 use super::stored::StoredBalancer;
-use crate::proxy::{MANAGED_BY, MANAGED_BY_LABEL};
+use crate::proxy::{COMPONENT_BACKEND, COMPONENT_LABEL, MANAGED_BY, MANAGED_BY_LABEL};
 use crate::runtime::contact::Contact;
 use crate::runtime::retry::{RetryDelay, relist_at_once};
 
@@ -111,6 +112,22 @@ pub(super) async fn policy_version(client: &Client, stop: &CancellationToken) ->
             _ = stop.cancelled() => return None,
             _ = tokio::time::sleep(Duration::from_secs(5)) => {}
         }
+    }
+}
+
+impl Reflected<ReadyEndpoints> {
+    /// The Endpoints of balancer's backend Services (they carry the Services' labels). Only a
+    /// change of a ready count triggers: the endpoints controller also rewrites them for
+    /// changes the status does not show (not-ready addresses, trigger times).
+    pub(super) fn backend_endpoints(client: &Client, scope: &Scope, contact: &Contact) -> Self {
+        let selector = format!("{MANAGED_BY_LABEL}={MANAGED_BY},{COMPONENT_LABEL}={COMPONENT_BACKEND}");
+        let (store, writer) = reflector::store();
+        let changes = watch(api(client, scope), watch_config().labels(&selector), contact)
+            .reflect(writer)
+            .touched_objects()
+            .predicate_filter(|endpoints: &ReadyEndpoints| Some(u64::from(endpoints.ready)), Default::default())
+            .boxed();
+        Reflected { store, changes }
     }
 }
 

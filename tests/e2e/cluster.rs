@@ -268,10 +268,13 @@ impl ControlPlane {
         if kcm.exists() {
             let log = plane.dir.path().join("kube-controller-manager.log");
             let mut command = Command::new(kcm);
+            // The endpoint controllers too, as every cluster runs them: the controller watches
+            // the backend Services' Endpoints, and the figures include that watch.
             let mut controllers =
-                "garbagecollector,deployment,replicaset,namespace,horizontalpodautoscaling".to_string();
+                "garbagecollector,deployment,replicaset,namespace,horizontalpodautoscaling,endpoint,endpointslice"
+                    .to_string();
             if options.pods {
-                controllers.push_str(",serviceaccount,serviceaccount-token,endpoint,endpointslice");
+                controllers.push_str(",serviceaccount,serviceaccount-token");
                 let pki = plane.dir.path().join("pki");
                 command
                     .arg(format!("--service-account-private-key-file={}", pki.join("sa.key").display()))

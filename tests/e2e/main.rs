@@ -91,6 +91,7 @@ fn main() -> ExitCode {
             operator_runs_with_only_the_shipped_rbac,
             webhooks_are_called_by_the_api_server,
             balancers_are_reconciled_into_children_and_status,
+            each_backends_ready_endpoints_are_in_the_status,
             a_namesake_is_never_adopted,
             a_dropped_port_leaves_every_child,
             a_balancer_is_exposed_by_node_ports_and_a_load_balancer,
@@ -482,12 +483,12 @@ async fn balancers_are_reconciled_into_children_and_status(world: &mut World) {
     let row: Vec<&str> = out.lines().nth(1).unwrap_or_default().split_whitespace().collect();
     // v1beta1's columns: Active, Ready-Replicas and Obsolete only with `-o wide` (priority 1).
     let header: Vec<&str> = out.lines().next().unwrap_or_default().split_whitespace().collect();
-    assert_eq!(header, ["NAME", "PORTS", "BACKENDS", "ADDRESS", "READY", "REPLICAS", "AGE"], "{out}");
+    assert_eq!(header, ["NAME", "PORTS", "BACKENDS", "ADDRESS", "READY", "BACKENDS-READY", "REPLICAS", "AGE"], "{out}");
     let ready = if world.plane.has_controller_manager() { "True" } else { "False" };
     let front = Api::<Service>::namespaced(world.admin.clone(), NS).get(SAMPLE).await.expect("the front Service");
     let cluster_ip = front.spec.and_then(|s| s.cluster_ip).unwrap_or_default();
     assert!(
-        ok && row.len() == 7 && row[..6] == [SAMPLE, "80", "v1", cluster_ip.as_str(), ready, "1"],
+        ok && row.len() == 8 && row[..7] == [SAMPLE, "80", "v1", cluster_ip.as_str(), ready, "0/3", "1"],
         "printer columns: {out}{err}"
     );
 
@@ -560,6 +561,83 @@ async fn balancers_are_reconciled_into_children_and_status(world: &mut World) {
         cm.data?["nginx.conf"].contains("upstream port_80_tcp").then_some(())
     })
     .await;
+}
+
+/// A backend pod, bound and "running" as a kubelet would report it (the test plays the kubelet).
+async fn run_backend_pod(world: &World, name: &str, labels: Value, ip: &str) {
+    let pods: Api<Pod> = Api::namespaced(world.admin.clone(), NS);
+    let pod = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": labels},
+        "spec": {"nodeName": "e2e-node", "automountServiceAccountToken": false,
+                 "containers": [{"name": "app", "image": "app:e2e"}]}});
+    pods.create(&PostParams::default(), &serde_json::from_value(pod).unwrap()).await.expect("a backend pod");
+    let now = k8s_openapi::jiff::Timestamp::now().to_string();
+    let ready = |t: &str| json!({"type": t, "status": "True", "lastTransitionTime": now});
+    let status = json!({"status": {"phase": "Running", "podIP": ip, "startTime": now,
+        "conditions": [ready("Initialized"), ready("Ready"), ready("ContainersReady"), ready("PodScheduled")]}});
+    pods.patch_status(name, &PatchParams::default(), &Patch::Merge(status)).await.expect("the pod's status");
+}
+
+/// `status.backends` follows the backend Services' Endpoints, which the real endpoints
+/// controller writes: one pod per backend, then one backend's pod gone.
+async fn each_backends_ready_endpoints_are_in_the_status(world: &mut World) {
+    let world: &World = world;
+    if !world.plane.has_controller_manager() {
+        println!("e2e: no kube-controller-manager: no Endpoints to follow");
+        return;
+    }
+    let name = "seen";
+    let spec = "spec:\n  ports: [{port: 80}]\n  selector: {app: seen}\n  backends:\n\
+                \x20   - {name: v1, weight: 40, selector: {version: v1}}\n\
+                \x20   - {name: v2, weight: 20, selector: {version: v2}}\n\
+                \x20   - {name: v3, weight: 40, selector: {version: v3}}\n";
+    let (ok, out) = apply(world, "admin", &balancer_yaml(name, spec));
+    assert!(ok, "{out}");
+    for (i, version) in ["v1", "v2", "v3"].iter().enumerate() {
+        let pod = format!("seen-{version}");
+        run_backend_pod(world, &pod, json!({"app": "seen", "version": version}), &format!("10.244.9.{}", i + 1)).await;
+    }
+    let api = balancers(world);
+    let seen = |want_ready: [i32; 3], want_share: [i32; 3], available: &'static str| {
+        let api = api.clone();
+        move || {
+            let api = api.clone();
+            async move {
+                let status = api.get(name).await.ok()?.status?;
+                let ready: Vec<i32> = status.backends.iter().map(|b| b.ready_endpoints).collect();
+                let share: Vec<i32> = status.backends.iter().map(|b| b.share).collect();
+                let condition = status.conditions.iter().find(|c| c.type_ == "BackendsAvailable")?;
+                (ready == want_ready && share == want_share && condition.status == available).then_some(status)
+            }
+        }
+    };
+    let status =
+        eventually("3 backends, 1 ready endpoint each", Duration::from_secs(30), seen([1, 1, 1], [40, 20, 40], "True"))
+            .await;
+    assert_eq!(status.backends_ready.as_deref(), Some("3/3"));
+    let (ok, out, err) = world.plane.kubectl("admin", &["get", "bal", name, "-o", "wide"], None);
+    let header: Vec<&str> = out.lines().next().unwrap_or_default().split_whitespace().collect();
+    let row: Vec<&str> = out.lines().nth(1).unwrap_or_default().split_whitespace().collect();
+    assert!(ok && header.contains(&"BACKENDS-READY") && header.contains(&"BACKENDS-AVAILABLE"), "{out}{err}");
+    assert!(row.contains(&"3/3") && row.contains(&"True"), "{out}");
+
+    // v2's pod goes: its endpoint leaves, and its share goes to the others.
+    let pods: Api<Pod> = Api::namespaced(world.admin.clone(), NS);
+    pods.delete("seen-v2", &DeleteParams { grace_period_seconds: Some(0), ..DeleteParams::default() }).await.unwrap();
+    let started = Instant::now();
+    let status =
+        eventually("v2 without endpoints", Duration::from_secs(15), seen([1, 0, 1], [50, 0, 50], "False")).await;
+    println!("e2e: v2's lost endpoint in the status after {:?}", started.elapsed());
+    assert_eq!(status.backends_ready.as_deref(), Some("2/3"));
+    let condition = status.conditions.iter().find(|c| c.type_ == "BackendsAvailable").unwrap();
+    assert_eq!(condition.reason, "NoReadyEndpoints");
+    assert!(condition.message.contains("v2") && !condition.message.contains("v1"), "{}", condition.message);
+
+    run_backend_pod(world, "seen-v2", json!({"app": "seen", "version": "v2"}), "10.244.9.2").await;
+    eventually("v2 back", Duration::from_secs(15), seen([1, 1, 1], [40, 20, 40], "True")).await;
+    balancers(world).delete(name, &DeleteParams::default()).await.unwrap();
+    for version in ["v1", "v2", "v3"] {
+        let _ = pods.delete(&format!("seen-{version}"), &DeleteParams::default()).await;
+    }
 }
 
 /// A name taken by a hand-made object: the create-only apply is refused by the real API server,

@@ -145,6 +145,7 @@ async fn run_suite(assets: &Path, images: &Path, state: &Path) -> ExitCode {
     let all = scenarios![World:
         the_operator_installs_from_deploy_as_a_user_would,
         the_walkthrough_splits_traffic_by_weight,
+        a_backend_without_pods_loses_its_share_without_a_failed_request,
         weights_change_under_load_without_a_failed_connection,
         scaling_the_balancer_brings_up_proxy_pods,
         udp_is_proxied_to_udp_echo_pods,
@@ -313,6 +314,9 @@ fn echo_backend(version: &str) -> String {
                         "command": ["nginx", "-c", "/etc/echo/nginx.conf", "-e", "stderr", "-g", "daemon off;"],
                         "ports": [{"containerPort": 5678}],
                         "readinessProbe": {"tcpSocket": {"port": 5678}, "periodSeconds": 1},
+                        // A backend that stops gracefully: it leaves its Service's endpoints
+                        // before nginx's SIGTERM (a fast stop) cuts the requests it is answering.
+                        "lifecycle": {"preStop": {"exec": {"command": ["sleep", "3"]}}},
                         "volumeMounts": [{"name": "conf", "mountPath": "/etc/echo"}],
                     }],
                     "volumes": [{"name": "conf", "configMap": {"name": format!("echo-{version}")}}],
@@ -351,6 +355,77 @@ async fn the_walkthrough_splits_traffic_by_weight(world: &mut World) {
     println!("node: 3000 requests through {front}:80: {counts:?}");
     assert_eq!(counts.get("failed"), None, "every request answered: {counts:?}");
     assert_shares(&counts, &[("hello world v1", 40), ("hello world v2", 20), ("hello world v3", 40)], 3.0);
+
+    // Each backend in the status: one ready endpoint, and the share the weights give it.
+    wait_backends(world, SAMPLE, &[1, 1, 1], &[40, 20, 40], "True", Duration::from_secs(15)).await;
+    println!("node: kubectl get bal:\n{}", kubectl(world, &["-n", NS, "get", "bal"], None));
+}
+
+/// Waits until a Balancer's `status.backends` shows `ready` endpoints and `shares`, in spec
+/// order, and `BackendsAvailable` is `available`; returns the status.
+async fn wait_backends(
+    world: &World,
+    name: &str,
+    ready: &[i64],
+    shares: &[i64],
+    available: &str,
+    timeout: Duration,
+) -> Value {
+    let api: Api<kube::api::DynamicObject> = Api::namespaced_with(world.admin.clone(), NS, &balancer_resource());
+    let what = format!("Balancer {name}'s backends with {ready:?} ready endpoints, shares {shares:?}, {available}");
+    eventually(&what, timeout, || async {
+        let status = api.get(name).await.ok()?.data.get("status").cloned()?;
+        let backends = status["backends"].as_array()?;
+        let seen: Vec<(i64, i64)> = backends
+            .iter()
+            .map(|b| (b["readyEndpoints"].as_i64().unwrap_or(-1), b["share"].as_i64().unwrap_or(-1)))
+            .collect();
+        let want: Vec<(i64, i64)> = ready.iter().copied().zip(shares.iter().copied()).collect();
+        let condition = status["conditions"].as_array()?.iter().find(|c| c["type"] == "BackendsAvailable")?.clone();
+        (seen == want && condition["status"] == available).then_some(status)
+    })
+    .await
+}
+
+// ---------------------------------------------------------------------------
+// 2b. A backend without pods
+// ---------------------------------------------------------------------------
+
+/// Backend v2 scaled to 0 under continuous TCP load: the status says so within 15 s, the
+/// others take its share on the wire, and no request fails; scaled back, all returns.
+async fn a_backend_without_pods_loses_its_share_without_a_failed_request(world: &mut World) {
+    let front = front_ip(world, SAMPLE).await;
+    let load = Load::start(format!("{front}:80"), 4);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    kubectl(world, &["-n", NS, "scale", "deployment/echo-v2", "--replicas=0"], None);
+    let scaled = Instant::now();
+    let status = wait_backends(world, SAMPLE, &[1, 0, 1], &[50, 0, 50], "False", Duration::from_secs(15)).await;
+    println!("node: v2 without endpoints in the status {:.1} s after scaling it to 0", scaled.elapsed().as_secs_f64());
+    assert_eq!(status["backendsReady"], "2/3", "{status}");
+    let condition = status["conditions"].as_array().unwrap().iter().find(|c| c["type"] == "BackendsAvailable").unwrap();
+    let message = condition["message"].as_str().unwrap_or_default();
+    assert!(message.contains("v2") && !message.contains("v1"), "{message}");
+    println!(
+        "node: kubectl get bal -o wide:\n{}",
+        kubectl(world, &["-n", NS, "get", "bal", SAMPLE, "-o", "wide"], None)
+    );
+
+    // The split on the wire, over 5 s of the clients' requests.
+    let before = load.answers();
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let after = load.answers();
+    let split: BTreeMap<String, usize> =
+        after.iter().map(|(answer, n)| (answer.clone(), n - before.get(answer).copied().unwrap_or(0))).collect();
+    println!("node: with v2 scaled to 0, 5 s of requests: {split:?}");
+    assert_eq!(split.get("hello world v2").copied().unwrap_or(0), 0, "{split:?}");
+    assert_shares(&split, &[("hello world v1", 50), ("hello world v3", 50)], 5.0);
+
+    kubectl(world, &["-n", NS, "scale", "deployment/echo-v2", "--replicas=1"], None);
+    wait_available(world, NS, "echo-v2", 1).await;
+    wait_backends(world, SAMPLE, &[1, 1, 1], &[40, 20, 40], "True", Duration::from_secs(15)).await;
+    let (sent, failures) = load.finish().await;
+    println!("node: {sent} requests while v2 went to 0 pods and back, {} failed", failures.len());
+    assert!(failures.is_empty(), "{} of {sent} failed: {:?}", failures.len(), &failures[..failures.len().min(10)]);
 }
 
 /// Waits for a Deployment to have `replicas` ready pods.
@@ -710,7 +785,79 @@ async fn udp_is_proxied_to_udp_echo_pods(world: &mut World) {
     }
     println!("node: 40 UDP exchanges through {front}:53: {replies:?}");
     assert_eq!(replies.keys().collect::<Vec<_>>(), ["u1", "u2"], "both backends answer: {replies:?}");
+
+    // u2 scaled to 0 while clients exchange datagrams continuously, each once, without a retry.
+    wait_backends(world, UDP_BALANCER, &[1, 1], &[50, 50], "True", Duration::from_secs(15)).await;
+    let load = UdpLoad::start(front.clone(), 2);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    kubectl(world, &["-n", NS, "scale", "deployment/udp-echo-u2", "--replicas=0"], None);
+    let scaled = Instant::now();
+    wait_backends(world, UDP_BALANCER, &[1, 0], &[100, 0], "False", Duration::from_secs(15)).await;
+    println!("node: u2 without endpoints in the status {:.1} s after scaling it to 0", scaled.elapsed().as_secs_f64());
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    let (sent, lost, answers) = load.finish().await;
+    let without_endpoints = scaled.elapsed().as_secs_f64();
+    println!(
+        "node: {sent} UDP exchanges while u2 went to 0 pods ({without_endpoints:.0} s), {lost} lost; answers {answers:?}"
+    );
+    // nginx sends a UDP exchange to a backend that refused one again only after its failTimeout
+    // (10 s), once per worker (2): each such exchange is lost. The docs state this bound.
+    let bound = 2 * (without_endpoints / 10.0).ceil() as usize + 2;
+    assert!(lost <= bound, "{lost} UDP exchanges lost, over the bound of {bound}");
+    kubectl(world, &["-n", NS, "scale", "deployment/udp-echo-u2", "--replicas=1"], None);
+    wait_available(world, NS, "udp-echo-u2", 1).await;
+    wait_backends(world, UDP_BALANCER, &[1, 1], &[50, 50], "True", Duration::from_secs(15)).await;
     kubectl(world, &["-n", NS, "delete", "balancer", UDP_BALANCER], None);
+}
+
+/// UDP clients exchanging datagrams back to back until stopped, each exchange once, with no
+/// retry: a datagram without a reply within a second is a lost exchange.
+struct UdpLoad {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    tasks: tokio::task::JoinSet<(usize, usize, BTreeMap<String, usize>)>,
+}
+
+impl UdpLoad {
+    fn start(ip: String, clients: usize) -> UdpLoad {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let mut tasks = tokio::task::JoinSet::new();
+        for client in 0..clients {
+            let (ip, stop) = (ip.clone(), stop.clone());
+            tasks.spawn(async move {
+                let (mut sent, mut lost, mut answers) = (0, 0, BTreeMap::new());
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    sent += 1;
+                    let line = format!("client {client} exchange {sent}");
+                    match udp_exchange(&ip, &line).await {
+                        // An answer echoes the line; nginx answers a refused exchange with an
+                        // empty datagram.
+                        Some(reply) if reply.trim_end().ends_with(&line) => {
+                            let version = reply.split_whitespace().next().unwrap_or_default().to_string();
+                            *answers.entry(version).or_insert(0) += 1;
+                        }
+                        _ => lost += 1,
+                    }
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                (sent, lost, answers)
+            });
+        }
+        UdpLoad { stop, tasks }
+    }
+
+    /// Stops the clients: exchanges sent, lost, and the replies by backend.
+    async fn finish(self) -> (usize, usize, BTreeMap<String, usize>) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let mut all = (0, 0, BTreeMap::new());
+        for (sent, lost, answers) in self.tasks.join_all().await {
+            all.0 += sent;
+            all.1 += lost;
+            for (version, n) in answers {
+                *all.2.entry(version).or_insert(0) += n;
+            }
+        }
+        all
+    }
 }
 
 /// One datagram from a fresh socket to `ip:53`, and the reply, if one came within a second.

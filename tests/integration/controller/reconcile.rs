@@ -7,7 +7,9 @@ use std::time::Duration;
 use axum::http::{Method, Response, StatusCode};
 use balancer::api::{Balancer, BalancerStatus};
 use balancer::controller::StoredBalancer;
-use balancer::controller::{self, BudgetCache, Cached, ChildCaches, Context, ErrorKind, error_policy, reconcile};
+use balancer::controller::{
+    self, BudgetCache, Cached, ChildCaches, Context, ErrorKind, ReadyEndpoints, error_policy, reconcile,
+};
 use balancer::manager::Metrics;
 use balancer::proxy::{self, BackendHosts, Owner, ProxySettings};
 use balancer::runtime::throttle::{Rate, ThrottleLayer};
@@ -65,6 +67,7 @@ struct Caches {
     config_maps: Writer<Cached<ConfigMap>>,
     deployments: Writer<Cached<Deployment>>,
     budgets: Writer<Cached<PodDisruptionBudget>>,
+    endpoints: Writer<ReadyEndpoints>,
 }
 
 /// A cache that has listed (nothing).
@@ -83,13 +86,15 @@ fn child_caches() -> (ChildCaches, Caches) {
     let (config_maps, config_maps_writer) = synced_store();
     let (deployments, deployments_writer) = synced_store();
     let (budgets, budgets_writer) = synced_store();
+    let (endpoints, endpoints_writer) = synced_store();
     let caches = Caches {
         services: services_writer,
         config_maps: config_maps_writer,
         deployments: deployments_writer,
         budgets: budgets_writer,
+        endpoints: endpoints_writer,
     };
-    (ChildCaches { services, config_maps, deployments, budgets: BudgetCache::V1(budgets) }, caches)
+    (ChildCaches { services, config_maps, deployments, budgets: BudgetCache::V1(budgets), endpoints }, caches)
 }
 
 /// A context whose client talks to the returned mock, with synced (empty) caches.
@@ -250,18 +255,42 @@ fn assert_status(
     ready: Value,
 ) {
     let mut status = written.clone();
-    let conditions = status["conditions"].as_array_mut().expect("conditions");
-    assert_eq!(conditions.len(), 1, "{conditions:?}");
-    let time = conditions[0].as_object_mut().unwrap().remove("lastTransitionTime").expect("lastTransitionTime");
-    let time = time.as_str().expect("a string");
-    assert!(time.len() >= 20 && time.ends_with('Z') && time.as_bytes()[10] == b'T', "RFC 3339: {time}");
-    // The front Service's cluster IP; a reconcile that stops early keeps the addresses the
-    // status had (none, in these tests).
+    // A reconcile that stops early keeps what the status said of the addresses and the
+    // backends (nothing, in these tests).
     let stopped_early = ["InvalidSpec", "ReconcileError", "Conflict"].contains(&ready["reason"].as_str().unwrap_or(""));
+    let conditions = status["conditions"].as_array_mut().expect("conditions");
+    assert_eq!(conditions.len(), if stopped_early { 1 } else { 2 }, "{conditions:?}");
+    for condition in conditions.iter_mut() {
+        let time = condition.as_object_mut().unwrap().remove("lastTransitionTime").expect("lastTransitionTime");
+        let time = time.as_str().expect("a string");
+        assert!(time.len() >= 20 && time.ends_with('Z') && time.as_bytes()[10] == b'T', "RFC 3339: {time}");
+    }
+    let backends_available = (!stopped_early).then(|| conditions.remove(1));
     let addresses = if stopped_early { json!([]) } else { json!([{"type": "IPAddress", "value": CLUSTER_IP}]) };
     let object = status.as_object_mut().expect("a status object");
     assert_eq!(object.remove("addresses"), Some(addresses), "{written}");
     assert_eq!(object.remove("nodePorts"), Some(json!([])), "always written, so that none can linger");
+    // No endpoints in these tests' caches: no backend has a ready endpoint.
+    let (backends, backends_ready) = if stopped_early {
+        (json!([]), None)
+    } else {
+        let rows: Vec<Value> = sample()
+            .spec
+            .backends
+            .iter()
+            .map(|b| json!({"name": b.name, "weight": b.weight, "readyEndpoints": 0, "share": 0}))
+            .collect();
+        (json!(rows), Some(json!("0/3")))
+    };
+    assert_eq!(object.remove("backends"), Some(backends), "always written, so that a removed backend leaves");
+    assert_eq!(object.remove("backendsReady"), backends_ready);
+    if let Some(condition) = backends_available {
+        assert_eq!(
+            condition,
+            json!({"type": "BackendsAvailable", "status": "False", "reason": "NoReadyEndpoints", "observedGeneration": 1,
+                   "message": "no backend has a ready endpoint: v1, v2, v3; new connections fail"})
+        );
+    }
     let mut expected_ready = ready;
     expected_ready["type"] = json!("Ready");
     expected_ready["observedGeneration"] = json!(1);
@@ -1114,4 +1143,77 @@ async fn scaling_down_to_one_pod_deletes_the_disruption_budget() {
     });
     reconcile(Arc::new(balancer.into()), ctx).await.expect("reconcile succeeds");
     verifier.await.unwrap();
+}
+
+/// The backend Services' Endpoints as the endpoints controller writes them: `ready` addresses
+/// for each backend named.
+fn endpoints(caches: &mut Caches, ready: &[(&str, usize)]) {
+    for (backend, count) in ready {
+        let addresses: Vec<Value> = (0..*count).map(|i| json!({"ip": format!("10.244.0.{}", i + 2)})).collect();
+        let object: ReadyEndpoints = serde_json::from_value(json!({
+            "metadata": {"name": balancer::api::backend_service_name(NAME, backend), "namespace": NS,
+                         "labels": {proxy::BALANCER_NAME_LABEL: NAME}},
+            "subsets": [{"addresses": addresses, "ports": [{"port": 80}]}]
+        }))
+        .unwrap();
+        caches.endpoints.apply_watcher_event(&watcher::Event::Apply(object));
+    }
+}
+
+#[tokio::test]
+async fn each_backend_shows_its_ready_endpoints_and_share_and_the_missing_one_is_named() {
+    let (ctx, mut server, mut caches) = context();
+    let balancer = sample();
+    converged(&mut caches, &balancer);
+    endpoints(&mut caches, &[("v1", 2), ("v2", 0), ("v3", 1)]);
+    let verifier = tokio::spawn(async move {
+        let status = expect_status(&mut server, &sample()).await;
+        expect_event(&mut server, "ProxyAvailable").await;
+        status
+    });
+    reconcile(Arc::new(balancer.into()), ctx).await.expect("reconcile succeeds");
+    let status = verifier.await.unwrap();
+    assert_eq!(
+        status["backends"],
+        json!([{"name": "v1", "weight": 40, "readyEndpoints": 2, "share": 50},
+               {"name": "v2", "weight": 20, "readyEndpoints": 0, "share": 0},
+               {"name": "v3", "weight": 40, "readyEndpoints": 1, "share": 50}])
+    );
+    assert_eq!(status["backendsReady"], "2/3");
+    let available = &status["conditions"][1];
+    assert_eq!((&available["type"], &available["status"]), (&json!("BackendsAvailable"), &json!("False")));
+    assert_eq!(available["message"], "no ready endpoint behind v2; their share goes to the other backends");
+    assert_eq!(status["conditions"][0]["status"], "True", "Ready still means the proxy serves");
+}
+
+/// A pod flapping behind a backend costs at most one status write per interval: a change of
+/// readiness alone, just after a write, waits (no request) and comes back when it may be
+/// written.
+#[tokio::test]
+async fn a_change_of_readiness_alone_just_after_a_write_waits_for_the_interval() {
+    let (ctx, mut server, mut caches) = context();
+    let balancer = sample();
+    converged(&mut caches, &balancer);
+    endpoints(&mut caches, &[("v1", 1), ("v2", 1), ("v3", 1)]);
+    let verifier = tokio::spawn(async move {
+        let status = expect_status(&mut server, &sample()).await;
+        expect_event(&mut server, "ProxyAvailable").await;
+        (status, server)
+    });
+    reconcile(Arc::new(balancer.clone().into()), ctx.clone()).await.expect("reconcile succeeds");
+    let (status, mut server) = verifier.await.unwrap();
+    assert_eq!(status["backendsReady"], "3/3");
+    assert_eq!(status["conditions"][1]["status"], "True");
+
+    endpoints(&mut caches, &[("v2", 0)]);
+    let mut settled = balancer;
+    settled.status = Some(serde_json::from_value(status).unwrap());
+    let action = tokio::time::timeout(Duration::from_secs(5), reconcile(Arc::new(settled.into()), ctx))
+        .await
+        .expect("a held status write made an API request")
+        .expect("reconcile succeeds");
+    let interval = controller::READINESS_WRITE_INTERVAL.as_millis() as u64;
+    let held = (1..=interval).any(|ms| action == Action::requeue(Duration::from_millis(ms)));
+    assert!(held, "{action:?}: not requeued within the interval");
+    server.assert_none_within(Duration::from_millis(50)).await;
 }

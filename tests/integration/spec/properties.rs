@@ -15,7 +15,7 @@ use std::collections::BTreeMap;
 
 use balancer::api::conversion::{PRESERVED_ANNOTATION, Version, convert};
 use balancer::api::v1beta1::{BalancerAddress, FrontService, NodePortStatus, ProxySpec};
-use balancer::api::{BackendSpec, Balancer, BalancerPort, BalancerSpec, BalancerStatus};
+use balancer::api::{BackendSpec, BackendStatus, Balancer, BalancerPort, BalancerSpec, BalancerStatus};
 use balancer::spec::admit;
 use balancer::spec::{ObjectName, Report};
 use balancer::spec::{SpecPolicy, with_defaults};
@@ -1119,6 +1119,13 @@ fn arb_v1beta1_status() -> impl Strategy<Value = Option<Value>> {
                 }],
                 active_backends: active,
                 obsolete_backends: obsolete,
+                backends: vec![BackendStatus {
+                    name: "v1".into(),
+                    weight: active & 0xff,
+                    ready_endpoints: ready & 0xff,
+                    share: 100,
+                }],
+                backends_ready: Some("1/1".into()),
                 observed_generation: generation,
                 conditions: serde_json::from_value(json!(conditions)).expect("conditions"),
             })
@@ -1234,7 +1241,7 @@ proptest! {
         prop_assert_eq!(read["spec"].get("replicas"), beta["spec"].get("replicas"));
         prop_assert_eq!(read["spec"].get("sessionAffinity"), beta["spec"].get("sessionAffinity"));
         prop_assert_eq!(read["spec"].get("service"), beta["spec"].get("service"));
-        for field in ["replicas", "readyReplicas", "selector", "addresses", "nodePorts"] {
+        for field in DERIVED_STATUS {
             prop_assert!(read["status"].get(field).is_none(), "status.{} came back from v1alpha1", field);
         }
         prop_assert_eq!(&read["metadata"], &beta["metadata"]);
@@ -1242,12 +1249,15 @@ proptest! {
 }
 
 /// `beta` without the status fields only v1beta1 has, and without a status they leave empty.
+/// The status fields only v1beta1 has, which the controller derives and writes again.
+const DERIVED_STATUS: [&str; 7] =
+    ["replicas", "readyReplicas", "selector", "addresses", "nodePorts", "backends", "backendsReady"];
+
 fn without_derived_status(beta: &Value) -> Value {
     let mut beta = beta.clone();
     if let Some(status) = beta.get_mut("status").and_then(Value::as_object_mut) {
         let had = status.len();
-        let derived = ["replicas", "readyReplicas", "selector", "addresses", "nodePorts"];
-        status.retain(|k, _| !derived.contains(&k.as_str()));
+        status.retain(|k, _| !DERIVED_STATUS.contains(&k.as_str()));
         if status.is_empty() && had > 0 {
             beta.as_object_mut().unwrap().remove("status");
         }

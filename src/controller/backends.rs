@@ -1,0 +1,179 @@
+//! Each backend as the traffic sees it, decided purely: its ready endpoints, the share of new
+//! connections the proxy aims to give it, and the `BackendsAvailable` condition.
+//!
+//! The proxy connects to each backend's Service; a Service without a ready endpoint refuses
+//! the connection, and nginx moves on to the next backend and leaves the refusing one out for
+//! a while. So the weights that count are those of the backends with a ready endpoint.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use k8s_openapi::jiff::Timestamp;
+
+use super::status::condition_of;
+use super::stored::StoredBalancer;
+use crate::api::{BackendStatus, BalancerSpec};
+
+/// The condition type: every backend with a weight has a ready endpoint.
+pub const BACKENDS_AVAILABLE: &str = "BackendsAvailable";
+
+const ENDPOINTS_READY: &str = "EndpointsReady";
+const NO_READY_ENDPOINTS: &str = "NoReadyEndpoints";
+
+/// The backends' part of a status.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) struct Backends {
+    pub statuses: Vec<BackendStatus>,
+    /// `ready/all`, for `kubectl get`.
+    pub summary: String,
+    pub condition: Condition,
+}
+
+/// The backends of `spec`, in spec order, with the ready endpoints `ready` finds for each
+/// backend name (none when it finds nothing), as of `now`.
+pub(super) fn backends(
+    balancer: &StoredBalancer,
+    spec: &BalancerSpec,
+    ready: impl Fn(&str) -> u32,
+    now: Timestamp,
+) -> Backends {
+    let seen: Vec<(String, i32, u32)> =
+        spec.backends.iter().map(|b| (b.name.clone(), b.effective_weight(), ready(&b.name))).collect();
+    let weights: Vec<u64> = seen
+        .iter()
+        .map(|(_, weight, ready)| if *ready > 0 { u64::try_from(*weight).unwrap_or(0) } else { 0 })
+        .collect();
+    let statuses = seen
+        .iter()
+        .zip(shares(&weights))
+        .map(|((name, weight, ready), share)| BackendStatus {
+            name: name.clone(),
+            weight: *weight,
+            ready_endpoints: i32::try_from(*ready).unwrap_or(i32::MAX),
+            share: i32::from(share),
+        })
+        .collect::<Vec<_>>();
+    let with_endpoints = statuses.iter().filter(|s| s.ready_endpoints > 0).count();
+    let summary = format!("{with_endpoints}/{}", statuses.len());
+    let weighted = statuses.iter().filter(|s| s.weight > 0).count();
+    let missing: Vec<&str> =
+        statuses.iter().filter(|s| s.weight > 0 && s.ready_endpoints == 0).map(|s| s.name.as_str()).collect();
+    let condition = match missing.as_slice() {
+        [] => condition_of(
+            balancer,
+            BACKENDS_AVAILABLE,
+            true,
+            ENDPOINTS_READY,
+            &format!("every backend with a weight has a ready endpoint ({summary} backends ready)"),
+            now,
+        ),
+        names => {
+            let message = if names.len() == weighted {
+                format!("no backend has a ready endpoint: {}; new connections fail", names.join(", "))
+            } else {
+                format!("no ready endpoint behind {}; their share goes to the other backends", names.join(", "))
+            };
+            condition_of(balancer, BACKENDS_AVAILABLE, false, NO_READY_ENDPOINTS, &message, now)
+        }
+    };
+    Backends { statuses, summary, condition }
+}
+
+/// Whole percentages of `weights`' total: each rounded down, and the points left over given
+/// one each to the largest remainders (the earlier backend first on a tie), so that they add up
+/// to 100 whenever any weight is positive (Hamilton's method). All zero when none is.
+pub(super) fn shares(weights: &[u64]) -> Vec<u8> {
+    let total: u128 = weights.iter().map(|&w| u128::from(w)).sum();
+    if total == 0 {
+        return vec![0; weights.len()];
+    }
+    let exact: Vec<(u128, u128)> =
+        weights.iter().map(|&w| (u128::from(w) * 100 / total, u128::from(w) * 100 % total)).collect();
+    let mut shares: Vec<u8> = exact.iter().map(|&(floor, _)| u8::try_from(floor).unwrap_or(100)).collect();
+    let given: u32 = shares.iter().map(|&s| u32::from(s)).sum();
+    let mut order: Vec<usize> = (0..weights.len()).collect();
+    // A stable sort keeps spec order among equal remainders.
+    order.sort_by(|&a, &b| exact[b].1.cmp(&exact[a].1));
+    for &index in order.iter().take(100usize.saturating_sub(given as usize)) {
+        shares[index] += 1;
+    }
+    shares
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+    use super::*;
+    use crate::api::BackendSpec;
+
+    #[test]
+    fn shares_are_whole_percentages_that_add_up_to_100() {
+        let cases: [(&[u64], &[u8]); 8] = [
+            (&[40, 20, 40], &[40, 20, 40]),
+            (&[40, 0, 40], &[50, 0, 50]),
+            (&[1, 1, 1], &[34, 33, 33]),
+            (&[1, 2], &[33, 67]),
+            (&[2, 1, 1], &[50, 25, 25]),
+            (&[0, 0], &[0, 0]),
+            (&[], &[]),
+            (&[1, 1, 1, 1, 1, 1], &[17, 17, 17, 17, 16, 16]),
+        ];
+        for (weights, want) in cases {
+            assert_eq!(shares(weights), want, "{weights:?}");
+        }
+        assert_eq!(shares(&[u64::MAX, u64::MAX]), [50, 50], "no overflow");
+    }
+
+    fn balancer() -> StoredBalancer {
+        StoredBalancer {
+            metadata: ObjectMeta { name: Some("lb".into()), generation: Some(4), ..ObjectMeta::default() },
+            spec: Err(crate::spec::FieldError::new("spec", "not read here")),
+            status: None,
+        }
+    }
+
+    fn spec(weights: &[(&str, i32)]) -> BalancerSpec {
+        let mut spec: BalancerSpec = serde_json::from_value(serde_json::json!({"ports": [], "backends": []})).unwrap();
+        spec.backends = weights
+            .iter()
+            .map(|(name, weight)| {
+                serde_json::from_value::<BackendSpec>(serde_json::json!({"name": name, "weight": weight})).unwrap()
+            })
+            .collect();
+        spec
+    }
+
+    const NOW: &str = "2026-11-24T08:00:00Z";
+
+    #[test]
+    fn a_backend_without_ready_endpoints_gets_no_share_and_is_named() {
+        let spec = spec(&[("v1", 40), ("v2", 20), ("v3", 40)]);
+        let seen = backends(&balancer(), &spec, |name| if name == "v2" { 0 } else { 1 }, NOW.parse().unwrap());
+        let rows: Vec<(&str, i32, i32)> =
+            seen.statuses.iter().map(|s| (s.name.as_str(), s.ready_endpoints, s.share)).collect();
+        assert_eq!(rows, [("v1", 1, 50), ("v2", 0, 0), ("v3", 1, 50)]);
+        assert_eq!(seen.summary, "2/3");
+        let condition = &seen.condition;
+        assert_eq!((condition.type_.as_str(), condition.status.as_str()), (BACKENDS_AVAILABLE, "False"));
+        assert_eq!(condition.reason, NO_READY_ENDPOINTS);
+        assert!(condition.message.contains("v2") && !condition.message.contains("v1"), "{}", condition.message);
+        assert_eq!(condition.observed_generation, Some(4));
+    }
+
+    #[test]
+    fn a_backend_weighted_zero_needs_no_endpoint() {
+        let spec = spec(&[("v1", 1), ("spare", 0)]);
+        let seen = backends(&balancer(), &spec, |name| u32::from(name == "v1") * 3, NOW.parse().unwrap());
+        assert_eq!((seen.condition.status.as_str(), seen.summary.as_str()), ("True", "1/2"));
+        assert_eq!(seen.statuses.iter().map(|s| s.share).collect::<Vec<_>>(), [100, 0]);
+        assert_eq!(seen.statuses[0].ready_endpoints, 3);
+    }
+
+    #[test]
+    fn with_no_ready_backend_every_share_is_zero_and_the_condition_says_connections_fail() {
+        let spec = spec(&[("v1", 1), ("v2", 1)]);
+        let seen = backends(&balancer(), &spec, |_| 0, NOW.parse().unwrap());
+        assert_eq!(seen.statuses.iter().map(|s| s.share).collect::<Vec<_>>(), [0, 0]);
+        assert_eq!(seen.summary, "0/2");
+        assert!(seen.condition.message.contains("new connections fail"), "{}", seen.condition.message);
+    }
+}
