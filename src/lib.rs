@@ -10,6 +10,7 @@
 //! - [`api`]: the CRD's types and conversion;
 //! - [`spec`]: what a spec means (read, default, validate), shared by webhook, controller, CLI;
 //! - [`proxy`]: the pure builders of what a Balancer owns, nginx's config included;
+//! - [`exporter`]: the proxy pods' metrics sidecar (`balancer proxy-metrics`);
 //! - [`webhook`] and [`controller`]: the two things `balancer run` serves;
 //! - [`manager`]: the `run` wiring, the only place that knows every area;
 //! - [`cli`]: the commands, the only place that knows flags.
@@ -20,6 +21,7 @@ pub mod api;
 pub mod cli;
 pub mod controller;
 pub mod deploy;
+pub mod exporter;
 pub mod manager;
 pub mod proxy;
 pub mod runtime;

@@ -29,6 +29,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use balancer::api::{BackendSpec, BalancerPort, BalancerSpec};
+use balancer::exporter;
 use balancer::proxy::nginx;
 use balancer::spec::ObjectName;
 use balancer::spec::SpecPolicy;
@@ -39,6 +40,7 @@ use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::{TcpListener, TcpSocket, TcpStream, UdpSocket};
 use tokio::task::JoinHandle;
 use tokio::time::timeout;
+use tokio_util::sync::CancellationToken;
 
 /// Bound on every single network await.
 const STEP: Duration = Duration::from_secs(5);
@@ -519,7 +521,7 @@ async fn tcp_sample_splits_500_connections_40_20_40() {
     let backends = tcp_backends(&["v1", "v2", "v3"]).await;
     let address = addresses(&backends);
     let (nginx, listen) = start_nginx(&bin, free_tcp_port, |p| {
-        nginx::render("example-balancer", &admitted(sample_spec(p)), &[], &address)
+        nginx::render("example-balancer", &admitted(sample_spec(p)), &[], None, &address)
     })
     .await;
 
@@ -547,7 +549,7 @@ async fn tcp_weight_zero_backend_is_down_and_gets_nothing() {
         admitted(spec)
     };
     let (nginx, listen) = start_nginx(&bin, free_tcp_port, |p| {
-        let rendered = nginx::render("example-balancer", &spec(p), &[], &address);
+        let rendered = nginx::render("example-balancer", &spec(p), &[], None, &address);
         assert!(rendered.contains(&format!("server {} down;", backends[1].addr)), "{rendered}");
         rendered
     })
@@ -591,7 +593,7 @@ async fn udp_datagrams_are_answered_by_the_backends_by_weight() {
         })
     };
     let (nginx, listen) = start_nginx(&bin, free_udp_port, |p| {
-        let rendered = nginx::render("dns", &spec(p), &[], &address);
+        let rendered = nginx::render("dns", &spec(p), &[], None, &address);
         assert!(rendered.contains(&format!("listen {p} udp;")), "{rendered}");
         rendered
     })
@@ -637,7 +639,8 @@ async fn tcp_and_udp_on_the_same_port_number_reach_their_own_servers() {
             backends: vec![backend("v1", 1), backend("v2", 1)],
         })
     };
-    let (nginx, listen) = start_nginx(&bin, free_dual_port, |p| nginx::render("dual", &spec(p), &[], &address)).await;
+    let (nginx, listen) =
+        start_nginx(&bin, free_dual_port, |p| nginx::render("dual", &spec(p), &[], None, &address)).await;
 
     let mut tcp_replies = Vec::new();
     let mut udp_replies = Vec::new();
@@ -679,7 +682,8 @@ async fn udp_sessions_end_once_answered() {
             backends: vec![backend("v1", 1)],
         })
     };
-    let (nginx, listen) = start_nginx(&bin, free_udp_port, |p| nginx::render("dns", &spec(p), &[], &address)).await;
+    let (nginx, listen) =
+        start_nginx(&bin, free_udp_port, |p| nginx::render("dns", &spec(p), &[], None, &address)).await;
     udp_ask(listen).await;
     tokio::time::sleep(Duration::from_millis(100)).await;
     let workers = nginx.workers();
@@ -788,7 +792,7 @@ fn nginx_t_accepts_every_rendered_config() {
     for (case, spec) in config_table() {
         let spec = admit(ObjectName::Name("table"), spec, &SpecPolicy::default())
             .unwrap_or_else(|report| panic!("{case}: the table holds valid specs only: {:?}", report.errors));
-        let rendered = nginx::render("table", &spec, &[], &loopback_addresses(&spec));
+        let rendered = nginx::render("table", &spec, &[], None, &loopback_addresses(&spec));
         if let Err(log) = nginx_check(&bin, &rendered) {
             rejected.push(format!("--- {case} ---\n{log}\n{rendered}"));
         }
@@ -801,7 +805,8 @@ fn nginx_t_rejects_a_broken_config() {
     // The check above must be able to fail: a config nginx cannot load is reported.
     let Some(bin) = nginx_binary() else { return };
     let spec = admitted(sample_spec(80));
-    let rendered = nginx::render("table", &spec, &[], &loopback_addresses(&spec)).replace("weight=40", "weight=0");
+    let rendered =
+        nginx::render("table", &spec, &[], None, &loopback_addresses(&spec)).replace("weight=40", "weight=0");
     let log = nginx_check(&bin, &rendered).expect_err("weight=0 is invalid for nginx");
     assert!(log.contains("weight"), "{log}");
 }
@@ -834,9 +839,10 @@ async fn client_ip_affinity_keeps_each_client_on_one_backend_and_splits_clients_
         spec.session_affinity = Some("ClientIP".into());
         spec
     };
-    let (_nginx, listen) =
-        start_nginx(&bin, free_tcp_port, |p| nginx::render("example-balancer", &admitted(affine(p)), &[], &address))
-            .await;
+    let (_nginx, listen) = start_nginx(&bin, free_tcp_port, |p| {
+        nginx::render("example-balancer", &admitted(affine(p)), &[], None, &address)
+    })
+    .await;
 
     // 240 clients (127.0.1.1 ... 127.0.2.120), 3 connections each.
     const CLIENTS: u16 = 240;
@@ -887,7 +893,8 @@ async fn refused_attempts(bin: &NginxBinary, max_fails: i32) -> (usize, usize) {
         spec
     };
     let (nginx, listen) =
-        start_nginx(bin, free_tcp_port, |p| nginx::render("example-balancer", &admitted(spec(p)), &[], &address)).await;
+        start_nginx(bin, free_tcp_port, |p| nginx::render("example-balancer", &admitted(spec(p)), &[], None, &address))
+            .await;
     for _ in 0..100 {
         assert_eq!(tcp_ask(listen).await, "live", "every connection is answered by the live backend");
     }
@@ -905,4 +912,159 @@ async fn a_failing_backend_is_left_alone_for_fail_timeout_after_max_fails() {
     assert!(with_passive_health <= workers, "{with_passive_health} refused attempts with {workers} workers");
     // maxFails 0: it is never marked failed, so most connections try it first (weight 90 of 100).
     assert!(without >= 50, "only {without} refused attempts with maxFails 0");
+}
+
+// ---------------------------------------------------------------------------
+// (f) The metrics sidecar, fed by the real nginx's log
+// ---------------------------------------------------------------------------
+
+/// `GET /metrics` from the sidecar, in plain HTTP.
+async fn scrape(port: u16) -> Option<String> {
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).await.ok()?;
+    stream.write_all(b"GET /metrics HTTP/1.1\r\nHost: sidecar\r\nConnection: close\r\n\r\n").await.ok()?;
+    let mut answer = String::new();
+    timeout(STEP, stream.read_to_string(&mut answer)).await.ok()?.ok()?;
+    answer.starts_with("HTTP/1.1 200").then_some(answer)
+}
+
+/// The value of the sample whose name and labels `line` begins with.
+fn sample_value(exposition: &str, line: &str) -> Option<f64> {
+    exposition.lines().find_map(|l| l.strip_prefix(line)?.trim().parse().ok())
+}
+
+#[tokio::test]
+async fn the_metrics_sidecar_counts_the_sessions_nginx_logs_per_backend() {
+    let Some(bin) = nginx_binary() else { return };
+    let backends = tcp_backends(&["v1", "v2", "v3"]).await;
+    let address = addresses(&backends);
+    let log_port = free_udp_port();
+    let render = |p| nginx::render("example-balancer", &admitted(sample_spec(p)), &[], Some(log_port), &address);
+    let (_nginx, listen) = start_nginx(&bin, free_tcp_port, render).await;
+    let dir = TempDir::new().expect("temp dir");
+    let config = dir.path().join("nginx.conf");
+    fs::write(&config, render(listen)).expect("nginx.conf");
+    let metrics_port = free_tcp_port();
+    let options = exporter::Options {
+        config,
+        listen: SocketAddr::from((Ipv4Addr::LOCALHOST, metrics_port)),
+        log_port,
+        drain: Duration::ZERO,
+    };
+    let stop = CancellationToken::new();
+    let sidecar = tokio::spawn(exporter::run(options, stop.clone()));
+    let deadline = Instant::now() + NGINX_DEADLINE;
+    while scrape(metrics_port).await.is_none() {
+        assert!(Instant::now() < deadline, "the sidecar never served /metrics");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+
+    let mut replies = Vec::with_capacity(REQUESTS);
+    for _ in 0..REQUESTS {
+        replies.push(tcp_ask(listen).await);
+    }
+    let observed = tally(replies);
+    // A garbled line, as anything on the pod's loopback could send: counted and skipped.
+    let garbage = UdpSocket::bind("127.0.0.1:0").await.expect("bind");
+    garbage.send_to(b"\xff\xfe not a log line", ("127.0.0.1", log_port)).await.expect("send");
+
+    let sessions = |text: &str, backend: &str| {
+        let labels = format!(
+            "balancer_proxy_sessions_total{{balancer=\"example-balancer\",port=\"{listen}\",protocol=\"TCP\",backend=\"{backend}\",outcome=\"ok\"}}"
+        );
+        sample_value(text, &labels).unwrap_or(0.0) as usize
+    };
+    let mut text = String::new();
+    let deadline = Instant::now() + STEP;
+    while Instant::now() < deadline {
+        text = scrape(metrics_port).await.unwrap_or_default();
+        let counted: usize = ["v1", "v2", "v3"].iter().map(|b| sessions(&text, b)).sum();
+        if counted == REQUESTS && text.contains("reason=\"malformed\"") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    for backend in ["v1", "v2", "v3"] {
+        assert_eq!(sessions(&text, backend), observed[backend], "{backend}: every session counted once\n{text}");
+    }
+    let weight = |backend: &str| {
+        let labels = format!(
+            "balancer_proxy_backend_weight{{balancer=\"example-balancer\",port=\"{listen}\",protocol=\"TCP\",backend=\"{backend}\"}}"
+        );
+        sample_value(&text, &labels)
+    };
+    assert_eq!((weight("v1"), weight("v2"), weight("v3")), (Some(40.0), Some(20.0), Some(40.0)));
+    assert_eq!(sample_value(&text, "balancer_proxy_log_lines_lost_total{balancer=\"example-balancer\"}"), Some(0.0));
+    let skipped = "balancer_proxy_log_lines_skipped_total{balancer=\"example-balancer\",reason=\"malformed\"}";
+    assert_eq!(sample_value(&text, skipped), Some(1.0), "{text}");
+    let bytes = format!(
+        "balancer_proxy_sent_bytes_total{{balancer=\"example-balancer\",port=\"{listen}\",protocol=\"TCP\",backend=\"v1\"}}"
+    );
+    assert_eq!(sample_value(&text, &bytes), Some((observed["v1"] * "v1".len()) as f64), "bytes to clients");
+    assert!(text.contains("balancer_proxy_session_duration_seconds_bucket{"), "{text}");
+    assert!(text.contains("balancer_proxy_upstream_connect_duration_seconds_count{"), "{text}");
+
+    stop.cancel();
+    let stopped = timeout(STEP, sidecar).await.expect("the sidecar stops at once without a drain");
+    assert!(matches!(stopped, Ok(Ok(()))), "{stopped:?}");
+}
+
+/// A backend that refuses connections: nginx moves on, and the sidecar counts the failed
+/// connect against that backend, and the session against the one that served it.
+#[tokio::test]
+async fn the_metrics_sidecar_counts_connect_failures_against_the_refusing_backend() {
+    let Some(bin) = nginx_binary() else { return };
+    let mut backends = tcp_backends(&["v1", "v2"]).await;
+    let refusing = backends.pop().expect("v2");
+    let refused_addr = refusing.addr;
+    drop(refusing);
+    let live = &backends;
+    let address = move |backend: &BackendSpec, _: &BalancerPort| match live.iter().find(|b| b.name == backend.name) {
+        Some(server) => server.addr.to_string(),
+        None => refused_addr.to_string(),
+    };
+    let spec = |p| {
+        let mut spec = sample_spec(p);
+        spec.backends.truncate(2);
+        admitted(spec)
+    };
+    let log_port = free_udp_port();
+    let render = |p| nginx::render("lb", &spec(p), &[], Some(log_port), &address);
+    let (_nginx, listen) = start_nginx(&bin, free_tcp_port, render).await;
+    let dir = TempDir::new().expect("temp dir");
+    fs::write(dir.path().join("nginx.conf"), render(listen)).expect("nginx.conf");
+    let metrics_port = free_tcp_port();
+    let options = exporter::Options {
+        config: dir.path().join("nginx.conf"),
+        listen: SocketAddr::from((Ipv4Addr::LOCALHOST, metrics_port)),
+        log_port,
+        drain: Duration::ZERO,
+    };
+    let stop = CancellationToken::new();
+    let sidecar = tokio::spawn(exporter::run(options, stop.clone()));
+    while scrape(metrics_port).await.is_none() {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    for _ in 0..20 {
+        assert_eq!(tcp_ask(listen).await, "v1");
+    }
+    let failures = format!(
+        "balancer_proxy_upstream_connect_failures_total{{balancer=\"lb\",port=\"{listen}\",protocol=\"TCP\",backend=\"v2\"}}"
+    );
+    let served = format!(
+        "balancer_proxy_sessions_total{{balancer=\"lb\",port=\"{listen}\",protocol=\"TCP\",backend=\"v1\",outcome=\"ok\"}}"
+    );
+    let mut text = String::new();
+    for _ in 0..100 {
+        text = scrape(metrics_port).await.unwrap_or_default();
+        if sample_value(&text, &served) == Some(20.0) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(sample_value(&text, &served), Some(20.0), "{text}");
+    // nginx leaves a refusing server out for its fail_timeout (10 s): one try per worker.
+    let failed = sample_value(&text, &failures).unwrap_or(0.0);
+    assert!(failed >= 1.0, "{text}");
+    stop.cancel();
+    let _ = timeout(STEP, sidecar).await;
 }

@@ -39,6 +39,31 @@ pub enum Command {
     Render(RenderArgs),
     /// Rewrite the Balancers in FILE to another API version, as the conversion webhook would.
     Convert(ConvertArgs),
+    /// Count a proxy pod's sessions from nginx's log and serve them as Prometheus metrics (the
+    /// sidecar the controller adds to proxy pods with --proxy-metrics-image).
+    ProxyMetrics(ProxyMetricsArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct ProxyMetricsArgs {
+    /// The proxy's nginx.conf, as balancer rendered it (read once, at start).
+    #[arg(long)]
+    pub config: PathBuf,
+    /// Address of the plain-HTTP /metrics server.
+    #[arg(long, default_value = "0.0.0.0:9113")]
+    pub listen: SocketAddr,
+    /// UDP port on 127.0.0.1 where nginx sends its log.
+    #[arg(long, default_value_t = 5514)]
+    pub log_port: u16,
+    /// How long, after SIGTERM, to go on counting the sessions the proxy drains (e.g. 25s).
+    #[arg(long, default_value = "25s", value_parser = humantime::parse_duration)]
+    pub drain: Duration,
+    /// Log format.
+    #[arg(long, env = "BALANCER_LOG_FORMAT", value_enum, default_value = "text")]
+    pub log_format: LogFormatArg,
+    /// Log filter when RUST_LOG is unset (e.g. info, balancer=debug).
+    #[arg(long, env = "BALANCER_LOG_LEVEL", default_value = "info")]
+    pub log_level: String,
 }
 
 #[derive(Debug, Args)]
@@ -167,6 +192,11 @@ pub struct ProxyArgs {
     /// for several.
     #[arg(long = "proxy-load-module", env = "BALANCER_PROXY_LOAD_MODULES", value_delimiter = ',', value_parser = module_path)]
     pub proxy_load_modules: Vec<String>,
+    /// Image of the metrics sidecar in every proxy pod: balancer's own image, whose
+    /// `proxy-metrics` command counts the proxy's sessions per backend (deploy/ sets it to the
+    /// operator's image). Unset: proxy pods have no sidecar and nginx logs no sessions.
+    #[arg(long, env = "BALANCER_PROXY_METRICS_IMAGE", value_parser = image_prefix)]
+    pub proxy_metrics_image: Option<String>,
 }
 
 /// What the operator decides about every spec ([`SpecPolicy`]): declared once for `run`,
@@ -213,6 +243,7 @@ impl ProxyArgs {
         ProxySettings {
             image: self.proxy_image.clone(),
             load_modules: self.proxy_load_modules.clone(),
+            metrics_image: self.proxy_metrics_image.clone(),
             policy: self.policy.spec_policy(),
         }
     }

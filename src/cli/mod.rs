@@ -6,6 +6,7 @@ mod certs;
 pub mod check;
 pub mod convert;
 mod crd;
+mod proxy_metrics;
 pub mod render;
 mod yaml;
 
@@ -27,6 +28,7 @@ pub fn main(cli: Cli) -> ExitCode {
         Command::Check(args) => check::command(&args),
         Command::Render(args) => render::command(&args),
         Command::Convert(args) => convert::command(&args),
+        Command::ProxyMetrics(args) => proxy_metrics::command(args),
     }
 }
 

@@ -25,7 +25,7 @@ use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::{Map, Value};
 
 use super::budget_version::PodDisruptionBudgetV1beta1;
-use super::endpoints::ReadyEndpoints;
+use super::endpoints::ReadyCounts;
 use super::stored::StoredBalancer;
 use crate::deploy::FIELD_MANAGER;
 
@@ -175,8 +175,8 @@ pub struct ChildCaches {
     pub config_maps: Store<Cached<ConfigMap>>,
     pub deployments: Store<Cached<Deployment>>,
     pub budgets: BudgetCache,
-    /// The backend Services' Endpoints (not a child: the endpoints controller writes them).
-    pub endpoints: Store<ReadyEndpoints>,
+    /// The backend Services' ready endpoints (not children: the endpoints controller writes them).
+    pub endpoints: ReadyCounts,
 }
 
 impl ChildCaches {
@@ -208,7 +208,7 @@ impl ChildCaches {
             listed_now(&self.config_maps),
             listed_now(&self.deployments),
             budgets,
-            listed_now(&self.endpoints),
+            self.endpoints.listed().then_some(true),
         ];
         if all.contains(&Some(false)) {
             return Some(false);
@@ -268,6 +268,13 @@ mod tests {
         (store, writer)
     }
 
+    fn listed_counts() -> ReadyCounts {
+        let counts = ReadyCounts::default();
+        counts.apply(&watcher::Event::Init);
+        counts.apply(&watcher::Event::InitDone);
+        counts
+    }
+
     /// Several tasks waiting at once for caches still listing (a new leader's reconciles and its
     /// readiness check, while the API server is slow after an etcd restart) all go on once the
     /// caches have listed. kube's own wait wakes only the last task to wait for a store: with it,
@@ -278,7 +285,7 @@ mod tests {
         let (config_maps, config_maps_writer) = synced_store();
         let (deployments, deployments_writer) = synced_store();
         let (budgets, budgets_writer) = synced_store();
-        let (endpoints, endpoints_writer) = synced_store();
+        let endpoints = listed_counts();
         let children = ChildCaches { services, config_maps, deployments, budgets: BudgetCache::V1(budgets), endpoints };
         let waiting: Vec<_> = (0..3)
             .map(|_| {
@@ -292,7 +299,7 @@ mod tests {
             let synced = tokio::time::timeout(Duration::from_secs(2), waiter).await;
             assert!(matches!(synced, Ok(Ok(true))), "a waiter did not go on: {synced:?}");
         }
-        drop((services_writer, config_maps_writer, deployments_writer, budgets_writer, endpoints_writer));
+        drop((services_writer, config_maps_writer, deployments_writer, budgets_writer));
     }
 
     /// Once a cache's writer is gone without its list (the controller stopped), waiting ends: false.
@@ -302,7 +309,7 @@ mod tests {
         let (config_maps, _config_maps_writer) = synced_store();
         let (deployments, _deployments_writer) = synced_store();
         let (budgets, _budgets_writer) = synced_store();
-        let (endpoints, _endpoints_writer) = synced_store();
+        let endpoints = listed_counts();
         let children = ChildCaches { services, config_maps, deployments, budgets: BudgetCache::V1(budgets), endpoints };
         drop(services_writer);
         let synced = tokio::time::timeout(Duration::from_secs(2), children.synced()).await;

@@ -7,13 +7,16 @@
 //! selects balancer's own by label. The endpoints controller lists at most 1,000 addresses per
 //! Endpoints, which bounds the count.
 //!
-//! The addresses themselves are counted while the object is read and then dropped: the cache
-//! grows with backends, not with their pods.
+//! The addresses themselves are counted while the object is read and then dropped, and the
+//! cache ([`ReadyCounts`]) keeps one number per backend Service: it grows with backends, not
+//! with their pods, and costs a tenth of a reflector's store of the objects.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, RwLock};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::runtime::reflector::ObjectRef;
+use kube::runtime::watcher;
 use serde::{Deserialize, Deserializer};
 
 use super::stored::StoredBalancer;
@@ -22,16 +25,18 @@ use crate::proxy::BALANCER_NAME_LABEL;
 /// A backend Service's Endpoints: its name, namespace and Balancer, and its ready addresses.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct ReadyEndpoints {
+    /// Name, namespace and resource version only.
     pub metadata: ObjectMeta,
     /// Distinct ready addresses (`subsets[].addresses[].ip`).
     pub ready: u32,
+    /// The Balancer, from the label copied from the Service.
+    balancer: Option<Box<str>>,
 }
 
 impl ReadyEndpoints {
     /// The Balancer whose backend Service these endpoints are for (from the copied label).
     pub(super) fn balancer(&self) -> Option<ObjectRef<StoredBalancer>> {
-        let name = self.metadata.labels.as_ref()?.get(BALANCER_NAME_LABEL)?;
-        let reference = ObjectRef::new(name);
+        let reference = ObjectRef::new(self.balancer.as_deref()?);
         Some(match &self.metadata.namespace {
             Some(namespace) => reference.within(namespace),
             None => reference,
@@ -70,19 +75,76 @@ impl<'de> Deserialize<'de> for ReadyEndpoints {
             .flat_map(|subset| subset.addresses.iter().flatten())
             .map(|address| address.ip.as_str())
             .collect();
-        Ok(ReadyEndpoints { metadata: slim(wire.metadata), ready: u32::try_from(ready.len()).unwrap_or(u32::MAX) })
+        let metadata = wire.metadata;
+        let balancer = metadata.labels.and_then(|mut labels| labels.remove(BALANCER_NAME_LABEL));
+        Ok(ReadyEndpoints {
+            // Where the watch resumes from, and what names the Service.
+            metadata: ObjectMeta {
+                name: metadata.name,
+                namespace: metadata.namespace,
+                resource_version: metadata.resource_version,
+                ..ObjectMeta::default()
+            },
+            ready: u32::try_from(ready.len()).unwrap_or(u32::MAX),
+            balancer: balancer.map(String::into_boxed_str),
+        })
     }
 }
 
-/// The metadata kept: name, namespace, where the watch resumes, and the Balancer's label.
-fn slim(metadata: ObjectMeta) -> ObjectMeta {
-    let balancer = metadata.labels.and_then(|mut labels| labels.remove_entry(BALANCER_NAME_LABEL));
-    ObjectMeta {
-        name: metadata.name,
-        namespace: metadata.namespace,
-        resource_version: metadata.resource_version,
-        labels: balancer.map(|(key, value)| BTreeMap::from([(key, value)])),
-        ..ObjectMeta::default()
+/// The ready endpoint count of every backend Service, by namespace and name, from the watch.
+#[derive(Clone, Default)]
+pub struct ReadyCounts(Arc<RwLock<Table>>);
+
+#[derive(Default)]
+struct Table {
+    counts: HashMap<Box<str>, u32>,
+    /// A (re)list in progress: it replaces `counts` when done.
+    listing: Option<HashMap<Box<str>, u32>>,
+    listed: bool,
+}
+
+fn key(namespace: &str, name: &str) -> Box<str> {
+    format!("{namespace}/{name}").into_boxed_str()
+}
+
+impl ReadyCounts {
+    /// The ready endpoints of Service `name` in `namespace` (0 when its Endpoints are unknown).
+    pub fn get(&self, namespace: &str, name: &str) -> u32 {
+        self.read().counts.get(&key(namespace, name)).copied().unwrap_or(0)
+    }
+
+    /// Takes in one watch event, as a reflector's store does.
+    pub fn apply(&self, event: &watcher::Event<ReadyEndpoints>) {
+        let entry = |e: &ReadyEndpoints| {
+            key(e.metadata.namespace.as_deref().unwrap_or_default(), e.metadata.name.as_deref().unwrap_or_default())
+        };
+        let mut table = self.0.write().unwrap_or_else(|e| e.into_inner());
+        match event {
+            watcher::Event::Apply(e) => {
+                table.counts.insert(entry(e), e.ready);
+            }
+            watcher::Event::Delete(e) => {
+                table.counts.remove(&entry(e));
+            }
+            watcher::Event::Init => table.listing = Some(HashMap::new()),
+            watcher::Event::InitApply(e) => {
+                table.listing.get_or_insert_default().insert(entry(e), e.ready);
+            }
+            watcher::Event::InitDone => {
+                table.counts = table.listing.take().unwrap_or_default();
+                table.counts.shrink_to_fit();
+                table.listed = true;
+            }
+        }
+    }
+
+    /// Whether the first list is in.
+    pub(super) fn listed(&self) -> bool {
+        self.read().listed
+    }
+
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, Table> {
+        self.0.read().unwrap_or_else(|e| e.into_inner())
     }
 }
 
@@ -131,10 +193,35 @@ mod tests {
         .unwrap();
         assert_eq!(endpoints.ready, 2, "one address in two subsets is one endpoint; not-ready ones are not");
         assert_eq!(endpoints.balancer(), Some(ObjectRef::new("lb").within("ns")));
-        assert_eq!(endpoints.metadata.labels.as_ref().map(BTreeMap::len), Some(1));
-        assert_eq!(endpoints.metadata.annotations, None);
+        assert_eq!((endpoints.metadata.labels, endpoints.metadata.annotations), (None, None));
         assert_eq!(endpoints.metadata.resource_version.as_deref(), Some("7"));
         assert_eq!(ReadyEndpoints::url_path(&(), Some("ns")), "/api/v1/namespaces/ns/endpoints");
+    }
+
+    fn endpoints(name: &str, ready: u32) -> ReadyEndpoints {
+        let metadata = ObjectMeta { name: Some(name.into()), namespace: Some("ns".into()), ..ObjectMeta::default() };
+        ReadyEndpoints { metadata, ready, balancer: None }
+    }
+
+    #[test]
+    fn the_counts_follow_the_watch_and_a_relist_replaces_them_whole() {
+        let counts = ReadyCounts::default();
+        counts.apply(&watcher::Event::Init);
+        counts.apply(&watcher::Event::InitApply(endpoints("a", 2)));
+        assert!(!counts.listed());
+        assert_eq!(counts.get("ns", "a"), 0, "not before the list is done");
+        counts.apply(&watcher::Event::InitDone);
+        assert!(counts.listed());
+        assert_eq!(counts.get("ns", "a"), 2);
+        counts.apply(&watcher::Event::Apply(endpoints("b", 1)));
+        counts.apply(&watcher::Event::Apply(endpoints("a", 0)));
+        assert_eq!((counts.get("ns", "a"), counts.get("ns", "b")), (0, 1));
+        counts.apply(&watcher::Event::Delete(endpoints("b", 1)));
+        assert_eq!(counts.get("ns", "b"), 0);
+        counts.apply(&watcher::Event::Init);
+        counts.apply(&watcher::Event::InitApply(endpoints("c", 3)));
+        counts.apply(&watcher::Event::InitDone);
+        assert_eq!((counts.get("ns", "a"), counts.get("ns", "c"), counts.get("other", "c")), (0, 3, 0));
     }
 
     #[test]

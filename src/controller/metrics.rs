@@ -51,6 +51,13 @@ impl EncodeLabelValue for ErrorKind {
     }
 }
 
+/// One Balancer: the series of these grow with Balancers, never with their endpoints.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BalancerLabels {
+    namespace: String,
+    balancer: String,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct KindLabels {
     kind: String,
@@ -67,6 +74,7 @@ pub struct ControllerMetrics {
     events_dropped: Counter,
     leader: Gauge,
     balancers: Family<ReadyLabels, Gauge>,
+    backends_unavailable: Family<BalancerLabels, Gauge>,
 }
 
 impl ControllerMetrics {
@@ -81,7 +89,13 @@ impl ControllerMetrics {
             events_dropped: Counter::default(),
             leader: Gauge::default(),
             balancers: Family::default(),
+            backends_unavailable: Family::default(),
         };
+        registry.register(
+            "backends_unavailable",
+            "Backends with a weight and no ready endpoint, per Balancer that has any, as the leader sees them",
+            metrics.backends_unavailable.clone(),
+        );
         registry.register(
             "balancers",
             "Balancers seen by the leader, by their Ready condition (true, false, unknown)",
@@ -154,6 +168,15 @@ impl ControllerMetrics {
     pub fn set_balancers(&self, ready: i64, not_ready: i64, unknown: i64) {
         for (label, count) in [("true", ready), ("false", not_ready), ("unknown", unknown)] {
             self.balancers.get_or_create(&ReadyLabels { ready: label }).set(count);
+        }
+    }
+
+    /// The Balancers that have backends with a weight and no ready endpoint, and how many:
+    /// only those have a series, so a Balancer fixed or deleted leaves none behind.
+    pub fn set_backends_unavailable(&self, unavailable: impl IntoIterator<Item = (String, String, i64)>) {
+        self.backends_unavailable.clear();
+        for (namespace, balancer, count) in unavailable {
+            self.backends_unavailable.get_or_create(&BalancerLabels { namespace, balancer }).set(count);
         }
     }
 

@@ -41,7 +41,7 @@ mod watches;
 pub use backends::BACKENDS_AVAILABLE;
 pub use cache::{BudgetCache, Cached, ChildCaches};
 pub use context::{Clients, Context, Options, Scope, error_policy};
-pub use endpoints::ReadyEndpoints;
+pub use endpoints::{ReadyCounts, ReadyEndpoints};
 pub use error::{Error, ErrorKind};
 pub use metrics::ControllerMetrics;
 pub use reconcile::reconcile;

@@ -126,11 +126,7 @@ async fn converge(
     } else {
         obsolete_backends(&ctx.children.services, &owner, &backend_services).len()
     };
-    let endpoints = |backend: &str| {
-        let service = backend_service_name(&owner.name, backend);
-        let reference = ObjectRef::new(&service).within(&owner.namespace);
-        caches.endpoints.get(&reference).map_or(0, |e| e.ready)
-    };
+    let endpoints = |backend: &str| caches.endpoints.get(&owner.namespace, &backend_service_name(&owner.name, backend));
     let counts = Counts {
         active: backend_services.len(),
         obsolete,

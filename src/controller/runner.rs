@@ -18,11 +18,12 @@ use super::Error;
 use super::budget_version::PolicyVersion;
 use super::cache::{Cached, Caches, ChildCaches};
 use super::context::{Clients, Context, Options, error_policy};
+use super::endpoints::ReadyCounts;
 use super::metrics::ControllerMetrics;
 use super::reconcile::reconcile;
 use super::status::READY;
 use super::stored::StoredBalancer;
-use super::watches::{BudgetsReflected, Reflected, policy_version};
+use super::watches::{BudgetsReflected, Reflected, backend_endpoints, policy_version};
 
 /// Runs the controller until `stop` is cancelled; sets `synced` once every cache has listed.
 pub async fn run(
@@ -38,7 +39,8 @@ pub async fn run(
     let services = Reflected::<Cached<Service>>::children(&client, scope, &contact);
     let config_maps = Reflected::<Cached<ConfigMap>>::children(&client, scope, &contact);
     let deployments = Reflected::<Cached<Deployment>>::children(&client, scope, &contact);
-    let endpoints = Reflected::backend_endpoints(&client, scope, &contact);
+    let endpoints = ReadyCounts::default();
+    let endpoint_changes = backend_endpoints(&client, scope, &contact, endpoints.clone());
     let balancers = Reflected::balancers(&client, scope, &contact);
     let budgets = match policy {
         PolicyVersion::V1 => BudgetsReflected::V1(Reflected::children(&client, scope, &contact)),
@@ -50,7 +52,7 @@ pub async fn run(
         config_maps: config_maps.store.clone(),
         deployments: deployments.store.clone(),
         budgets: budgets.cache(),
-        endpoints: endpoints.store.clone(),
+        endpoints,
     };
     let caches = Caches { balancers: balancers.store.clone(), children: children.clone() };
     let ctx = Arc::new(Context::new(throttled, children, options.proxy, metrics.clone()));
@@ -83,7 +85,7 @@ pub async fn run(
         .owns_stream(services.changes)
         .owns_stream(config_maps.changes)
         .owns_stream(deployments.changes)
-        .watches_stream(endpoints.changes, |endpoints| endpoints.balancer());
+        .watches_stream(endpoint_changes, |endpoints| endpoints.balancer());
     let controller = match budgets {
         BudgetsReflected::V1(budgets) => controller.owns_stream(budgets.changes),
         BudgetsReflected::V1beta1(budgets) => controller.owns_stream(budgets.changes),
@@ -106,9 +108,17 @@ pub async fn run(
     };
     tokio::join!(controller, readiness, census);
     metrics.set_balancers(0, 0, 0);
+    metrics.set_backends_unavailable([]);
 }
 
-/// Every 10 s: the Balancers by readiness, for the metrics, and what is kept per Balancer
+/// Backends with a weight and no ready endpoint, as the status says.
+fn unavailable_backends(status: &crate::api::BalancerStatus) -> i64 {
+    let count = status.backends.iter().filter(|b| b.weight > 0 && b.ready_endpoints == 0).count();
+    i64::try_from(count).unwrap_or(i64::MAX)
+}
+
+/// Every 10 s: the Balancers by readiness and those with unavailable backends, for the
+/// metrics, and what is kept per Balancer
 /// (failure counts, status write times) forgotten for deleted ones (never reconciled again).
 async fn count_balancers(balancers: Store<StoredBalancer>, ctx: Arc<Context>, stop: CancellationToken) {
     let mut ticker = tokio::time::interval(Duration::from_secs(10));
@@ -119,8 +129,13 @@ async fn count_balancers(balancers: Store<StoredBalancer>, ctx: Arc<Context>, st
         }
         let (mut ready, mut not_ready, mut unknown) = (0, 0, 0);
         let mut uids = std::collections::HashSet::new();
+        let mut unavailable = Vec::new();
         for balancer in balancers.state() {
             uids.extend(balancer.uid());
+            let missing = balancer.status.as_ref().map_or(0, unavailable_backends);
+            if missing > 0 {
+                unavailable.push((balancer.namespace().unwrap_or_default(), balancer.name_any(), missing));
+            }
             let condition = balancer.status.as_ref().and_then(|s| s.conditions.iter().find(|c| c.type_ == READY));
             match condition.map(|c| c.status.as_str()) {
                 Some("True") => ready += 1,
@@ -129,6 +144,7 @@ async fn count_balancers(balancers: Store<StoredBalancer>, ctx: Arc<Context>, st
             }
         }
         ctx.metrics.set_balancers(ready, not_ready, unknown);
+        ctx.metrics.set_backends_unavailable(unavailable);
         ctx.failures().retain(|uid, _| uids.contains(uid));
         ctx.status_writes().retain(|uid, _| uids.contains(uid));
     }

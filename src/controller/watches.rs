@@ -5,7 +5,7 @@ use std::fmt::Debug;
 use std::time::Duration;
 
 use futures::stream::BoxStream;
-use futures::{Stream, StreamExt};
+use futures::{Stream, StreamExt, TryStreamExt};
 use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::runtime::reflector::{self, Store};
@@ -18,7 +18,7 @@ use tokio_util::sync::CancellationToken;
 use super::budget_version::{PodDisruptionBudgetV1beta1, PolicyVersion};
 use super::cache::{BudgetCache, Cached};
 use super::context::Scope;
-use super::endpoints::ReadyEndpoints;
+use super::endpoints::{ReadyCounts, ReadyEndpoints};
 use super::ssa::slim;
 use super::stored::StoredBalancer;
 use crate::proxy::{COMPONENT_BACKEND, COMPONENT_LABEL, MANAGED_BY, MANAGED_BY_LABEL};
@@ -115,20 +115,20 @@ pub(super) async fn policy_version(client: &Client, stop: &CancellationToken) ->
     }
 }
 
-impl Reflected<ReadyEndpoints> {
-    /// The Endpoints of balancer's backend Services (they carry the Services' labels). Only a
-    /// change of a ready count triggers: the endpoints controller also rewrites them for
-    /// changes the status does not show (not-ready addresses, trigger times).
-    pub(super) fn backend_endpoints(client: &Client, scope: &Scope, contact: &Contact) -> Self {
-        let selector = format!("{MANAGED_BY_LABEL}={MANAGED_BY},{COMPONENT_LABEL}={COMPONENT_BACKEND}");
-        let (store, writer) = reflector::store();
-        let changes = watch(api(client, scope), watch_config().labels(&selector), contact)
-            .reflect(writer)
-            .touched_objects()
-            .predicate_filter(|endpoints: &ReadyEndpoints| Some(u64::from(endpoints.ready)), Default::default())
-            .boxed();
-        Reflected { store, changes }
-    }
+/// The Endpoints of balancer's backend Services (they carry the Services' labels), counted
+/// into `counts`; every change triggers its Balancer's reconcile, which writes only what
+/// changed (the endpoints controller rewrites an Endpoints only when its addresses change).
+pub(super) fn backend_endpoints(
+    client: &Client,
+    scope: &Scope,
+    contact: &Contact,
+    counts: ReadyCounts,
+) -> BoxStream<'static, Result<ReadyEndpoints, watcher::Error>> {
+    let selector = format!("{MANAGED_BY_LABEL}={MANAGED_BY},{COMPONENT_LABEL}={COMPONENT_BACKEND}");
+    watch(api(client, scope), watch_config().labels(&selector), contact)
+        .inspect_ok(move |event| counts.apply(event))
+        .touched_objects()
+        .boxed()
 }
 
 impl Reflected<StoredBalancer> {

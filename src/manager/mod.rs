@@ -24,6 +24,7 @@ use crate::deploy::FIELD_MANAGER;
 use crate::runtime::listener::{self, Workers};
 use crate::runtime::metrics_auth::MetricsAuth;
 use crate::runtime::probes::{self, Readiness};
+use crate::runtime::signals::Signals;
 use crate::runtime::throttle::{self, ThrottleLayer};
 use crate::runtime::tls::{self, CA_FILE, CertPaths, CertWatcher, TlsError};
 use crate::runtime::{leader, metrics};
@@ -301,25 +302,5 @@ fn leader_options(election: &LeaderElection, client: &Client) -> leader::Options
         identity: leader::identity(),
         duration: election.duration,
         field_manager: FIELD_MANAGER.to_string(),
-    }
-}
-
-/// SIGTERM and SIGINT, listened for from the moment this is created.
-struct Signals {
-    term: tokio::signal::unix::Signal,
-    interrupt: tokio::signal::unix::Signal,
-}
-
-impl Signals {
-    fn listen() -> std::io::Result<Signals> {
-        use tokio::signal::unix::{SignalKind, signal};
-        Ok(Signals { term: signal(SignalKind::terminate())?, interrupt: signal(SignalKind::interrupt())? })
-    }
-
-    async fn wait(mut self) {
-        tokio::select! {
-            _ = self.term.recv() => {}
-            _ = self.interrupt.recv() => {}
-        }
     }
 }

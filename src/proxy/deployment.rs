@@ -13,6 +13,7 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
+use super::access_log::SidecarPorts;
 use super::meta::{COMPONENT_PROXY, CONFIG_HASH_ANNOTATION, Owner, labels, metadata, proxy_selector};
 use super::nginx::{
     self, CONFIG_DIR, CONFIG_FILE, ENDPOINT_REMOVAL_SECONDS, STOP_GRACEFULLY, graceful_stop, nginx_args,
@@ -31,6 +32,8 @@ pub struct ProxySettings {
     /// Dynamic modules `nginx.conf` loads first (`load_module`), for images whose stream
     /// module is not built in (Debian, Ubuntu, UBI).
     pub load_modules: Vec<String>,
+    /// The metrics sidecar's image (balancer's own); `None`: no sidecar, no access log.
+    pub metrics_image: Option<String>,
     /// What a Balancer that does not say gets (`spec.replicas`).
     pub policy: SpecPolicy,
 }
@@ -80,6 +83,19 @@ fn proxy_pod_spec(owner: &Owner, spec: &BalancerSpec, settings: &ProxySettings) 
         .iter()
         .any(|p| p.port < 1024)
         .then(|| vec![Sysctl { name: "net.ipv4.ip_unprivileged_port_start".into(), value: "0".into() }]);
+    let security_context = SecurityContext {
+        allow_privilege_escalation: Some(false),
+        read_only_root_filesystem: Some(true),
+        run_as_non_root: Some(true),
+        capabilities: Some(Capabilities { drop: Some(vec!["ALL".into()]), add: None }),
+        ..SecurityContext::default()
+    };
+    let config_mount = VolumeMount {
+        name: config_volume.into(),
+        mount_path: CONFIG_DIR.into(),
+        read_only: Some(true),
+        ..VolumeMount::default()
+    };
     let container = Container {
         name: "nginx".into(),
         image: Some(proxy.image.unwrap_or_else(|| settings.image.clone())),
@@ -99,24 +115,18 @@ fn proxy_pod_spec(owner: &Owner, spec: &BalancerSpec, settings: &ProxySettings) 
         readiness_probe: Some(readiness_probe(spec)),
         lifecycle: Some(graceful_stop()),
         resources: Some(proxy.resources.unwrap_or_else(default_resources)),
-        security_context: Some(SecurityContext {
-            allow_privilege_escalation: Some(false),
-            read_only_root_filesystem: Some(true),
-            run_as_non_root: Some(true),
-            capabilities: Some(Capabilities { drop: Some(vec!["ALL".into()]), add: None }),
-            ..SecurityContext::default()
-        }),
+        security_context: Some(security_context.clone()),
         volume_mounts: Some(vec![
-            VolumeMount {
-                name: config_volume.into(),
-                mount_path: CONFIG_DIR.into(),
-                read_only: Some(true),
-                ..VolumeMount::default()
-            },
+            config_mount.clone(),
             VolumeMount { name: tmp_volume.into(), mount_path: "/tmp".into(), ..VolumeMount::default() },
         ]),
         ..Container::default()
     };
+    let sidecar = settings.metrics_image.as_ref().map(|image| Container {
+        security_context: Some(security_context),
+        volume_mounts: Some(vec![config_mount]),
+        ..metrics_sidecar(image, SidecarPorts::of(spec))
+    });
     PodSpec {
         automount_service_account_token: Some(false),
         // The stop hook's wait, nginx's drain, and a few seconds to spare.
@@ -129,7 +139,7 @@ fn proxy_pod_spec(owner: &Owner, spec: &BalancerSpec, settings: &ProxySettings) 
             sysctls,
             ..PodSecurityContext::default()
         }),
-        containers: vec![container],
+        containers: std::iter::once(container).chain(sidecar).collect(),
         topology_spread_constraints: Some(
             proxy.topology_spread_constraints.unwrap_or_else(|| vec![spread_across_nodes(owner)]),
         ),
@@ -151,6 +161,47 @@ fn proxy_pod_spec(owner: &Owner, spec: &BalancerSpec, settings: &ProxySettings) 
         ..PodSpec::default()
     }
 }
+
+/// The metrics sidecar: balancer's own image counting the sessions nginx logs to it (see
+/// [`access_log`](super::access_log)), serving `/metrics` in plain HTTP on the pod network,
+/// as nginx-prometheus-exporter does (proxy pods mount no service-account token to review a
+/// scraper's with). No probes: a sidecar in trouble must not take the proxy out of its Service.
+fn metrics_sidecar(image: &str, ports: SidecarPorts) -> Container {
+    let args = [
+        "proxy-metrics".to_string(),
+        format!("--config={CONFIG_DIR}/{CONFIG_FILE}"),
+        format!("--listen=0.0.0.0:{}", ports.metrics),
+        format!("--log-port={}", ports.log),
+    ];
+    Container {
+        name: METRICS_CONTAINER.into(),
+        image: Some(image.to_string()),
+        image_pull_policy: Some("IfNotPresent".into()),
+        command: Some(vec!["/balancer".into()]),
+        args: Some(args.to_vec()),
+        ports: Some(vec![ContainerPort {
+            name: Some(METRICS_PORT_NAME.into()),
+            container_port: i32::from(ports.metrics),
+            protocol: Some("TCP".into()),
+            ..ContainerPort::default()
+        }]),
+        resources: Some(ResourceRequirements {
+            requests: Some(BTreeMap::from([
+                ("cpu".to_string(), Quantity("10m".into())),
+                ("memory".to_string(), Quantity("16Mi".into())),
+            ])),
+            limits: Some(BTreeMap::from([("memory".to_string(), Quantity("64Mi".into()))])),
+            ..ResourceRequirements::default()
+        }),
+        ..Container::default()
+    }
+}
+
+/// The sidecar container's name.
+pub const METRICS_CONTAINER: &str = "metrics";
+
+/// The sidecar's port name, which a PodMonitor selects (its number avoids the Balancer's ports).
+pub const METRICS_PORT_NAME: &str = "metrics";
 
 /// What a proxy pod asks for unless `spec.proxy.resources` says: nginx at rest needs a few
 /// MiB; the limit keeps a runaway worker from taking the node's memory.

@@ -4,6 +4,7 @@
 //! semantics): the controller applies them as they are and compares them with
 //! the cached objects as a subset, so server-populated fields never look like drift.
 
+pub mod access_log;
 mod budget;
 mod deployment;
 mod meta;
@@ -11,7 +12,7 @@ pub mod nginx;
 mod services;
 
 pub use budget::proxy_disruption_budget;
-pub use deployment::{ProxySettings, proxy_config_map, proxy_deployment};
+pub use deployment::{METRICS_CONTAINER, METRICS_PORT_NAME, ProxySettings, proxy_config_map, proxy_deployment};
 pub use meta::{
     BACKEND_LABEL, BALANCER_NAME_LABEL, COMPONENT_BACKEND, COMPONENT_FRONTEND, COMPONENT_LABEL, COMPONENT_PROXY,
     CONFIG_HASH_ANNOTATION, DESIRED_HASH_ANNOTATION, MANAGED_BY, MANAGED_BY_LABEL, Owner, OwnerError, labels,
@@ -64,7 +65,8 @@ pub fn proxy(owner: &Owner, spec: &Admitted, settings: &ProxySettings, hosts: Ba
             ip => format!("{ip}:{}", port.port),
         }
     };
-    let nginx_conf = nginx::render(&owner.name, spec, &settings.load_modules, &address);
+    let access_log = settings.metrics_image.as_ref().map(|_| access_log::SidecarPorts::of(spec).log);
+    let nginx_conf = nginx::render(&owner.name, spec, &settings.load_modules, access_log, &address);
     Proxy {
         config_map: proxy_config_map(owner, &nginx_conf),
         deployment: proxy_deployment(owner, spec, settings, &nginx::config_hash(&nginx_conf)),

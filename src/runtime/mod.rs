@@ -13,5 +13,6 @@ pub(crate) mod metrics;
 pub mod metrics_auth;
 pub(crate) mod probes;
 pub(crate) mod retry;
+pub(crate) mod signals;
 pub mod throttle;
 pub mod tls;

@@ -227,12 +227,21 @@ fn v1alpha1_only_crd() -> Value {
 }
 
 fn wait_established(world: &World) {
-    let (ok, out, err) = world.plane.kubectl(
-        "admin",
-        &["wait", "--for=condition=Established", "--timeout=30s", &format!("crd/{CRD}")],
-        None,
-    );
-    assert!(ok, "CRD not Established: {out}{err}");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (ok, out, err) = world.plane.kubectl(
+            "admin",
+            &["wait", "--for=condition=Established", "--timeout=30s", &format!("crd/{CRD}")],
+            None,
+        );
+        // kubectl gives up at once on a CRD the API server has not given conditions yet.
+        let too_early = err.contains(".status.conditions accessor error");
+        if ok || !too_early || Instant::now() > deadline {
+            assert!(ok, "CRD not Established: {out}{err}");
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
 }
 
 /// `balancer crd` as shipped, Established.

@@ -12,10 +12,11 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("api", &["util", "deploy"]),
     ("spec", &["util", "deploy", "api"]),
     ("proxy", &["util", "deploy", "api", "spec"]),
+    ("exporter", &["util", "deploy", "runtime", "api", "spec", "proxy"]),
     ("webhook", &["util", "deploy", "runtime", "api", "spec"]),
     ("controller", &["util", "deploy", "runtime", "api", "spec", "proxy"]),
     ("manager", &["util", "deploy", "runtime", "api", "spec", "proxy", "webhook", "controller"]),
-    ("cli", &["util", "deploy", "runtime", "api", "spec", "proxy", "webhook", "controller", "manager"]),
+    ("cli", &["util", "deploy", "runtime", "api", "spec", "proxy", "exporter", "webhook", "controller", "manager"]),
 ];
 
 fn src() -> PathBuf {

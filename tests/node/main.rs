@@ -93,8 +93,10 @@ fn main() -> ExitCode {
         return ExitCode::FAILURE;
     }
     let assets = script_output("tests/e2e/control-plane.sh", &["--node"]);
-    let images =
-        script_output("tests/node/images.sh", &[&assets.display().to_string(), env!("CARGO_BIN_EXE_balancer")]);
+    // BALANCER_NODE_BINARY: another build in the operator's image, e.g. the release build for the
+    // sidecar's benchmark (the test build is unoptimized).
+    let binary = std::env::var("BALANCER_NODE_BINARY").unwrap_or_else(|_| env!("CARGO_BIN_EXE_balancer").into());
+    let images = script_output("tests/node/images.sh", &[&assets.display().to_string(), &binary]);
     let state = std::env::var_os("BALANCER_NODE_STATE")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from("/var/lib/balancer-node"));
@@ -146,6 +148,7 @@ async fn run_suite(assets: &Path, images: &Path, state: &Path) -> ExitCode {
         the_operator_installs_from_deploy_as_a_user_would,
         the_walkthrough_splits_traffic_by_weight,
         a_backend_without_pods_loses_its_share_without_a_failed_request,
+        the_metrics_sidecar_costs_little,
         weights_change_under_load_without_a_failed_connection,
         scaling_the_balancer_brings_up_proxy_pods,
         udp_is_proxied_to_udp_echo_pods,
@@ -345,16 +348,37 @@ async fn the_walkthrough_splits_traffic_by_weight(world: &mut World) {
     let spec = proxy.spec.expect("spec");
     assert_eq!(spec.security_context.as_ref().and_then(|s| s.run_as_user), Some(101));
     assert_eq!(spec.containers[0].security_context.as_ref().and_then(|s| s.read_only_root_filesystem), Some(true));
+    // …with the metrics sidecar, in the operator's own image (deploy/'s env, set by `images:`).
+    let sidecar = spec.containers.get(1).expect("the metrics sidecar");
+    assert_eq!((sidecar.name.as_str(), sidecar.image.as_deref()), ("metrics", Some("localhost/balancer:test")));
 
     let front = front_ip(world, SAMPLE).await;
     // Ready follows the Deployment; kube-proxy learns the new endpoints a moment later.
     let address = format!("{front}:80");
     eventually("the front Service answering", Duration::from_secs(30), || async { one_request(&address).await.ok() })
         .await;
+    let metrics = format!("{}:9113", proxy.status.as_ref().and_then(|s| s.pod_ip.clone()).expect("a pod IP"));
+    let before = eventually("the proxy's metrics sidecar", Duration::from_secs(30), || proxy_sessions(&metrics)).await;
     let counts = split(&front, 80, 3000).await;
     println!("node: 3000 requests through {front}:80: {counts:?}");
     assert_eq!(counts.get("failed"), None, "every request answered: {counts:?}");
     assert_shares(&counts, &[("hello world v1", 40), ("hello world v2", 20), ("hello world v3", 40)], 3.0);
+
+    // The sidecar counts what the clients saw, per backend, within 1 % (the readiness probe's
+    // sessions are counted too). Lines arrive as sessions end: it gets a moment to settle.
+    let seen = |backend: &str| counts.get(&format!("hello world {backend}")).copied().unwrap_or(0) as f64;
+    let counted = eventually("the sidecar's counts to settle", Duration::from_secs(10), || async {
+        let after = proxy_sessions(&metrics).await?;
+        let delta = |b: &str| after.get(b).copied().unwrap_or(0.0) - before.get(b).copied().unwrap_or(0.0);
+        let all = ["v1", "v2", "v3"].map(delta);
+        (all.iter().sum::<f64>() >= 3000.0).then_some(all)
+    })
+    .await;
+    println!("node: the proxy's metrics sidecar counted {counted:?} sessions of v1, v2, v3 (clients saw {counts:?})");
+    for (backend, counted) in ["v1", "v2", "v3"].iter().zip(counted) {
+        let error = (counted - seen(backend)).abs() / seen(backend);
+        assert!(error <= 0.01, "{backend}: the sidecar counted {counted}, the clients saw {}", seen(backend));
+    }
 
     // Each backend in the status: one ready endpoint, and the share the weights give it.
     wait_backends(world, SAMPLE, &[1, 1, 1], &[40, 20, 40], "True", Duration::from_secs(15)).await;
@@ -426,6 +450,23 @@ async fn a_backend_without_pods_loses_its_share_without_a_failed_request(world: 
     let (sent, failures) = load.finish().await;
     println!("node: {sent} requests while v2 went to 0 pods and back, {} failed", failures.len());
     assert!(failures.is_empty(), "{} of {sent} failed: {:?}", failures.len(), &failures[..failures.len().min(10)]);
+}
+
+/// The completed sessions per backend (`outcome="ok"`), from a proxy pod's metrics sidecar.
+async fn proxy_sessions(address: &str) -> Option<BTreeMap<String, f64>> {
+    let mut stream =
+        tokio::time::timeout(Duration::from_secs(2), tokio::net::TcpStream::connect(address)).await.ok()?.ok()?;
+    stream.write_all(b"GET /metrics HTTP/1.1\r\nHost: proxy\r\nConnection: close\r\n\r\n").await.ok()?;
+    let mut text = String::new();
+    tokio::time::timeout(Duration::from_secs(5), stream.read_to_string(&mut text)).await.ok()?.ok()?;
+    let mut sessions = BTreeMap::new();
+    for line in text.lines().filter(|l| l.starts_with("balancer_proxy_sessions_total{") && l.contains("outcome=\"ok\""))
+    {
+        let backend = line.split("backend=\"").nth(1)?.split('"').next()?.to_string();
+        let value: f64 = line.rsplit(' ').next()?.parse().ok()?;
+        *sessions.entry(backend).or_insert(0.0) += value;
+    }
+    text.starts_with("HTTP/1.1 200").then_some(sessions)
 }
 
 /// Waits for a Deployment to have `replicas` ready pods.
@@ -579,6 +620,131 @@ fn assert_shares(counts: &BTreeMap<String, usize>, weights: &[(&str, u32)], poin
             "{answer}: {share:.1}% against {expected:.1}% ±{points}: {counts:?}"
         );
     }
+}
+
+// ---------------------------------------------------------------------------
+// 2c. The metrics sidecar's cost (a benchmark: BALANCER_NODE_BENCH=1)
+// ---------------------------------------------------------------------------
+
+/// Sessions per second through two fresh copies of the sample's proxy, one as the operator
+/// builds it (the metrics sidecar, nginx's access log) and one without either: same image,
+/// node, backends and rounds, a new connection per request, interleaved rounds. Prints the
+/// figures; asserts nothing.
+async fn the_metrics_sidecar_costs_little(world: &mut World) {
+    if std::env::var_os("BALANCER_NODE_BENCH").is_none() {
+        println!("node: the sidecar's cost is measured with BALANCER_NODE_BENCH=1");
+        return;
+    }
+    let config_maps: Api<ConfigMap> = Api::namespaced(world.admin.clone(), NS);
+    let conf = config_maps.get("example-balancer-proxy-configmap").await.expect("the proxy's ConfigMap");
+    let conf = conf.data.and_then(|d| d.get("nginx.conf").cloned()).expect("nginx.conf");
+    let without_log: String = conf
+        .lines()
+        .filter(|l| !l.contains("log_format") && !l.contains("access_log"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    let deployments: Api<Deployment> = Api::namespaced(world.admin.clone(), NS);
+    let proxy = deployments.get("example-balancer-proxy").await.expect("the proxy Deployment");
+    let template = serde_json::to_value(proxy.spec.expect("spec").template).expect("template");
+    // Both copies are new pods: each new connection takes a port of its proxy pod towards a
+    // backend pod, which keeps the closed connection in TIME_WAIT for a minute, so a proxy
+    // that served the earlier scenarios would meet those and wait for SYN retransmissions
+    // sooner than a fresh one.
+    let copy = |name: &str, conf: &str, sidecar: bool| {
+        let mut template = template.clone();
+        template["metadata"] = json!({"labels": {"app": name}});
+        if !sidecar {
+            template["spec"]["containers"].as_array_mut().expect("containers").retain(|c| c["name"] == "nginx");
+        }
+        for volume in template["spec"]["volumes"].as_array_mut().expect("volumes") {
+            if volume.get("configMap").is_some() {
+                volume["configMap"]["name"] = json!(name);
+            }
+        }
+        [
+            json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name, "namespace": NS},
+                   "data": {"nginx.conf": conf}}),
+            json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name, "namespace": NS},
+                   "spec": {"replicas": 1, "selector": {"matchLabels": {"app": name}}, "template": template}}),
+            json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": name, "namespace": NS},
+                   "spec": {"selector": {"app": name}, "ports": [{"port": 80, "targetPort": 80}]}}),
+        ]
+    };
+    let mut items = copy("bench-sidecar", &conf, true).to_vec();
+    items.extend(copy("bench-plain", &without_log, false));
+    let objects = json!({"apiVersion": "v1", "kind": "List", "items": items}).to_string();
+    kubectl(world, &["apply", "-f", "-"], Some(&objects));
+    let mut addresses = Vec::new();
+    for name in ["bench-sidecar", "bench-plain"] {
+        wait_available(world, NS, name, 1).await;
+        let address = format!("{}:80", front_ip(world, name).await);
+        eventually(&format!("{name} answering"), Duration::from_secs(30), || async {
+            one_request(&address).await.ok()
+        })
+        .await;
+        addresses.push(address);
+    }
+    let (with_sidecar, without) = (addresses[0].clone(), addresses[1].clone());
+
+    // Short rounds, so that neither copy comes near a backend's TIME_WAIT ports (about 14,000
+    // connections a minute from one proxy pod to one backend pod).
+    let (mut ratios, mut rates) = (Vec::new(), Vec::new());
+    for round in 0..6 {
+        // Alternate which goes first (the second of a round does worse), as often each way.
+        let order = if round % 2 == 0 { [&with_sidecar, &without] } else { [&without, &with_sidecar] };
+        let mut rate = BTreeMap::new();
+        for address in order {
+            rate.insert(address.clone(), sessions_per_second(address, Duration::from_secs(1)).await);
+        }
+        let (a, b) = (rate[&with_sidecar], rate[&without]);
+        println!("node: bench round {round}: {a:.0} sessions/s with the sidecar, {b:.0} without: {:.3}×", a / b);
+        ratios.push(a / b);
+        rates.push((a.round(), b.round()));
+    }
+    ratios.sort_by(f64::total_cmp);
+    let pod = Api::<Pod>::namespaced(world.admin.clone(), NS)
+        .list(&ListParams::default().labels("app=bench-sidecar"))
+        .await
+        .expect("pods")
+        .items
+        .into_iter()
+        .find_map(|p| p.status?.pod_ip)
+        .expect("the copy's pod");
+    let lost = proxy_series(&format!("{pod}:9113"), "balancer_proxy_log_lines_lost_total").await;
+    let counted = proxy_series(&format!("{pod}:9113"), "balancer_proxy_sessions_total").await;
+    println!(
+        "node: bench: the metrics sidecar's cost, median of 6 interleaved rounds: {:.3}× ({rates:?}); \
+         sessions counted {counted:?}, log lines lost {lost:?}",
+        (ratios[2] + ratios[3]) / 2.0
+    );
+    kubectl(world, &["delete", "-f", "-", "--wait=false"], Some(&objects));
+}
+
+/// New connection per request, 32 clients, for `duration`: answered requests per second.
+async fn sessions_per_second(address: &str, duration: Duration) -> f64 {
+    let deadline = Instant::now() + duration;
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..32 {
+        let address = address.to_string();
+        tasks.spawn(async move {
+            let mut answered = 0usize;
+            while Instant::now() < deadline {
+                answered += usize::from(one_request(&address).await.is_ok());
+            }
+            answered
+        });
+    }
+    let answered: usize = tasks.join_all().await.into_iter().sum();
+    answered as f64 / duration.as_secs_f64()
+}
+
+/// The sum of a series' samples from a proxy pod's metrics sidecar.
+async fn proxy_series(address: &str, name: &str) -> Option<f64> {
+    let mut stream = tokio::net::TcpStream::connect(address).await.ok()?;
+    stream.write_all(b"GET /metrics HTTP/1.1\r\nHost: proxy\r\nConnection: close\r\n\r\n").await.ok()?;
+    let mut text = String::new();
+    stream.read_to_string(&mut text).await.ok()?;
+    Some(text.lines().filter(|l| l.starts_with(name)).filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok()).sum())
 }
 
 // ---------------------------------------------------------------------------

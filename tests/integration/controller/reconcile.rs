@@ -8,7 +8,7 @@ use axum::http::{Method, Response, StatusCode};
 use balancer::api::{Balancer, BalancerStatus};
 use balancer::controller::StoredBalancer;
 use balancer::controller::{
-    self, BudgetCache, Cached, ChildCaches, Context, ErrorKind, ReadyEndpoints, error_policy, reconcile,
+    self, BudgetCache, Cached, ChildCaches, Context, ErrorKind, ReadyCounts, ReadyEndpoints, error_policy, reconcile,
 };
 use balancer::manager::Metrics;
 use balancer::proxy::{self, BackendHosts, Owner, ProxySettings};
@@ -49,6 +49,7 @@ fn settings() -> ProxySettings {
     ProxySettings {
         image: "nginx-test:1".into(),
         load_modules: Vec::new(),
+        metrics_image: None,
         policy: SpecPolicy { replicas: 1, ..SpecPolicy::default() },
     }
 }
@@ -67,7 +68,7 @@ struct Caches {
     config_maps: Writer<Cached<ConfigMap>>,
     deployments: Writer<Cached<Deployment>>,
     budgets: Writer<Cached<PodDisruptionBudget>>,
-    endpoints: Writer<ReadyEndpoints>,
+    endpoints: ReadyCounts,
 }
 
 /// A cache that has listed (nothing).
@@ -86,13 +87,15 @@ fn child_caches() -> (ChildCaches, Caches) {
     let (config_maps, config_maps_writer) = synced_store();
     let (deployments, deployments_writer) = synced_store();
     let (budgets, budgets_writer) = synced_store();
-    let (endpoints, endpoints_writer) = synced_store();
+    let endpoints = ReadyCounts::default();
+    endpoints.apply(&watcher::Event::Init);
+    endpoints.apply(&watcher::Event::InitDone);
     let caches = Caches {
         services: services_writer,
         config_maps: config_maps_writer,
         deployments: deployments_writer,
         budgets: budgets_writer,
-        endpoints: endpoints_writer,
+        endpoints: endpoints.clone(),
     };
     (ChildCaches { services, config_maps, deployments, budgets: BudgetCache::V1(budgets), endpoints }, caches)
 }
@@ -1156,7 +1159,7 @@ fn endpoints(caches: &mut Caches, ready: &[(&str, usize)]) {
             "subsets": [{"addresses": addresses, "ports": [{"port": 80}]}]
         }))
         .unwrap();
-        caches.endpoints.apply_watcher_event(&watcher::Event::Apply(object));
+        caches.endpoints.apply(&watcher::Event::Apply(object));
     }
 }
 

@@ -3,7 +3,15 @@
 //! one the operator exports.
 
 use std::collections::BTreeSet;
+use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Component, Path, PathBuf};
+use std::time::Duration;
+
+use balancer::api::{BackendSpec, BalancerPort};
+use balancer::controller::ControllerMetrics;
+use balancer::exporter;
+use balancer::proxy::nginx;
+use tokio_util::sync::CancellationToken;
 
 use serde_json::Value;
 
@@ -43,16 +51,88 @@ fn rendered() -> Option<Vec<Value>> {
     Some(support::kustomize(&overlay))
 }
 
-/// Metric families the operator registers, from a real scrape.
+/// Metric families the operator and the proxies' metrics sidecar register, from real scrapes.
 async fn exported_families() -> BTreeSet<String> {
     let server = support::TestServer::start().await;
-    let text = server.metrics().await;
+    let mut text = server.metrics().await;
     server.stop().await;
+    text.push_str(&sidecar_exposition().await);
+    text.push_str(&only_while_set());
     text.lines()
         .filter_map(|l| l.strip_prefix("# TYPE "))
         .filter_map(|l| l.split(' ').next())
         .map(String::from)
         .collect()
+}
+
+/// What `balancer proxy-metrics` serves for the sample's rendered `nginx.conf`.
+async fn sidecar_exposition() -> String {
+    let spec = crate::support::fixtures::sample().spec;
+    let address = |b: &BackendSpec, p: &BalancerPort| format!("{}.test:{}", b.name, p.port);
+    let conf = nginx::render("example-balancer", &spec, &[], Some(5514), &address);
+    let dir = tempfile::TempDir::new().unwrap();
+    std::fs::write(dir.path().join("nginx.conf"), conf).unwrap();
+    let (port, log_port) = (free_port(), free_port());
+    let options = exporter::Options {
+        config: dir.path().join("nginx.conf"),
+        listen: SocketAddr::from((Ipv4Addr::LOCALHOST, port)),
+        log_port,
+        drain: Duration::ZERO,
+    };
+    let stop = CancellationToken::new();
+    let sidecar = tokio::spawn(exporter::run(options, stop.clone()));
+    let url = format!("http://127.0.0.1:{port}/metrics");
+    let mut text = String::new();
+    for _ in 0..200 {
+        if let Ok(answer) = http_get(&url).await {
+            text = answer;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // A session that failed to connect to v1 and was served by v2: every family gets a sample
+    // (a family shows in the exposition once it has one).
+    let line = "<190>Nov 24 12:00:00 balancer: 80 TCP 200 10 20 0.005 \"v1.test:80, v2.test:80\" \"-, 0.001\"";
+    let socket = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    socket.send_to(line.as_bytes(), ("127.0.0.1", log_port)).await.unwrap();
+    for _ in 0..200 {
+        text = http_get(&url).await.unwrap_or_default();
+        if text.contains("balancer_proxy_sessions_total{") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    stop.cancel();
+    let _ = sidecar.await;
+    assert!(text.contains("balancer_proxy_backend_weight"), "the sidecar served: {text}");
+    text
+}
+
+/// The operator's series that exist only while they have something to say, set once.
+fn only_while_set() -> String {
+    let mut registry = prometheus_client::registry::Registry::default();
+    let metrics = ControllerMetrics::register(registry.sub_registry_with_prefix("balancer"));
+    metrics.set_backends_unavailable([("ns".to_string(), "lb".to_string(), 1)]);
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+    assert!(text.contains("balancer_backends_unavailable{namespace=\"ns\",balancer=\"lb\"} 1"), "{text}");
+    text
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// A plain-HTTP GET over a TCP stream.
+async fn http_get(url: &str) -> std::io::Result<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let rest = url.strip_prefix("http://").unwrap_or(url);
+    let (host, path) = rest.split_once('/').unwrap_or((rest, ""));
+    let mut stream = tokio::net::TcpStream::connect(host).await?;
+    stream.write_all(format!("GET /{path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n").as_bytes()).await?;
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).await?;
+    Ok(answer)
 }
 
 /// The metric families a PromQL expression reads.
@@ -98,7 +178,9 @@ async fn dashboard_and_alerts_query_only_exported_metrics() {
             "BalancerReconcileErrors",
             "BalancerNoLeader",
             "BalancerAPIServerUnreachable",
-            "BalancersNotReady"
+            "BalancersNotReady",
+            "BalancerBackendConnectFailures",
+            "BalancerBackendsUnavailable"
         ]
     );
     for rule in alerts {
@@ -118,6 +200,13 @@ async fn dashboard_and_alerts_query_only_exported_metrics() {
         "balancer_balancers",
         "balancer_tls_certificate_expiry_timestamp_seconds",
         "balancer_api_unreachable_since_timestamp_seconds",
+        "balancer_backends_unavailable",
+        "balancer_proxy_sessions",
+        "balancer_proxy_backend_weight",
+        "balancer_proxy_upstream_connect_failures",
+        "balancer_proxy_received_bytes",
+        "balancer_proxy_sent_bytes",
+        "balancer_proxy_log_lines_lost",
     ] {
         assert!(queried.iter().any(|q| q == family), "nothing shows {family}");
     }

@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 
 use balancer::api::v1beta1::{FrontService, ProxySpec};
 use balancer::api::{BackendSpec, Balancer, BalancerPort, BalancerSpec};
+use balancer::proxy::access_log::{SidecarPorts, Upstreams};
 use balancer::proxy::nginx;
 use balancer::proxy::{
     self, BACKEND_LABEL, BALANCER_NAME_LABEL, BackendHosts, COMPONENT_LABEL, CONFIG_HASH_ANNOTATION, MANAGED_BY_LABEL,
@@ -33,6 +34,7 @@ fn settings() -> ProxySettings {
     ProxySettings {
         image: "nginxinc/nginx-unprivileged:1.28.0-alpine".into(),
         load_modules: Vec::new(),
+        metrics_image: None,
         policy: SpecPolicy { replicas: 2, ..SpecPolicy::default() },
     }
 }
@@ -752,7 +754,7 @@ fn proxy_pods_stop_gracefully() {
 fn render_uses_the_given_addresses_in_spec_order() {
     let spec = sample().spec;
     let address = |b: &BackendSpec, p: &BalancerPort| format!("{}.test:{}", b.name, p.port + 1);
-    let conf = nginx::render("x", &spec, &[], &address);
+    let conf = nginx::render("x", &spec, &[], None, &address);
     let servers: Vec<&str> = conf
         .lines()
         .map(str::trim)
@@ -779,8 +781,8 @@ fn output_is_deterministic() {
     let spec = &balancer.spec;
     let address = |b: &BackendSpec, p: &BalancerPort| format!("{}:{}", b.name, p.port);
     assert_eq!(
-        nginx::render("example-balancer", spec, &[], &address),
-        nginx::render("example-balancer", spec, &[], &address)
+        nginx::render("example-balancer", spec, &[], None, &address),
+        nginx::render("example-balancer", spec, &[], None, &address)
     );
     let first = as_json(&desired_for(&balancer));
     let second = as_json(&desired_for(&sample()));
@@ -962,4 +964,92 @@ fn the_proxy_pods_are_shaped_as_spec_proxy_says() {
         default_pod.topology_spread_constraints.as_ref().map(|t| t[0].topology_key.as_str()),
         Some("kubernetes.io/hostname")
     );
+}
+
+// ---------------------------------------------------------------------------
+// The metrics sidecar
+// ---------------------------------------------------------------------------
+
+fn with_sidecar() -> ProxySettings {
+    ProxySettings { metrics_image: Some("registry.example.com/balancer:1.2".into()), ..settings() }
+}
+
+#[test]
+fn without_a_metrics_image_the_proxy_has_no_sidecar_and_logs_nothing() {
+    let desired = desired_for(&sample());
+    assert_eq!(pod_spec(&desired.deployment).containers.len(), 1);
+    assert!(!desired.nginx_conf.contains("access_log"), "{}", desired.nginx_conf);
+}
+
+#[test]
+fn the_metrics_sidecar_runs_balancers_image_as_strictly_as_the_proxy() {
+    let balancer = sample();
+    let settings = with_sidecar();
+    let desired = desired(&owner(&balancer), &admitted(&balancer, &settings), &settings);
+    let pod = pod_spec(&desired.deployment);
+    let names: Vec<&str> = pod.containers.iter().map(|c| c.name.as_str()).collect();
+    assert_eq!(names, ["nginx", proxy::METRICS_CONTAINER]);
+    let (nginx, sidecar) = (&pod.containers[0], &pod.containers[1]);
+    assert_eq!(sidecar.image.as_deref(), Some("registry.example.com/balancer:1.2"));
+    assert_eq!(sidecar.command.as_deref(), Some(&["/balancer".to_string()][..]));
+    assert_eq!(
+        sidecar.args.as_deref().unwrap_or_default(),
+        ["proxy-metrics", "--config=/etc/balancer/nginx.conf", "--listen=0.0.0.0:9113", "--log-port=5514"]
+    );
+    assert_eq!(sidecar.security_context, nginx.security_context, "as strict as the proxy");
+    let port = &sidecar.ports.as_ref().unwrap()[0];
+    assert_eq!((port.name.as_deref(), port.container_port), (Some(proxy::METRICS_PORT_NAME), 9113));
+    let limits = sidecar.resources.as_ref().and_then(|r| r.limits.as_ref()).expect("limits");
+    assert!(limits.contains_key("memory"));
+    assert!(sidecar.readiness_probe.is_none() && sidecar.liveness_probe.is_none(), "never gates the proxy");
+    let mounts = sidecar.volume_mounts.as_ref().unwrap();
+    assert_eq!((mounts.len(), mounts[0].read_only), (1, Some(true)), "reads the mounted nginx.conf only");
+    assert!(
+        desired.nginx_conf.contains("    access_log syslog:server=127.0.0.1:5514,tag=balancer,nohostname balancer;\n"),
+        "{}",
+        desired.nginx_conf
+    );
+}
+
+#[test]
+fn the_sidecars_ports_stay_clear_of_the_balancers_own() {
+    let mut spec = sample().spec;
+    spec.ports = vec![port(Some("a"), "TCP", 9113), port(Some("b"), "UDP", 5514), port(Some("c"), "TCP", 9114)];
+    let ports = SidecarPorts::of(&spec);
+    assert_eq!((ports.metrics, ports.log), (9115, 5515));
+}
+
+/// What the sidecar reads back from the file the proxy runs: which backend each server is,
+/// the ports nginx listens on, and the weights.
+#[test]
+fn the_sidecar_reads_back_every_backend_and_weight_the_renderer_wrote() {
+    let mut spec = sample().spec;
+    spec.ports.push(port(Some("dns"), "UDP", 53));
+    spec.backends[1].weight = Some(0);
+    let ips = |i: usize, port: i32| format!("10.96.0.{}:{port}", 10 + i);
+    let position = |b: &BackendSpec| spec.backends.iter().position(|x| x.name == b.name).unwrap();
+    let address = |b: &BackendSpec, p: &BalancerPort| ips(position(b), p.port);
+    let conf = nginx::render("example-balancer", &spec, &[], Some(5514), &address);
+    let upstreams = Upstreams::read(&conf).expect("a rendered file");
+    assert_eq!(upstreams.balancer, "example-balancer");
+    for (i, name) in ["v1", "v2", "v3"].iter().enumerate() {
+        assert_eq!(upstreams.backend(&ips(i, 80)), Some(*name));
+        assert_eq!(upstreams.backend(&ips(i, 53)), Some(*name));
+    }
+    assert!(upstreams.listens(80, "TCP") && upstreams.listens(53, "UDP"));
+    assert!(!upstreams.listens(53, "TCP") && !upstreams.listens(81, "TCP"));
+    let weights: Vec<(u16, &str, &str, u32)> =
+        upstreams.weights().iter().map(|w| (w.port, w.protocol, w.backend.as_str(), w.weight)).collect();
+    assert_eq!(
+        weights,
+        [
+            (80, "TCP", "v1", 40),
+            (80, "TCP", "v2", 0),
+            (80, "TCP", "v3", 40),
+            (53, "UDP", "v1", 40),
+            (53, "UDP", "v2", 0),
+            (53, "UDP", "v3", 40)
+        ]
+    );
+    assert_eq!(Upstreams::read("events {}\n"), None, "not a file balancer rendered");
 }

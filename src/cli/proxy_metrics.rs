@@ -1,0 +1,45 @@
+//! `balancer proxy-metrics`: the proxy pods' metrics sidecar, until SIGTERM and the drain after
+//! it. It never exits before its stop, even when it cannot count: see below.
+
+use std::process::ExitCode;
+
+use tokio_util::sync::CancellationToken;
+
+use super::args::ProxyMetricsArgs;
+use super::fail;
+use crate::exporter::{self, Options};
+use crate::runtime::logging::init_logging;
+use crate::runtime::signals::Signals;
+
+pub(super) fn command(args: ProxyMetricsArgs) -> ExitCode {
+    init_logging(args.log_format.into(), &args.log_level);
+    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => return fail(&format!("cannot start the async runtime: {e}")),
+    };
+    let options = Options { config: args.config, listen: args.listen, log_port: args.log_port, drain: args.drain };
+    let result = runtime.block_on(async move {
+        let signals = Signals::listen().map_err(|e| format!("cannot listen for signals: {e}"))?;
+        let stop = CancellationToken::new();
+        let stopper = stop.clone();
+        tokio::spawn(async move {
+            signals.wait().await;
+            stopper.cancel();
+        });
+        let result = exporter::run(options, stop.clone()).await.map_err(|e| e.to_string());
+        if let Err(message) = &result {
+            // Exiting would restart the container, and a proxy pod with a container down is not
+            // Ready: its Service would stop sending it traffic. The sidecar waits for its stop.
+            tracing::error!(error = %message, "cannot count the proxy's sessions; waiting for the pod to stop");
+            stop.cancelled().await;
+        }
+        result
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => {
+            tracing::error!(error = %message, "proxy-metrics stopped");
+            fail(&message)
+        }
+    }
+}

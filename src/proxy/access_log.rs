@@ -1,0 +1,388 @@
+//! The proxy's access log, which its metrics sidecar counts: nginx's own stream log, one line
+//! per session, sent as syslog datagrams to the sidecar on the pod's loopback.
+//!
+//! UDP on loopback, because nginx sends each line with a non-blocking send: a slow or absent
+//! sidecar never holds a worker, a full socket buffer drops the line, and the kernel counts
+//! the drop on the sidecar's socket, so the loss is counted rather than guessed. A FIFO blocks
+//! nginx's workers when its reader stalls; a file needs rotating; a unix datagram socket
+//! queues only `net.unix.max_dgram_qlen` lines (10 on many hosts).
+//!
+//! Both ends live here: the directives [`nginx::render`](super::nginx::render) writes, and the
+//! reading of what they produce ([`parse`], [`Upstreams`]).
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+
+use crate::api::{BACKEND_SERVICE_SUFFIX, BalancerSpec};
+
+/// The syslog tag nginx puts before each line.
+const TAG: &str = "balancer";
+
+/// What ends the syslog header: the tag, then `: ` (see the test that it is).
+const MARKER: &str = " balancer: ";
+
+/// The fields of a line, in order. Upstream lists are quoted: one entry per server tried.
+const FORMAT: &str = "$server_port $protocol $status $bytes_received $bytes_sent $session_time \
+                      \"$upstream_addr\" \"$upstream_connect_time\"";
+
+/// The ports the metrics sidecar takes in the proxy pod, clear of the Balancer's own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SidecarPorts {
+    /// Where Prometheus scrapes `/metrics` (plain HTTP, on the pod network).
+    pub metrics: u16,
+    /// Where nginx sends the log, on the pod's loopback (UDP).
+    pub log: u16,
+}
+
+impl SidecarPorts {
+    /// 9113 (nginx-prometheus-exporter's port) and 5514, or the next ports the spec does not
+    /// use: nginx listens on every Balancer port of the pod.
+    pub fn of(spec: &BalancerSpec) -> SidecarPorts {
+        let taken = |port: u16| spec.ports.iter().any(|p| p.port == i32::from(port));
+        let free =
+            |from: u16, also: Option<u16>| (from..=u16::MAX).find(|&p| !taken(p) && Some(p) != also).unwrap_or(from);
+        let metrics = free(9113, None);
+        SidecarPorts { metrics, log: free(5514, Some(metrics)) }
+    }
+}
+
+/// The `stream` block's directives that send every session's line to the sidecar.
+pub(super) fn directives(log_port: u16) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "    log_format {TAG} '{FORMAT}';");
+    let _ = writeln!(out, "    access_log syslog:server=127.0.0.1:{log_port},tag={TAG},nohostname {TAG};");
+    out
+}
+
+/// How a session ended: nginx's stream `$status`, named.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Outcome {
+    /// 200: the session completed.
+    Ok = 0,
+    /// 400: the client's data could not be parsed (PROXY protocol, for instance).
+    BadRequest = 1,
+    /// 403: access was refused.
+    Forbidden = 2,
+    /// 500: nginx failed.
+    InternalError = 3,
+    /// 502: no backend could be connected to.
+    BadGateway = 4,
+    /// 503: a limit refused the session.
+    Unavailable = 5,
+}
+
+impl Outcome {
+    /// Every outcome, for documentation and tests.
+    pub const ALL: [Outcome; 6] = [
+        Outcome::Ok,
+        Outcome::BadRequest,
+        Outcome::Forbidden,
+        Outcome::InternalError,
+        Outcome::BadGateway,
+        Outcome::Unavailable,
+    ];
+
+    fn from_status(status: &str) -> Option<Outcome> {
+        Some(match status {
+            "200" => Outcome::Ok,
+            "400" => Outcome::BadRequest,
+            "403" => Outcome::Forbidden,
+            "500" => Outcome::InternalError,
+            "502" => Outcome::BadGateway,
+            "503" => Outcome::Unavailable,
+            _ => return None,
+        })
+    }
+
+    /// The label value.
+    pub fn name(self) -> &'static str {
+        match self {
+            Outcome::Ok => "ok",
+            Outcome::BadRequest => "bad_request",
+            Outcome::Forbidden => "forbidden",
+            Outcome::InternalError => "internal_error",
+            Outcome::BadGateway => "bad_gateway",
+            Outcome::Unavailable => "unavailable",
+        }
+    }
+}
+
+/// One backend server nginx tried for a session.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Attempt<'a> {
+    /// `ip:port`, as in `nginx.conf`'s `server` lines.
+    pub address: &'a str,
+    /// Seconds to connect; `None` when the connection failed.
+    pub connect_seconds: Option<f64>,
+}
+
+/// One session, as its log line tells it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Session<'a> {
+    pub port: u16,
+    /// `TCP` or `UDP`.
+    pub protocol: &'a str,
+    pub outcome: Outcome,
+    /// Bytes from the client.
+    pub bytes_received: u64,
+    /// Bytes to the client.
+    pub bytes_sent: u64,
+    pub seconds: f64,
+    /// The servers tried, in order; the last one served the session if any did.
+    pub attempts: Vec<Attempt<'a>>,
+}
+
+/// Why a line was not counted: each is a label value of the sidecar's skipped-lines counter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum LineError {
+    #[error("not a syslog line from nginx's access log")]
+    NotSyslog,
+    #[error("a field is missing or malformed")]
+    Malformed,
+    #[error("an unknown $status")]
+    UnknownStatus,
+    #[error("more servers tried than a Balancer has backends")]
+    TooManyAttempts,
+}
+
+impl LineError {
+    /// Every reason, for the counter's series.
+    pub const ALL: [LineError; 4] =
+        [LineError::NotSyslog, LineError::Malformed, LineError::UnknownStatus, LineError::TooManyAttempts];
+
+    /// The label value.
+    pub fn name(self) -> &'static str {
+        match self {
+            LineError::NotSyslog => "not_syslog",
+            LineError::Malformed => "malformed",
+            LineError::UnknownStatus => "unknown_status",
+            LineError::TooManyAttempts => "too_many_attempts",
+        }
+    }
+}
+
+/// A Balancer has at most this many backends, so nginx tries at most this many servers.
+const MAX_ATTEMPTS: usize = crate::api::MAX_BACKENDS;
+
+/// Reads one datagram: `<190>Nov 24 12:00:00 balancer: 80 TCP 200 2 3 0.001 "a, b" "-, 0.000"`.
+pub fn parse(datagram: &str) -> Result<Session<'_>, LineError> {
+    let line = datagram.trim_end_matches(['\n', '\r']);
+    let line = line.strip_prefix('<').ok_or(LineError::NotSyslog)?;
+    let (_, rest) = line.split_once(MARKER).ok_or(LineError::NotSyslog)?;
+    let (plain, quoted) = rest.split_once(" \"").ok_or(LineError::Malformed)?;
+    let mut fields = plain.split(' ');
+    let mut next = || fields.next().ok_or(LineError::Malformed);
+    let port = next()?.parse().map_err(|_| LineError::Malformed)?;
+    let protocol = match next()? {
+        p @ ("TCP" | "UDP") => p,
+        _ => return Err(LineError::Malformed),
+    };
+    let outcome = Outcome::from_status(next()?).ok_or(LineError::UnknownStatus)?;
+    let bytes_received = next()?.parse().map_err(|_| LineError::Malformed)?;
+    let bytes_sent = next()?.parse().map_err(|_| LineError::Malformed)?;
+    let seconds = seconds(next()?).ok_or(LineError::Malformed)?;
+    if fields.next().is_some() {
+        return Err(LineError::Malformed);
+    }
+    let (addresses, times) = quoted.split_once("\" \"").ok_or(LineError::Malformed)?;
+    let times = times.strip_suffix('"').ok_or(LineError::Malformed)?;
+    let attempts = attempts(addresses, times)?;
+    Ok(Session { port, protocol, outcome, bytes_received, bytes_sent, seconds, attempts })
+}
+
+/// The servers tried and their connect times, two lists of one length (`-` alone: none tried).
+fn attempts<'a>(addresses: &'a str, times: &'a str) -> Result<Vec<Attempt<'a>>, LineError> {
+    if addresses == "-" {
+        return Ok(Vec::new());
+    }
+    let (addresses, times) = (addresses.split(", "), times.split(", "));
+    let mut attempts = Vec::new();
+    for pair in addresses.zip_longest(times) {
+        let (Some(address), Some(time)) = pair else { return Err(LineError::Malformed) };
+        if attempts.len() == MAX_ATTEMPTS {
+            return Err(LineError::TooManyAttempts);
+        }
+        let connect_seconds = match time {
+            "-" => None,
+            time => Some(seconds(time).ok_or(LineError::Malformed)?),
+        };
+        attempts.push(Attempt { address, connect_seconds });
+    }
+    Ok(attempts)
+}
+
+/// nginx's `1.234` (milliseconds resolution), as seconds; never negative or infinite.
+fn seconds(text: &str) -> Option<f64> {
+    let bounded = text.len() <= 16 && text.bytes().all(|b| b.is_ascii_digit() || b == b'.');
+    bounded.then(|| text.parse().ok()).flatten().filter(|s: &f64| s.is_finite())
+}
+
+/// Pairs two iterators to the end of the longer one.
+trait ZipLongest: Iterator + Sized {
+    fn zip_longest<J: Iterator>(self, other: J) -> impl Iterator<Item = (Option<Self::Item>, Option<J::Item>)> {
+        let (mut a, mut b) = (self, other);
+        std::iter::from_fn(move || match (a.next(), b.next()) {
+            (None, None) => None,
+            pair => Some(pair),
+        })
+    }
+}
+
+impl<I: Iterator> ZipLongest for I {}
+
+/// Which backend each server address of a rendered `nginx.conf` is, read from the file the
+/// proxy runs: its `server <address> …;  # <backend Service>` lines.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Upstreams {
+    /// The Balancer, from the file's first line.
+    pub balancer: String,
+    backends: HashMap<String, String>,
+    /// The ports nginx listens on, with their protocols.
+    listens: Vec<(u16, &'static str)>,
+    /// Each upstream server's port, protocol, backend and weight (0: `down`).
+    weights: Vec<Weight>,
+}
+
+/// A backend's weight at one port, as `nginx.conf` has it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Weight {
+    pub port: u16,
+    pub protocol: &'static str,
+    pub backend: String,
+    pub weight: u32,
+}
+
+/// `port_80_tcp` (see `nginx::upstream_name`): the port and protocol.
+fn upstream_port(name: &str) -> Option<(u16, &'static str)> {
+    let rest = name.strip_prefix("port_")?;
+    let (port, protocol) = rest.split_once('_')?;
+    let protocol = match protocol {
+        "tcp" => "TCP",
+        "udp" => "UDP",
+        _ => return None,
+    };
+    Some((port.parse().ok()?, protocol))
+}
+
+impl Upstreams {
+    /// Reads what [`nginx::render`](super::nginx::render) wrote; `None` for any other file.
+    pub fn read(conf: &str) -> Option<Upstreams> {
+        let first = conf.lines().next()?;
+        let balancer = first.strip_prefix(super::nginx::HEADER)?.split('"').nth(1)?.to_string();
+        let prefix = format!("{balancer}-");
+        let mut backends = HashMap::new();
+        let (mut listens, mut weights) = (Vec::new(), Vec::new());
+        let mut upstream = None;
+        for line in conf.lines().map(str::trim) {
+            if let Some(name) = line.strip_prefix("upstream ").and_then(|l| l.strip_suffix(" {")) {
+                upstream = upstream_port(name);
+                continue;
+            }
+            if let Some(listen) = line.strip_prefix("listen ").and_then(|l| l.strip_suffix(';')) {
+                let (port, protocol) = match listen.split_once(' ') {
+                    Some((port, "udp")) => (port, "UDP"),
+                    _ => (listen, "TCP"),
+                };
+                listens.extend(port.parse::<u16>().ok().map(|port| (port, protocol)));
+                continue;
+            }
+            let Some(server) = line.strip_prefix("server ") else { continue };
+            let Some((directive, service)) = server.split_once(";  # ") else { continue };
+            let address = directive.split(' ').next().unwrap_or_default();
+            let backend = service.strip_prefix(&prefix).and_then(|s| s.strip_suffix(BACKEND_SERVICE_SUFFIX));
+            let Some(backend) = backend else { continue };
+            backends.insert(address.to_string(), backend.to_string());
+            if let Some((port, protocol)) = upstream {
+                let weight = directive
+                    .split(' ')
+                    .find_map(|word| word.strip_prefix("weight="))
+                    .and_then(|w| w.parse().ok())
+                    .unwrap_or(0);
+                weights.push(Weight { port, protocol, backend: backend.to_string(), weight });
+            }
+        }
+        Some(Upstreams { balancer, backends, listens, weights })
+    }
+
+    /// Whether nginx listens on `port` with `protocol` (`TCP`, `UDP`).
+    pub fn listens(&self, port: u16, protocol: &str) -> bool {
+        self.listens.iter().any(|&(p, proto)| p == port && proto == protocol)
+    }
+
+    /// The backend at `address`, if the file names one there.
+    pub fn backend(&self, address: &str) -> Option<&str> {
+        self.backends.get(address).map(String::as_str)
+    }
+
+    /// Each backend's weight at each port (0 for one marked `down`).
+    pub fn weights(&self) -> &[Weight] {
+        &self.weights
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_tcp_session_that_tried_two_servers() {
+        let line = "<190>Nov 24 12:21:47 balancer: 80 TCP 200 2 3 0.012 \"10.0.0.1:80, 10.0.0.2:80\" \"-, 0.001\"";
+        let session = parse(line).unwrap();
+        assert_eq!((session.port, session.protocol, session.outcome), (80, "TCP", Outcome::Ok));
+        assert_eq!((session.bytes_received, session.bytes_sent, session.seconds), (2, 3, 0.012));
+        assert_eq!(
+            session.attempts,
+            [
+                Attempt { address: "10.0.0.1:80", connect_seconds: None },
+                Attempt { address: "10.0.0.2:80", connect_seconds: Some(0.001) }
+            ]
+        );
+    }
+
+    #[test]
+    fn a_session_that_reached_no_server_and_an_ipv6_one() {
+        let none = parse("<190>Nov 24 12:21:47 balancer: 53 UDP 502 1 0 0.000 \"-\" \"-\"\n").unwrap();
+        assert_eq!((none.outcome, none.attempts.len()), (Outcome::BadGateway, 0));
+        let six = parse("<190>Nov 24 12:21:47 balancer: 80 TCP 200 0 0 1.5 \"[fd00::1]:80\" \"0.000\"").unwrap();
+        assert_eq!(six.attempts[0].address, "[fd00::1]:80");
+    }
+
+    #[test]
+    fn a_garbled_or_hostile_line_is_an_error_never_a_panic() {
+        let cases = [
+            ("", LineError::NotSyslog),
+            ("80 TCP 200 1 1 0.1 \"a\" \"0\"", LineError::NotSyslog),
+            ("<190>Nov 24 12:21:47 other: 80 TCP 200 1 1 0.1 \"a\" \"0\"", LineError::NotSyslog),
+            ("<190>x balancer: 80 TCP 200 1 1 0.1", LineError::Malformed),
+            ("<190>x balancer: 99999 TCP 200 1 1 0.1 \"a\" \"0\"", LineError::Malformed),
+            ("<190>x balancer: 80 SCTP 200 1 1 0.1 \"a\" \"0\"", LineError::Malformed),
+            ("<190>x balancer: 80 TCP 418 1 1 0.1 \"a\" \"0\"", LineError::UnknownStatus),
+            ("<190>x balancer: 80 TCP 200 -1 1 0.1 \"a\" \"0\"", LineError::Malformed),
+            ("<190>x balancer: 80 TCP 200 1 1 NaN \"a\" \"0\"", LineError::Malformed),
+            ("<190>x balancer: 80 TCP 200 1 1 1e999 \"a\" \"0\"", LineError::Malformed),
+            ("<190>x balancer: 80 TCP 200 1 1 0.1 extra \"a\" \"0\"", LineError::Malformed),
+            ("<190>x balancer: 80 TCP 200 1 1 0.1 \"a, b\" \"0\"", LineError::Malformed),
+            ("<190>x balancer: 80 TCP 200 1 1 0.1 \"a\" \"0", LineError::Malformed),
+        ];
+        for (line, error) in cases {
+            assert_eq!(parse(line), Err(error), "{line:?}");
+        }
+        let many = vec!["a"; MAX_ATTEMPTS + 1].join(", ");
+        let times = vec!["0"; MAX_ATTEMPTS + 1].join(", ");
+        let line = format!("<190>x balancer: 80 TCP 200 1 1 0.1 \"{many}\" \"{times}\"");
+        assert_eq!(parse(&line), Err(LineError::TooManyAttempts));
+    }
+
+    #[test]
+    fn the_marker_is_the_tag() {
+        assert_eq!(MARKER, format!(" {TAG}: "));
+        assert!(Outcome::ALL.iter().enumerate().all(|(i, o)| *o as usize == i), "ALL is in discriminant order");
+    }
+
+    #[test]
+    fn every_outcome_has_a_distinct_name() {
+        let mut names: Vec<&str> = Outcome::ALL.iter().map(|o| o.name()).collect();
+        names.dedup();
+        assert_eq!(names.len(), Outcome::ALL.len());
+    }
+}
