@@ -14,7 +14,7 @@ use super::Error;
 use super::context::Context;
 use super::exposure::Exposure;
 use super::plan::owned_backend_services;
-use super::status::{Counts, ProxyCounts, READY, hold, next_status, ready_event};
+use super::status::{Counts, ProxyCounts, READY, hold, interval_left, next_status, ready_event};
 use super::stored::StoredBalancer;
 use crate::proxy::Owner;
 use crate::runtime::events::{EventType, Note, Published};
@@ -89,7 +89,8 @@ pub(super) fn counts_from_cache(balancer: &StoredBalancer, ctx: &Context) -> Cou
 pub(super) enum StatusWrite {
     /// Written, or nothing to write.
     Done,
-    /// Only backend readiness changed, too soon after the last write: try again after this.
+    /// Only backend readiness changed, too soon after the last write, or nothing changed right
+    /// after one (the cache may not show it yet): look again after this.
     Held(Duration),
 }
 
@@ -104,15 +105,16 @@ pub(super) async fn write_status(
     now: Timestamp,
 ) -> Result<StatusWrite, Error> {
     let status = next_status(balancer, counts, ready.clone(), takeover);
-    if balancer.status.as_ref() == Some(&status) {
-        return Ok(StatusWrite::Done);
-    }
     let uid = balancer.uid().unwrap_or_default();
-    if let Some(stored) = &balancer.status {
-        let last = ctx.status_writes().get(&uid).copied();
-        if let Some(wait) = hold(stored, &status, last, now) {
-            return Ok(StatusWrite::Held(wait));
-        }
+    let last = ctx.status_writes().get(&uid).copied();
+    if balancer.status.as_ref() == Some(&status) {
+        // Right after a write of its own, the cache may not show it yet: look again then.
+        return Ok(interval_left(last, now).map_or(StatusWrite::Done, StatusWrite::Held));
+    }
+    if let Some(stored) = &balancer.status
+        && let Some(wait) = hold(stored, &status, last, now)
+    {
+        return Ok(StatusWrite::Held(wait));
     }
     let name = balancer.name_any();
     let api: Api<StoredBalancer> = Api::namespaced(ctx.client.clone(), &balancer.namespace().unwrap_or_default());

@@ -196,6 +196,16 @@ pub(super) fn hold(
     if without_readiness(stored) != without_readiness(next) {
         return None;
     }
+    interval_left(last, now)
+}
+
+/// What is left of [`READINESS_WRITE_INTERVAL`] since the `last` write, if any.
+///
+/// Also how long after its own write the controller looks at an unchanged status again: the
+/// cached Balancer may not show that write yet, so a reconcile that finds the status it wants
+/// in the cache may be comparing with the status before it, and would otherwise leave a write
+/// that a later change undid (2 ready, then 3 again) until the resync.
+pub(super) fn interval_left(last: Option<Timestamp>, now: Timestamp) -> Option<Duration> {
     // A clock that went back does not hold a write for as long as it went back.
     let elapsed = Duration::try_from(now.duration_since(last?)).ok()?;
     let left = READINESS_WRITE_INTERVAL.checked_sub(elapsed).filter(|left| !left.is_zero())?;

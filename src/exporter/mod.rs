@@ -19,13 +19,13 @@ use std::time::Duration;
 use axum::Router;
 use axum::routing::get;
 use prometheus_client::registry::Registry;
-use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 pub use metrics::{CONNECT_BUCKETS, SESSION_BUCKETS};
 
 use crate::proxy::access_log::Upstreams;
 use crate::runtime::http::not_found;
+use crate::runtime::listener::{self, ConnectionLimits};
 use crate::runtime::metrics::exposition;
 use metrics::ProxyMetrics;
 
@@ -64,9 +64,13 @@ pub async fn run(options: Options, stop: CancellationToken) -> Result<(), Error>
     let mut registry = Registry::default();
     let metrics = Arc::new(ProxyMetrics::register(upstreams, &mut registry));
     let log_addr = SocketAddr::from(([127, 0, 0, 1], options.log_port));
-    let socket = std::net::UdpSocket::bind(log_addr).map_err(|source| Error::Log { port: options.log_port, source })?;
-    let listener =
-        TcpListener::bind(options.listen).await.map_err(|source| Error::Listen { addr: options.listen, source })?;
+    let log_error = |source| Error::Log { port: options.log_port, source };
+    let socket = std::net::UdpSocket::bind(log_addr).map_err(log_error)?;
+    // A wait for a line ends this often, so that the stop is seen.
+    socket.set_read_timeout(Some(udp::QUIET)).map_err(log_error)?;
+    let listener = listener::bind(options.listen, "metrics")
+        .await
+        .map_err(|source| Error::Listen { addr: options.listen, source })?;
     tracing::info!(log = %log_addr, metrics = %options.listen, "counting the proxy's sessions");
 
     let registry = Arc::new(registry);
@@ -82,17 +86,29 @@ pub async fn run(options: Options, stop: CancellationToken) -> Result<(), Error>
     };
     let router = Router::new().route("/metrics", get(scrape)).fallback(not_found);
     let served = CancellationToken::new();
-    let server = {
-        let served = served.clone();
-        axum::serve(listener, router).with_graceful_shutdown(async move { served.cancelled().await })
-    };
+    let server = listener::serve(listener, None, router, scraper_limits(), served.clone(), None);
     let counting = tokio::task::spawn_blocking(move || udp::receive(socket, &metrics, &stop, options.drain));
-    let result = tokio::select! {
-        result = server.into_future() => result.map_err(|source| Error::Listen { addr: options.listen, source }),
-        _ = counting => Ok(()),
-    };
+    tokio::select! {
+        () = server => {}
+        _ = counting => {}
+    }
     served.cancel();
-    result
+    Ok(())
+}
+
+/// The metrics port is open to the pod network: a few scrapers at a time, each bounded in
+/// time and size, so that no client can grow the sidecar towards its memory limit (a sidecar
+/// killed for it would take the proxy pod out of its Service while it restarts).
+fn scraper_limits() -> ConnectionLimits {
+    ConnectionLimits {
+        max_connections: 16,
+        first_byte_timeout: Duration::from_secs(5),
+        handshake_timeout: Duration::from_secs(5),
+        header_timeout: Duration::from_secs(30),
+        max_header_bytes: 8 * 1024,
+        write_timeout: Duration::from_secs(10),
+        shutdown_grace: Duration::from_secs(1),
+    }
 }
 
 async fn read_config(path: &std::path::Path) -> Result<Upstreams, Error> {

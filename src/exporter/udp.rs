@@ -25,31 +25,38 @@ const GATHER: Duration = Duration::from_millis(5);
 const KEEP_COUNTING: Duration = Duration::from_secs(crate::proxy::nginx::ENDPOINT_REMOVAL_SECONDS.unsigned_abs());
 
 /// …and then stops once no line came for this long (or when its drain time is over). Also how
-/// long a wait for a line lasts before the stop is looked at.
-const QUIET: Duration = Duration::from_secs(2);
+/// long a wait for a line lasts before the stop is looked at (the socket's read timeout).
+pub(super) const QUIET: Duration = Duration::from_secs(2);
 
 /// The most lines read in a row before the stop is looked at again.
 const BATCH: usize = 4096;
 
 /// Counts every datagram until `stop`, then until [`drained`]; blocks its thread.
 pub(super) fn receive(socket: UdpSocket, metrics: &ProxyMetrics, stop: &CancellationToken, drain: Duration) {
-    if let Err(e) = socket.set_read_timeout(Some(QUIET)) {
-        tracing::warn!(error = %e, "log socket: no read timeout; the stop may wait for a line");
-    }
     let mut buffer = vec![0u8; MAX_DATAGRAM];
     let mut stopped_at: Option<Instant> = None;
     let mut last_line = Instant::now();
     loop {
         // Wait for a line; then, while lines keep coming, read them in batches.
-        if let Ok(n) = socket.recv(&mut buffer) {
-            metrics.record(buffer.get(..n).unwrap_or_default());
-            last_line = Instant::now();
-            while !stop.is_cancelled() {
-                std::thread::sleep(GATHER);
-                if read_queued(&socket, &mut buffer, metrics) == 0 {
-                    break;
-                }
+        match socket.recv(&mut buffer) {
+            Ok(n) => {
+                metrics.record(buffer.get(..n).unwrap_or_default());
                 last_line = Instant::now();
+                while !stop.is_cancelled() {
+                    std::thread::sleep(GATHER);
+                    if read_queued(&socket, &mut buffer, metrics) == 0 {
+                        break;
+                    }
+                    last_line = Instant::now();
+                }
+            }
+            // The read timeout; or a socket left non-blocking, which must not spin.
+            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
+                std::thread::sleep(GATHER);
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "log socket");
+                std::thread::sleep(GATHER);
             }
         }
         if stop.is_cancelled() && stopped_at.is_none() {

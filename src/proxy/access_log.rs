@@ -241,6 +241,8 @@ pub struct Upstreams {
     listens: Vec<(u16, &'static str)>,
     /// Each upstream server's port, protocol, backend and weight (0: `down`).
     weights: Vec<Weight>,
+    /// The upstreams' names, which nginx logs in place of a server when it had none to try.
+    upstream_names: Vec<String>,
 }
 
 /// A backend's weight at one port, as `nginx.conf` has it.
@@ -271,11 +273,12 @@ impl Upstreams {
         let balancer = first.strip_prefix(super::nginx::HEADER)?.split('"').nth(1)?.to_string();
         let prefix = format!("{balancer}-");
         let mut backends = HashMap::new();
-        let (mut listens, mut weights) = (Vec::new(), Vec::new());
+        let (mut listens, mut weights, mut upstream_names) = (Vec::new(), Vec::new(), Vec::new());
         let mut upstream = None;
         for line in conf.lines().map(str::trim) {
             if let Some(name) = line.strip_prefix("upstream ").and_then(|l| l.strip_suffix(" {")) {
                 upstream = upstream_port(name);
+                upstream_names.push(name.to_string());
                 continue;
             }
             if let Some(listen) = line.strip_prefix("listen ").and_then(|l| l.strip_suffix(';')) {
@@ -301,7 +304,12 @@ impl Upstreams {
                 weights.push(Weight { port, protocol, backend: backend.to_string(), weight });
             }
         }
-        Some(Upstreams { balancer, backends, listens, weights })
+        Some(Upstreams { balancer, backends, listens, weights, upstream_names })
+    }
+
+    /// Whether `address` is an upstream's name (nginx's "no live upstreams").
+    pub fn is_upstream(&self, address: &str) -> bool {
+        self.upstream_names.iter().any(|name| name == address)
     }
 
     /// Whether nginx listens on `port` with `protocol` (`TCP`, `UDP`).
