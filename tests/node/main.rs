@@ -591,10 +591,19 @@ fn print_proxy_configs(world: &World) {
     for args in [
         &["-n", NS, "get", "services", "-o", "wide"][..],
         &["-n", NS, "get", "endpoints"][..],
+        // What kube-proxy (v1.20) reads: a stale slice would send a share to a gone pod.
+        &["-n", NS, "get", "endpointslices", "-o", "wide"][..],
         &["-n", NS, "get", "pods", "-o", "wide", "--show-labels"][..],
     ] {
         let (_, out, _) = world.plane.kubectl("admin", args, None);
         println!("node: kubectl {}:\n{out}", args.join(" "));
+    }
+    // kube-proxy's rules for the backend Services, as the node runs them.
+    if let Ok(out) = Command::new("iptables-save").args(["-t", "nat"]).output() {
+        let rules = String::from_utf8_lossy(&out.stdout);
+        let ours: Vec<&str> =
+            rules.lines().filter(|l| l.contains("example-balancer-v") && l.contains("-j KUBE-SEP")).collect();
+        println!("node: kube-proxy's endpoint rules for the backends:\n{}", ours.join("\n"));
     }
 }
 
