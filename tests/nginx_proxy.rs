@@ -946,6 +946,7 @@ async fn the_metrics_sidecar_counts_the_sessions_nginx_logs_per_backend() {
     let metrics_port = free_tcp_port();
     let options = exporter::Options {
         config,
+        config_hash: Some(nginx::config_hash(&render(listen))),
         listen: SocketAddr::from((Ipv4Addr::LOCALHOST, metrics_port)),
         log_port,
         drain: Duration::ZERO,
@@ -1035,6 +1036,7 @@ async fn the_metrics_sidecar_counts_connect_failures_against_the_refusing_backen
     let metrics_port = free_tcp_port();
     let options = exporter::Options {
         config: dir.path().join("nginx.conf"),
+        config_hash: None,
         listen: SocketAddr::from((Ipv4Addr::LOCALHOST, metrics_port)),
         log_port,
         drain: Duration::ZERO,

@@ -49,6 +49,10 @@ pub struct ProxyMetricsArgs {
     /// The proxy's nginx.conf, as balancer rendered it (read once, at start).
     #[arg(long)]
     pub config: PathBuf,
+    /// The SHA-256 (hex) the config must have: the sidecar waits until the mounted file is that
+    /// one. The controller sets it on proxy pods.
+    #[arg(long, env = "BALANCER_CONFIG_HASH")]
+    pub config_hash: Option<String>,
     /// Address of the plain-HTTP /metrics server.
     #[arg(long, default_value = "0.0.0.0:9113")]
     pub listen: SocketAddr,

@@ -17,7 +17,13 @@ pub(super) fn command(args: ProxyMetricsArgs) -> ExitCode {
         Ok(rt) => rt,
         Err(e) => return fail(&format!("cannot start the async runtime: {e}")),
     };
-    let options = Options { config: args.config, listen: args.listen, log_port: args.log_port, drain: args.drain };
+    let options = Options {
+        config: args.config,
+        config_hash: args.config_hash.filter(|h| !h.is_empty()),
+        listen: args.listen,
+        log_port: args.log_port,
+        drain: args.drain,
+    };
     let result = runtime.block_on(async move {
         let signals = Signals::listen().map_err(|e| format!("cannot listen for signals: {e}"))?;
         let stop = CancellationToken::new();

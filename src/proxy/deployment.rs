@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
 use k8s_openapi::api::core::v1::{
-    Capabilities, ConfigMap, ConfigMapVolumeSource, Container, ContainerPort, EmptyDirVolumeSource, ExecAction,
+    Capabilities, ConfigMap, ConfigMapVolumeSource, Container, ContainerPort, EmptyDirVolumeSource, EnvVar, ExecAction,
     PodSecurityContext, PodSpec, PodTemplateSpec, Probe, ResourceRequirements, SeccompProfile, SecurityContext, Sysctl,
     TCPSocketAction, TopologySpreadConstraint, Volume, VolumeMount,
 };
@@ -16,7 +16,8 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use super::access_log::SidecarPorts;
 use super::meta::{COMPONENT_PROXY, CONFIG_HASH_ANNOTATION, Owner, labels, metadata, proxy_selector};
 use super::nginx::{
-    self, CONFIG_DIR, CONFIG_FILE, ENDPOINT_REMOVAL_SECONDS, STOP_GRACEFULLY, graceful_stop, nginx_args,
+    self, CONFIG_DIR, CONFIG_FILE, CONFIG_HASH_ENV, ENDPOINT_REMOVAL_SECONDS, entrypoint, graceful_stop, nginx_args,
+    udp_readiness_command,
 };
 use crate::api::{self, BalancerSpec};
 use crate::spec::{Admitted, SpecPolicy};
@@ -59,7 +60,7 @@ pub fn proxy_deployment(owner: &Owner, spec: &Admitted, settings: &ProxySettings
             annotations: Some(annotations),
             ..ObjectMeta::default()
         }),
-        spec: Some(proxy_pod_spec(owner, spec, settings)),
+        spec: Some(proxy_pod_spec(owner, spec, settings, config_hash)),
     };
     Deployment {
         metadata: metadata(owner, api::proxy_deployment_name(&owner.name), labels(&owner.name, COMPONENT_PROXY)),
@@ -73,7 +74,7 @@ pub fn proxy_deployment(owner: &Owner, spec: &Admitted, settings: &ProxySettings
     }
 }
 
-fn proxy_pod_spec(owner: &Owner, spec: &BalancerSpec, settings: &ProxySettings) -> PodSpec {
+fn proxy_pod_spec(owner: &Owner, spec: &BalancerSpec, settings: &ProxySettings, config_hash: &str) -> PodSpec {
     let proxy = spec.proxy.clone().unwrap_or_default();
     let config_volume = "nginx-conf";
     let tmp_volume = "tmp";
@@ -96,12 +97,17 @@ fn proxy_pod_spec(owner: &Owner, spec: &BalancerSpec, settings: &ProxySettings) 
         read_only: Some(true),
         ..VolumeMount::default()
     };
+    // Both containers read the mounted file once: they wait for the one this pod was made for.
+    let config_hash_env =
+        vec![EnvVar { name: CONFIG_HASH_ENV.into(), value: Some(config_hash.into()), value_from: None }];
+    let config_path = format!("{CONFIG_DIR}/{CONFIG_FILE}");
     let container = Container {
         name: "nginx".into(),
         image: Some(proxy.image.unwrap_or_else(|| settings.image.clone())),
         image_pull_policy: Some("IfNotPresent".into()),
-        command: Some(vec!["/bin/sh".into(), "-c".into(), STOP_GRACEFULLY.into(), "nginx".into()]),
+        command: Some(vec!["/bin/sh".into(), "-c".into(), entrypoint(&config_path, nginx::PID_FILE), "nginx".into()]),
         args: Some(nginx_args()),
+        env: Some(config_hash_env.clone()),
         ports: Some(
             spec.ports
                 .iter()
@@ -125,6 +131,7 @@ fn proxy_pod_spec(owner: &Owner, spec: &BalancerSpec, settings: &ProxySettings) 
     let sidecar = settings.metrics_image.as_ref().map(|image| Container {
         security_context: Some(security_context),
         volume_mounts: Some(vec![config_mount]),
+        env: Some(config_hash_env),
         ..metrics_sidecar(image, SidecarPorts::of(spec))
     });
     PodSpec {
@@ -231,8 +238,8 @@ fn spread_across_nodes(owner: &Owner) -> TopologySpreadConstraint {
     }
 }
 
-/// Ready when the first TCP port accepts connections; a UDP-only proxy is
-/// ready when nginx accepts its configuration (UDP has no connection to probe).
+/// Ready when the first TCP port accepts connections; a UDP-only proxy is ready when nginx
+/// runs and accepts its configuration (UDP has no connection to probe).
 fn readiness_probe(spec: &BalancerSpec) -> Probe {
     let tcp_port = spec.ports.iter().find(|p| p.effective_protocol() == "TCP").map(|p| p.port);
     let mut probe = Probe { period_seconds: Some(5), failure_threshold: Some(3), ..Probe::default() };
@@ -241,10 +248,7 @@ fn readiness_probe(spec: &BalancerSpec) -> Probe {
             probe.tcp_socket = Some(TCPSocketAction { port: IntOrString::Int(port), host: None });
         }
         None => {
-            // Every argument, the pid file's path included: nginx -t opens it.
-            let mut command = vec!["nginx".to_string(), "-t".into(), "-q".into()];
-            command.extend(nginx_args());
-            probe.exec = Some(ExecAction { command: Some(command) });
+            probe.exec = Some(ExecAction { command: Some(udp_readiness_command()) });
         }
     }
     probe

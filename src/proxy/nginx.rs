@@ -139,7 +139,7 @@ pub const ENDPOINT_REMOVAL_SECONDS: i64 = 5;
 
 /// nginx's pid file, on the writable /tmp: the compiled-in default lies on the read-only root,
 /// and `nginx -t` opens it too.
-const PID_FILE: &str = "/tmp/nginx.pid";
+pub const PID_FILE: &str = "/tmp/nginx.pid";
 
 /// Where the proxy's files live inside its container.
 pub(super) const CONFIG_DIR: &str = "/etc/balancer";
@@ -156,12 +156,48 @@ pub fn nginx_args() -> Vec<String> {
     ]
 }
 
-/// The proxy container's entrypoint: nginx with the container's args, under a shell that turns
-/// the kubelet's SIGTERM into SIGQUIT, nginx's graceful quit (open connections finish, within
-/// `worker_shutdown_timeout`); SIGTERM would make nginx drop them at once. Pods cannot choose
-/// their stop signal before Kubernetes 1.33. Needs `/bin/sh`, as nginx images have.
-pub const STOP_GRACEFULLY: &str =
-    "trap 'kill -QUIT \"$nginx\"; wait \"$nginx\"; exit $?' TERM; nginx \"$@\" & nginx=$!; wait \"$nginx\"";
+/// The environment variable that tells a proxy pod's containers the hash of the `nginx.conf`
+/// they must run ([`config_hash`]).
+pub const CONFIG_HASH_ENV: &str = "BALANCER_CONFIG_HASH";
+
+/// The proxy container's entrypoint (`/bin/sh -c`, with nginx's arguments after it), for the
+/// configuration at `conf` and nginx's pid file at `pid_file`:
+/// - it starts nginx only once the mounted file's SHA-256 is the pod's [`CONFIG_HASH_ENV`].
+///   The kubelet fills ConfigMap volumes from its own watch cache, which lags behind while its
+///   watch reconnects (after an API server restart, up to a minute): a pod of a new rollout
+///   would start on the previous `nginx.conf`, and nginx never reads it again. The waiting pod
+///   is not Ready, so the rollout keeps the old pods serving meanwhile. An image without
+///   `sha256sum` starts at once, with a warning;
+/// - it turns the kubelet's SIGTERM into SIGQUIT, nginx's graceful quit (open connections
+///   finish, within `worker_shutdown_timeout`); SIGTERM would make nginx drop them at once.
+///   Pods cannot choose their stop signal before Kubernetes 1.33.
+///
+/// Needs `/bin/sh`, as nginx images have.
+pub fn entrypoint(conf: &str, pid_file: &str) -> String {
+    format!(
+        r#"trap 'exit 143' TERM
+rm -f {pid_file}
+if [ -z "${CONFIG_HASH_ENV}" ]; then :
+elif ! command -v sha256sum >/dev/null; then echo "balancer: no sha256sum in the image; nginx starts without checking {conf}" >&2
+else
+  until sum=$(sha256sum {conf}) && [ "${{sum%% *}}" = "${CONFIG_HASH_ENV}" ]; do
+    [ -n "$told" ] || echo "balancer: waiting for the kubelet to mount {conf} with hash ${CONFIG_HASH_ENV}" >&2
+    told=1
+    sleep 1
+  done
+fi
+trap 'kill -QUIT "$nginx"; wait "$nginx"; exit $?' TERM
+nginx "$@" & nginx=$!
+wait "$nginx""#
+    )
+}
+
+/// A UDP-only proxy's readiness: nginx is running (it wrote its pid file, which the entrypoint
+/// removes first) and accepts its configuration. UDP has no connection to probe.
+pub fn udp_readiness_command() -> Vec<String> {
+    let check = format!(r#"test -s {PID_FILE} && exec nginx -t -q "$@""#);
+    ["/bin/sh".to_string(), "-c".into(), check, "nginx".into()].into_iter().chain(nginx_args()).collect()
+}
 
 /// A rollout or a drain drops no connection: the pod keeps serving while it leaves the front
 /// Service's endpoints; the SIGTERM that follows starts nginx's graceful quit.

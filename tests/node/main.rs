@@ -1305,6 +1305,12 @@ async fn a_change_after_an_api_server_restart_reaches_the_wire_without_a_failed_
         reconciled.as_secs_f64(),
         back.elapsed().as_secs_f64()
     );
+    // Whether the kubelet's ConfigMap cache was behind (see proxy::nginx::entrypoint).
+    let selector = format!("balancer.exposer.hliangzhao.io/balancer-name={SAMPLE}");
+    let args = ["-n", NS, "logs", "-l", &selector, "-c", "nginx", "--tail=-1"];
+    let (_, logs, _) = world.plane.kubectl("admin", &args, None);
+    let waited = logs.lines().filter(|l| l.contains("waiting for the kubelet to mount")).count();
+    println!("node: proxy pods that waited for the kubelet to mount their nginx.conf: {waited}");
     let (sent, failures) = load.finish().await;
     println!("node: {sent} requests through the restart ({during} while it was down), {} failed", failures.len());
     assert!(during > 0, "no request was answered while the API server was down");

@@ -71,10 +71,11 @@ async fn sidecar_exposition() -> String {
     let address = |b: &BackendSpec, p: &BalancerPort| format!("{}.test:{}", b.name, p.port);
     let conf = nginx::render("example-balancer", &spec, &[], Some(5514), &address);
     let dir = tempfile::TempDir::new().unwrap();
-    std::fs::write(dir.path().join("nginx.conf"), conf).unwrap();
+    std::fs::write(dir.path().join("nginx.conf"), &conf).unwrap();
     let (port, log_port) = (free_port(), free_port());
     let options = exporter::Options {
         config: dir.path().join("nginx.conf"),
+        config_hash: Some(nginx::config_hash(&conf)),
         listen: SocketAddr::from((Ipv4Addr::LOCALHOST, port)),
         log_port,
         drain: Duration::ZERO,

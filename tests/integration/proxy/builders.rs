@@ -484,7 +484,8 @@ fn proxy_container_runs_the_configured_image_with_nginx_args() {
     let desired = desired_for(&sample());
     let nginx = container(&desired.deployment);
     assert_eq!(nginx.image.as_deref(), Some("nginxinc/nginx-unprivileged:1.28.0-alpine"));
-    let entrypoint = ["/bin/sh", "-c", proxy::nginx::STOP_GRACEFULLY, "nginx"].map(String::from).to_vec();
+    let script = proxy::nginx::entrypoint("/etc/balancer/nginx.conf", "/tmp/nginx.pid");
+    let entrypoint = ["/bin/sh", "-c", &script, "nginx"].map(String::from).to_vec();
     assert_eq!(nginx.command, Some(entrypoint));
     assert_eq!(
         nginx.args,
@@ -591,11 +592,13 @@ fn readiness_probes_the_first_tcp_port_or_checks_the_config_when_udp_only() {
     let udp_only = probe(vec![port(Some("dns"), "UDP", 53), port(Some("syslog"), "UDP", 514)]);
     assert!(udp_only.tcp_socket.is_none());
     let command = udp_only.exec.as_ref().and_then(|e| e.command.clone()).expect("exec probe");
-    // The pid file's path too: nginx -t opens it, and the default one is on the read-only root.
+    // nginx runs (its pid file, which the entrypoint removes first, is there), and accepts the
+    // file; every argument, the pid file's path included: the default one is on the read-only root.
     let expected = [
+        "/bin/sh",
+        "-c",
+        r#"test -s /tmp/nginx.pid && exec nginx -t -q "$@""#,
         "nginx",
-        "-t",
-        "-q",
         "-c",
         "/etc/balancer/nginx.conf",
         "-e",
@@ -742,10 +745,10 @@ fn proxy_pods_stop_gracefully() {
     let hook = nginx.lifecycle.as_ref().and_then(|l| l.pre_stop.as_ref()).and_then(|h| h.exec.as_ref());
     let command = hook.and_then(|e| e.command.clone()).expect("a preStop exec hook");
     assert_eq!(command, ["sleep", "5"]);
-    assert_eq!(
-        proxy::nginx::STOP_GRACEFULLY,
-        r#"trap 'kill -QUIT "$nginx"; wait "$nginx"; exit $?' TERM; nginx "$@" & nginx=$!; wait "$nginx""#
-    );
+    let script = proxy::nginx::entrypoint("/etc/balancer/nginx.conf", "/tmp/nginx.pid");
+    assert!(script.ends_with(
+        "trap 'kill -QUIT \"$nginx\"; wait \"$nginx\"; exit $?' TERM\nnginx \"$@\" & nginx=$!\nwait \"$nginx\""
+    ));
     assert!(desired.nginx_conf.contains("\nworker_shutdown_timeout 20s;\n"), "{}", desired.nginx_conf);
     assert_eq!(pod_spec(&desired.deployment).termination_grace_period_seconds, Some(30), "5 s + 20 s + 5 s to spare");
 }
@@ -1052,4 +1055,21 @@ fn the_sidecar_reads_back_every_backend_and_weight_the_renderer_wrote() {
         ]
     );
     assert_eq!(Upstreams::read("events {}\n"), None, "not a file balancer rendered");
+}
+
+/// Both containers are told which file to wait for (see `proxy::nginx::entrypoint`).
+#[test]
+fn both_containers_are_told_the_config_hash() {
+    let settings = with_sidecar();
+    let balancer = sample();
+    let desired = desired(&owner(&balancer), &admitted(&balancer, &settings), &settings);
+    let hash = nginx::config_hash(&desired.nginx_conf);
+    let containers = &pod_spec(&desired.deployment).containers;
+    assert_eq!(containers.len(), 2);
+    for container in containers {
+        let env = container.env.clone().unwrap_or_default();
+        let told: Vec<_> = env.iter().filter(|e| e.name == nginx::CONFIG_HASH_ENV).collect();
+        assert_eq!(told.len(), 1, "{}", container.name);
+        assert_eq!(told[0].value.as_deref(), Some(hash.as_str()), "{}", container.name);
+    }
 }

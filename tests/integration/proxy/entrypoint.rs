@@ -1,0 +1,152 @@
+//! The proxy container's entrypoint under the real `/bin/sh`, with a stand-in `nginx` on its
+//! PATH that records how it was started and stopped: nginx starts only on the pod's own
+//! configuration, and the kubelet's SIGTERM becomes nginx's graceful SIGQUIT.
+
+use std::os::unix::fs::PermissionsExt as _;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use balancer::proxy::nginx::{self, CONFIG_HASH_ENV};
+
+/// A stand-in nginx: records its arguments, and `quit` on SIGQUIT, then exits. In Perl (in every
+/// Debian): like nginx, it sets its own handler over the SIGQUIT that `sh` ignores in a
+/// background job, which a shell script cannot.
+const FAKE_NGINX: &str = r#"#!/usr/bin/perl
+use File::Basename;
+sub record { open(my $f, ">>", dirname($0) . "/events") or die; print $f "$_[0]\n"; close $f }
+$SIG{QUIT} = sub { record("quit"); exit 0 };
+record("started @ARGV");
+sleep 1 while 1;
+"#;
+
+struct Pod {
+    dir: tempfile::TempDir,
+    entrypoint: Child,
+}
+
+impl Pod {
+    /// Runs the entrypoint as the proxy container does, with `conf` mounted and `hash` set.
+    fn start(conf: &str, hash: &str) -> Pod {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let fake = dir.path().join("nginx");
+        std::fs::write(&fake, FAKE_NGINX).expect("the stand-in nginx");
+        std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).expect("executable");
+        std::fs::write(dir.path().join("nginx.conf"), conf).expect("the mounted file");
+        std::fs::write(dir.path().join("nginx.pid"), "12345").expect("a stale pid file");
+        let script = nginx::entrypoint(&path(dir.path(), "nginx.conf"), &path(dir.path(), "nginx.pid"));
+        let search = format!("{}:{}", dir.path().display(), std::env::var("PATH").unwrap_or_default());
+        let entrypoint = Command::new("/bin/sh")
+            .args(["-c", &script, "nginx", "-c", "the-conf"])
+            .env("PATH", search)
+            .env(CONFIG_HASH_ENV, hash)
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("/bin/sh runs");
+        Pod { dir, entrypoint }
+    }
+
+    fn events(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("events")).unwrap_or_default()
+    }
+
+    /// Whether `event` was recorded within `timeout`.
+    fn saw(&self, event: &str, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if self.events().contains(event) {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        false
+    }
+
+    fn mount(&self, conf: &str) {
+        // As the kubelet does: a new file renamed into place.
+        let next = self.dir.path().join("nginx.conf.next");
+        std::fs::write(&next, conf).expect("the new file");
+        std::fs::rename(next, self.dir.path().join("nginx.conf")).expect("renamed into place");
+    }
+
+    fn terminate(&self) {
+        let pid = self.entrypoint.id().to_string();
+        let status = Command::new("kill").args(["-TERM", &pid]).status().expect("kill runs");
+        assert!(status.success());
+    }
+
+    /// The entrypoint's exit code and stderr, waiting at most `timeout`.
+    fn exit(mut self, timeout: Duration) -> (Option<i32>, String) {
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if let Some(status) = self.entrypoint.try_wait().expect("wait") {
+                let mut stderr = String::new();
+                if let Some(mut pipe) = self.entrypoint.stderr.take() {
+                    let _ = std::io::Read::read_to_string(&mut pipe, &mut stderr);
+                }
+                return (status.code(), stderr);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.entrypoint.kill();
+        panic!("the entrypoint did not exit within {timeout:?}; events: {}", self.events());
+    }
+}
+
+impl Drop for Pod {
+    fn drop(&mut self) {
+        let _ = self.entrypoint.kill();
+        let _ = self.entrypoint.wait();
+        // The stand-in nginx of a test that failed half-way.
+        let _ = Command::new("pkill").args(["-f", &path(self.dir.path(), "nginx")]).status();
+    }
+}
+
+fn path(dir: &Path, file: &str) -> String {
+    PathBuf::from(dir).join(file).display().to_string()
+}
+
+#[test]
+fn nginx_starts_at_once_on_the_pods_own_configuration_and_quits_gracefully() {
+    let conf = "stream {}\n";
+    let pod = Pod::start(conf, &nginx::config_hash(conf));
+    assert!(pod.saw("started -c the-conf", Duration::from_secs(5)), "{}", pod.events());
+    assert!(!Path::new(&path(pod.dir.path(), "nginx.pid")).exists(), "the stale pid file is removed first");
+    pod.terminate();
+    assert!(pod.saw("quit", Duration::from_secs(5)), "SIGTERM becomes SIGQUIT: {}", pod.events());
+    let (code, _) = pod.exit(Duration::from_secs(5));
+    assert_eq!(code, Some(0), "the entrypoint exits as nginx did");
+}
+
+/// A kubelet whose ConfigMap cache is behind mounts the previous file first.
+#[test]
+fn nginx_waits_while_the_mounted_configuration_is_an_older_one() {
+    let (old, new) = ("stream { old }\n", "stream { new }\n");
+    let pod = Pod::start(old, &nginx::config_hash(new));
+    assert!(!pod.saw("started", Duration::from_millis(1500)), "started on the old file: {}", pod.events());
+    pod.mount(new);
+    assert!(pod.saw("started", Duration::from_secs(5)), "not started on the new file: {}", pod.events());
+    pod.terminate();
+    let (_, stderr) = pod.exit(Duration::from_secs(5));
+    assert_eq!(stderr.matches("waiting for the kubelet to mount").count(), 1, "said once: {stderr}");
+}
+
+#[test]
+fn a_sigterm_while_waiting_ends_the_entrypoint_promptly() {
+    let pod = Pod::start("stream { old }\n", &nginx::config_hash("stream { new }\n"));
+    std::thread::sleep(Duration::from_millis(300));
+    pod.terminate();
+    let started = Instant::now();
+    let events = pod.events();
+    let (code, _) = pod.exit(Duration::from_secs(3));
+    assert_eq!(code, Some(143));
+    assert!(started.elapsed() < Duration::from_secs(2), "within the 1 s recheck");
+    assert!(!events.contains("started"), "{events}");
+}
+
+/// Pods written before the hash was passed, or by hand, start as they did.
+#[test]
+fn without_a_hash_nginx_starts_on_whatever_is_mounted() {
+    let pod = Pod::start("stream {}\n", "");
+    assert!(pod.saw("started", Duration::from_secs(5)), "{}", pod.events());
+}
