@@ -8,8 +8,12 @@
 //! (d) one-shot UDP clients (DNS-like) that must not exhaust nginx's connections;
 //! (e) `sessionAffinity: ClientIP`: one client address always reaches the same backend,
 //!     and many client addresses still split by weight;
-//! and (f) passive health: a backend refusing connections is tried once per `failTimeout`
-//!     with `maxFails: 1`, and on every connection with `maxFails: 0`.
+//! (f) passive health: a backend refusing connections is tried once per `failTimeout`
+//!     with `maxFails: 1`, and on every connection with `maxFails: 0`;
+//! (g) the metrics sidecar counting what nginx logs;
+//! (h) least connections, a backup, `maxConnections` across workers, the PROXY protocol both
+//!     ways, and `nginx -t` over generated mixes of those settings;
+//! and (i) an IPv6 client, in a network namespace of the test's own.
 //!
 //! nginx is run from the `PATH` (`support::have_tool`): these tests skip loudly
 //! outside CI when it (or its stream module) is missing and fail in CI. On
@@ -132,7 +136,20 @@ impl Prefix {
 
     /// `nginx -p <prefix> -c <wrapper> -e stderr` plus `extra` and the `-g` directives.
     fn command(&self, extra: &[&str], directives: &str) -> Command {
-        let mut command = Command::new("nginx");
+        self.command_in(None, extra, directives)
+    }
+
+    /// [`Self::command`], in the network namespace `netns` when given (`ip netns exec` execs
+    /// nginx, so the child's pid is nginx's).
+    fn command_in(&self, netns: Option<&str>, extra: &[&str], directives: &str) -> Command {
+        let mut command = match netns {
+            Some(netns) => {
+                let mut command = Command::new("ip");
+                command.args(["netns", "exec", netns, "nginx"]);
+                command
+            }
+            None => Command::new("nginx"),
+        };
         command.args(extra).args(["-p", &self.path(""), "-c", &self.path("wrapper.conf"), "-e", "stderr", "-g"]);
         command.arg(format!("{directives} pid {};", self.path("nginx.pid")));
         let log = fs::File::create(self.path("stderr.log")).expect("log file");
@@ -179,8 +196,13 @@ impl Nginx {
     /// the master writes its pid file after binding them and before forking workers,
     /// so traffic sent after that waits in the sockets' queues instead of being refused.
     async fn start(bin: &NginxBinary, rendered: &str) -> Result<Nginx, String> {
+        Nginx::start_in(None, bin, rendered).await
+    }
+
+    /// [`Self::start`] in the network namespace `netns`, when given.
+    async fn start_in(netns: Option<&str>, bin: &NginxBinary, rendered: &str) -> Result<Nginx, String> {
         let prefix = Prefix::new(bin, rendered);
-        let child = prefix.command(&[], "daemon off;").process_group(0).spawn().expect("spawn nginx");
+        let child = prefix.command_in(netns, &[], "daemon off;").process_group(0).spawn().expect("spawn nginx");
         let mut nginx = Nginx { child, prefix };
         let pid_file = nginx.prefix.path("nginx.pid");
         let deadline = Instant::now() + NGINX_DEADLINE;
@@ -199,7 +221,7 @@ impl Nginx {
         }
     }
 
-    /// Worker processes: each keeps its own round-robin state (the upstreams have no `zone`).
+    /// Worker processes (they share each upstream's state through its `zone`).
     fn workers(&self) -> usize {
         let master = self.child.id().to_string();
         let entries = fs::read_dir("/proc").expect("read /proc");
@@ -416,14 +438,13 @@ fn swrr_max_prefix_deviation(weights: &[i32]) -> f64 {
 /// Checks the observed split against `expected` (the exact weighted share of the requests).
 ///
 /// Smooth weighted round-robin is deterministic, not random, so no statistical tolerance
-/// is needed: within one worker, any run of requests is off its exact share by at most
+/// is needed: any run of requests is off its exact share by at most
 /// `d = swrr_max_prefix_deviation(weights)` per backend (0.6 for 40/20/40). nginx runs
-/// several workers (`worker_processes auto`), each with its own round-robin state and an
-/// arbitrary share of the connections, so the total may be off by at most `workers * d`.
-/// For 500 requests over 40/20/40 on a 2-CPU machine that is ±1 request (0.2%), far
-/// inside the ±2% one would allow; a wrong weight is off by tens of requests.
+/// several `workers`, and each upstream's `zone` gives them one shared round-robin state, so
+/// the total is off by at most `d` too: ±0 requests for 500 over 40/20/40. Without the zone,
+/// each worker would keep its own state, and the total could be off by `workers * d`.
 fn assert_split(observed: &BTreeMap<String, usize>, expected: &[(&str, usize)], weights: &[i32], workers: usize) {
-    let tolerance = workers as f64 * swrr_max_prefix_deviation(weights);
+    let tolerance = swrr_max_prefix_deviation(weights);
     let total: usize = expected.iter().map(|(_, n)| n).sum();
     assert_eq!(observed.values().sum::<usize>(), total, "every request answered once: {observed:?}");
     for (name, want) in expected {
@@ -431,7 +452,7 @@ fn assert_split(observed: &BTreeMap<String, usize>, expected: &[(&str, usize)], 
         assert!(
             (got as f64 - *want as f64).abs() <= tolerance,
             "backend {name}: {got} of {total} requests, expected {want} ± {tolerance:.1} \
-             ({workers} workers, weights {weights:?}); observed split {observed:?}"
+             ({workers} workers sharing the upstream's state, weights {weights:?}); observed split {observed:?}"
         );
     }
     assert!(
@@ -585,6 +606,7 @@ async fn udp_datagrams_are_answered_by_the_backends_by_weight() {
         admitted(BalancerSpec {
             replicas: None,
             session_affinity: None,
+            algorithm: None,
             service: None,
             proxy: None,
             ports: vec![port(Some("dns"), "UDP", i32::from(p))],
@@ -632,6 +654,7 @@ async fn tcp_and_udp_on_the_same_port_number_reach_their_own_servers() {
         admitted(BalancerSpec {
             replicas: None,
             session_affinity: None,
+            algorithm: None,
             service: None,
             proxy: None,
             ports: vec![port(Some("stream"), "TCP", i32::from(p)), port(Some("dgram"), "UDP", i32::from(p))],
@@ -675,6 +698,7 @@ async fn udp_sessions_end_once_answered() {
         admitted(BalancerSpec {
             replicas: None,
             session_affinity: None,
+            algorithm: None,
             service: None,
             proxy: None,
             ports: vec![port(Some("dns"), "UDP", i32::from(p))],
@@ -719,6 +743,7 @@ fn config_table() -> Vec<(&'static str, BalancerSpec)> {
     let spec = |ports, backends| BalancerSpec {
         replicas: None,
         session_affinity: None,
+        algorithm: None,
         service: None,
         proxy: None,
         ports,
@@ -915,7 +940,7 @@ async fn a_failing_backend_is_left_alone_for_fail_timeout_after_max_fails() {
 }
 
 // ---------------------------------------------------------------------------
-// (f) The metrics sidecar, fed by the real nginx's log
+// (g) The metrics sidecar, fed by the real nginx's log
 // ---------------------------------------------------------------------------
 
 /// `GET /metrics` from the sidecar, in plain HTTP.
@@ -1069,4 +1094,322 @@ async fn the_metrics_sidecar_counts_connect_failures_against_the_refusing_backen
     assert!(failed >= 1.0, "{text}");
     stop.cancel();
     let _ = timeout(STEP, sidecar).await;
+}
+
+// ---------------------------------------------------------------------------
+// (h) Algorithms, backups, connection limits and the PROXY protocol
+// ---------------------------------------------------------------------------
+
+/// Answers each connection with its name and a newline, then holds it until the client closes.
+async fn holding_backend(name: &str, ip: Ipv4Addr) -> Backend {
+    let listener = TcpListener::bind((ip, 0)).await.expect("bind TCP backend");
+    let addr = listener.local_addr().expect("addr");
+    let served = Arc::new(AtomicUsize::new(0));
+    let counter = served.clone();
+    let reply = format!("{name}\n");
+    let task = tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            counter.fetch_add(1, Ordering::SeqCst);
+            let reply = reply.clone();
+            tokio::spawn(async move {
+                let _ = stream.write_all(reply.as_bytes()).await;
+                let mut rest = Vec::new();
+                let _ = stream.read_to_end(&mut rest).await;
+            });
+        }
+    });
+    Backend { name: name.to_string(), addr, served, task }
+}
+
+/// A connection through nginx kept open: the backend's name, or `None` when nginx closed it
+/// without one (no backend could take it).
+async fn held(port: u16) -> (Option<String>, TcpStream) {
+    let mut stream = timeout(STEP, TcpStream::connect(("127.0.0.1", port))).await.expect("in time").expect("connect");
+    let mut line = Vec::new();
+    let mut byte = [0u8; 1];
+    while timeout(STEP, stream.read(&mut byte)).await.expect("an answer or a close in time").expect("read") == 1 {
+        if byte[0] == b'\n' {
+            return (Some(String::from_utf8_lossy(&line).into_owned()), stream);
+        }
+        line.push(byte[0]);
+    }
+    (None, stream)
+}
+
+/// A backend holding one long connection gets no new one while the other has fewer: least
+/// connections, with the count shared by nginx's workers (round robin would alternate).
+#[tokio::test]
+async fn least_connections_sends_new_connections_to_the_less_loaded_backend() {
+    let Some(bin) = nginx_binary() else { return };
+    let backends = [holding_backend("v1", BACKEND_IPS[0]).await, holding_backend("v2", BACKEND_IPS[1]).await];
+    let address = addresses(&backends);
+    let spec = |p| {
+        let mut spec = sample_spec(p);
+        spec.backends = vec![backend("v1", 1), backend("v2", 1)];
+        spec.algorithm = Some("LeastConnections".into());
+        admitted(spec)
+    };
+    let (_nginx, listen) =
+        start_nginx(&bin, free_tcp_port, |p| nginx::render("lb", &spec(p), &[], None, &address)).await;
+    let (Some(busy), _long) = held(listen).await else { panic!("the long connection was not served") };
+    let mut short = Vec::new();
+    for _ in 0..10 {
+        let (answer, stream) = held(listen).await;
+        short.push(answer.expect("served"));
+        drop(stream);
+        // nginx counts the closed session out before the next one arrives.
+        tokio::time::sleep(Duration::from_millis(30)).await;
+    }
+    eprintln!("least connections: {busy} holds one connection; 10 short ones went to {short:?}");
+    assert!(short.iter().all(|s| s != &busy), "{busy} holds a connection, yet took new ones: {short:?}");
+}
+
+/// A backup takes nothing while the primary answers, everything once it refuses, and no
+/// connection fails on the way.
+#[tokio::test]
+async fn a_backup_takes_connections_only_when_the_others_refuse() {
+    let Some(bin) = nginx_binary() else { return };
+    let primary = tcp_backend("primary", BACKEND_IPS[0], "primary".into()).await;
+    let spare = tcp_backend("spare", BACKEND_IPS[1], "spare".into()).await;
+    let (primary_addr, spare_addr) = (primary.addr, spare.addr);
+    let address = move |backend: &BackendSpec, _: &BalancerPort| match backend.name.as_str() {
+        "primary" => primary_addr.to_string(),
+        _ => spare_addr.to_string(),
+    };
+    let spec = |p| {
+        let mut spec = sample_spec(p);
+        spec.backends = vec![backend("primary", 1), backend("spare", 100)];
+        spec.backends[1].backup = Some(true);
+        admitted(spec)
+    };
+    let (_nginx, listen) =
+        start_nginx(&bin, free_tcp_port, |p| nginx::render("lb", &spec(p), &[], None, &address)).await;
+    let mut before = Vec::new();
+    for _ in 0..20 {
+        before.push(tcp_ask(listen).await);
+    }
+    assert_eq!(tally(before), BTreeMap::from([("primary".to_string(), 20)]), "the backup waits, whatever its weight");
+    drop(primary);
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let mut after = Vec::new();
+    for _ in 0..20 {
+        after.push(tcp_ask(listen).await);
+    }
+    assert_eq!(tally(after), BTreeMap::from([("spare".to_string(), 20)]), "every connection served by the backup");
+}
+
+/// `maxConnections: 2` holds across nginx's workers (the upstream's zone): of 6 connections
+/// held open at once, 2 reach the backend and nginx closes the others.
+#[tokio::test]
+async fn max_connections_refuses_past_its_limit_across_workers() {
+    let Some(bin) = nginx_binary() else { return };
+    let backends = [holding_backend("v1", BACKEND_IPS[0]).await];
+    let address = addresses(&backends);
+    let spec = |p| {
+        let mut spec = sample_spec(p);
+        spec.backends = vec![backend("v1", 1)];
+        spec.backends[0].max_connections = Some(2);
+        admitted(spec)
+    };
+    let (nginx, listen) =
+        start_nginx(&bin, free_tcp_port, |p| nginx::render("lb", &spec(p), &[], None, &address)).await;
+    let mut streams = Vec::new();
+    let mut answers = Vec::new();
+    for _ in 0..6 {
+        let (answer, stream) = held(listen).await;
+        answers.push(answer);
+        streams.push(stream);
+    }
+    let served = answers.iter().flatten().count();
+    eprintln!("maxConnections 2, {} workers, 6 connections held: {answers:?}", nginx.workers());
+    assert_eq!(served, 2, "{answers:?}");
+    assert_eq!(backends[0].served.load(Ordering::SeqCst), 2);
+    drop(streams);
+}
+
+/// nginx as the backend, answering with the client address its PROXY protocol header carried.
+async fn proxy_protocol_backend(bin: &NginxBinary) -> (Nginx, SocketAddr) {
+    let ip = BACKEND_IPS[2];
+    let mut failures = Vec::new();
+    for _ in 0..3 {
+        let addr = SocketAddr::from((ip, free_tcp_port()));
+        let conf = format!(
+            "events {{}}\nstream {{\n    server {{\n        listen {addr} proxy_protocol;\n        \
+             return \"$proxy_protocol_addr\\n\";\n    }}\n}}\n"
+        );
+        match Nginx::start(bin, &conf).await {
+            Ok(nginx) => return (nginx, addr),
+            Err(log) => failures.push(log),
+        }
+    }
+    panic!("the PROXY protocol backend did not start: {failures:?}");
+}
+
+/// The client's address reaches the backend: from the connection itself, and from a PROXY
+/// protocol header an outer load balancer sent (`acceptProxyProtocol`).
+#[tokio::test]
+async fn the_proxy_protocol_carries_the_clients_address_to_the_backend() {
+    let Some(bin) = nginx_binary() else { return };
+    let (_backend, backend_addr) = proxy_protocol_backend(&bin).await;
+    let address = move |_: &BackendSpec, _: &BalancerPort| backend_addr.to_string();
+    let spec = |p, accept: bool| {
+        let mut spec = sample_spec(p);
+        spec.backends = vec![backend("v1", 1)];
+        spec.ports[0].proxy_protocol = Some(true);
+        spec.ports[0].accept_proxy_protocol = Some(accept);
+        admitted(spec)
+    };
+    let (_nginx, listen) =
+        start_nginx(&bin, free_tcp_port, |p| nginx::render("lb", &spec(p, false), &[], None, &address)).await;
+    let client = Ipv4Addr::new(127, 0, 0, 9);
+    assert_eq!(tcp_ask_from(client, listen).await, "127.0.0.9\n");
+
+    let (_outer, listen) =
+        start_nginx(&bin, free_tcp_port, |p| nginx::render("lb", &spec(p, true), &[], None, &address)).await;
+    let answer = timeout(STEP, async {
+        let mut stream = TcpStream::connect(("127.0.0.1", listen)).await.expect("connect");
+        stream.write_all(b"PROXY TCP4 203.0.113.7 127.0.0.1 40000 80\r\n").await.expect("header");
+        let mut reply = String::new();
+        stream.read_to_string(&mut reply).await.expect("reply");
+        reply
+    })
+    .await
+    .expect("in time");
+    assert_eq!(answer, "203.0.113.7\n", "the address the outer load balancer saw, passed on");
+}
+
+/// Mixes of the L4 settings: algorithm, affinity, backups, limits, PROXY protocol; backups
+/// only where nginx takes them (the rules' tests cover the rest), so nearly all are admitted.
+fn arb_l4_spec() -> impl proptest::strategy::Strategy<Value = BalancerSpec> {
+    use proptest::prelude::*;
+    let ports = proptest::collection::vec((any::<bool>(), any::<bool>(), any::<bool>()), 1..5);
+    let backends = proptest::collection::vec((0i32..=100, any::<bool>(), proptest::option::of(1i32..=1_000_000)), 1..9);
+    let algorithm = proptest::sample::select(&balancer::api::ALGORITHMS[..]);
+    (algorithm, any::<bool>(), ports, backends).prop_map(|(algorithm, client_ip, ports, backends)| {
+        let mut spec = sample_spec(1000);
+        spec.algorithm = Some(algorithm.to_string());
+        spec.session_affinity = Some(if client_ip { "ClientIP" } else { "None" }.into());
+        spec.ports = ports
+            .into_iter()
+            .enumerate()
+            .map(|(i, (udp, send, accept))| {
+                let mut port = port(Some(&format!("p{i}")), if udp { "UDP" } else { "TCP" }, 1000 + i as i32);
+                port.proxy_protocol = Some(send && !udp);
+                port.accept_proxy_protocol = Some(accept && !udp);
+                port
+            })
+            .collect();
+        spec.backends = backends
+            .into_iter()
+            .enumerate()
+            .map(|(i, (weight, backup, limit))| {
+                let mut backend = backend(&format!("b{i}"), weight);
+                backend.backup = Some(backup && i > 0 && !client_ip && algorithm != "PowerOfTwoChoices");
+                backend.max_connections = limit;
+                backend
+            })
+            .collect();
+        spec
+    })
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig { cases: 64, ..Default::default() })]
+
+    /// Every combination the rules admit, nginx accepts; what they refuse is what nginx would.
+    #[test]
+    fn nginx_t_accepts_every_admitted_mix_of_l4_settings(spec in arb_l4_spec()) {
+        let Some(bin) = nginx_binary() else { return Ok(()) };
+        match admit(ObjectName::Name("mix"), spec, &SpecPolicy::default()) {
+            Ok(spec) => {
+                let rendered = nginx::render("mix", &spec, &[], None, &loopback_addresses(&spec));
+                if let Err(log) = nginx_check(&bin, &rendered) {
+                    proptest::prop_assert!(false, "nginx -t rejected an admitted spec:\n{log}\n{rendered}");
+                }
+            }
+            Err(report) => {
+                // Only the combinations nginx refuses, or an all-zero weight sum.
+                let known = ["sessionAffinity ClientIP", "sum of weights"];
+                for error in &report.errors {
+                    proptest::prop_assert!(known.iter().any(|k| error.to_string().contains(k)), "{error}");
+                }
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// (i) IPv6
+// ---------------------------------------------------------------------------
+
+/// A network namespace of the test's own, with its loopback up (127.0.0.0/8 and ::1); deleted
+/// on drop, also when the test fails.
+struct Netns(String);
+
+impl Netns {
+    fn new() -> Netns {
+        let name = format!("balancer-v6-{}", std::process::id());
+        let run = |args: &[&str]| {
+            let out = Command::new("ip").args(args).output().expect("ip runs");
+            assert!(out.status.success(), "ip {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        };
+        run(&["netns", "add", &name]);
+        let netns = Netns(name);
+        run(&["-n", &netns.0, "link", "set", "lo", "up"]);
+        netns
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
+    }
+}
+
+/// The proxy listens on IPv6 too: a client in a namespace with IPv6 reaches it at [::1] and
+/// is answered by IPv4 backends, by weight. Backends and clients are nginx and bash inside the
+/// namespace, since the test's own sockets live outside it.
+#[tokio::test]
+async fn an_ipv6_client_is_served() {
+    let Some(bin) = nginx_binary() else { return };
+    if !is_root() {
+        return unusable_without("root, for a network namespace");
+    }
+    let netns = Netns::new();
+    let listen = free_tcp_port();
+    let backends = "events {}\nstream {\n    server { listen 127.0.0.2:9001; return \"v1\\n\"; }\n    \
+                    server { listen 127.0.0.3:9001; return \"v2\\n\"; }\n}\n";
+    let _backends = Nginx::start_in(Some(&netns.0), &bin, backends).await.expect("the backends start");
+    let address = |backend: &BackendSpec, _: &BalancerPort| match backend.name.as_str() {
+        "v1" => "127.0.0.2:9001".to_string(),
+        _ => "127.0.0.3:9001".to_string(),
+    };
+    let mut spec = sample_spec(listen);
+    spec.backends = vec![backend("v1", 3), backend("v2", 1)];
+    let rendered = nginx::render("lb", &admitted(spec), &[], None, &address);
+    assert!(rendered.contains(&format!("listen [::]:{listen};")), "{rendered}");
+    let _proxy = Nginx::start_in(Some(&netns.0), &bin, &rendered).await.expect("the proxy starts");
+    let ask = format!("exec 3<>/dev/tcp/::1/{listen} && head -n1 <&3");
+    let mut answers = Vec::new();
+    for _ in 0..8 {
+        let out = Command::new("ip").args(["netns", "exec", &netns.0, "bash", "-c", &ask]).output().expect("bash runs");
+        assert!(out.status.success(), "bash: {}", String::from_utf8_lossy(&out.stderr));
+        answers.push(String::from_utf8_lossy(&out.stdout).trim().to_string());
+    }
+    eprintln!("8 connections to [::1]:{listen}: {answers:?}");
+    assert_eq!(tally(answers), BTreeMap::from([("v1".to_string(), 6), ("v2".to_string(), 2)]));
+}
+
+fn is_root() -> bool {
+    fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|status| {
+            status.lines().find(|l| l.starts_with("Uid:")).map(|l| l.split_whitespace().nth(1) == Some("0"))
+        })
+        .unwrap_or(false)
+}
+
+fn unusable_without(what: &str) {
+    assert!(std::env::var_os("CI").is_none(), "this test needs {what} in CI");
+    eprintln!("SKIPPED: this test needs {what}");
 }

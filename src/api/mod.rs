@@ -54,6 +54,10 @@ pub const DEFAULT_PROTOCOL: &str = "TCP";
 pub const MAX_REPLICAS: i32 = 100;
 /// `spec.sessionAffinity` values (v1beta1), the default first.
 pub const SESSION_AFFINITIES: [&str; 2] = ["None", "ClientIP"];
+/// `spec.algorithm` values (v1beta1), the default first.
+pub const ALGORITHMS: [&str; 3] = ["RoundRobin", "LeastConnections", "PowerOfTwoChoices"];
+/// Largest `spec.backends[].maxConnections` (per proxy pod).
+pub const MAX_MAX_CONNECTIONS: i32 = 1_000_000;
 /// Passive health checks and timeouts (v1beta1), as nginx writes durations.
 pub const DEFAULT_MAX_FAILS: i32 = 1;
 pub const MAX_MAX_FAILS: i32 = 100;
@@ -130,6 +134,17 @@ pub struct BalancerPort {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 65535))]
     pub node_port: Option<i32>,
+    /// Send the PROXY protocol (version 1) header to the backends, so that they see the
+    /// client's address (nginx's `proxy_protocol on`). TCP only; the backends must expect it.
+    /// v1beta1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub proxy_protocol: Option<bool>,
+    /// Require the PROXY protocol header (version 1 or 2) on every connection to this port, as
+    /// a cloud load balancer in front sends it (nginx's `listen … proxy_protocol`): the
+    /// client's address in it is the one `sessionAffinity: ClientIP` hashes and `proxyProtocol`
+    /// passes on. TCP only. v1beta1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub accept_proxy_protocol: Option<bool>,
 }
 
 /// One backend: a set of pods and its share of the traffic.
@@ -157,6 +172,17 @@ pub struct BackendSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "duration_schema")]
     pub fail_timeout: Option<String>,
+    /// Most connections each proxy pod keeps open to this backend at once, 1 to 1,000,000;
+    /// past it, new connections go to the other backends, and are refused when every backend
+    /// is full (nginx's `max_conns`). Unset: no limit. v1beta1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 1_000_000))]
+    pub max_connections: Option<i32>,
+    /// A backup takes connections only while no other backend can (each is marked failed,
+    /// full, or has weight 0) (nginx's `backup`). Not with `sessionAffinity: ClientIP` or
+    /// `algorithm: PowerOfTwoChoices`, and at least one backend must not be a backup. v1beta1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backup: Option<bool>,
 }
 
 /// A duration as nginx writes it: digits and one unit, `ms`, `s`, `m` or `h` (`5s`, `500ms`).
@@ -257,12 +283,27 @@ impl BackendSpec {
     pub fn effective_weight(&self) -> i32 {
         self.weight.unwrap_or(DEFAULT_WEIGHT)
     }
+
+    /// Whether it takes connections only when the others cannot.
+    pub fn is_backup(&self) -> bool {
+        self.backup == Some(true)
+    }
 }
 
 impl BalancerPort {
     /// The protocol after defaulting.
     pub fn effective_protocol(&self) -> &str {
         self.protocol.as_deref().unwrap_or(DEFAULT_PROTOCOL)
+    }
+
+    /// Whether the proxy sends the PROXY protocol header to the backends.
+    pub fn sends_proxy_protocol(&self) -> bool {
+        self.proxy_protocol == Some(true)
+    }
+
+    /// Whether the proxy requires the PROXY protocol header from clients.
+    pub fn accepts_proxy_protocol(&self) -> bool {
+        self.accept_proxy_protocol == Some(true)
     }
 
     /// The target port after defaulting (`port` itself).
@@ -347,6 +388,7 @@ mod tests {
         let spec = BalancerSpec {
             replicas: None,
             session_affinity: None,
+            algorithm: None,
             service: None,
             proxy: None,
             ports: vec![],

@@ -99,6 +99,13 @@ pub const VERSION: &str = "v1beta1";
         priority = 1
     ),
     printcolumn(
+        name = "Algorithm",
+        type_ = "string",
+        json_path = ".spec.algorithm",
+        description = "How the proxy picks a backend for a new connection",
+        priority = 1
+    ),
+    printcolumn(
         name = "Backends-Available",
         type_ = "string",
         json_path = ".status.conditions[?(@.type==\"BackendsAvailable\")].status",
@@ -120,6 +127,14 @@ pub struct BalancerSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(extend("enum" = ["None", "ClientIP"]))]
     pub session_affinity: Option<String>,
+    /// How the proxy picks a backend for a new connection, by weight: `RoundRobin` (the
+    /// default; nginx's smooth weighted round robin), `LeastConnections` (the fewest active
+    /// connections relative to weight; nginx's `least_conn`) or `PowerOfTwoChoices` (two
+    /// backends drawn at random by weight, the one with fewer connections; nginx's
+    /// `random two least_conn`). With `sessionAffinity: ClientIP` it must be `RoundRobin`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("enum" = ["RoundRobin", "LeastConnections", "PowerOfTwoChoices"]))]
+    pub algorithm: Option<String>,
     /// How the front Service exposes the Balancer; a ClusterIP Service by default.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub service: Option<FrontService>,

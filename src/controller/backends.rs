@@ -3,14 +3,15 @@
 //!
 //! The proxy connects to each backend's Service; a Service without a ready endpoint refuses
 //! the connection, and nginx moves on to the next backend and leaves the refusing one out for
-//! a while. So the weights that count are those of the backends with a ready endpoint.
+//! a while. So the weights that count are those of the backends with a ready endpoint: the
+//! primaries', or the backups' when no primary has one.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use k8s_openapi::jiff::Timestamp;
 
 use super::status::condition_of;
 use super::stored::StoredBalancer;
-use crate::api::{BackendStatus, BalancerSpec};
+use crate::api::{BackendSpec, BackendStatus, BalancerSpec};
 
 /// The condition type: every backend with a weight has a ready endpoint.
 pub const BACKENDS_AVAILABLE: &str = "BackendsAvailable";
@@ -37,10 +38,17 @@ pub(super) fn backends(
 ) -> Backends {
     let seen: Vec<(String, i32, u32)> =
         spec.backends.iter().map(|b| (b.name.clone(), b.effective_weight(), ready(&b.name))).collect();
-    let weights: Vec<u64> = seen
-        .iter()
-        .map(|(_, weight, ready)| if *ready > 0 { u64::try_from(*weight).unwrap_or(0) } else { 0 })
-        .collect();
+    let serving = |backup: bool| -> Vec<u64> {
+        let weight = |((_, weight, ready), b): (&(String, i32, u32), &BackendSpec)| match *ready > 0
+            && b.is_backup() == backup
+        {
+            true => u64::try_from(*weight).unwrap_or(0),
+            false => 0,
+        };
+        seen.iter().zip(&spec.backends).map(weight).collect()
+    };
+    let primaries = serving(false);
+    let weights = if primaries.iter().any(|&w| w > 0) { primaries } else { serving(true) };
     let statuses = seen
         .iter()
         .zip(shares(&weights))
@@ -103,7 +111,6 @@ mod tests {
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
     use super::*;
-    use crate::api::BackendSpec;
 
     #[test]
     fn shares_are_whole_percentages_that_add_up_to_100() {
@@ -175,5 +182,18 @@ mod tests {
         assert_eq!(seen.statuses.iter().map(|s| s.share).collect::<Vec<_>>(), [0, 0]);
         assert_eq!(seen.summary, "0/2");
         assert!(seen.condition.message.contains("new connections fail"), "{}", seen.condition.message);
+    }
+
+    #[test]
+    fn a_backup_shares_only_while_no_primary_has_a_ready_endpoint() {
+        let mut spec = spec(&[("v1", 40), ("v2", 20), ("spare", 10)]);
+        spec.backends[2].backup = Some(true);
+        let shares = |ready: &dyn Fn(&str) -> u32| {
+            let seen = backends(&balancer(), &spec, ready, NOW.parse().unwrap());
+            seen.statuses.iter().map(|s| s.share).collect::<Vec<_>>()
+        };
+        assert_eq!(shares(&|_| 1), [67, 33, 0]);
+        assert_eq!(shares(&|name| u32::from(name != "v1")), [0, 100, 0]);
+        assert_eq!(shares(&|name| u32::from(name == "spare")), [0, 0, 100]);
     }
 }

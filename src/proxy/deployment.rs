@@ -16,8 +16,8 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use super::access_log::SidecarPorts;
 use super::meta::{COMPONENT_PROXY, CONFIG_HASH_ANNOTATION, Owner, labels, metadata, proxy_selector};
 use super::nginx::{
-    self, CONFIG_DIR, CONFIG_FILE, CONFIG_HASH_ENV, ENDPOINT_REMOVAL_SECONDS, entrypoint, graceful_stop, nginx_args,
-    udp_readiness_command,
+    self, CONFIG_DIR, CONFIG_FILE, CONFIG_HASH_ENV, ENDPOINT_REMOVAL_SECONDS, POD_FILES, entrypoint, graceful_stop,
+    nginx_args, udp_readiness_command,
 };
 use crate::api::{self, BalancerSpec};
 use crate::spec::{Admitted, SpecPolicy};
@@ -100,12 +100,11 @@ fn proxy_pod_spec(owner: &Owner, spec: &BalancerSpec, settings: &ProxySettings, 
     // Both containers read the mounted file once: they wait for the one this pod was made for.
     let config_hash_env =
         vec![EnvVar { name: CONFIG_HASH_ENV.into(), value: Some(config_hash.into()), value_from: None }];
-    let config_path = format!("{CONFIG_DIR}/{CONFIG_FILE}");
     let container = Container {
         name: "nginx".into(),
         image: Some(proxy.image.unwrap_or_else(|| settings.image.clone())),
         image_pull_policy: Some("IfNotPresent".into()),
-        command: Some(vec!["/bin/sh".into(), "-c".into(), entrypoint(&config_path, nginx::PID_FILE), "nginx".into()]),
+        command: Some(vec!["/bin/sh".into(), "-c".into(), entrypoint(&POD_FILES), "nginx".into()]),
         args: Some(nginx_args()),
         env: Some(config_hash_env.clone()),
         ports: Some(
@@ -176,7 +175,7 @@ fn proxy_pod_spec(owner: &Owner, spec: &BalancerSpec, settings: &ProxySettings, 
 fn metrics_sidecar(image: &str, ports: SidecarPorts) -> Container {
     let args = [
         "proxy-metrics".to_string(),
-        format!("--config={CONFIG_DIR}/{CONFIG_FILE}"),
+        format!("--config={}", POD_FILES.mounted),
         format!("--listen=0.0.0.0:{}", ports.metrics),
         format!("--log-port={}", ports.log),
     ];

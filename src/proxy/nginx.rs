@@ -66,38 +66,8 @@ pub fn render(
         conf.push('\n');
     }
     for port in &spec.ports {
-        let name = upstream_name(port);
-        let _ = writeln!(conf, "    upstream {name} {{");
-        if spec.session_affinity.as_deref() == Some("ClientIP") {
-            // Ketama points in proportion to the weights: one client sticks, many still split.
-            conf.push_str("        hash $remote_addr consistent;\n");
-        }
-        for backend in &spec.backends {
-            let address = upstream.address(backend, port);
-            let service = backend_service_name(balancer, &backend.name);
-            let health = passive_health(backend);
-            let _ = match backend.effective_weight() {
-                w if w > 0 => writeln!(conf, "        server {address} weight={w}{health};  # {service}"),
-                _ => writeln!(conf, "        server {address} down;  # {service}"),
-            };
-        }
-        conf.push_str("    }\n\n");
-        let _ = writeln!(conf, "    server {{");
-        if is_udp(port) {
-            // UDP is treated as request/response (DNS-like): a session ends with the first
-            // reply, or after idleTimeout (10 s by default) without one.
-            let _ = writeln!(conf, "        listen {} udp;", port.port);
-            conf.push_str("        proxy_responses 1;\n");
-        } else {
-            let _ = writeln!(conf, "        listen {};", port.port);
-        }
-        if let Some(timeout) = &port.connect_timeout {
-            let _ = writeln!(conf, "        proxy_connect_timeout {timeout};");
-        }
-        if let Some(timeout) = &port.idle_timeout {
-            let _ = writeln!(conf, "        proxy_timeout {timeout};");
-        }
-        let _ = writeln!(conf, "        proxy_pass {name};\n    }}\n");
+        write_upstream(&mut conf, balancer, spec, port, upstream);
+        write_server(&mut conf, port);
     }
     // Drop the blank line after the last server block.
     if conf.ends_with("\n\n") {
@@ -105,6 +75,98 @@ pub fn render(
     }
     conf.push_str("}\n");
     conf
+}
+
+/// Shared memory for an upstream's state, so that `least_conn`, `max_conns` and the failure
+/// counts hold across the workers rather than per worker. nginx needs at least 8 pages: this
+/// is 8 pages of 64 KiB (arm64 kernels), and far more than 64 servers take; untouched pages
+/// cost no memory.
+pub const UPSTREAM_ZONE: &str = "512k";
+
+/// One port's `upstream`: the balancing method, then each backend's Service with its weight,
+/// passive health, limit and role.
+fn write_upstream(
+    conf: &mut String,
+    balancer: &str,
+    spec: &BalancerSpec,
+    port: &BalancerPort,
+    upstream: &impl UpstreamAddress,
+) {
+    let name = upstream_name(port);
+    let _ = writeln!(conf, "    upstream {name} {{");
+    let _ = writeln!(conf, "        zone {name} {UPSTREAM_ZONE};");
+    if let Some(method) = balancing_method(spec) {
+        let _ = writeln!(conf, "        {method};");
+    }
+    for backend in &spec.backends {
+        let address = upstream.address(backend, port);
+        let service = backend_service_name(balancer, &backend.name);
+        let role = if backend.is_backup() { " backup" } else { "" };
+        let _ = match backend.effective_weight() {
+            w if w > 0 => {
+                let (health, limit) = (passive_health(backend), connection_limit(backend));
+                writeln!(conf, "        server {address} weight={w}{health}{limit}{role};  # {service}")
+            }
+            _ => writeln!(conf, "        server {address} down{role};  # {service}"),
+        };
+    }
+    conf.push_str("    }\n\n");
+}
+
+/// The upstream's balancing method; `None` for nginx's default, weighted round robin.
+/// ClientIP affinity is a hash of the client's address (with `acceptProxyProtocol`, the one in
+/// the header: see [`write_server`]); ketama points are in proportion to the weights, so one
+/// client sticks and many still split by weight.
+fn balancing_method(spec: &BalancerSpec) -> Option<&'static str> {
+    if spec.session_affinity.as_deref() == Some("ClientIP") {
+        return Some("hash $remote_addr consistent");
+    }
+    match spec.algorithm.as_deref() {
+        Some("LeastConnections") => Some("least_conn"),
+        Some("PowerOfTwoChoices") => Some("random two least_conn"),
+        _ => None,
+    }
+}
+
+/// One port's `server`: where it listens (IPv4 and IPv6; see [`entrypoint`] for nodes without
+/// IPv6), the PROXY protocol either side, and the timeouts.
+fn write_server(conf: &mut String, port: &BalancerPort) {
+    let _ = writeln!(conf, "    server {{");
+    let flags = match (is_udp(port), port.accepts_proxy_protocol()) {
+        (true, _) => " udp",
+        (false, true) => " proxy_protocol",
+        (false, false) => "",
+    };
+    let _ = writeln!(conf, "        listen {}{flags};", port.port);
+    let _ = writeln!(conf, "        {IPV6_LISTEN}{}{flags};", port.port);
+    if port.accepts_proxy_protocol() {
+        // The client's address is the header's: for the hash, the log, and the header sent on.
+        // Whoever can reach the port can write that header, as with any PROXY listener.
+        conf.push_str("        set_real_ip_from 0.0.0.0/0;\n        set_real_ip_from ::/0;\n");
+    }
+    if is_udp(port) {
+        // UDP is treated as request/response (DNS-like): a session ends with the first
+        // reply, or after idleTimeout (10 s by default) without one.
+        conf.push_str("        proxy_responses 1;\n");
+    }
+    if port.sends_proxy_protocol() {
+        conf.push_str("        proxy_protocol on;\n");
+    }
+    if let Some(timeout) = &port.connect_timeout {
+        let _ = writeln!(conf, "        proxy_connect_timeout {timeout};");
+    }
+    if let Some(timeout) = &port.idle_timeout {
+        let _ = writeln!(conf, "        proxy_timeout {timeout};");
+    }
+    let _ = writeln!(conf, "        proxy_pass {};\n    }}\n", upstream_name(port));
+}
+
+/// How an IPv6 `listen` begins; the entrypoint leaves these lines out on a node without IPv6.
+pub const IPV6_LISTEN: &str = "listen [::]:";
+
+/// ` max_conns=N`, when the backend has a limit.
+fn connection_limit(backend: &BackendSpec) -> String {
+    backend.max_connections.map(|n| format!(" max_conns={n}")).unwrap_or_default()
 }
 
 /// ` max_fails=N fail_timeout=T`, for the settings the backend has (all of them once defaulted).
@@ -137,54 +199,73 @@ pub fn config_hash(conf: &str) -> String {
 /// kube-proxy on every node has dropped it from the front Service first.
 pub const ENDPOINT_REMOVAL_SECONDS: i64 = 5;
 
-/// nginx's pid file, on the writable /tmp: the compiled-in default lies on the read-only root,
-/// and `nginx -t` opens it too.
-pub const PID_FILE: &str = "/tmp/nginx.pid";
+/// Where the proxy container's files are: see [`entrypoint`].
+#[derive(Debug, Clone, Copy)]
+pub struct ProxyFiles<'a> {
+    /// The ConfigMap's `nginx.conf`, as the kubelet mounts it (read-only).
+    pub mounted: &'a str,
+    /// The copy nginx runs, on the pod's writable `/tmp`.
+    pub running: &'a str,
+    /// nginx's pid file, on the writable `/tmp`: the compiled-in default lies on the read-only
+    /// root, and `nginx -t` opens it too.
+    pub pid_file: &'a str,
+    /// Present when the kernel has IPv6.
+    pub ipv6_probe: &'a str,
+}
 
-/// Where the proxy's files live inside its container.
+/// Where the files are in a proxy pod.
+pub const POD_FILES: ProxyFiles<'static> = ProxyFiles {
+    mounted: "/etc/balancer/nginx.conf",
+    running: "/tmp/nginx.conf",
+    pid_file: "/tmp/nginx.pid",
+    ipv6_probe: "/proc/net/if_inet6",
+};
+
+/// The directory the ConfigMap is mounted at (its key is [`CONFIG_FILE`]).
 pub(super) const CONFIG_DIR: &str = "/etc/balancer";
 
-/// nginx in the foreground, reading the mounted file, logging to stderr, pid file on the writable /tmp.
+/// nginx in the foreground, reading the running copy, logging to stderr.
 pub fn nginx_args() -> Vec<String> {
-    vec![
-        "-c".into(),
-        format!("{CONFIG_DIR}/{CONFIG_FILE}"),
-        "-e".into(),
-        "stderr".into(),
-        "-g".into(),
-        format!("daemon off; pid {PID_FILE};"),
-    ]
+    let ProxyFiles { running, pid_file, .. } = POD_FILES;
+    ["-c", running, "-e", "stderr", "-g", &format!("daemon off; pid {pid_file};")].map(String::from).to_vec()
 }
 
 /// The environment variable that tells a proxy pod's containers the hash of the `nginx.conf`
 /// they must run ([`config_hash`]).
 pub const CONFIG_HASH_ENV: &str = "BALANCER_CONFIG_HASH";
 
-/// The proxy container's entrypoint (`/bin/sh -c`, with nginx's arguments after it), for the
-/// configuration at `conf` and nginx's pid file at `pid_file`:
-/// - it starts nginx only once the mounted file's SHA-256 is the pod's [`CONFIG_HASH_ENV`].
-///   The kubelet fills ConfigMap volumes from its own watch cache, which lags behind while its
-///   watch reconnects (after an API server restart, up to a minute): a pod of a new rollout
-///   would start on the previous `nginx.conf`, and nginx never reads it again. The waiting pod
-///   is not Ready, so the rollout keeps the old pods serving meanwhile. An image without
-///   `sha256sum` starts at once, with a warning;
+/// The proxy container's entrypoint (`/bin/sh -c`, with nginx's arguments after it):
+/// - it copies the mounted file to the one nginx runs once the copy's SHA-256 is the pod's
+///   [`CONFIG_HASH_ENV`]. The kubelet fills ConfigMap volumes from its own watch cache, which
+///   lags behind while its watch reconnects (after an API server restart, up to a minute): a
+///   pod of a new rollout would start on the previous `nginx.conf`, and nginx never reads it
+///   again. The waiting pod is not Ready, so the rollout keeps the old pods serving meanwhile.
+///   An image without `sha256sum` starts at once, with a warning;
+/// - on a node without IPv6 (booted with `ipv6.disable=1`, where `listen [::]` fails) it
+///   leaves the IPv6 `listen` lines out of the copy;
 /// - it turns the kubelet's SIGTERM into SIGQUIT, nginx's graceful quit (open connections
 ///   finish, within `worker_shutdown_timeout`); SIGTERM would make nginx drop them at once.
 ///   Pods cannot choose their stop signal before Kubernetes 1.33.
 ///
-/// Needs `/bin/sh`, as nginx images have.
-pub fn entrypoint(conf: &str, pid_file: &str) -> String {
+/// Needs `/bin/sh`, `cat`, `grep` and `mv`, as nginx images have.
+pub fn entrypoint(files: &ProxyFiles<'_>) -> String {
+    let ProxyFiles { mounted, running, pid_file, ipv6_probe } = files;
     format!(
         r#"trap 'exit 143' TERM
 rm -f {pid_file}
-if [ -z "${CONFIG_HASH_ENV}" ]; then :
-elif ! command -v sha256sum >/dev/null; then echo "balancer: no sha256sum in the image; nginx starts without checking {conf}" >&2
-else
-  until sum=$(sha256sum {conf}) && [ "${{sum%% *}}" = "${CONFIG_HASH_ENV}" ]; do
-    [ -n "$told" ] || echo "balancer: waiting for the kubelet to mount {conf} with hash ${CONFIG_HASH_ENV}" >&2
-    told=1
-    sleep 1
-  done
+check=${CONFIG_HASH_ENV}
+if [ -n "$check" ] && ! command -v sha256sum >/dev/null; then
+  check=
+  echo "balancer: no sha256sum in the image; nginx starts without checking {mounted}" >&2
+fi
+until cat {mounted} > {running} && {{ [ -z "$check" ] || {{ sum=$(sha256sum {running}) && [ "${{sum%% *}}" = "$check" ]; }}; }}; do
+  [ -n "$told" ] || echo "balancer: waiting for the kubelet to mount {mounted} with hash $check" >&2
+  told=1
+  sleep 1
+done
+if [ ! -e {ipv6_probe} ]; then
+  echo "balancer: this node has no IPv6; nginx listens on IPv4 only" >&2
+  grep -vF '{IPV6_LISTEN}' {running} > {running}.ipv4 && mv {running}.ipv4 {running}
 fi
 trap 'kill -QUIT "$nginx"; wait "$nginx"; exit $?' TERM
 nginx "$@" & nginx=$!
@@ -195,7 +276,7 @@ wait "$nginx""#
 /// A UDP-only proxy's readiness: nginx is running (it wrote its pid file, which the entrypoint
 /// removes first) and accepts its configuration. UDP has no connection to probe.
 pub fn udp_readiness_command() -> Vec<String> {
-    let check = format!(r#"test -s {PID_FILE} && exec nginx -t -q "$@""#);
+    let check = format!(r#"test -s {} && exec nginx -t -q "$@""#, POD_FILES.pid_file);
     ["/bin/sh".to_string(), "-c".into(), check, "nginx".into()].into_iter().chain(nginx_args()).collect()
 }
 

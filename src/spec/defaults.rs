@@ -11,13 +11,13 @@ use serde_json::{Map, Value};
 
 use super::policy::SpecPolicy;
 use crate::api::{
-    BalancerSpec, DEFAULT_CONNECT_TIMEOUT, DEFAULT_FAIL_TIMEOUT, DEFAULT_MAX_FAILS, DEFAULT_PROTOCOL,
+    ALGORITHMS, BalancerSpec, DEFAULT_CONNECT_TIMEOUT, DEFAULT_FAIL_TIMEOUT, DEFAULT_MAX_FAILS, DEFAULT_PROTOCOL,
     DEFAULT_TCP_IDLE_TIMEOUT, DEFAULT_UDP_IDLE_TIMEOUT, DEFAULT_WEIGHT, MAX_BACKENDS, MAX_PORTS, SERVICE_TYPES,
     SESSION_AFFINITIES,
 };
 
 /// The spec with its defaults filled in, the way the API server stores it after mutation:
-/// protocol `TCP`, `targetPort` = `port`, weight 1, `sessionAffinity: None`,
+/// protocol `TCP`, `targetPort` = `port`, weight 1, `sessionAffinity: None`, `algorithm: RoundRobin`,
 /// `service.type: ClusterIP`, the timeouts and
 /// passive health settings (see [`crate::api`]'s `DEFAULT_*`), and `replicas` from `defaults`.
 pub fn with_defaults(spec: &BalancerSpec, defaults: &SpecPolicy) -> BalancerSpec {
@@ -36,6 +36,7 @@ pub fn fill_defaults(spec: &mut BalancerSpec, defaults: &SpecPolicy) {
     if spec.session_affinity.as_deref().is_none_or(str::is_empty) {
         spec.session_affinity = Some(SESSION_AFFINITIES[0].to_string());
     }
+    fill(&mut spec.algorithm, ALGORITHMS[0]);
     // Only the type: `externalTrafficPolicy` is left to Kubernetes, since a default written
     // into a NodePort Balancer would make the same spec invalid once switched to ClusterIP.
     fill(&mut spec.service.get_or_insert_default().type_, SERVICE_TYPES[0]);

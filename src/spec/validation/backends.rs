@@ -4,7 +4,9 @@ use std::collections::BTreeMap;
 
 use super::fields::*;
 use crate::api::formats::{MAX_LABEL_LEN, is_dns1123_label};
-use crate::api::{self, BalancerSpec, MAX_BACKENDS, MAX_MAX_FAILS, MAX_SELECTOR_LABELS, MAX_WEIGHT};
+use crate::api::{
+    self, BackendSpec, BalancerSpec, MAX_BACKENDS, MAX_MAX_CONNECTIONS, MAX_MAX_FAILS, MAX_SELECTOR_LABELS, MAX_WEIGHT,
+};
 use crate::spec::report::{ObjectName, Report};
 use crate::util::echo::{MAX_QUOTED_BYTES, cut, quoted};
 
@@ -61,6 +63,11 @@ pub(super) fn validate_backends(name: ObjectName<'_>, spec: &BalancerSpec, repor
             report.error(format!("{at}.maxFails"), format!("must be between 0 and {MAX_MAX_FAILS}, got {n}"));
         }
         validate_duration(&format_args!("{at}.failTimeout"), backend.fail_timeout.as_deref(), FAIL_TIMEOUT, report);
+        if let Some(n) = backend.max_connections.filter(|n| !(1..=MAX_MAX_CONNECTIONS).contains(n)) {
+            report
+                .error(format!("{at}.maxConnections"), format!("must be between 1 and {MAX_MAX_CONNECTIONS}, got {n}"));
+        }
+        validate_backup(at, backend, spec, report);
         validate_selector(&format_args!("{at}.selector"), backend.selector.as_ref(), report);
         if !selectors_bounded {
             continue;
@@ -82,8 +89,28 @@ pub(super) fn validate_backends(name: ObjectName<'_>, spec: &BalancerSpec, repor
         }
         selectors.push((i, fingerprint, merged));
     }
+    if !backends.is_empty() && backends.iter().all(BackendSpec::is_backup) {
+        report.error(
+            "spec.backends",
+            "at least one backend must not be a backup: backups take connections only when another backend cannot",
+        );
+    }
     let weights_valid = backends.iter().all(|b| (0..=MAX_WEIGHT).contains(&b.effective_weight()));
     if !backends.is_empty() && weights_valid && backends.iter().all(|b| b.effective_weight() == 0) {
         report.error("spec.backends", "the sum of weights must be greater than 0, got 0");
     }
+}
+
+/// nginx's hash (ClientIP affinity) and random methods cannot fall back to a backup server.
+fn validate_backup(at: Item, backend: &BackendSpec, spec: &BalancerSpec, report: &mut Report) {
+    if !backend.is_backup() {
+        return;
+    }
+    let refused_by = match (spec.session_affinity.as_deref(), spec.algorithm.as_deref()) {
+        (Some("ClientIP"), _) => "sessionAffinity ClientIP",
+        (_, Some("PowerOfTwoChoices")) => "algorithm PowerOfTwoChoices",
+        _ => return,
+    };
+    report
+        .error(format!("{at}.backup"), format!("cannot be used with {refused_by}, which has no fallback to a backup"));
 }

@@ -19,7 +19,7 @@ use ports::validate_ports;
 use super::policy::SpecPolicy;
 use super::report::{ObjectName, Report};
 use crate::api::formats::{MAX_BALANCER_NAME_LEN, MAX_LABEL_LEN, is_dns1035_label};
-use crate::api::{BalancerSpec, MAX_REPLICAS, SESSION_AFFINITIES};
+use crate::api::{ALGORITHMS, BalancerSpec, MAX_REPLICAS, SESSION_AFFINITIES};
 use crate::util::echo::quoted;
 
 /// Checks a Balancer (already defaulted) against every rule; `policy` says which proxy
@@ -30,6 +30,7 @@ pub fn validate(name: ObjectName<'_>, spec: &BalancerSpec, policy: &SpecPolicy) 
     validate_name(name, &mut report);
     validate_replicas(spec.replicas, &mut report);
     validate_session_affinity(spec.session_affinity.as_deref(), &mut report);
+    validate_algorithm(spec, &mut report);
     validate_ports(spec, &mut report);
     validate_service(spec, &mut report);
     validate_selector(&"spec.selector", spec.selector.as_ref(), &mut report);
@@ -46,6 +47,27 @@ fn validate_replicas(replicas: Option<i32>, report: &mut Report) {
 fn validate_session_affinity(affinity: Option<&str>, report: &mut Report) {
     if let Some(affinity) = affinity.filter(|a| !SESSION_AFFINITIES.contains(a)) {
         report.error("spec.sessionAffinity", format!("must be None or ClientIP, got {}", quoted(affinity)));
+    }
+}
+
+/// nginx takes one balancing method per upstream: ClientIP affinity is itself one (a hash), and
+/// nginx would keep the last one written, with only a warning.
+fn validate_algorithm(spec: &BalancerSpec, report: &mut Report) {
+    let Some(algorithm) = spec.algorithm.as_deref() else { return };
+    if !ALGORITHMS.contains(&algorithm) {
+        report.error(
+            "spec.algorithm",
+            format!("must be RoundRobin, LeastConnections or PowerOfTwoChoices, got {}", quoted(algorithm)),
+        );
+    } else if algorithm != ALGORITHMS[0] && spec.session_affinity.as_deref() == Some("ClientIP") {
+        report.error(
+            "spec.algorithm",
+            format!(
+                "must be RoundRobin with sessionAffinity ClientIP, which picks the backend by a hash of \
+                 the client's address, got {}",
+                quoted(algorithm)
+            ),
+        );
     }
 }
 

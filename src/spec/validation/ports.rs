@@ -2,7 +2,7 @@
 
 use super::fields::*;
 use crate::api::formats::is_dns1123_label;
-use crate::api::{BalancerSpec, MAX_PORTS, PROTOCOLS};
+use crate::api::{BalancerPort, BalancerSpec, MAX_PORTS, PROTOCOLS};
 use crate::spec::report::Report;
 use crate::util::echo::quoted;
 
@@ -55,5 +55,23 @@ pub(super) fn validate_ports(spec: &BalancerSpec, report: &mut Report) {
             report,
         );
         validate_duration(&format_args!("{at}.idleTimeout"), port.idle_timeout.as_deref(), IDLE_TIMEOUT, report);
+        if protocol == "UDP" {
+            validate_tcp_only(at, port, report);
+        }
+    }
+}
+
+/// The PROXY protocol is a header at the start of a byte stream: nginx refuses to accept it
+/// on UDP, and would send it inside a UDP backend's first datagram, which no DNS or syslog
+/// server reads, so balancer refuses both.
+fn validate_tcp_only(at: Item, port: &BalancerPort, report: &mut Report) {
+    if port.accepts_proxy_protocol() {
+        report.error(format!("{at}.acceptProxyProtocol"), "is TCP only: nginx cannot accept PROXY protocol over UDP");
+    }
+    if port.sends_proxy_protocol() {
+        report.error(
+            format!("{at}.proxyProtocol"),
+            "is TCP only: the header would arrive inside the backend's first UDP datagram",
+        );
     }
 }

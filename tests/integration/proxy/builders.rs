@@ -340,6 +340,7 @@ fn admit_fills_in_the_defaults_the_webhook_did_not() {
     balancer.spec = BalancerSpec {
         replicas: None,
         session_affinity: None,
+        algorithm: None,
         service: None,
         proxy: None,
         ports: vec![BalancerPort { name: None, protocol: None, port: 8080, target_port: None, ..Default::default() }],
@@ -484,13 +485,14 @@ fn proxy_container_runs_the_configured_image_with_nginx_args() {
     let desired = desired_for(&sample());
     let nginx = container(&desired.deployment);
     assert_eq!(nginx.image.as_deref(), Some("nginxinc/nginx-unprivileged:1.28.0-alpine"));
-    let script = proxy::nginx::entrypoint("/etc/balancer/nginx.conf", "/tmp/nginx.pid");
+    let script = proxy::nginx::entrypoint(&proxy::nginx::POD_FILES);
     let entrypoint = ["/bin/sh", "-c", &script, "nginx"].map(String::from).to_vec();
     assert_eq!(nginx.command, Some(entrypoint));
+    // The copy the entrypoint makes of the mounted file (see tests/integration/proxy/entrypoint.rs).
     assert_eq!(
         nginx.args,
         Some(
-            ["-c", "/etc/balancer/nginx.conf", "-e", "stderr", "-g", "daemon off; pid /tmp/nginx.pid;"]
+            ["-c", "/tmp/nginx.conf", "-e", "stderr", "-g", "daemon off; pid /tmp/nginx.pid;"]
                 .map(String::from)
                 .to_vec()
         )
@@ -499,12 +501,15 @@ fn proxy_container_runs_the_configured_image_with_nginx_args() {
 }
 
 #[test]
-fn the_config_map_is_mounted_where_nginx_reads_it() {
+fn the_config_map_is_mounted_where_the_entrypoint_reads_it() {
     let desired = desired_for(&sample());
     let nginx = container(&desired.deployment);
     let args = nginx.args.as_ref().expect("args");
+    // nginx runs the entrypoint's copy, in the writable /tmp, of the mounted file.
     let conf_path = &args[args.iter().position(|a| a == "-c").expect("-c") + 1];
-    let (dir, file) = conf_path.rsplit_once('/').expect("absolute path");
+    assert_eq!(conf_path, nginx::POD_FILES.running);
+    assert!(conf_path.starts_with("/tmp/"), "{conf_path}");
+    let (dir, file) = nginx::POD_FILES.mounted.rsplit_once('/').expect("absolute path");
 
     let mount = nginx
         .volume_mounts
@@ -600,7 +605,7 @@ fn readiness_probes_the_first_tcp_port_or_checks_the_config_when_udp_only() {
         r#"test -s /tmp/nginx.pid && exec nginx -t -q "$@""#,
         "nginx",
         "-c",
-        "/etc/balancer/nginx.conf",
+        "/tmp/nginx.conf",
         "-e",
         "stderr",
         "-g",
@@ -626,6 +631,7 @@ events {
 
 stream {
     upstream port_80_tcp {
+        zone port_80_tcp 512k;
         server 10.96.0.10:80 weight=40 max_fails=1 fail_timeout=10s;  # example-balancer-v1-backend
         server 10.96.0.11:80 weight=20 max_fails=1 fail_timeout=10s;  # example-balancer-v2-backend
         server 10.96.0.12:80 weight=40 max_fails=1 fail_timeout=10s;  # example-balancer-v3-backend
@@ -633,6 +639,7 @@ stream {
 
     server {
         listen 80;
+        listen [::]:80;
         proxy_connect_timeout 5s;
         proxy_timeout 10m;
         proxy_pass port_80_tcp;
@@ -649,6 +656,7 @@ fn udp_ports_listen_udp_and_weight_zero_is_down() {
     let conf = desired_for(&balancer).nginx_conf;
     let expected_stream = r#"stream {
     upstream port_53_udp {
+        zone port_53_udp 512k;
         server 10.96.0.10:53 weight=40 max_fails=1 fail_timeout=10s;  # example-balancer-v1-backend
         server 10.96.0.11:53 down;  # example-balancer-v2-backend
         server 10.96.0.12:53 weight=40 max_fails=1 fail_timeout=10s;  # example-balancer-v3-backend
@@ -656,6 +664,7 @@ fn udp_ports_listen_udp_and_weight_zero_is_down() {
 
     server {
         listen 53 udp;
+        listen [::]:53 udp;
         proxy_responses 1;
         proxy_connect_timeout 5s;
         proxy_timeout 10s;
@@ -663,6 +672,7 @@ fn udp_ports_listen_udp_and_weight_zero_is_down() {
     }
 
     upstream port_53_tcp {
+        zone port_53_tcp 512k;
         server 10.96.0.10:53 weight=40 max_fails=1 fail_timeout=10s;  # example-balancer-v1-backend
         server 10.96.0.11:53 down;  # example-balancer-v2-backend
         server 10.96.0.12:53 weight=40 max_fails=1 fail_timeout=10s;  # example-balancer-v3-backend
@@ -670,6 +680,7 @@ fn udp_ports_listen_udp_and_weight_zero_is_down() {
 
     server {
         listen 53;
+        listen [::]:53;
         proxy_connect_timeout 5s;
         proxy_timeout 10m;
         proxy_pass port_53_tcp;
@@ -745,7 +756,7 @@ fn proxy_pods_stop_gracefully() {
     let hook = nginx.lifecycle.as_ref().and_then(|l| l.pre_stop.as_ref()).and_then(|h| h.exec.as_ref());
     let command = hook.and_then(|e| e.command.clone()).expect("a preStop exec hook");
     assert_eq!(command, ["sleep", "5"]);
-    let script = proxy::nginx::entrypoint("/etc/balancer/nginx.conf", "/tmp/nginx.pid");
+    let script = proxy::nginx::entrypoint(&proxy::nginx::POD_FILES);
     assert!(script.ends_with(
         "trap 'kill -QUIT \"$nginx\"; wait \"$nginx\"; exit $?' TERM\nnginx \"$@\" & nginx=$!\nwait \"$nginx\""
     ));
@@ -1072,4 +1083,46 @@ fn both_containers_are_told_the_config_hash() {
         assert_eq!(told.len(), 1, "{}", container.name);
         assert_eq!(told[0].value.as_deref(), Some(hash.as_str()), "{}", container.name);
     }
+}
+
+/// Each L4 setting as the nginx directive it stands for (see docs/guide.md).
+#[test]
+fn algorithms_limits_backups_and_the_proxy_protocol_render_as_nginx_directives() {
+    let mut balancer = sample();
+    balancer.spec.algorithm = Some("LeastConnections".into());
+    balancer.spec.backends[0].max_connections = Some(100);
+    balancer.spec.backends[1].backup = Some(true);
+    balancer.spec.backends[2].weight = Some(0);
+    balancer.spec.backends[2].backup = Some(true);
+    balancer.spec.ports[0].proxy_protocol = Some(true);
+    balancer.spec.ports[0].accept_proxy_protocol = Some(true);
+    let conf = desired_for(&balancer).nginx_conf;
+    let expected = r#"    upstream port_80_tcp {
+        zone port_80_tcp 512k;
+        least_conn;
+        server 10.96.0.10:80 weight=40 max_fails=1 fail_timeout=10s max_conns=100;  # example-balancer-v1-backend
+        server 10.96.0.11:80 weight=20 max_fails=1 fail_timeout=10s backup;  # example-balancer-v2-backend
+        server 10.96.0.12:80 down backup;  # example-balancer-v3-backend
+    }
+
+    server {
+        listen 80 proxy_protocol;
+        listen [::]:80 proxy_protocol;
+        set_real_ip_from 0.0.0.0/0;
+        set_real_ip_from ::/0;
+        proxy_protocol on;
+        proxy_connect_timeout 5s;
+        proxy_timeout 10m;
+        proxy_pass port_80_tcp;
+    }
+"#;
+    assert!(conf.contains(expected), "{conf}");
+
+    balancer.spec.algorithm = Some("PowerOfTwoChoices".into());
+    balancer.spec.backends.iter_mut().for_each(|b| b.backup = None);
+    assert!(desired_for(&balancer).nginx_conf.contains("        random two least_conn;\n"));
+    balancer.spec.algorithm = Some("RoundRobin".into());
+    balancer.spec.session_affinity = Some("ClientIP".into());
+    let conf = desired_for(&balancer).nginx_conf;
+    assert!(conf.contains("        zone port_80_tcp 512k;\n        hash $remote_addr consistent;\n"), "{conf}");
 }

@@ -1,13 +1,14 @@
 //! The proxy container's entrypoint under the real `/bin/sh`, with a stand-in `nginx` on its
 //! PATH that records how it was started and stopped: nginx starts only on the pod's own
-//! configuration, and the kubelet's SIGTERM becomes nginx's graceful SIGQUIT.
+//! configuration, without its IPv6 listens on a node without IPv6, and the kubelet's SIGTERM
+//! becomes nginx's graceful SIGQUIT.
 
 use std::os::unix::fs::PermissionsExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use balancer::proxy::nginx::{self, CONFIG_HASH_ENV};
+use balancer::proxy::nginx::{self, CONFIG_HASH_ENV, ProxyFiles};
 
 /// A stand-in nginx: records its arguments, and `quit` on SIGQUIT, then exits. In Perl (in every
 /// Debian): like nginx, it sets its own handler over the SIGQUIT that `sh` ignores in a
@@ -26,15 +27,26 @@ struct Pod {
 }
 
 impl Pod {
-    /// Runs the entrypoint as the proxy container does, with `conf` mounted and `hash` set.
+    /// Runs the entrypoint as the proxy container does, with `conf` mounted and `hash` set, on a
+    /// node with IPv6.
     fn start(conf: &str, hash: &str) -> Pod {
+        Pod::start_on(conf, hash, true)
+    }
+
+    fn start_on(conf: &str, hash: &str, ipv6: bool) -> Pod {
         let dir = tempfile::tempdir().expect("a temporary directory");
         let fake = dir.path().join("nginx");
         std::fs::write(&fake, FAKE_NGINX).expect("the stand-in nginx");
         std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).expect("executable");
         std::fs::write(dir.path().join("nginx.conf"), conf).expect("the mounted file");
         std::fs::write(dir.path().join("nginx.pid"), "12345").expect("a stale pid file");
-        let script = nginx::entrypoint(&path(dir.path(), "nginx.conf"), &path(dir.path(), "nginx.pid"));
+        if ipv6 {
+            std::fs::write(dir.path().join("if_inet6"), "").expect("the IPv6 probe");
+        }
+        let (mounted, running) = (path(dir.path(), "nginx.conf"), path(dir.path(), "running.conf"));
+        let (pid_file, ipv6_probe) = (path(dir.path(), "nginx.pid"), path(dir.path(), "if_inet6"));
+        let files = ProxyFiles { mounted: &mounted, running: &running, pid_file: &pid_file, ipv6_probe: &ipv6_probe };
+        let script = nginx::entrypoint(&files);
         let search = format!("{}:{}", dir.path().display(), std::env::var("PATH").unwrap_or_default());
         let entrypoint = Command::new("/bin/sh")
             .args(["-c", &script, "nginx", "-c", "the-conf"])
@@ -44,6 +56,11 @@ impl Pod {
             .spawn()
             .expect("/bin/sh runs");
         Pod { dir, entrypoint }
+    }
+
+    /// The file nginx was started on.
+    fn running(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("running.conf")).unwrap_or_default()
     }
 
     fn events(&self) -> String {
@@ -111,6 +128,7 @@ fn nginx_starts_at_once_on_the_pods_own_configuration_and_quits_gracefully() {
     let conf = "stream {}\n";
     let pod = Pod::start(conf, &nginx::config_hash(conf));
     assert!(pod.saw("started -c the-conf", Duration::from_secs(5)), "{}", pod.events());
+    assert_eq!(pod.running(), conf, "nginx runs a copy of the mounted file");
     assert!(!Path::new(&path(pod.dir.path(), "nginx.pid")).exists(), "the stale pid file is removed first");
     pod.terminate();
     assert!(pod.saw("quit", Duration::from_secs(5)), "SIGTERM becomes SIGQUIT: {}", pod.events());
@@ -126,6 +144,7 @@ fn nginx_waits_while_the_mounted_configuration_is_an_older_one() {
     assert!(!pod.saw("started", Duration::from_millis(1500)), "started on the old file: {}", pod.events());
     pod.mount(new);
     assert!(pod.saw("started", Duration::from_secs(5)), "not started on the new file: {}", pod.events());
+    assert_eq!(pod.running(), new);
     pod.terminate();
     let (_, stderr) = pod.exit(Duration::from_secs(5));
     assert_eq!(stderr.matches("waiting for the kubelet to mount").count(), 1, "said once: {stderr}");
@@ -149,4 +168,35 @@ fn a_sigterm_while_waiting_ends_the_entrypoint_promptly() {
 fn without_a_hash_nginx_starts_on_whatever_is_mounted() {
     let pod = Pod::start("stream {}\n", "");
     assert!(pod.saw("started", Duration::from_secs(5)), "{}", pod.events());
+}
+
+/// A kernel booted with `ipv6.disable=1` has no `/proc/net/if_inet6`, and nginx would fail on
+/// `listen [::]:…`: those lines are left out of the copy, and only those.
+#[test]
+fn on_a_node_without_ipv6_nginx_runs_without_the_ipv6_listens() {
+    let conf = "stream {\n    server {\n        listen 80;\n        listen [::]:80;\n    }\n    server {\n        \
+                listen 53 udp;\n        listen [::]:53 udp;\n    }\n}\n";
+    let pod = Pod::start_on(conf, &nginx::config_hash(conf), false);
+    assert!(pod.saw("started", Duration::from_secs(5)), "{}", pod.events());
+    let ipv4_only =
+        "stream {\n    server {\n        listen 80;\n    }\n    server {\n        listen 53 udp;\n    }\n}\n";
+    assert_eq!(pod.running(), ipv4_only);
+    pod.terminate();
+    let (_, stderr) = pod.exit(Duration::from_secs(5));
+    assert!(stderr.contains("this node has no IPv6"), "{stderr}");
+
+    let pod = Pod::start_on(conf, &nginx::config_hash(conf), true);
+    assert!(pod.saw("started", Duration::from_secs(5)), "{}", pod.events());
+    assert_eq!(pod.running(), conf, "kept where the node has IPv6");
+}
+
+/// The lines the entrypoint removes are the ones the renderer writes.
+#[test]
+fn the_rendered_ipv6_listens_are_the_ones_left_out() {
+    use crate::support::fixtures::{admitted, sample_spec};
+    let spec = admitted("example-balancer", sample_spec(), &balancer::spec::SpecPolicy::default());
+    let address = |b: &balancer::api::BackendSpec, p: &balancer::api::BalancerPort| format!("{}:{}", b.name, p.port);
+    let conf = nginx::render("example-balancer", &spec, &[], None, &address);
+    let ipv6: Vec<&str> = conf.lines().filter(|l| l.trim_start().starts_with(nginx::IPV6_LISTEN)).collect();
+    assert_eq!(ipv6, ["        listen [::]:80;"]);
 }

@@ -15,7 +15,7 @@ use std::collections::BTreeMap;
 
 use balancer::api::conversion::{PRESERVED_ANNOTATION, Version, convert};
 use balancer::api::v1beta1::{BalancerAddress, FrontService, NodePortStatus, ProxySpec};
-use balancer::api::{BackendSpec, BackendStatus, Balancer, BalancerPort, BalancerSpec, BalancerStatus};
+use balancer::api::{ALGORITHMS, BackendSpec, BackendStatus, Balancer, BalancerPort, BalancerSpec, BalancerStatus};
 use balancer::spec::admit;
 use balancer::spec::{ObjectName, Report};
 use balancer::spec::{SpecPolicy, with_defaults};
@@ -87,17 +87,24 @@ fn arb_port() -> impl Strategy<Value = BalancerPort> {
             option::of(arb_duration()),
             option::of(arb_duration()),
         ),
-        option::of(arb_number()),
+        (option::of(arb_number()), option::of(any::<bool>()), option::of(any::<bool>())),
     )
-        .prop_map(|((name, protocol, port, target_port, connect_timeout, idle_timeout), node_port)| BalancerPort {
-            name,
-            protocol,
-            port,
-            target_port,
-            connect_timeout,
-            idle_timeout,
-            node_port,
-        })
+        .prop_map(
+            |(
+                (name, protocol, port, target_port, connect_timeout, idle_timeout),
+                (node_port, proxy_protocol, accept_proxy_protocol),
+            )| BalancerPort {
+                name,
+                protocol,
+                port,
+                target_port,
+                connect_timeout,
+                idle_timeout,
+                node_port,
+                proxy_protocol,
+                accept_proxy_protocol,
+            },
+        )
 }
 
 /// Durations as nginx writes them, in and out of bounds, and any text.
@@ -112,13 +119,17 @@ fn arb_backend() -> impl Strategy<Value = BackendSpec> {
         option::of(arb_labels(4)),
         option::of(arb_number()),
         option::of(arb_duration()),
+        option::of(arb_number()),
+        option::of(any::<bool>()),
     )
-        .prop_map(|(name, weight, selector, max_fails, fail_timeout)| BackendSpec {
+        .prop_map(|(name, weight, selector, max_fails, fail_timeout, max_connections, backup)| BackendSpec {
             name,
             weight,
             selector,
             max_fails,
             fail_timeout,
+            max_connections,
+            backup,
         })
 }
 
@@ -152,11 +163,14 @@ fn arb_spec() -> impl Strategy<Value = BalancerSpec> {
     let backends = prop_oneof![3 => vec(arb_backend(), 0..4), 1 => vec(arb_backend(), 0..70)];
     let replicas = option::of(prop_oneof![0i32..=100, arb_number()]);
     let affinity = option::of(prop_oneof![Just("None".to_string()), Just("ClientIP".to_string()), arb_text()]);
+    let algorithm = option::of(prop_oneof![select(&ALGORITHMS[..]).prop_map(String::from), arb_text()]);
     let proxy = option::of((0i32..100).prop_map(proxy_pods));
-    (replicas, affinity, option::of(arb_service()), proxy, ports, option::of(arb_labels(5)), backends).prop_map(
-        |(replicas, session_affinity, service, proxy, ports, selector, backends)| BalancerSpec {
+    let choices = (replicas, affinity, algorithm);
+    (choices, option::of(arb_service()), proxy, ports, option::of(arb_labels(5)), backends).prop_map(
+        |((replicas, session_affinity, algorithm), service, proxy, ports, selector, backends)| BalancerSpec {
             replicas,
             session_affinity,
+            algorithm,
             service,
             proxy,
             ports,
@@ -220,6 +234,9 @@ fn valid_ports() -> impl Strategy<Value = Vec<BalancerPort>> {
                     connect_timeout: Some(format!("{}ms", 100 + port % 1000)),
                     idle_timeout: Some(format!("{}s", 1 + port % 3600)),
                     node_port: None,
+                    // The PROXY protocol either way on some TCP ports (never on UDP).
+                    proxy_protocol: (protocol == "TCP" && port % 3 == 0).then_some(true),
+                    accept_proxy_protocol: (protocol == "TCP").then_some(port % 4 == 1),
                 })
                 .collect()
         },
@@ -238,6 +255,10 @@ fn valid_balancer() -> impl Strategy<Value = ValidBalancer> {
             let mut spec = BalancerSpec {
                 replicas: Some(replicas),
                 session_affinity: Some(["None", "ClientIP"][replicas as usize % 2].to_string()),
+                // Any algorithm without affinity; ClientIP affinity needs RoundRobin.
+                algorithm: Some(
+                    ALGORITHMS[if replicas % 2 == 0 { (replicas as usize / 2) % 3 } else { 0 }].to_string(),
+                ),
                 service: Some(exposure(replicas)),
                 proxy: (replicas % 2 == 0).then(|| proxy_pods(replicas)),
                 ports,
@@ -251,15 +272,23 @@ fn valid_balancer() -> impl Strategy<Value = ValidBalancer> {
                         selector,
                         max_fails: Some(weight % 5),
                         fail_timeout: Some(format!("{}s", 1 + weight)),
+                        max_connections: (weight % 2 == 1).then_some(1 + 100 * weight),
+                        // Backups where nginx takes them, and never the first backend.
+                        backup: (i > 0 && weight % 3 == 0).then_some(true),
                     })
                     .collect(),
             };
+            if spec.session_affinity.as_deref() == Some("ClientIP")
+                || spec.algorithm.as_deref() == Some("PowerOfTwoChoices")
+            {
+                spec.backends.iter_mut().for_each(|b| b.backup = None);
+            }
             if spec.service_type() != "ClusterIP" {
                 for (i, port) in spec.ports.iter_mut().enumerate().filter(|(i, _)| i % 2 == 0) {
                     port.node_port = Some(30000 + i as i32);
                 }
             }
-            if spec.backends.iter().all(|b| b.weight == Some(0)) {
+            if spec.backends.iter().all(|b| b.weight == Some(0) || b.is_backup()) {
                 spec.backends[0].weight = Some(1);
             }
             for i in 0..spec.backends.len() {
@@ -552,7 +581,7 @@ proptest! {
         let defaulted = defaulted(&spec);
         let _ = validate_as(&meta, &defaulted);
         let patch = defaults_patch(&spec);
-        prop_assert!(patch.0.len() <= 3 + 4 * spec.ports.len() + 3 * spec.backends.len());
+        prop_assert!(patch.0.len() <= 4 + 4 * spec.ports.len() + 3 * spec.backends.len());
         prop_assert!(defaults_patch(&defaulted).0.is_empty(), "with_defaults leaves nothing to default");
         // admit is exactly: defaults, then the rules.
         match admit(ObjectName::from_meta(meta.0.as_deref(), meta.1.as_deref()), spec.clone(), &DEFAULTS) {
@@ -931,6 +960,7 @@ fn the_sample_is_patched_then_allowed() {
     assert_eq!(
         patch,
         json!([
+            {"op": "add", "path": "/spec/algorithm", "value": "RoundRobin"},
             {"op": "add", "path": "/spec/backends/0/failTimeout", "value": "10s"},
             {"op": "add", "path": "/spec/backends/0/maxFails", "value": 1},
             {"op": "add", "path": "/spec/backends/0/weight", "value": 1},

@@ -1590,3 +1590,156 @@ fn a_load_balancers_class_cannot_change() {
     let cluster_ip = with_class("ClusterIP", None);
     assert!(balancer::spec::unchangeable(&cluster_ip, &lb(Some("example.com/a"))).is_empty(), "a new LoadBalancer");
 }
+
+/// nginx takes one balancing method per upstream, and ClientIP affinity is one (a hash).
+#[test]
+fn algorithm_rules() {
+    run(vec![
+        case("no algorithm (defaulted to RoundRobin)", |s| s.spec.algorithm = None, vec![], vec![]),
+        case("LeastConnections", |s| s.spec.algorithm = Some("LeastConnections".into()), vec![], vec![]),
+        case("PowerOfTwoChoices", |s| s.spec.algorithm = Some("PowerOfTwoChoices".into()), vec![], vec![]),
+        case(
+            "RoundRobin with ClientIP",
+            |s| {
+                s.spec.algorithm = Some("RoundRobin".into());
+                s.spec.session_affinity = Some("ClientIP".into());
+            },
+            vec![],
+            vec![],
+        ),
+        case(
+            "another value",
+            |s| s.spec.algorithm = Some("Fastest".into()),
+            strings!["spec.algorithm: must be RoundRobin, LeastConnections or PowerOfTwoChoices, got \"Fastest\""],
+            vec![],
+        ),
+        case(
+            "LeastConnections with ClientIP",
+            |s| {
+                s.spec.algorithm = Some("LeastConnections".into());
+                s.spec.session_affinity = Some("ClientIP".into());
+            },
+            strings![
+                "spec.algorithm: must be RoundRobin with sessionAffinity ClientIP, which picks the backend by a hash \
+                 of the client's address, got \"LeastConnections\""
+            ],
+            vec![],
+        ),
+    ]);
+}
+
+/// What nginx refuses about backups ("balancing method does not support parameter backup",
+/// "no servers in upstream"), refused with the field that causes it.
+#[test]
+fn backup_and_connection_limit_rules() {
+    run(vec![
+        case(
+            "a backup with round robin, a limit in range",
+            |s| {
+                s.spec.backends[2].backup = Some(true);
+                s.spec.backends[0].max_connections = Some(1);
+                s.spec.backends[1].max_connections = Some(1_000_000);
+            },
+            vec![],
+            vec![],
+        ),
+        case(
+            "a backup with LeastConnections",
+            |s| {
+                s.spec.backends[2].backup = Some(true);
+                s.spec.algorithm = Some("LeastConnections".into());
+            },
+            vec![],
+            vec![],
+        ),
+        case(
+            "backup: false everywhere",
+            |s| s.spec.backends.iter_mut().for_each(|b| b.backup = Some(false)),
+            vec![],
+            vec![],
+        ),
+        case(
+            "a backup with ClientIP",
+            |s| {
+                s.spec.backends[1].backup = Some(true);
+                s.spec.session_affinity = Some("ClientIP".into());
+            },
+            strings![
+                "spec.backends[1].backup: cannot be used with sessionAffinity ClientIP, which has no fallback to a backup"
+            ],
+            vec![],
+        ),
+        case(
+            "a backup with PowerOfTwoChoices",
+            |s| {
+                s.spec.backends[1].backup = Some(true);
+                s.spec.algorithm = Some("PowerOfTwoChoices".into());
+            },
+            strings![
+                "spec.backends[1].backup: cannot be used with algorithm PowerOfTwoChoices, which has no fallback to a \
+                 backup"
+            ],
+            vec![],
+        ),
+        case(
+            "every backend a backup",
+            |s| s.spec.backends.iter_mut().for_each(|b| b.backup = Some(true)),
+            strings![
+                "spec.backends: at least one backend must not be a backup: backups take connections only when another \
+                 backend cannot"
+            ],
+            vec![],
+        ),
+        case(
+            "limits out of range",
+            |s| {
+                s.spec.backends[0].max_connections = Some(0);
+                s.spec.backends[1].max_connections = Some(1_000_001);
+            },
+            strings![
+                "spec.backends[0].maxConnections: must be between 1 and 1000000, got 0",
+                "spec.backends[1].maxConnections: must be between 1 and 1000000, got 1000001"
+            ],
+            vec![],
+        ),
+    ]);
+}
+
+/// The PROXY protocol is a header at the start of a TCP stream.
+#[test]
+fn proxy_protocol_rules() {
+    run(vec![
+        case(
+            "both ways on TCP",
+            |s| {
+                s.spec.ports[0].proxy_protocol = Some(true);
+                s.spec.ports[0].accept_proxy_protocol = Some(true);
+            },
+            vec![],
+            vec![],
+        ),
+        case(
+            "false on UDP",
+            |s| {
+                s.spec.ports = vec![port(None, Some("UDP"), 53, None)];
+                s.spec.ports[0].proxy_protocol = Some(false);
+                s.spec.ports[0].accept_proxy_protocol = Some(false);
+            },
+            vec![],
+            vec![],
+        ),
+        case(
+            "both ways on UDP",
+            |s| {
+                s.spec.ports = vec![port(None, Some("UDP"), 53, None)];
+                s.spec.ports[0].proxy_protocol = Some(true);
+                s.spec.ports[0].accept_proxy_protocol = Some(true);
+            },
+            strings![
+                "spec.ports[0].acceptProxyProtocol: is TCP only: nginx cannot accept PROXY protocol over UDP",
+                "spec.ports[0].proxyProtocol: is TCP only: the header would arrive inside the backend's first UDP datagram"
+            ],
+            vec![],
+        ),
+    ]);
+}

@@ -32,6 +32,7 @@ async fn tls_connect(server: &TestServer) -> tokio_rustls::client::TlsStream<Tcp
 fn sample_balancer() -> Value {
     let mut sample = sample_json();
     sample["spec"]["sessionAffinity"] = json!("None");
+    sample["spec"]["algorithm"] = json!("RoundRobin");
     sample["spec"]["service"] = json!({"type": "ClusterIP"});
     for port in sample["spec"]["ports"].as_array_mut().unwrap() {
         port["connectTimeout"] = json!("5s");
