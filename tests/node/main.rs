@@ -152,6 +152,8 @@ async fn run_suite(assets: &Path, images: &Path, state: &Path) -> ExitCode {
         weights_change_under_load_without_a_failed_connection,
         scaling_the_balancer_brings_up_proxy_pods,
         udp_is_proxied_to_udp_echo_pods,
+        a_backend_behind_the_proxy_sees_the_client_pods_address,
+        with_every_primary_scaled_to_0_the_backup_serves_without_a_failed_request,
         a_node_port_balancer_with_client_ip_affinity_keeps_each_client_on_one_backend,
         the_other_replica_takes_over_when_the_leader_pod_is_deleted,
         a_change_after_an_api_server_restart_reaches_the_wire_without_a_failed_request,
@@ -1161,6 +1163,150 @@ async fn a_node_port_balancer_with_client_ip_affinity_keeps_each_client_on_one_b
     for (name, _, _) in balancers {
         kubectl(world, &["-n", NS, "delete", "balancer", name], None);
     }
+}
+
+// ---------------------------------------------------------------------------
+// 4b. L4 settings: the PROXY protocol and a backup
+// ---------------------------------------------------------------------------
+
+/// Reads the PROXY protocol header a connection starts with, answers with the client address
+/// in it (or `no-header`), and closes.
+const PROXY_PROTOCOL_ECHO: &str = "import socket
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(('', 8080))
+s.listen(64)
+while True:
+    c, _ = s.accept()
+    c.settimeout(5)
+    data = b''
+    try:
+        while b'\\r\\n' not in data and len(data) < 256:
+            chunk = c.recv(256)
+            if not chunk:
+                break
+            data += chunk
+        words = data.split(b'\\r\\n')[0].split(b' ')
+        c.sendall((words[2] if len(words) > 2 and words[0] == b'PROXY' else b'no-header') + b'\\n')
+    except OSError:
+        pass
+    c.close()
+";
+
+/// Connects from inside a pod to `address:port`, prints the first line answered.
+const ASK_ONCE: &str = "import socket, sys
+c = socket.create_connection((sys.argv[1], int(sys.argv[2])), 5)
+print(c.makefile().readline().strip())
+";
+
+/// `proxyProtocol: true`: a backend behind the proxy reads the client pod's own address from
+/// the header nginx sends, not the proxy pod's.
+async fn a_backend_behind_the_proxy_sees_the_client_pods_address(world: &mut World) {
+    let backend = json!({
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": "pp-echo", "namespace": NS},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": {"app": "pp-echo"}},
+            "template": {
+                "metadata": {"labels": {"app": "pp-echo"}},
+                "spec": {"containers": [{
+                    "name": "echo", "image": BASE_IMAGE, "imagePullPolicy": "Never",
+                    "command": ["python3", "-c", PROXY_PROTOCOL_ECHO],
+                    "ports": [{"containerPort": 8080}],
+                    "readinessProbe": {"tcpSocket": {"port": 8080}, "periodSeconds": 1},
+                }]},
+            },
+        },
+    });
+    kubectl(world, &["apply", "-f", "-"], Some(&backend.to_string()));
+    let balancer = format!(
+        "apiVersion: exposer.hliangzhao.io/v1beta1\nkind: Balancer\nmetadata:\n  name: pp\n  namespace: {NS}\n\
+         spec:\n  ports:\n    - {{name: tcp, port: 80, targetPort: 8080, proxyProtocol: true}}\n\
+         \x20 selector: {{app: pp-echo}}\n  backends:\n    - {{name: a, selector: {{app: pp-echo}}}}\n"
+    );
+    kubectl(world, &["apply", "-f", "-"], Some(&balancer));
+    wait_available(world, NS, "pp-echo", 1).await;
+    wait_ready_balancer(world, "pp", Duration::from_secs(120)).await;
+    let front = front_ip(world, "pp").await;
+    // The client: a pod that is neither the proxy nor the backend (the UDP scenario's echo).
+    let pods: Api<Pod> = Api::namespaced(world.admin.clone(), NS);
+    let client = pods.list(&ListParams::default().labels("app=udp-echo,version=u1")).await.expect("pods");
+    let client = client.items.into_iter().next().expect("the u1 echo pod");
+    let (name, ip) = (client.metadata.name.clone().unwrap_or_default(), client.status.and_then(|s| s.pod_ip));
+    let ip = ip.expect("a pod IP");
+    let args = ["-n", NS, "exec", &name, "--", "python3", "-c", ASK_ONCE, &front, "80"];
+    let seen = eventually("an answer through the PROXY protocol Balancer", Duration::from_secs(30), || async {
+        let (ok, out, _) = world.plane.kubectl("admin", &args, None);
+        ok.then(|| out.trim().to_string()).filter(|out| !out.is_empty())
+    })
+    .await;
+    println!("node: the backend read {seen:?} from the PROXY protocol header; the client pod is {ip}");
+    assert_eq!(seen, ip, "the client pod's address, not the proxy's");
+    kubectl(world, &["-n", NS, "delete", "balancer", "pp"], None);
+    kubectl(world, &["-n", NS, "delete", "deployment", "pp-echo"], None);
+}
+
+/// The answers `load`'s clients got during the next `window`.
+async fn answers_within(load: &Load, window: Duration) -> BTreeMap<String, usize> {
+    let before = load.answers();
+    tokio::time::sleep(window).await;
+    let after = load.answers();
+    after
+        .iter()
+        .map(|(answer, n)| (answer.clone(), n - before.get(answer).copied().unwrap_or(0)))
+        .filter(|(_, n)| *n > 0)
+        .collect()
+}
+
+/// A Balancer whose only primary, v1, is scaled to 0 under load: every connection goes to the
+/// backup, v3, with none failed, and back to v1 once it returns.
+async fn with_every_primary_scaled_to_0_the_backup_serves_without_a_failed_request(world: &mut World) {
+    let balancer = format!(
+        "apiVersion: exposer.hliangzhao.io/v1beta1\nkind: Balancer\nmetadata:\n  name: spare\n  namespace: {NS}\n\
+         spec:\n  ports:\n    - {{port: 80, targetPort: 5678}}\n  selector: {{app: test}}\n  backends:\n\
+         \x20   - {{name: v1, selector: {{version: v1}}}}\n    - {{name: v3, selector: {{version: v3}}, backup: true}}\n"
+    );
+    kubectl(world, &["apply", "-f", "-"], Some(&balancer));
+    wait_ready_balancer(world, "spare", Duration::from_secs(120)).await;
+    wait_backends(world, "spare", &[1, 1], &[100, 0], "True", Duration::from_secs(30)).await;
+    let front = front_ip(world, "spare").await;
+    eventually("the spare Balancer answering", Duration::from_secs(30), || async {
+        (one_request(&format!("{front}:80")).await.ok()? == "hello world v1").then_some(())
+    })
+    .await;
+    let load = Load::start(format!("{front}:80"), 4);
+    let primary = answers_within(&load, Duration::from_secs(3)).await;
+    println!("node: 3 s with the primary up: {primary:?}");
+    assert_eq!(primary.keys().collect::<Vec<_>>(), ["hello world v1"], "the backup waits");
+
+    kubectl(world, &["-n", NS, "scale", "deployment/echo-v1", "--replicas=0"], None);
+    wait_backends(world, "spare", &[0, 1], &[0, 100], "False", Duration::from_secs(30)).await;
+    let backup = answers_within(&load, Duration::from_secs(3)).await;
+    println!("node: 3 s with v1 scaled to 0: {backup:?}");
+    assert_eq!(backup.keys().collect::<Vec<_>>(), ["hello world v3"], "the backup takes every connection");
+
+    kubectl(world, &["-n", NS, "scale", "deployment/echo-v1", "--replicas=1"], None);
+    wait_available(world, NS, "echo-v1", 1).await;
+    wait_backends(world, "spare", &[1, 1], &[100, 0], "True", Duration::from_secs(30)).await;
+    // nginx tries v1 again once its failTimeout (10 s) since the last refusal is over.
+    let back = Instant::now();
+    let mut recovered = BTreeMap::new();
+    while back.elapsed() < Duration::from_secs(30) {
+        recovered = answers_within(&load, Duration::from_secs(3)).await;
+        if recovered.keys().collect::<Vec<_>>() == ["hello world v1"] {
+            break;
+        }
+    }
+    println!(
+        "node: v1 back, all its connections again {:.1} s after it was ready: {recovered:?}",
+        back.elapsed().as_secs_f64()
+    );
+    assert_eq!(recovered.keys().collect::<Vec<_>>(), ["hello world v1"], "back to the primary");
+    let (sent, failures) = load.finish().await;
+    println!("node: {sent} requests while the primary went to 0 pods and back, {} failed", failures.len());
+    assert!(failures.is_empty(), "{} of {sent} failed: {:?}", failures.len(), &failures[..failures.len().min(10)]);
+    kubectl(world, &["-n", NS, "delete", "balancer", "spare"], None);
 }
 
 // ---------------------------------------------------------------------------
