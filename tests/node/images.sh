@@ -5,9 +5,9 @@
 #   images.sh ASSETS BALANCER_BINARY
 #
 # - localhost/balancer-test-base:1 — Debian bookworm's essential set (mmdebstrap)
-#   plus nginx-light, libnginx-mod-stream and python3-minimal: the proxy (its
-#   stream module is dynamic, as in Debian, Ubuntu and UBI), the HTTP backends
-#   and the UDP echo.
+#   plus nginx-light, libnginx-mod-stream, python3-minimal and haproxy: the proxy (its
+#   stream module is dynamic, as in Debian, Ubuntu and UBI), the HTTP backends,
+#   the UDP echo, and HAProxy in the proxy's place for the data-plane benchmark.
 #   The root filesystem is built once and cached in ~/.cache/balancer/node
 #   (override with BALANCER_NODE_CACHE).
 # - localhost/pause:3.4.1 — the static pause binary from control-plane.sh --node.
@@ -22,7 +22,7 @@ binary="$2"
 log() { echo "images: $*" >&2; }
 
 cache="${BALANCER_NODE_CACHE:-${HOME:-/tmp}/.cache/balancer/node}"
-packages="nginx-light,libnginx-mod-stream,python3-minimal"
+packages="nginx-light,libnginx-mod-stream,python3-minimal,haproxy"
 rootfs="$cache/rootfs-bookworm-$(echo "$packages" | sha256sum | cut -c1-12).tar"
 out="$cache/images"
 mkdir -p "$cache" "$out"

@@ -16,6 +16,7 @@
 //! sysctl only from 1.22.
 
 // Shared with the e2e suite, which uses all of it.
+mod bench;
 #[allow(dead_code)]
 #[path = "../e2e/cluster.rs"]
 mod cluster;
@@ -36,6 +37,7 @@ use kube::{Api, Client, ResourceExt};
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+use bench::{the_data_plane_keeps_up_with_haproxy, the_metrics_sidecar_costs_little};
 use cluster::{ControlPlane, PlaneOptions};
 use node::{Host, KUBERNETES_SERVICE_IP, NODE_IP, Node, POD_BRIDGE, SERVICE_CIDR};
 use runner::{eventually, scenarios};
@@ -149,6 +151,7 @@ async fn run_suite(assets: &Path, images: &Path, state: &Path) -> ExitCode {
         the_walkthrough_splits_traffic_by_weight,
         a_backend_without_pods_loses_its_share_without_a_failed_request,
         the_metrics_sidecar_costs_little,
+        the_data_plane_keeps_up_with_haproxy,
         weights_change_under_load_without_a_failed_connection,
         scaling_the_balancer_brings_up_proxy_pods,
         udp_is_proxied_to_udp_echo_pods,
@@ -631,131 +634,6 @@ fn assert_shares(counts: &BTreeMap<String, usize>, weights: &[(&str, u32)], poin
             "{answer}: {share:.1}% against {expected:.1}% ±{points}: {counts:?}"
         );
     }
-}
-
-// ---------------------------------------------------------------------------
-// 2c. The metrics sidecar's cost (a benchmark: BALANCER_NODE_BENCH=1)
-// ---------------------------------------------------------------------------
-
-/// Sessions per second through two fresh copies of the sample's proxy, one as the operator
-/// builds it (the metrics sidecar, nginx's access log) and one without either: same image,
-/// node, backends and rounds, a new connection per request, interleaved rounds. Prints the
-/// figures; asserts nothing.
-async fn the_metrics_sidecar_costs_little(world: &mut World) {
-    if std::env::var_os("BALANCER_NODE_BENCH").is_none() {
-        println!("node: the sidecar's cost is measured with BALANCER_NODE_BENCH=1");
-        return;
-    }
-    let config_maps: Api<ConfigMap> = Api::namespaced(world.admin.clone(), NS);
-    let conf = config_maps.get("example-balancer-proxy-configmap").await.expect("the proxy's ConfigMap");
-    let conf = conf.data.and_then(|d| d.get("nginx.conf").cloned()).expect("nginx.conf");
-    let without_log: String = conf
-        .lines()
-        .filter(|l| !l.contains("log_format") && !l.contains("access_log"))
-        .map(|l| format!("{l}\n"))
-        .collect();
-    let deployments: Api<Deployment> = Api::namespaced(world.admin.clone(), NS);
-    let proxy = deployments.get("example-balancer-proxy").await.expect("the proxy Deployment");
-    let template = serde_json::to_value(proxy.spec.expect("spec").template).expect("template");
-    // Both copies are new pods: each new connection takes a port of its proxy pod towards a
-    // backend pod, which keeps the closed connection in TIME_WAIT for a minute, so a proxy
-    // that served the earlier scenarios would meet those and wait for SYN retransmissions
-    // sooner than a fresh one.
-    let copy = |name: &str, conf: &str, sidecar: bool| {
-        let mut template = template.clone();
-        template["metadata"] = json!({"labels": {"app": name}});
-        if !sidecar {
-            template["spec"]["containers"].as_array_mut().expect("containers").retain(|c| c["name"] == "nginx");
-        }
-        for volume in template["spec"]["volumes"].as_array_mut().expect("volumes") {
-            if volume.get("configMap").is_some() {
-                volume["configMap"]["name"] = json!(name);
-            }
-        }
-        [
-            json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name, "namespace": NS},
-                   "data": {"nginx.conf": conf}}),
-            json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name, "namespace": NS},
-                   "spec": {"replicas": 1, "selector": {"matchLabels": {"app": name}}, "template": template}}),
-            json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": name, "namespace": NS},
-                   "spec": {"selector": {"app": name}, "ports": [{"port": 80, "targetPort": 80}]}}),
-        ]
-    };
-    let mut items = copy("bench-sidecar", &conf, true).to_vec();
-    items.extend(copy("bench-plain", &without_log, false));
-    let objects = json!({"apiVersion": "v1", "kind": "List", "items": items}).to_string();
-    kubectl(world, &["apply", "-f", "-"], Some(&objects));
-    let mut addresses = Vec::new();
-    for name in ["bench-sidecar", "bench-plain"] {
-        wait_available(world, NS, name, 1).await;
-        let address = format!("{}:80", front_ip(world, name).await);
-        eventually(&format!("{name} answering"), Duration::from_secs(30), || async {
-            one_request(&address).await.ok()
-        })
-        .await;
-        addresses.push(address);
-    }
-    let (with_sidecar, without) = (addresses[0].clone(), addresses[1].clone());
-
-    // Short rounds, so that neither copy comes near a backend's TIME_WAIT ports (about 14,000
-    // connections a minute from one proxy pod to one backend pod).
-    let (mut ratios, mut rates) = (Vec::new(), Vec::new());
-    for round in 0..6 {
-        // Alternate which goes first (the second of a round does worse), as often each way.
-        let order = if round % 2 == 0 { [&with_sidecar, &without] } else { [&without, &with_sidecar] };
-        let mut rate = BTreeMap::new();
-        for address in order {
-            rate.insert(address.clone(), sessions_per_second(address, Duration::from_secs(1)).await);
-        }
-        let (a, b) = (rate[&with_sidecar], rate[&without]);
-        println!("node: bench round {round}: {a:.0} sessions/s with the sidecar, {b:.0} without: {:.3}×", a / b);
-        ratios.push(a / b);
-        rates.push((a.round(), b.round()));
-    }
-    ratios.sort_by(f64::total_cmp);
-    let pod = Api::<Pod>::namespaced(world.admin.clone(), NS)
-        .list(&ListParams::default().labels("app=bench-sidecar"))
-        .await
-        .expect("pods")
-        .items
-        .into_iter()
-        .find_map(|p| p.status?.pod_ip)
-        .expect("the copy's pod");
-    let lost = proxy_series(&format!("{pod}:9113"), "balancer_proxy_log_lines_lost_total").await;
-    let counted = proxy_series(&format!("{pod}:9113"), "balancer_proxy_sessions_total").await;
-    println!(
-        "node: bench: the metrics sidecar's cost, median of 6 interleaved rounds: {:.3}× ({rates:?}); \
-         sessions counted {counted:?}, log lines lost {lost:?}",
-        (ratios[2] + ratios[3]) / 2.0
-    );
-    kubectl(world, &["delete", "-f", "-", "--wait=false"], Some(&objects));
-}
-
-/// New connection per request, 32 clients, for `duration`: answered requests per second.
-async fn sessions_per_second(address: &str, duration: Duration) -> f64 {
-    let deadline = Instant::now() + duration;
-    let mut tasks = tokio::task::JoinSet::new();
-    for _ in 0..32 {
-        let address = address.to_string();
-        tasks.spawn(async move {
-            let mut answered = 0usize;
-            while Instant::now() < deadline {
-                answered += usize::from(one_request(&address).await.is_ok());
-            }
-            answered
-        });
-    }
-    let answered: usize = tasks.join_all().await.into_iter().sum();
-    answered as f64 / duration.as_secs_f64()
-}
-
-/// The sum of a series' samples from a proxy pod's metrics sidecar.
-async fn proxy_series(address: &str, name: &str) -> Option<f64> {
-    let mut stream = tokio::net::TcpStream::connect(address).await.ok()?;
-    stream.write_all(b"GET /metrics HTTP/1.1\r\nHost: proxy\r\nConnection: close\r\n\r\n").await.ok()?;
-    let mut text = String::new();
-    stream.read_to_string(&mut text).await.ok()?;
-    Some(text.lines().filter(|l| l.starts_with(name)).filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok()).sum())
 }
 
 // ---------------------------------------------------------------------------
@@ -1744,16 +1622,19 @@ async fn a_go_operator_balancer_is_taken_over_without_a_failed_request(world: &m
     println!("node: {leader} stopped reconciling {:.1} s after the Lease was taken", taken.elapsed().as_secs_f64());
 
     // The Go operator's Balancer: the walkthrough's, its children, and its status.
-    let sample = std::fs::read_to_string(repo("deploy/samples/balancer.yaml")).expect("sample");
-    kubectl(world, &["-n", NS, "apply", "-f", "-"], Some(&sample.replace(SAMPLE, NAME)));
+    // Through the conversion webhook, whose CA the rotation scenario just replaced: the API
+    // server's handlers pick up the CRD's new caBundle a moment apart, so writes are retried.
+    let sample = std::fs::read_to_string(repo("deploy/samples/balancer.yaml")).expect("sample").replace(SAMPLE, NAME);
+    eventually("the Go operator's Balancer created", Duration::from_secs(30), || async {
+        world.plane.kubectl("admin", &["-n", NS, "apply", "-f", "-"], Some(&sample)).0.then_some(())
+    })
+    .await;
     let alpha = kube::api::ApiResource::erase::<balancer::api::v1alpha1::Balancer>(&());
     let alpha: Api<kube::api::DynamicObject> = Api::namespaced_with(world.admin.clone(), NS, &alpha);
     let uid = alpha.get(NAME).await.expect("the Balancer").metadata.uid.expect("a uid");
     kubectl(world, &["apply", "-f", "-"], Some(&go_operator_children(NAME, &uid, &["v1", "v2", "v3"])));
     let status = json!({"status": {"activeBackendsNum": 3, "obsoleteBackendsNum": 0}});
     let params = kube::api::PatchParams::default();
-    // Through the conversion webhook, whose CA the rotation scenario just replaced: the API
-    // server's handlers pick up the CRD's new caBundle a moment apart.
     eventually("the Go operator's status", Duration::from_secs(30), || async {
         alpha.patch_status(NAME, &params, &kube::api::Patch::Merge(&status)).await.ok()
     })

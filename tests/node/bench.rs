@@ -1,0 +1,345 @@
+//! Benchmarks on the real node (`BALANCER_NODE_BENCH=1`; without it they print how to run them
+//! and pass): each measures copies of the sample's proxy side by side, on the same node, in
+//! interleaved rounds, and prints its figures for docs/performance.md. They assert nothing.
+
+use std::collections::BTreeMap;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{ConfigMap, Pod};
+use kube::Api;
+use kube::api::ListParams;
+use serde_json::{Value, json};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use super::runner::eventually;
+use super::{NS, World, front_ip, kubectl, one_request, wait_available};
+
+/// The sample's rendered `nginx.conf` and its proxy's pod template.
+async fn sample_proxy(world: &World) -> (String, Value) {
+    let config_maps: Api<ConfigMap> = Api::namespaced(world.admin.clone(), NS);
+    let conf = config_maps.get("example-balancer-proxy-configmap").await.expect("the proxy's ConfigMap");
+    let conf = conf.data.and_then(|d| d.get("nginx.conf").cloned()).expect("nginx.conf");
+    let deployments: Api<Deployment> = Api::namespaced(world.admin.clone(), NS);
+    let proxy = deployments.get("example-balancer-proxy").await.expect("the proxy Deployment");
+    let template = serde_json::to_value(proxy.spec.expect("spec").template).expect("template");
+    (conf, template)
+}
+
+/// A ConfigMap, Deployment and Service `name`: the proxy's pod `template` running `conf`
+/// (with or without the metrics sidecar), told the hash of `conf` so that its entrypoint
+/// starts on it.
+fn proxy_copy(template: &Value, name: &str, conf: &str, sidecar: bool) -> [Value; 3] {
+    let mut template = template.clone();
+    template["metadata"] = json!({"labels": {"app": name}});
+    let containers = template["spec"]["containers"].as_array_mut().expect("containers");
+    if !sidecar {
+        containers.retain(|c| c["name"] == "nginx");
+    }
+    let hash = balancer::proxy::nginx::config_hash(conf);
+    for container in containers {
+        container["env"] = json!([{"name": balancer::proxy::nginx::CONFIG_HASH_ENV, "value": hash}]);
+    }
+    for volume in template["spec"]["volumes"].as_array_mut().expect("volumes") {
+        if volume.get("configMap").is_some() {
+            volume["configMap"]["name"] = json!(name);
+        }
+    }
+    [
+        json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name, "namespace": NS},
+               "data": {"nginx.conf": conf}}),
+        json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name, "namespace": NS},
+               "spec": {"replicas": 1, "selector": {"matchLabels": {"app": name}}, "template": template}}),
+        json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": name, "namespace": NS},
+               "spec": {"selector": {"app": name}, "ports": [{"port": 80, "targetPort": 80}]}}),
+    ]
+}
+
+/// Applies `objects` (a List) and waits until each of `names` answers at its Service: their
+/// addresses, in order.
+async fn deploy(world: &World, objects: &str, names: &[&str]) -> Vec<String> {
+    kubectl(world, &["apply", "-f", "-"], Some(objects));
+    let mut addresses = Vec::new();
+    for name in names {
+        wait_available(world, NS, name, 1).await;
+        let address = format!("{}:80", front_ip(world, name).await);
+        eventually(&format!("{name} answering"), Duration::from_secs(30), || async {
+            one_request(&address).await.ok()
+        })
+        .await;
+        addresses.push(address);
+    }
+    addresses
+}
+
+/// Sessions per second through two fresh copies of the sample's proxy, one as the operator
+/// builds it (the metrics sidecar, nginx's access log) and one without either: same image,
+/// node, backends and rounds, a new connection per request, interleaved rounds. Prints the
+/// figures; asserts nothing.
+pub(super) async fn the_metrics_sidecar_costs_little(world: &mut World) {
+    if std::env::var_os("BALANCER_NODE_BENCH").is_none() {
+        println!("node: the sidecar's cost is measured with BALANCER_NODE_BENCH=1");
+        return;
+    }
+    let (conf, template) = sample_proxy(world).await;
+    let without_log: String = conf
+        .lines()
+        .filter(|l| !l.contains("log_format") && !l.contains("access_log"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    // Both copies are new pods: each new connection takes a port of its proxy pod towards a
+    // backend pod, which keeps the closed connection in TIME_WAIT for a minute, so a proxy
+    // that served the earlier scenarios would meet those and wait for SYN retransmissions
+    // sooner than a fresh one.
+    let copy = |name: &str, conf: &str, sidecar: bool| proxy_copy(&template, name, conf, sidecar);
+    let mut items = copy("bench-sidecar", &conf, true).to_vec();
+    items.extend(copy("bench-plain", &without_log, false));
+    let objects = json!({"apiVersion": "v1", "kind": "List", "items": items}).to_string();
+    let addresses = deploy(world, &objects, &["bench-sidecar", "bench-plain"]).await;
+    let (with_sidecar, without) = (addresses[0].clone(), addresses[1].clone());
+
+    // Short rounds, so that neither copy comes near a backend's TIME_WAIT ports (about 14,000
+    // connections a minute from one proxy pod to one backend pod).
+    let (mut ratios, mut rates) = (Vec::new(), Vec::new());
+    for round in 0..6 {
+        // Alternate which goes first (the second of a round does worse), as often each way.
+        let order = if round % 2 == 0 { [&with_sidecar, &without] } else { [&without, &with_sidecar] };
+        let mut rate = BTreeMap::new();
+        for address in order {
+            rate.insert(address.clone(), sessions_per_second(address, Duration::from_secs(1)).await);
+        }
+        let (a, b) = (rate[&with_sidecar], rate[&without]);
+        println!("node: bench round {round}: {a:.0} sessions/s with the sidecar, {b:.0} without: {:.3}×", a / b);
+        ratios.push(a / b);
+        rates.push((a.round(), b.round()));
+    }
+    ratios.sort_by(f64::total_cmp);
+    let pod = Api::<Pod>::namespaced(world.admin.clone(), NS)
+        .list(&ListParams::default().labels("app=bench-sidecar"))
+        .await
+        .expect("pods")
+        .items
+        .into_iter()
+        .find_map(|p| p.status?.pod_ip)
+        .expect("the copy's pod");
+    let lost = proxy_series(&format!("{pod}:9113"), "balancer_proxy_log_lines_lost_total").await;
+    let counted = proxy_series(&format!("{pod}:9113"), "balancer_proxy_sessions_total").await;
+    println!(
+        "node: bench: the metrics sidecar's cost, median of 6 interleaved rounds: {:.3}× ({rates:?}); \
+         sessions counted {counted:?}, log lines lost {lost:?}",
+        (ratios[2] + ratios[3]) / 2.0
+    );
+    kubectl(world, &["delete", "-f", "-", "--wait=false"], Some(&objects));
+}
+
+/// New connection per request, 32 clients, for `duration`: answered requests per second.
+async fn sessions_per_second(address: &str, duration: Duration) -> f64 {
+    let deadline = Instant::now() + duration;
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..32 {
+        let address = address.to_string();
+        tasks.spawn(async move {
+            let mut answered = 0usize;
+            while Instant::now() < deadline {
+                answered += usize::from(one_request(&address).await.is_ok());
+            }
+            answered
+        });
+    }
+    let answered: usize = tasks.join_all().await.into_iter().sum();
+    answered as f64 / duration.as_secs_f64()
+}
+
+/// The sum of a series' samples from a proxy pod's metrics sidecar.
+async fn proxy_series(address: &str, name: &str) -> Option<f64> {
+    let mut stream = tokio::net::TcpStream::connect(address).await.ok()?;
+    stream.write_all(b"GET /metrics HTTP/1.1\r\nHost: proxy\r\nConnection: close\r\n\r\n").await.ok()?;
+    let mut text = String::new();
+    stream.read_to_string(&mut text).await.ok()?;
+    Some(text.lines().filter(|l| l.starts_with(name)).filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok()).sum())
+}
+
+/// Stops HAProxy as the proxy's entrypoint stops nginx: the kubelet's SIGTERM becomes a soft
+/// stop (SIGUSR1: stop listening, let open connections finish).
+const HAPROXY_ENTRYPOINT: &str = "trap 'kill -USR1 \"$p\"; wait \"$p\"; exit $?' TERM; haproxy -W -db -f /etc/balancer/haproxy.cfg & p=$!; wait \"$p\"";
+
+/// HAProxy in TCP mode in the proxy's place: the proxy's pod template (resources, security,
+/// probes, stop hook, node, image base) with HAProxy's command, two threads as nginx has two
+/// workers, and `servers` (address, weight) in weighted round robin, as nginx.conf has them.
+fn haproxy_copy(template: &Value, name: &str, servers: &[(String, u32)]) -> [Value; 3] {
+    let mut config = String::from(
+        "global\n    maxconn 8192\n    nbthread 2\n\ndefaults\n    mode tcp\n    timeout connect 5s\n    \
+         timeout client 10m\n    timeout server 10m\n\nfrontend front\n    bind :80\n    default_backend backends\n\n\
+         backend backends\n    balance roundrobin\n",
+    );
+    for (i, (address, weight)) in servers.iter().enumerate() {
+        config.push_str(&format!("    server b{i} {address} weight {weight}\n"));
+    }
+    let [_, mut deployment, service] = proxy_copy(template, name, "", false);
+    let container = &mut deployment["spec"]["template"]["spec"]["containers"][0];
+    container["name"] = json!("haproxy");
+    container["command"] = json!(["/bin/sh", "-c", HAPROXY_ENTRYPOINT]);
+    container["args"] = Value::Null;
+    container["env"] = Value::Null;
+    let config_map = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name, "namespace": NS},
+                            "data": {"haproxy.cfg": config}});
+    [config_map, deployment, service]
+}
+
+/// The upstream servers of the first port in a rendered nginx.conf: (address, weight).
+fn upstream_servers(conf: &str) -> Vec<(String, u32)> {
+    conf.lines()
+        .map(str::trim)
+        .skip_while(|l| !l.starts_with("upstream "))
+        .skip(1)
+        .take_while(|l| *l != "}")
+        .filter_map(|l| {
+            let rest = l.strip_prefix("server ")?;
+            let address = rest.split(' ').next()?.to_string();
+            let weight = rest.split(' ').find_map(|w| w.strip_prefix("weight="))?.parse().ok()?;
+            Some((address, weight))
+        })
+        .collect()
+}
+
+/// What one wrk run measured.
+#[derive(Debug, Clone, Copy, Default)]
+struct Run {
+    requests_per_second: f64,
+    p99_ms: f64,
+    errors: u64,
+}
+
+/// `wrk -t2 -c16 -d<seconds>s --latency` against `address`, a new connection per request
+/// when `close`; `None` when wrk is missing or printed no figures.
+async fn wrk(address: &str, seconds: u64, close: bool) -> Option<Run> {
+    let mut command = Command::new("wrk");
+    command.args(["-t2", "-c16", &format!("-d{seconds}s"), "--latency"]);
+    if close {
+        command.args(["-H", "Connection: close"]);
+    }
+    command.arg(format!("http://{address}/"));
+    let out = tokio::task::spawn_blocking(move || command.output()).await.ok()?.ok()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let requests_per_second = text.lines().find_map(|l| l.strip_prefix("Requests/sec:"))?.trim().parse().ok()?;
+    let p99_ms = millis(text.lines().find_map(|l| l.trim().strip_prefix("99%"))?.trim())?;
+    // "Socket errors: connect 0, read 0, write 0, timeout 0" and "Non-2xx or 3xx responses: N".
+    let errors = text
+        .lines()
+        .filter(|l| l.contains("Socket errors") || l.contains("Non-2xx"))
+        .flat_map(|l| l.split([',', ':']).filter_map(|w| w.split_whitespace().last()?.parse::<u64>().ok()))
+        .sum();
+    Some(Run { requests_per_second, p99_ms, errors })
+}
+
+/// wrk's latency (`812.00us`, `24.00ms`, `1.20s`) in milliseconds.
+fn millis(text: &str) -> Option<f64> {
+    if let Some(us) = text.strip_suffix("us") {
+        return Some(us.parse::<f64>().ok()? / 1000.0);
+    }
+    if let Some(ms) = text.strip_suffix("ms") {
+        return ms.parse().ok();
+    }
+    Some(text.strip_suffix('s')?.parse::<f64>().ok()? * 1000.0)
+}
+
+/// The data plane against HAProxy, from the host with wrk (2 threads, 16 connections; 8 s with
+/// keep-alive, 4 s with a new connection per request), best of 2 interleaved rounds, on the
+/// same node and backends: one backend's Service directly; the proxy as the operator builds it
+/// (with the metrics sidecar); the same without the access log and sidecar; HAProxy in its
+/// place; and that nginx with one knob changed each (reuseport, one worker, 500m CPU
+/// requested, workers pinned to CPUs, 64k buffers). Prints a table for docs/performance.md.
+pub(super) async fn the_data_plane_keeps_up_with_haproxy(world: &mut World) {
+    if std::env::var_os("BALANCER_NODE_BENCH").is_none() {
+        println!("node: the data plane's speed is measured with BALANCER_NODE_BENCH=1");
+        return;
+    }
+    if Command::new("wrk").arg("--version").output().is_err() {
+        println!("node: the data-plane benchmark needs wrk (apt-get install wrk)");
+        return;
+    }
+    let (conf, template) = sample_proxy(world).await;
+    let plain: String = conf
+        .lines()
+        .filter(|l| !l.contains("log_format") && !l.contains("access_log"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    let reuseport =
+        plain.replace("listen 80;", "listen 80 reuseport;").replace("listen [::]:80;", "listen [::]:80 reuseport;");
+    let one_worker = plain.replace("worker_processes 2;", "worker_processes 1;");
+    let pinned = plain.replace("worker_processes 2;", "worker_processes 2;\nworker_cpu_affinity auto;");
+    let buffers = plain.replace("stream {\n", "stream {\n    proxy_buffer_size 64k;\n");
+    let mut more_cpu = template.clone();
+    more_cpu["spec"]["containers"][0]["resources"]["requests"]["cpu"] = json!("500m");
+    let servers = upstream_servers(&plain);
+    assert_eq!(servers.len(), 3, "the sample's three backends: {plain}");
+    let copies = [
+        proxy_copy(&template, "bench-product", &conf, true),
+        proxy_copy(&template, "bench-nginx", &plain, false),
+        haproxy_copy(&template, "bench-haproxy", &servers),
+        proxy_copy(&template, "bench-reuseport", &reuseport, false),
+        proxy_copy(&template, "bench-one-worker", &one_worker, false),
+        proxy_copy(&more_cpu, "bench-cpu", &plain, false),
+        proxy_copy(&template, "bench-affinity", &pinned, false),
+        proxy_copy(&template, "bench-buffers", &buffers, false),
+    ];
+    let names = [
+        "bench-product",
+        "bench-nginx",
+        "bench-haproxy",
+        "bench-reuseport",
+        "bench-one-worker",
+        "bench-cpu",
+        "bench-affinity",
+        "bench-buffers",
+    ];
+    assert!(pinned != plain && buffers != plain, "the knobs apply to the rendered file");
+    let items: Vec<Value> = copies.into_iter().flatten().collect();
+    let objects = json!({"apiVersion": "v1", "kind": "List", "items": items}).to_string();
+    let mut targets: Vec<(String, String)> =
+        names.iter().map(|n| n.to_string()).zip(deploy(world, &objects, &names).await).collect();
+    targets.insert(
+        0,
+        ("direct (v1's Service)".into(), format!("{}:80", front_ip(world, "example-balancer-v1-backend").await)),
+    );
+
+    let mut best: BTreeMap<(String, bool), Run> = BTreeMap::new();
+    for round in 0..2 {
+        for close in [false, true] {
+            let seconds = if close { 4 } else { 8 };
+            let mut order = targets.clone();
+            let turn = round * 2 % order.len();
+            order.rotate_left(turn);
+            for (name, address) in &order {
+                let Some(run) = wrk(address, seconds, close).await else { continue };
+                println!("node: bench round {round}, {name}, {}: {run:?}", if close { "close" } else { "keep-alive" });
+                let entry = best.entry((name.clone(), close)).or_default();
+                if run.requests_per_second > entry.requests_per_second {
+                    *entry = run;
+                }
+            }
+        }
+    }
+    let at = |name: &str, close: bool| best.get(&(name.to_string(), close)).copied().unwrap_or_default();
+    let mut table = String::from(
+        "| path | keep-alive req/s | p99 ms | new connection req/s | p99 ms | keep-alive ÷ HAProxy | new conn. ÷ HAProxy |\n\
+         |---|---|---|---|---|---|---|\n",
+    );
+    for (name, _) in &targets {
+        let (keep, close) = (at(name, false), at(name, true));
+        let (hk, hc) = (at("bench-haproxy", false), at("bench-haproxy", true));
+        table.push_str(&format!(
+            "| {name} | {:.0} | {:.2} | {:.0} | {:.2} | {:.2}× | {:.2}× |\n",
+            keep.requests_per_second,
+            keep.p99_ms,
+            close.requests_per_second,
+            close.p99_ms,
+            keep.requests_per_second / hk.requests_per_second,
+            close.requests_per_second / hc.requests_per_second,
+        ));
+    }
+    let errors: u64 = best.values().map(|r| r.errors).sum();
+    println!("node: bench: the data plane, best of 2 rounds (errors in the best runs: {errors}):\n{table}");
+    kubectl(world, &["delete", "-f", "-", "--wait=false"], Some(&objects));
+}
