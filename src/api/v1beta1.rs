@@ -224,7 +224,7 @@ fn annotations_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ProxySpec {
-    /// This Balancer's nginx image (stream module, non-root uid 101, `/bin/sh`), instead of the
+    /// This Balancer's nginx image (stream module, non-root uid 101, `/bin/sh` and coreutils), instead of the
     /// operator's `--proxy-image`. Refused unless it starts with one of the operator's
     /// `--allowed-proxy-images` prefixes: the image runs with the operator's authority.
     #[serde(default, skip_serializing_if = "Option::is_none")]

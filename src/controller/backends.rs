@@ -64,6 +64,7 @@ pub(super) fn backends(
     let weighted = statuses.iter().filter(|s| s.weight > 0).count();
     let missing: Vec<&str> =
         statuses.iter().filter(|s| s.weight > 0 && s.ready_endpoints == 0).map(|s| s.name.as_str()).collect();
+    let is_backup = |name: &str| spec.backends.iter().any(|b| b.name == name && b.is_backup());
     let condition = match missing.as_slice() {
         [] => condition_of(
             balancer,
@@ -74,8 +75,11 @@ pub(super) fn backends(
             now,
         ),
         names => {
+            let (backups, primaries): (Vec<&str>, Vec<&str>) = names.iter().partition(|name| is_backup(name));
             let message = if names.len() == weighted {
                 format!("no backend has a ready endpoint: {}; new connections fail", names.join(", "))
+            } else if primaries.is_empty() {
+                format!("no ready endpoint behind backup {}: it cannot take over", backups.join(", "))
             } else {
                 format!("no ready endpoint behind {}; their share goes to the other backends", names.join(", "))
             };
@@ -195,5 +199,8 @@ mod tests {
         assert_eq!(shares(&|_| 1), [67, 33, 0]);
         assert_eq!(shares(&|name| u32::from(name != "v1")), [0, 100, 0]);
         assert_eq!(shares(&|name| u32::from(name == "spare")), [0, 0, 100]);
+        let cold = backends(&balancer(), &spec, |name| u32::from(name != "spare"), NOW.parse().unwrap());
+        assert_eq!(cold.condition.status, "False", "a backup without endpoints is reported");
+        assert!(cold.condition.message.contains("backup spare: it cannot take over"), "{}", cold.condition.message);
     }
 }

@@ -17,7 +17,7 @@ use super::access_log::SidecarPorts;
 use super::meta::{COMPONENT_PROXY, CONFIG_HASH_ANNOTATION, Owner, labels, metadata, proxy_selector};
 use super::nginx::{
     self, CONFIG_DIR, CONFIG_FILE, CONFIG_HASH_ENV, ENDPOINT_REMOVAL_SECONDS, POD_FILES, entrypoint, graceful_stop,
-    nginx_args, udp_readiness_command,
+    nginx_args, running_readiness_command,
 };
 use crate::api::{self, BalancerSpec};
 use crate::spec::{Admitted, SpecPolicy};
@@ -237,17 +237,19 @@ fn spread_across_nodes(owner: &Owner) -> TopologySpreadConstraint {
     }
 }
 
-/// Ready when the first TCP port accepts connections; a UDP-only proxy is ready when nginx
-/// runs and accepts its configuration (UDP has no connection to probe).
+/// Ready when the first plain TCP port accepts connections; otherwise (UDP only, or every TCP
+/// port requiring a PROXY protocol header, which a probe's bare connection would be logged and
+/// counted as a bad request for) when nginx runs and accepts its configuration.
 fn readiness_probe(spec: &BalancerSpec) -> Probe {
-    let tcp_port = spec.ports.iter().find(|p| p.effective_protocol() == "TCP").map(|p| p.port);
+    let tcp_port =
+        spec.ports.iter().find(|p| p.effective_protocol() == "TCP" && !p.accepts_proxy_protocol()).map(|p| p.port);
     let mut probe = Probe { period_seconds: Some(5), failure_threshold: Some(3), ..Probe::default() };
     match tcp_port {
         Some(port) => {
             probe.tcp_socket = Some(TCPSocketAction { port: IntOrString::Int(port), host: None });
         }
         None => {
-            probe.exec = Some(ExecAction { command: Some(udp_readiness_command()) });
+            probe.exec = Some(ExecAction { command: Some(running_readiness_command()) });
         }
     }
     probe

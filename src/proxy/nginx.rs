@@ -273,9 +273,9 @@ wait "$nginx""#
     )
 }
 
-/// A UDP-only proxy's readiness: nginx is running (it wrote its pid file, which the entrypoint
-/// removes first) and accepts its configuration. UDP has no connection to probe.
-pub fn udp_readiness_command() -> Vec<String> {
+/// The readiness of a proxy without a plain TCP port to probe: nginx is running (it wrote its
+/// pid file, which the entrypoint removes first) and accepts its configuration.
+pub fn running_readiness_command() -> Vec<String> {
     let check = format!(r#"test -s {} && exec nginx -t -q "$@""#, POD_FILES.pid_file);
     ["/bin/sh".to_string(), "-c".into(), check, "nginx".into()].into_iter().chain(nginx_args()).collect()
 }

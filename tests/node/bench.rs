@@ -16,6 +16,20 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use super::runner::eventually;
 use super::{NS, World, front_ip, kubectl, one_request, wait_available};
 
+/// Whether benchmarks run (`BALANCER_NODE_BENCH`); says how to run `what` when they do not.
+fn enabled(what: &str) -> bool {
+    let enabled = std::env::var_os("BALANCER_NODE_BENCH").is_some();
+    if !enabled {
+        println!("node: {what} is measured with BALANCER_NODE_BENCH=1");
+    }
+    enabled
+}
+
+/// `conf` without nginx's access log (the metrics sidecar's feed).
+fn without_access_log(conf: &str) -> String {
+    conf.lines().filter(|l| !l.contains("log_format") && !l.contains("access_log")).map(|l| format!("{l}\n")).collect()
+}
+
 /// The sample's rendered `nginx.conf` and its proxy's pod template.
 async fn sample_proxy(world: &World) -> (String, Value) {
     let config_maps: Api<ConfigMap> = Api::namespaced(world.admin.clone(), NS);
@@ -78,16 +92,11 @@ async fn deploy(world: &World, objects: &str, names: &[&str]) -> Vec<String> {
 /// node, backends and rounds, a new connection per request, interleaved rounds. Prints the
 /// figures; asserts nothing.
 pub(super) async fn the_metrics_sidecar_costs_little(world: &mut World) {
-    if std::env::var_os("BALANCER_NODE_BENCH").is_none() {
-        println!("node: the sidecar's cost is measured with BALANCER_NODE_BENCH=1");
+    if !enabled("the sidecar's cost") {
         return;
     }
     let (conf, template) = sample_proxy(world).await;
-    let without_log: String = conf
-        .lines()
-        .filter(|l| !l.contains("log_format") && !l.contains("access_log"))
-        .map(|l| format!("{l}\n"))
-        .collect();
+    let without_log = without_access_log(&conf);
     // Both copies are new pods: each new connection takes a port of its proxy pod towards a
     // backend pod, which keeps the closed connection in TIME_WAIT for a minute, so a proxy
     // that served the earlier scenarios would meet those and wait for SYN retransmissions
@@ -251,8 +260,7 @@ fn millis(text: &str) -> Option<f64> {
 /// place; and that nginx with one knob changed each (reuseport, one worker, 500m CPU
 /// requested, workers pinned to CPUs, 64k buffers). Prints a table for docs/performance.md.
 pub(super) async fn the_data_plane_keeps_up_with_haproxy(world: &mut World) {
-    if std::env::var_os("BALANCER_NODE_BENCH").is_none() {
-        println!("node: the data plane's speed is measured with BALANCER_NODE_BENCH=1");
+    if !enabled("the data plane's speed") {
         return;
     }
     if Command::new("wrk").arg("--version").output().is_err() {
@@ -260,11 +268,7 @@ pub(super) async fn the_data_plane_keeps_up_with_haproxy(world: &mut World) {
         return;
     }
     let (conf, template) = sample_proxy(world).await;
-    let plain: String = conf
-        .lines()
-        .filter(|l| !l.contains("log_format") && !l.contains("access_log"))
-        .map(|l| format!("{l}\n"))
-        .collect();
+    let plain = without_access_log(&conf);
     let reuseport =
         plain.replace("listen 80;", "listen 80 reuseport;").replace("listen [::]:80;", "listen [::]:80 reuseport;");
     let one_worker = plain.replace("worker_processes 2;", "worker_processes 1;");

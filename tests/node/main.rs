@@ -159,10 +159,13 @@ async fn run_suite(assets: &Path, images: &Path, state: &Path) -> ExitCode {
         with_every_primary_scaled_to_0_the_backup_serves_without_a_failed_request,
         a_node_port_balancer_with_client_ip_affinity_keeps_each_client_on_one_backend,
         the_other_replica_takes_over_when_the_leader_pod_is_deleted,
+        // Before the control-plane faults: after an API server restart, v1.20's kube-proxy
+        // has twice lagged past the takeover's 10 s drain here (a few requests failed with "No
+        // route to host" to a deleted Go proxy pod).
+        a_go_operator_balancer_is_taken_over_without_a_failed_request,
         a_change_after_an_api_server_restart_reaches_the_wire_without_a_failed_request,
         the_leader_killed_in_the_middle_of_a_change_is_finished_by_a_new_leader,
         a_replaced_certificate_is_served_without_a_restart,
-        a_go_operator_balancer_is_taken_over_without_a_failed_request,
         deleting_the_balancer_removes_every_child_and_pod,
     ];
     let (passed, failed) = runner::run_in_order(&mut world, all, diagnose).await;
@@ -1622,8 +1625,8 @@ async fn a_go_operator_balancer_is_taken_over_without_a_failed_request(world: &m
     println!("node: {leader} stopped reconciling {:.1} s after the Lease was taken", taken.elapsed().as_secs_f64());
 
     // The Go operator's Balancer: the walkthrough's, its children, and its status.
-    // Through the conversion webhook, whose CA the rotation scenario just replaced: the API
-    // server's handlers pick up the CRD's new caBundle a moment apart, so writes are retried.
+    // Through the conversion webhook: right after a CA rotation, the API server's handlers pick
+    // up the CRD's new caBundle a moment apart, so writes are retried.
     let sample = std::fs::read_to_string(repo("deploy/samples/balancer.yaml")).expect("sample").replace(SAMPLE, NAME);
     eventually("the Go operator's Balancer created", Duration::from_secs(30), || async {
         world.plane.kubectl("admin", &["-n", NS, "apply", "-f", "-"], Some(&sample)).0.then_some(())

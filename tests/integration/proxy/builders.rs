@@ -612,6 +612,15 @@ fn readiness_probes_the_first_tcp_port_or_checks_the_config_when_udp_only() {
         "daemon off; pid /tmp/nginx.pid;",
     ];
     assert_eq!(command, expected.map(String::from));
+
+    // A port that requires a PROXY protocol header is not probed with a bare connection.
+    let mut behind_a_load_balancer = port(Some("nlb"), "TCP", 8443);
+    behind_a_load_balancer.accept_proxy_protocol = Some(true);
+    let skipped = probe(vec![behind_a_load_balancer.clone(), port(Some("plain"), "TCP", 80)]);
+    assert_eq!(skipped.tcp_socket.map(|t| t.port), Some(IntOrString::Int(80)));
+    let only = probe(vec![behind_a_load_balancer]);
+    assert!(only.tcp_socket.is_none());
+    assert_eq!(only.exec.and_then(|e| e.command), Some(expected.map(String::from).to_vec()));
 }
 
 // ---------------------------------------------------------------------------
