@@ -11,7 +11,7 @@ use k8s_openapi::jiff::Timestamp;
 
 use super::status::condition_of;
 use super::stored::StoredBalancer;
-use crate::api::{BackendSpec, BackendStatus, BalancerSpec};
+use crate::api::{BackendStatus, BalancerSpec};
 
 /// The condition type: every backend with a weight has a ready endpoint.
 pub const BACKENDS_AVAILABLE: &str = "BackendsAvailable";
@@ -36,26 +36,25 @@ pub(super) fn backends(
     ready: impl Fn(&str) -> u32,
     now: Timestamp,
 ) -> Backends {
-    let seen: Vec<(String, i32, u32)> =
-        spec.backends.iter().map(|b| (b.name.clone(), b.effective_weight(), ready(&b.name))).collect();
-    let serving = |backup: bool| -> Vec<u64> {
-        let weight = |((_, weight, ready), b): (&(String, i32, u32), &BackendSpec)| match *ready > 0
-            && b.is_backup() == backup
-        {
-            true => u64::try_from(*weight).unwrap_or(0),
+    // (name, weight, ready endpoints, backup), in spec order.
+    let seen: Vec<(&str, i32, u32, bool)> =
+        spec.backends.iter().map(|b| (b.name.as_str(), b.effective_weight(), ready(&b.name), b.is_backup())).collect();
+    let serving = |backups: bool| -> Vec<u64> {
+        let weight = |&(_, weight, ready, backup): &(&str, i32, u32, bool)| match ready > 0 && backup == backups {
+            true => u64::try_from(weight).unwrap_or(0),
             false => 0,
         };
-        seen.iter().zip(&spec.backends).map(weight).collect()
+        seen.iter().map(weight).collect()
     };
     let primaries = serving(false);
     let weights = if primaries.iter().any(|&w| w > 0) { primaries } else { serving(true) };
     let statuses = seen
         .iter()
         .zip(shares(&weights))
-        .map(|((name, weight, ready), share)| BackendStatus {
-            name: name.clone(),
-            weight: *weight,
-            ready_endpoints: i32::try_from(*ready).unwrap_or(i32::MAX),
+        .map(|(&(name, weight, ready, _), share)| BackendStatus {
+            name: name.to_string(),
+            weight,
+            ready_endpoints: i32::try_from(ready).unwrap_or(i32::MAX),
             share: i32::from(share),
         })
         .collect::<Vec<_>>();
@@ -63,8 +62,8 @@ pub(super) fn backends(
     let summary = format!("{with_endpoints}/{}", statuses.len());
     let weighted = statuses.iter().filter(|s| s.weight > 0).count();
     let missing: Vec<&str> =
-        statuses.iter().filter(|s| s.weight > 0 && s.ready_endpoints == 0).map(|s| s.name.as_str()).collect();
-    let is_backup = |name: &str| spec.backends.iter().any(|b| b.name == name && b.is_backup());
+        seen.iter().filter(|&&(_, weight, ready, _)| weight > 0 && ready == 0).map(|&(name, ..)| name).collect();
+    let only_backups_missing = seen.iter().all(|&(_, weight, ready, backup)| backup || weight <= 0 || ready > 0);
     let condition = match missing.as_slice() {
         [] => condition_of(
             balancer,
@@ -75,11 +74,10 @@ pub(super) fn backends(
             now,
         ),
         names => {
-            let (backups, primaries): (Vec<&str>, Vec<&str>) = names.iter().partition(|name| is_backup(name));
             let message = if names.len() == weighted {
                 format!("no backend has a ready endpoint: {}; new connections fail", names.join(", "))
-            } else if primaries.is_empty() {
-                format!("no ready endpoint behind backup {}: it cannot take over", backups.join(", "))
+            } else if only_backups_missing {
+                format!("no ready endpoint behind backup {}: it cannot take over", names.join(", "))
             } else {
                 format!("no ready endpoint behind {}; their share goes to the other backends", names.join(", "))
             };
@@ -115,6 +113,7 @@ mod tests {
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
     use super::*;
+    use crate::api::BackendSpec;
 
     #[test]
     fn shares_are_whole_percentages_that_add_up_to_100() {
