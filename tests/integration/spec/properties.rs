@@ -1240,7 +1240,8 @@ proptest! {
                     items.iter().map(|item| fields.iter().filter(|f| item.get(**f).is_some()).count()).sum()
                 })
             };
-            count("ports", &["connectTimeout", "idleTimeout", "nodePort"]) + count("backends", &["maxFails", "failTimeout"])
+            count("ports", &["connectTimeout", "idleTimeout", "nodePort", "proxyProtocol", "acceptProxyProtocol"])
+                + count("backends", &["maxFails", "failTimeout", "maxConnections", "backup"])
         };
         prop_assert_eq!(item_only(&alpha), 0, "item fields leaked into v1alpha1: {}", alpha);
         let annotation = alpha["metadata"]["annotations"].get(PRESERVED_ANNOTATION);
