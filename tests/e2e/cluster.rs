@@ -141,6 +141,9 @@ pub struct PlaneOptions {
     /// kube-controller-manager's client rate (`--kube-api-qps`, burst twice that); its default
     /// of 20 a second takes minutes to give a thousand Deployments their pods.
     pub controller_manager_qps: Option<u32>,
+    /// Nodes are drained (the node suite): the disruption controller, without which every
+    /// eviction is refused.
+    pub evictions: bool,
 }
 
 impl Default for PlaneOptions {
@@ -151,6 +154,7 @@ impl Default for PlaneOptions {
             extra_sans: Vec::new(),
             pods: false,
             controller_manager_qps: None,
+            evictions: false,
         }
     }
 }
@@ -280,6 +284,9 @@ impl ControlPlane {
                     .arg(format!("--service-account-private-key-file={}", pki.join("sa.key").display()))
                     .arg(format!("--root-ca-file={}", pki.join("ca.crt").display()));
             }
+            if options.evictions {
+                controllers.push_str(",disruption");
+            }
             if let Some(qps) = options.controller_manager_qps {
                 command.arg(format!("--kube-api-qps={qps}")).arg(format!("--kube-api-burst={}", 2 * qps));
             }
@@ -298,6 +305,28 @@ impl ControlPlane {
             eprintln!("e2e: no kube-controller-manager in {}: garbage collection is not exercised", assets.display());
         }
         plane
+    }
+
+    /// Starts node lifecycle (in a controller manager of its own): a node silent for `grace`
+    /// is marked not ready, with its pods, and they are evicted once their tolerations of an
+    /// unreachable node run out. (The node suite's: the e2e suite has no nodes.)
+    #[allow(dead_code)]
+    pub fn start_node_lifecycle(&mut self, assets: &Path, grace: Duration) {
+        let log = self.dir.path().join("node-lifecycle.log");
+        let process = Proc::spawn(
+            "node-lifecycle",
+            Command::new(assets.join("kube-controller-manager"))
+                .arg(format!("--kubeconfig={}", self.kubeconfig("admin").display()))
+                .arg("--leader-elect=false")
+                .arg("--port=0")
+                .arg("--secure-port=0")
+                .arg("--controllers=nodelifecycle")
+                .arg(format!("--node-monitor-grace-period={}s", grace.as_secs()))
+                .arg("--node-monitor-period=1s")
+                .arg("--use-service-account-credentials=false"),
+            &log,
+        );
+        self.processes.push(process);
     }
 
     pub fn kubeconfig(&self, user: &str) -> PathBuf {

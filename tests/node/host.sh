@@ -2,26 +2,28 @@
 # The host side of the node suite: what a node changes outside its own
 # processes, set up and put back.
 #
-#   host.sh up STATE               bridges, routes, the forwarding fence, sysctls (saved in STATE)
-#   host.sh stop-containers STATE  kills every container of the suite's containerd (while it runs)
-#   host.sh down STATE             stops every container of the suite's containerd, then removes
+#   host.sh up STATE                    bridges, routes, the forwarding fence, sysctls (saved in STATE)
+#   host.sh stop-containers STATE NODE  kills every container of node NODE's containerd (while it runs)
+#   host.sh down STATE                  stops every container of the suite's containerds, then removes
 #                      mounts, network namespaces, links, iptables chains, conntrack
 #                      entries and STATE's directories, and restores the sysctls
 #
 # `down` is safe to run twice, and after a crash: each step ignores what is gone.
 #
-# Every packet stays inside the machine: pods live on the bridge balancer0
-# (10.244.0.0/24, the host is .1), Service IPs (10.0.0.0/24) are routed to a
-# bridge with no ports, and forwarded pod traffic leaving by any other
-# interface is dropped.
+# Every packet stays inside the machine: node A's pods live on the bridge
+# balancer0 (10.244.0.0/24, the host is .1), node B's on balancer1
+# (10.244.1.0/24), the rest of 10.244.0.0/16 is unreachable (also while a
+# bridge is down), Service IPs (10.0.0.0/24) are routed to a bridge with no
+# ports, and forwarded pod traffic leaving by any other interface is dropped.
 set -uo pipefail
 
 action="$1"
 state="$2"
-POD_CIDR=10.244.0.0/24
-NODE_IP=10.244.0.1
+CLUSTER_CIDR=10.244.0.0/16
+# bridge, address/prefix: keep in step with node.rs's NODE_A and NODE_B.
+POD_BRIDGES=(balancer0 balancer1)
+NODE_ADDRESSES=(10.244.0.1/24 10.244.1.1/24)
 SERVICE_CIDR=10.0.0.0/24
-POD_BRIDGE=balancer0
 SERVICE_BRIDGE=balancer-svc0
 FENCE=BALANCER-NODE-FENCE
 # What the kubelet, kube-proxy and this script change.
@@ -35,25 +37,34 @@ up() {
   for key in "${SYSCTLS[@]}"; do
     echo "$key=$(sysctl -n "$key")" >>"$state/sysctls"
   done
-  ip link add "$POD_BRIDGE" type bridge
-  ip addr add "$NODE_IP/24" dev "$POD_BRIDGE"
-  ip link set "$POD_BRIDGE" up
+  local i
+  for i in "${!POD_BRIDGES[@]}"; do
+    ip link add "${POD_BRIDGES[$i]}" type bridge
+    ip addr add "${NODE_ADDRESSES[$i]}" dev "${POD_BRIDGES[$i]}"
+    ip link set "${POD_BRIDGES[$i]}" up
+  done
+  ip route add unreachable "$CLUSTER_CIDR"
   ip link add "$SERVICE_BRIDGE" type bridge
   ip link set "$SERVICE_BRIDGE" up
   ip route add "$SERVICE_CIDR" dev "$SERVICE_BRIDGE"
   iptables -N "$FENCE"
-  iptables -A "$FENCE" -s "$POD_CIDR" ! -o "$POD_BRIDGE" -j DROP
+  for i in "${!POD_BRIDGES[@]}"; do
+    iptables -A "$FENCE" -s "$CLUSTER_CIDR" -o "${POD_BRIDGES[$i]}" -j RETURN
+  done
+  iptables -A "$FENCE" -s "$CLUSTER_CIDR" -j DROP
   iptables -I FORWARD 1 -j "$FENCE"
   sysctl -qw net.ipv4.ip_forward=1 net.bridge.bridge-nf-call-iptables=1
   # Pods resolve nothing: no nameserver at all (glibc then tries only the pod's own loopback).
   printf 'options ndots:1\n' >"$state/resolv.conf"
-  # The kubelet writes container logs here whatever its root directory.
+  # The kubelet writes pod logs here whatever its root directory: each node binds a
+  # directory of its own over them in its mount namespace.
   [ -e /var/log/pods ] || touch "$state/remove-var-log-pods"
+  mkdir -p /var/log/pods /var/log/containers
 }
 
-# Kills what the suite's containerd started: its tasks, then its shims.
+# Kills what node $1's containerd started: its tasks, then its shims.
 stop_containers() {
-  local sock="$state/containerd/containerd.sock" id
+  local sock="$state/$1/containerd/containerd.sock" id
   if [ -S "$sock" ]; then
     for id in $(ctr -a "$sock" -n k8s.io tasks ls -q 2>/dev/null); do
       ctr -a "$sock" -n k8s.io tasks kill -s SIGKILL "$id" >/dev/null 2>&1
@@ -69,7 +80,10 @@ unmount_under() { # every mount point under $1, deepest first
 }
 
 down() {
-  stop_containers
+  local dir
+  for dir in "$state"/*/containerd; do
+    [ -d "$dir" ] && stop_containers "$(basename "$(dirname "$dir")")"
+  done
   # The node's own processes, left running by a run that was killed outright.
   pkill -KILL -f -- "$state/" 2>/dev/null
   unmount_under "$state"
@@ -77,7 +91,8 @@ down() {
     ip netns delete "$ns" 2>/dev/null
   done
   unmount_under /run/netns/cni-
-  ip link delete "$POD_BRIDGE" 2>/dev/null
+  for bridge in "${POD_BRIDGES[@]}"; do ip link delete "$bridge" 2>/dev/null; done
+  ip route delete unreachable "$CLUSTER_CIDR" 2>/dev/null
   ip link delete "$SERVICE_BRIDGE" 2>/dev/null
   for tool in iptables ip6tables; do
     "$tool" -D FORWARD -j "$FENCE" 2>/dev/null
@@ -90,8 +105,8 @@ down() {
       grep -vE 'KUBE-|CNI-' <<<"$saved" | "$tool-restore"
     fi
   done
-  conntrack -D -s "$POD_CIDR" >/dev/null 2>&1
-  conntrack -D -d "$POD_CIDR" >/dev/null 2>&1
+  conntrack -D -s "$CLUSTER_CIDR" >/dev/null 2>&1
+  conntrack -D -d "$CLUSTER_CIDR" >/dev/null 2>&1
   conntrack -D -d "$SERVICE_CIDR" >/dev/null 2>&1
   if [ -s "$state/sysctls" ]; then
     while IFS= read -r setting; do sysctl -qw "$setting" 2>/dev/null; done <"$state/sysctls"
@@ -104,10 +119,10 @@ down() {
 
 case "$action" in
   up) up ;;
-  stop-containers) stop_containers ;;
+  stop-containers) stop_containers "$3" ;;
   down) down ;;
   *)
-    echo "usage: host.sh up|stop-containers|down STATE" >&2
+    echo "usage: host.sh up STATE | stop-containers STATE NODE | down STATE" >&2
     exit 2
     ;;
 esac

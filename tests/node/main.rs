@@ -21,6 +21,7 @@ mod bench;
 #[path = "../e2e/cluster.rs"]
 mod cluster;
 mod node;
+mod nodes;
 #[path = "../e2e/runner.rs"]
 mod runner;
 
@@ -39,7 +40,11 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use bench::{the_data_plane_keeps_up_with_haproxy, the_metrics_sidecar_costs_little};
 use cluster::{ControlPlane, PlaneOptions};
-use node::{Host, KUBERNETES_SERVICE_IP, NODE_IP, Node, POD_BRIDGE, SERVICE_CIDR};
+use node::{ClusterServices, Host, KUBERNETES_SERVICE_IP, NODE_A, NODE_B, NODE_IP, Node, POD_BRIDGE, SERVICE_CIDR};
+use nodes::{
+    a_drain_respects_the_budgets_and_fails_no_request, a_lost_node_costs_a_bounded_failure,
+    an_uncordoned_node_is_used_by_the_next_rollout, proxies_and_operator_replicas_spread_across_the_nodes,
+};
 use runner::{eventually, scenarios};
 
 const OPERATOR_NS: &str = "balancer-system";
@@ -48,12 +53,22 @@ const SAMPLE: &str = "example-balancer";
 /// The locally built images (`images.sh`).
 const BASE_IMAGE: &str = "localhost/balancer-test-base:1";
 const STREAM_MODULE: &str = "/usr/lib/nginx/modules/ngx_stream_module.so";
+/// How long node lifecycle waits for a silent node before it marks the node's pods not ready
+/// (Kubernetes' default is 40 s). It starts with the two-node scenarios, after the control-plane
+/// faults: once the API server is back from the restart scenario's 15 s outage, the controller
+/// manager's caches can lag past so short a grace period (client-go's reflector backs off up
+/// to 30 s), and node lifecycle then marks every node, and every pod, not ready.
+const NODE_MONITOR_GRACE: Duration = Duration::from_secs(30);
 
-/// What the scenarios share, in drop order: the node, then the control plane, then the host.
+/// What the scenarios share, in drop order: the nodes, then the control plane, then the host.
 struct World {
-    node: Node,
+    /// Node A, then node B.
+    nodes: [Node; 2],
+    _services: ClusterServices,
     plane: ControlPlane,
     admin: Client,
+    /// The Kubernetes commands (`tests/e2e/control-plane.sh --node`).
+    assets: PathBuf,
     _host: Host,
 }
 
@@ -74,7 +89,7 @@ fn missing_prerequisite() -> Option<String> {
     if !root {
         return Some("the node suite needs root".into());
     }
-    let tools = ["containerd", "ctr", "runc", "iptables", "conntrack", "kubectl", "ip"];
+    let tools = ["containerd", "ctr", "runc", "iptables", "conntrack", "kubectl", "ip", "unshare", "nsenter"];
     let missing: Vec<&str> = tools
         .into_iter()
         .filter(|t| {
@@ -139,13 +154,19 @@ async fn run_suite(assets: &Path, images: &Path, state: &Path) -> ExitCode {
         service_cidr: SERVICE_CIDR.into(),
         extra_sans: vec![KUBERNETES_SERVICE_IP.into(), "kubernetes.default.svc".into()],
         pods: true,
+        evictions: true,
         ..PlaneOptions::default()
     };
     let plane = ControlPlane::start_with(assets, &options).await;
-    let node = Node::start(&host, &plane, assets, images).await;
+    let services = ClusterServices::start(&host, &plane, assets);
+    let (a, b) = tokio::join!(
+        Node::start(&host, &plane, assets, images, &NODE_A),
+        Node::start(&host, &plane, assets, images, &NODE_B)
+    );
     let admin = plane.client("admin").await;
-    println!("node: Ready {:.1} s after start", started.elapsed().as_secs_f64());
-    let mut world = World { node, plane, admin, _host: host };
+    println!("node: two nodes Ready {:.1} s after start", started.elapsed().as_secs_f64());
+    let mut world =
+        World { nodes: [a, b], _services: services, plane, admin, assets: assets.to_path_buf(), _host: host };
     let all = scenarios![World:
         the_operator_installs_from_deploy_as_a_user_would,
         the_walkthrough_splits_traffic_by_weight,
@@ -166,6 +187,11 @@ async fn run_suite(assets: &Path, images: &Path, state: &Path) -> ExitCode {
         a_change_after_an_api_server_restart_reaches_the_wire_without_a_failed_request,
         the_leader_killed_in_the_middle_of_a_change_is_finished_by_a_new_leader,
         a_replaced_certificate_is_served_without_a_restart,
+        proxies_and_operator_replicas_spread_across_the_nodes,
+        a_drain_respects_the_budgets_and_fails_no_request,
+        an_uncordoned_node_is_used_by_the_next_rollout,
+        // Last but one: node B does not come back.
+        a_lost_node_costs_a_bounded_failure,
         deleting_the_balancer_removes_every_child_and_pod,
     ];
     let (passed, failed) = runner::run_in_order(&mut world, all, diagnose).await;
@@ -183,9 +209,14 @@ async fn hold(world: &World) {
     tokio::time::sleep(Duration::from_secs(seconds)).await;
 }
 
+/// Each node's name, readiness and taints.
+const NODE_COLUMNS: &str =
+    "custom-columns=NAME:.metadata.name,READY:.status.conditions[?(@.type==\"Ready\")].status,TAINTS:.spec.taints";
+
 /// What a failed scenario leaves to read: pods, events, and the logs of the operator and the node.
 fn diagnose(world: &World) {
     for args in [
+        &["get", "nodes", "-o", NODE_COLUMNS][..],
         &["get", "pods", "-A", "-o", "wide"][..],
         &["get", "events", "-A", "--field-selector=type=Warning", "--sort-by=.lastTimestamp"][..],
         &["-n", OPERATOR_NS, "logs", "-l", "app.kubernetes.io/name=balancer", "--tail=20", "--prefix"][..],
@@ -193,7 +224,9 @@ fn diagnose(world: &World) {
         let (_, out, err) = world.plane.kubectl("admin", args, None);
         println!("--- kubectl {}:\n{out}{err}", args.join(" "));
     }
-    println!("--- kubelet:\n{}", world.node.log_tail("kubelet", 20));
+    for node in &world.nodes {
+        println!("--- kubelet of {}:\n{}", node.spec.name, node.log_tail("kubelet", 20));
+    }
 }
 
 fn kubectl(world: &World, args: &[&str], stdin: Option<&str>) -> String {
@@ -649,29 +682,40 @@ struct Load {
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
     tasks: tokio::task::JoinSet<(usize, Vec<String>)>,
     answers: std::sync::Arc<std::sync::Mutex<BTreeMap<String, usize>>>,
+    last_failure: std::sync::Arc<std::sync::Mutex<Option<Instant>>>,
 }
 
 impl Load {
     fn start(address: String, clients: usize) -> Load {
         let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         let answers = std::sync::Arc::new(std::sync::Mutex::new(BTreeMap::new()));
+        let last_failure = std::sync::Arc::new(std::sync::Mutex::new(None));
         let mut tasks = tokio::task::JoinSet::new();
         for _ in 0..clients {
             let (address, stop, answers) = (address.clone(), stop.clone(), answers.clone());
+            let last_failure = last_failure.clone();
             tasks.spawn(async move {
                 let (mut sent, mut failures) = (0, Vec::new());
                 while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                     sent += 1;
                     match one_request(&address).await {
                         Ok(answer) => *answers.lock().expect("answers").entry(answer).or_insert(0) += 1,
-                        Err(e) => failures.push(e),
+                        Err(e) => {
+                            *last_failure.lock().expect("last failure") = Some(Instant::now());
+                            failures.push(e);
+                        }
                     }
                     tokio::time::sleep(Duration::from_millis(5)).await;
                 }
                 (sent, failures)
             });
         }
-        Load { stop, tasks, answers }
+        Load { stop, tasks, answers, last_failure }
+    }
+
+    /// When the last request failed, if one did.
+    fn last_failure(&self) -> Option<Instant> {
+        *self.last_failure.lock().expect("last failure")
     }
 
     /// How many requests got each answer so far.
@@ -933,11 +977,14 @@ async fn udp_exchange(ip: &str, line: &str) -> Option<String> {
 
 /// A v1beta1 Balancer over the walkthrough's echo pods, 40/20/40, exposed at `node_port` on
 /// the node. `Local` keeps the client's address: kube-proxy masquerades node-port traffic
-/// under `Cluster`, and nginx would see the node's address for every client.
+/// under `Cluster`, and nginx would see the node's address for every client. `Local` also means
+/// the node kube-proxy speaks for: the proxy pods stay on node A (`spec.proxy.nodeSelector`).
 fn node_port_balancer(name: &str, node_port: u16, affinity: &str) -> String {
+    let node = NODE_A.name;
     format!(
         "apiVersion: exposer.hliangzhao.io/v1beta1\nkind: Balancer\nmetadata:\n  name: {name}\n  namespace: {NS}\n\
          spec:\n  sessionAffinity: {affinity}\n  service: {{type: NodePort, externalTrafficPolicy: Local}}\n\
+         \x20 proxy: {{nodeSelector: {{kubernetes.io/hostname: {node}}}}}\n\
          \x20 ports: [{{name: http, port: 80, targetPort: 5678, nodePort: {node_port}}}]\n  selector: {{app: test}}\n\
          \x20 backends:\n    - {{name: v1, weight: 40, selector: {{version: v1}}}}\n\
          \x20   - {{name: v2, weight: 20, selector: {{version: v2}}}}\n\
@@ -1209,28 +1256,7 @@ async fn lease_identity(world: &World) -> Option<String> {
 async fn the_other_replica_takes_over_when_the_leader_pod_is_deleted(world: &mut World) {
     let leader = eventually("a leader", Duration::from_secs(30), || lease_holder(world)).await;
     // Balancer writes go through the webhooks all along.
-    let plane_kubeconfig = world.plane.kubeconfig("admin");
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let writer = {
-        let stop = stop.clone();
-        std::thread::spawn(move || {
-            let (mut writes, mut failures) = (0, Vec::new());
-            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                let weight = 1 + writes % 50;
-                let yaml = format!(
-                    "apiVersion: exposer.hliangzhao.io/v1alpha1\nkind: Balancer\nmetadata:\n  name: failover-probe\n  namespace: {NS}\n\
-                     spec:\n  ports: [{{port: 8080}}]\n  selector: {{app: nothing}}\n  backends: [{{name: a, weight: {weight}, selector: {{v: a}}}}]\n"
-                );
-                let out = cluster_kubectl(&plane_kubeconfig, &["apply", "-f", "-"], &yaml);
-                writes += 1;
-                if let Err(e) = out {
-                    failures.push(e);
-                }
-                std::thread::sleep(Duration::from_millis(200));
-            }
-            (writes, failures)
-        })
-    };
+    let applies = Applies::start(world, "failover-probe");
     let deleted = Instant::now();
     kubectl(world, &["-n", OPERATOR_NS, "delete", "pod", &leader, "--wait=false"], None);
     let successor = eventually("a new leader", Duration::from_secs(40), || async {
@@ -1251,11 +1277,51 @@ async fn the_other_replica_takes_over_when_the_leader_pod_is_deleted(world: &mut
     .await;
     // Through the old leader's replacement starting, too.
     wait_available(world, OPERATOR_NS, "balancer", 2).await;
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    let (writes, failures) = writer.join().expect("the writer thread");
+    let (writes, failures) = applies.finish(world);
     println!("node: {writes} Balancer applies during the failover, {} failed", failures.len());
     assert!(failures.is_empty(), "applies failed during the failover: {failures:?}");
-    kubectl(world, &["-n", NS, "delete", "balancer", "failover-probe"], None);
+}
+
+/// `kubectl apply` of a small v1alpha1 Balancer every 200 ms, from a thread, through the
+/// webhooks (mutating, validating, conversion), until finished. Each apply changes a label,
+/// not the spec, so that it does not roll the Balancer's proxy every 200 ms.
+struct Applies {
+    name: String,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    writer: std::thread::JoinHandle<(usize, Vec<String>)>,
+}
+
+impl Applies {
+    fn start(world: &World, name: &str) -> Applies {
+        let kubeconfig = world.plane.kubeconfig("admin");
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (flag, balancer) = (stop.clone(), name.to_string());
+        let writer = std::thread::spawn(move || {
+            let (mut writes, mut failures) = (0, Vec::new());
+            while !flag.load(std::sync::atomic::Ordering::Relaxed) {
+                let yaml = format!(
+                    "apiVersion: exposer.hliangzhao.io/v1alpha1\nkind: Balancer\nmetadata:\n  name: {balancer}\n  namespace: {NS}\n\
+                     \x20 labels: {{write: \"{writes}\"}}\n\
+                     spec:\n  ports: [{{port: 8080}}]\n  selector: {{app: nothing}}\n  backends: [{{name: a, weight: 1, selector: {{v: a}}}}]\n"
+                );
+                writes += 1;
+                if let Err(e) = cluster_kubectl(&kubeconfig, &["apply", "-f", "-"], &yaml) {
+                    failures.push(e);
+                }
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            (writes, failures)
+        });
+        Applies { name: name.to_string(), stop, writer }
+    }
+
+    /// Stops the writer and deletes its Balancer: how many applies there were, and every failure.
+    fn finish(self, world: &World) -> (usize, Vec<String>) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let result = self.writer.join().expect("the writer thread");
+        kubectl(world, &["-n", NS, "delete", "balancer", &self.name, "--ignore-not-found"], None);
+        result
+    }
 }
 
 // ---------------------------------------------------------------------------

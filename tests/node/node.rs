@@ -1,9 +1,9 @@
-//! One real node next to the control plane: containerd, the kubelet, kube-proxy and
-//! kube-scheduler, on a pod bridge that `host.sh` fences in.
+//! Two real nodes next to the control plane, each with its containerd and kubelet on a pod
+//! bridge of its own, and one kube-proxy and kube-scheduler for both; `host.sh` fences them in.
 //!
 //! [`Host`] owns what lives outside the processes (bridges, routes, iptables,
-//! sysctls, mounts) and puts it back when dropped; [`Node`] owns the processes.
-//! Drop the node before the host.
+//! sysctls, mounts) and puts it back when dropped; a [`Node`] owns its processes and
+//! [`ClusterServices`] the shared ones. Drop the nodes before the host.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -15,14 +15,30 @@ use kube::api::{Patch, PatchParams};
 
 use crate::cluster::{ControlPlane, Proc, free_port};
 
-pub const NODE_NAME: &str = "balancer-node";
-/// The host's address on the pod bridge: the node's InternalIP and the API server's address.
-pub const NODE_IP: &str = "10.244.0.1";
-pub const POD_CIDR: &str = "10.244.0.0/24";
+/// One node on this machine: its name, its address (the host's on its pod bridge, which is
+/// the node's InternalIP and the kubelet's), its pod CIDR and its bridge. `host.sh` sets up
+/// the same two; keep them in step.
+pub struct NodeSpec {
+    pub name: &'static str,
+    pub ip: &'static str,
+    pub pod_cidr: &'static str,
+    pub bridge: &'static str,
+}
+
+/// Node A: the control plane, the harness and kube-proxy bind to its bridge, so that node B
+/// can be taken away.
+pub const NODE_A: NodeSpec =
+    NodeSpec { name: "balancer-node", ip: "10.244.0.1", pod_cidr: "10.244.0.0/24", bridge: "balancer0" };
+pub const NODE_B: NodeSpec =
+    NodeSpec { name: "balancer-node-b", ip: "10.244.1.1", pod_cidr: "10.244.1.0/24", bridge: "balancer1" };
+/// Both nodes' pod CIDRs: kube-proxy's `--cluster-cidr`, so that pod-to-Service traffic
+/// between the nodes keeps its source address.
+pub const CLUSTER_CIDR: &str = "10.244.0.0/16";
+pub const NODE_IP: &str = NODE_A.ip;
+pub const POD_BRIDGE: &str = NODE_A.bridge;
 pub const SERVICE_CIDR: &str = "10.0.0.0/24";
 /// The `kubernetes` Service: the first Service IP, on the API server's certificate for pods.
 pub const KUBERNETES_SERVICE_IP: &str = "10.0.0.1";
-pub const POD_BRIDGE: &str = "balancer0";
 /// The local pause image the sandboxes use.
 pub const PAUSE_IMAGE: &str = "localhost/pause:3.4.1";
 
@@ -33,6 +49,12 @@ fn script(name: &str) -> PathBuf {
 /// Runs `host.sh ACTION STATE`; `up` must succeed, the rest is best effort.
 fn host_script(action: &str, state: &Path) -> bool {
     Command::new("bash").arg(script("host.sh")).arg(action).arg(state).status().is_ok_and(|s| s.success())
+}
+
+/// Runs `host.sh ACTION STATE NODE` for the node whose directory is `node_dir`.
+fn node_script(action: &str, node_dir: &Path) {
+    let (Some(state), Some(node)) = (node_dir.parent(), node_dir.file_name()) else { return };
+    let _ = Command::new("bash").arg(script("host.sh")).arg(action).arg(state).arg(node).status();
 }
 
 /// The host settings of a node, put back when dropped (also after a panic).
@@ -56,10 +78,17 @@ impl Drop for Host {
     }
 }
 
+/// One node: containerd and the kubelet, both in a mount namespace of their own in which
+/// `/var/log/pods` and `/var/log/containers` are the node's own directories. The kubelet
+/// hard-codes those paths, and each kubelet's garbage collector would delete the other node's
+/// pod logs (which `kubectl logs` reads). Each kubelet's volumes are mounted in that namespace
+/// too, where its containerd sees them.
 pub struct Node {
+    pub spec: &'static NodeSpec,
     pub containerd_socket: PathBuf,
-    state: PathBuf,
-    /// containerd first; the kubelet, kube-proxy and kube-scheduler after it.
+    /// The node's own directory under the suite's state.
+    dir: PathBuf,
+    /// containerd first, then the kubelet.
     processes: Vec<Proc>,
 }
 
@@ -71,45 +100,68 @@ impl Drop for Node {
                 process.stop(Duration::from_secs(5));
             }
         }
-        host_script("stop-containers", &self.state);
+        node_script("stop-containers", &self.dir);
         self.processes.clear();
     }
 }
 
+/// Runs its arguments with the node's own log directories bound over the kubelet's fixed
+/// ones: `sh -c BIND_LOGS sh POD_LOGS CONTAINER_LOGS PROGRAM ARGS...`, under `unshare`.
+const BIND_LOGS: &str =
+    "mount --bind \"$1\" /var/log/pods && mount --bind \"$2\" /var/log/containers && shift 2 && exec \"$@\"";
+
 impl Node {
-    /// Starts containerd, imports every archive in `images`, then the kubelet, kube-proxy and
-    /// the scheduler; returns once the node is Ready and schedulable.
-    pub async fn start(host: &Host, plane: &ControlPlane, assets: &Path, images: &Path) -> Node {
-        let state = host.state.clone();
-        let containerd_dir = state.join("containerd");
+    /// Starts containerd in a new mount namespace, imports every archive in `images`, then the
+    /// kubelet in the same namespace; returns once the node is Ready and schedulable.
+    pub async fn start(
+        host: &Host,
+        plane: &ControlPlane,
+        assets: &Path,
+        images: &Path,
+        spec: &'static NodeSpec,
+    ) -> Node {
+        let dir = host.state.join(spec.name);
+        let containerd_dir = dir.join("containerd");
         std::fs::create_dir_all(&containerd_dir).expect("containerd dir");
+        let (pod_logs, container_logs) = (dir.join("pod-logs"), dir.join("container-logs"));
+        std::fs::create_dir_all(&pod_logs).expect("pod log dir");
+        std::fs::create_dir_all(&container_logs).expect("container log dir");
         let socket = containerd_dir.join("containerd.sock");
-        write_containerd_config(&state);
-        write_cni_config(&state);
-        let mut node = Node { containerd_socket: socket.clone(), state: state.clone(), processes: Vec::new() };
+        write_containerd_config(&dir);
+        write_cni_config(&dir, spec);
+        let mut node = Node { spec, containerd_socket: socket.clone(), dir: dir.clone(), processes: Vec::new() };
         node.processes.push(Proc::spawn(
             "containerd",
-            Command::new("containerd").arg("--config").arg(containerd_dir.join("config.toml")),
-            &state.join("containerd.log"),
+            Command::new("unshare")
+                .args(["--mount", "--propagation", "slave", "--", "sh", "-c", BIND_LOGS, "sh"])
+                .arg(&pod_logs)
+                .arg(&container_logs)
+                .arg("containerd")
+                .arg("--config")
+                .arg(containerd_dir.join("config.toml")),
+            &dir.join("containerd.log"),
         ));
+        let namespace = format!("--mount=/proc/{}/ns/mnt", node.processes[0].child.id());
         wait_for("containerd's socket", Duration::from_secs(30), || socket.exists()).await;
-        node.import_images(images);
+        // On a blocking thread, so that both nodes import at once.
+        let (to, from) = (socket.clone(), images.to_path_buf());
+        tokio::task::spawn_blocking(move || import_images(&to, &from)).await.expect("importing images");
 
-        // A copy under the state directory: every node process names it, so `host.sh down`
-        // can find them after a run that was killed outright.
-        let kubeconfig = state.join("node.kubeconfig");
-        std::fs::copy(plane.kubeconfig("admin"), &kubeconfig).expect("node kubeconfig");
+        let kubeconfig = node_kubeconfig(host, plane);
         let endpoint = format!("unix://{}", socket.display());
         node.processes.push(Proc::spawn(
             "kubelet",
-            Command::new(assets.join("kubelet"))
+            Command::new("nsenter")
+                .arg(&namespace)
+                .arg("--")
+                .arg(assets.join("kubelet"))
                 .arg(format!("--kubeconfig={}", kubeconfig.display()))
-                .arg(format!("--root-dir={}", state.join("kubelet").display()))
-                .arg(format!("--cert-dir={}", state.join("kubelet-pki").display()))
-                .arg(format!("--volume-plugin-dir={}", state.join("volume-plugins").display()))
-                .arg(format!("--hostname-override={NODE_NAME}"))
-                .arg(format!("--node-ip={NODE_IP}"))
-                .arg(format!("--address={NODE_IP}"))
+                .arg(format!("--root-dir={}", dir.join("kubelet").display()))
+                .arg(format!("--cert-dir={}", dir.join("kubelet-pki").display()))
+                .arg(format!("--volume-plugin-dir={}", dir.join("volume-plugins").display()))
+                .arg(format!("--hostname-override={}", spec.name))
+                .arg(format!("--node-ip={}", spec.ip))
+                .arg(format!("--address={}", spec.ip))
                 .arg("--healthz-bind-address=127.0.0.1")
                 .arg(format!("--healthz-port={}", free_port()))
                 .arg("--read-only-port=0")
@@ -125,72 +177,30 @@ impl Node {
                 .arg("--image-gc-high-threshold=100")
                 .arg("--image-gc-low-threshold=99")
                 // Pods get no nameserver: nothing may query a resolver outside the machine.
-                .arg(format!("--resolv-conf={}", state.join("resolv.conf").display()))
+                .arg(format!("--resolv-conf={}", host.state.join("resolv.conf").display()))
                 // v1.20 does not yet count this sysctl as safe (1.22 does): bridged here, never in deploy/.
                 .arg("--allowed-unsafe-sysctls=net.ipv4.ip_unprivileged_port_start")
+                // Status every 2 s: the node lifecycle controller's grace period is short here.
                 .arg("--node-status-update-frequency=2s")
                 .arg("--sync-frequency=5s"),
-            &state.join("kubelet.log"),
-        ));
-        node.processes.push(Proc::spawn(
-            "kube-proxy",
-            Command::new(assets.join("kube-proxy"))
-                .arg(format!("--kubeconfig={}", kubeconfig.display()))
-                .arg(format!("--hostname-override={NODE_NAME}"))
-                .arg(format!("--bind-address={NODE_IP}"))
-                .arg("--proxy-mode=iptables")
-                .arg(format!("--cluster-cidr={POD_CIDR}"))
-                .arg(format!("--healthz-bind-address=127.0.0.1:{}", free_port()))
-                .arg(format!("--metrics-bind-address=127.0.0.1:{}", free_port()))
-                // Leave the host's conntrack settings alone.
-                .arg("--conntrack-max-per-core=0")
-                .arg("--conntrack-tcp-timeout-established=0")
-                .arg("--conntrack-tcp-timeout-close-wait=0"),
-            &state.join("kube-proxy.log"),
-        ));
-        node.processes.push(Proc::spawn(
-            "kube-scheduler",
-            Command::new(assets.join("kube-scheduler"))
-                .arg(format!("--kubeconfig={}", kubeconfig.display()))
-                .arg("--leader-elect=false")
-                .arg("--port=0")
-                .arg("--secure-port=0"),
-            &state.join("kube-scheduler.log"),
+            &dir.join("kubelet.log"),
         ));
         node.wait_ready(plane).await;
         node
     }
 
-    fn import_images(&self, images: &Path) {
-        let mut archives: Vec<PathBuf> = std::fs::read_dir(images)
-            .expect("images dir")
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .filter(|p| p.extension().is_some_and(|x| x == "tar"))
-            .collect();
-        archives.sort();
-        for archive in archives {
-            let out = self.ctr(&["images", "import", &archive.display().to_string()]);
-            assert!(out.status.success(), "importing {}: {}", archive.display(), String::from_utf8_lossy(&out.stderr));
-        }
-    }
-
     /// `ctr -n k8s.io ARGS` against this node's containerd.
     pub fn ctr(&self, args: &[&str]) -> std::process::Output {
-        Command::new("ctr")
-            .arg("-a")
-            .arg(&self.containerd_socket)
-            .args(["-n", "k8s.io"])
-            .args(args)
-            .output()
-            .expect("ctr runs")
+        ctr(&self.containerd_socket, args)
     }
 
-    /// Waits for the node to be Ready, then lifts the not-ready taint (no node lifecycle controller runs).
+    /// Waits for the node to be Ready, then lifts the not-ready taint (the node lifecycle
+    /// controller would, within its monitor period).
     async fn wait_ready(&self, plane: &ControlPlane) {
         let nodes: Api<NodeObject> = Api::all(plane.client("admin").await);
         let started = Instant::now();
         loop {
-            let node = nodes.get_opt(NODE_NAME).await.ok().flatten();
+            let node = nodes.get_opt(self.spec.name).await.ok().flatten();
             let ready = node
                 .as_ref()
                 .and_then(|n| n.status.as_ref()?.conditions.as_ref())
@@ -204,15 +214,114 @@ impl Node {
             tokio::time::sleep(Duration::from_millis(500)).await;
         }
         let untaint = serde_json::json!({"spec": {"taints": null}});
-        nodes.patch(NODE_NAME, &PatchParams::default(), &Patch::Merge(&untaint)).await.expect("untaint the node");
+        nodes.patch(self.spec.name, &PatchParams::default(), &Patch::Merge(&untaint)).await.expect("untaint the node");
+    }
+
+    /// The node lost, as after a crash: SIGKILL to the kubelet, containerd, its shims and every
+    /// container process, and its pod bridge down (its pods' addresses unreachable, as on a
+    /// dead machine; the host's unreachable route for the cluster CIDR keeps their packets in).
+    pub fn crash(&mut self) {
+        let tasks = self.ctr(&["tasks", "ls"]);
+        // "TASK PID STATUS" lines after a header.
+        let pids: Vec<String> = String::from_utf8_lossy(&tasks.stdout)
+            .lines()
+            .skip(1)
+            .filter_map(|l| l.split_whitespace().nth(1).map(str::to_string))
+            .filter(|pid| pid != "0")
+            .collect();
+        for process in self.processes.iter_mut().rev() {
+            process.kill();
+        }
+        let shims = format!("containerd-shim.*-address {}", self.containerd_socket.display());
+        let _ = Command::new("pkill").args(["-KILL", "-f", &shims]).status();
+        if !pids.is_empty() {
+            let _ = Command::new("kill").arg("-KILL").args(&pids).stderr(std::process::Stdio::null()).status();
+        }
+        let down = Command::new("ip").args(["link", "set", self.spec.bridge, "down"]).status();
+        assert!(down.is_ok_and(|s| s.success()), "ip link set {} down", self.spec.bridge);
     }
 
     /// The last `lines` lines of a node component's log.
     pub fn log_tail(&self, component: &str, lines: usize) -> String {
-        let log = std::fs::read_to_string(self.state.join(format!("{component}.log"))).unwrap_or_default();
+        let log = std::fs::read_to_string(self.dir.join(format!("{component}.log"))).unwrap_or_default();
         let tail: Vec<&str> = log.lines().rev().take(lines).collect();
         tail.into_iter().rev().collect::<Vec<_>>().join("\n")
     }
+}
+
+/// What every node shares, since the nodes share the host's network namespace: one kube-proxy
+/// (speaking for node A: `externalTrafficPolicy: Local` means node A's pods here) and the
+/// scheduler.
+pub struct ClusterServices {
+    processes: Vec<Proc>,
+}
+
+impl Drop for ClusterServices {
+    fn drop(&mut self) {
+        while let Some(mut process) = self.processes.pop() {
+            process.stop(Duration::from_secs(5));
+        }
+    }
+}
+
+impl ClusterServices {
+    pub fn start(host: &Host, plane: &ControlPlane, assets: &Path) -> ClusterServices {
+        let state = &host.state;
+        let kubeconfig = node_kubeconfig(host, plane);
+        let kube_proxy = Proc::spawn(
+            "kube-proxy",
+            Command::new(assets.join("kube-proxy"))
+                .arg(format!("--kubeconfig={}", kubeconfig.display()))
+                .arg(format!("--hostname-override={}", NODE_A.name))
+                .arg(format!("--bind-address={NODE_IP}"))
+                .arg("--proxy-mode=iptables")
+                .arg(format!("--cluster-cidr={CLUSTER_CIDR}"))
+                .arg(format!("--healthz-bind-address=127.0.0.1:{}", free_port()))
+                .arg(format!("--metrics-bind-address=127.0.0.1:{}", free_port()))
+                // Leave the host's conntrack settings alone.
+                .arg("--conntrack-max-per-core=0")
+                .arg("--conntrack-tcp-timeout-established=0")
+                .arg("--conntrack-tcp-timeout-close-wait=0"),
+            &state.join("kube-proxy.log"),
+        );
+        let scheduler = Proc::spawn(
+            "kube-scheduler",
+            Command::new(assets.join("kube-scheduler"))
+                .arg(format!("--kubeconfig={}", kubeconfig.display()))
+                .arg("--leader-elect=false")
+                .arg("--port=0")
+                .arg("--secure-port=0"),
+            &state.join("kube-scheduler.log"),
+        );
+        ClusterServices { processes: vec![kube_proxy, scheduler] }
+    }
+}
+
+/// `ctr -n k8s.io ARGS` against the containerd at `socket`.
+fn ctr(socket: &Path, args: &[&str]) -> std::process::Output {
+    Command::new("ctr").arg("-a").arg(socket).args(["-n", "k8s.io"]).args(args).output().expect("ctr runs")
+}
+
+/// Imports every archive in `images` into the containerd at `socket`.
+fn import_images(socket: &Path, images: &Path) {
+    let mut archives: Vec<PathBuf> = std::fs::read_dir(images)
+        .expect("images dir")
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "tar"))
+        .collect();
+    archives.sort();
+    for archive in archives {
+        let out = ctr(socket, &["images", "import", &archive.display().to_string()]);
+        assert!(out.status.success(), "importing {}: {}", archive.display(), String::from_utf8_lossy(&out.stderr));
+    }
+}
+
+/// The admin kubeconfig, copied under the state directory: every node process names it, so
+/// `host.sh down` can find them after a run that was killed outright.
+fn node_kubeconfig(host: &Host, plane: &ControlPlane) -> PathBuf {
+    let kubeconfig = host.state.join("node.kubeconfig");
+    std::fs::copy(plane.kubeconfig("admin"), &kubeconfig).expect("node kubeconfig");
+    kubeconfig
 }
 
 async fn wait_for(what: &str, timeout: Duration, mut check: impl FnMut() -> bool) {
@@ -223,8 +332,8 @@ async fn wait_for(what: &str, timeout: Duration, mut check: impl FnMut() -> bool
     }
 }
 
-fn write_containerd_config(state: &Path) {
-    let dir = state.join("containerd");
+fn write_containerd_config(node_dir: &Path) {
+    let dir = node_dir.join("containerd");
     let config = format!(
         r#"version = 2
 root = "{root}"
@@ -252,30 +361,31 @@ state = "{run}"
         root = dir.join("root").display(),
         run = dir.join("run").display(),
         dir = dir.display(),
-        cni = state.join("cni").display(),
+        cni = node_dir.join("cni").display(),
     );
     std::fs::write(dir.join("config.toml"), config).expect("containerd config");
 }
 
-/// The pod network: a bridge the host is the gateway of, no masquerading (nothing leaves).
-fn write_cni_config(state: &Path) {
-    let dir = state.join("cni");
+/// The node's pod network: its bridge, which the host is the gateway of, no masquerading
+/// (nothing leaves).
+fn write_cni_config(node_dir: &Path, spec: &NodeSpec) {
+    let dir = node_dir.join("cni");
     std::fs::create_dir_all(&dir).expect("cni dir");
     let config = serde_json::json!({
         "cniVersion": "0.4.0",
-        "name": "balancer-node",
+        "name": spec.name,
         "plugins": [
             {
                 "type": "bridge",
-                "bridge": POD_BRIDGE,
+                "bridge": spec.bridge,
                 "isGateway": true,
                 "ipMasq": false,
                 "hairpinMode": true,
                 "ipam": {
                     "type": "host-local",
-                    "ranges": [[{"subnet": POD_CIDR, "gateway": NODE_IP}]],
+                    "ranges": [[{"subnet": spec.pod_cidr, "gateway": spec.ip}]],
                     "routes": [{"dst": "0.0.0.0/0"}],
-                    "dataDir": state.join("cni-ipam").display().to_string(),
+                    "dataDir": node_dir.join("cni-ipam").display().to_string(),
                 },
             },
             {"type": "portmap", "capabilities": {"portMappings": true}},

@@ -1,0 +1,462 @@
+//! More than one node: proxies and operator replicas spread, a drain respects the budgets and
+//! fails no request, a lost node costs a bounded failure, and an uncordoned node is used again.
+//!
+//! Node A holds the control plane and kube-proxy, so node B is the one that can be lost.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use futures::{FutureExt, StreamExt};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{ConfigMap, Node as NodeObject, Pod};
+use kube::api::ListParams;
+use kube::runtime::watcher;
+use kube::{Api, ResourceExt};
+use serde_json::json;
+
+use super::node::{NODE_A, NODE_B};
+use super::runner::eventually;
+use super::{
+    Applies, Load, NODE_MONITOR_GRACE, NS, OPERATOR_NS, SAMPLE, World, configured_weights, front_ip, kubectl,
+    lease_holder, set_weights, wait_available, weights_on_the_wire,
+};
+
+const PROXY: &str = "example-balancer-proxy";
+const OPERATOR_PODS: &str = "app.kubernetes.io/name=balancer";
+/// The Balancer changed while node B is lost.
+const CHANGED: &str = "loss-change";
+
+fn proxy_pods() -> String {
+    balancer::proxy::proxy_selector_string(SAMPLE)
+}
+
+/// Live (not terminating) pods matching `selector`: name → node.
+async fn placement(world: &World, namespace: &str, selector: &str) -> BTreeMap<String, String> {
+    let pods: Api<Pod> = Api::namespaced(world.admin.clone(), namespace);
+    let list = pods.list(&ListParams::default().labels(selector)).await.expect("pods");
+    list.items
+        .into_iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .map(|p| (p.name_any(), p.spec.and_then(|s| s.node_name).unwrap_or_default()))
+        .collect()
+}
+
+fn nodes_used(placement: &BTreeMap<String, String>) -> usize {
+    placement.values().collect::<BTreeSet<_>>().len()
+}
+
+fn the_other(node: &str) -> &'static str {
+    if node == NODE_A.name { NODE_B.name } else { NODE_A.name }
+}
+
+/// Waits until `selector` matches exactly `count` live pods, all ready and, for the sample's
+/// proxy, all started with the proxy ConfigMap's current `nginx.conf`: their placement.
+async fn settled(world: &World, namespace: &str, selector: &str, count: usize) -> BTreeMap<String, String> {
+    let pods: Api<Pod> = Api::namespaced(world.admin.clone(), namespace);
+    let config_maps: Api<ConfigMap> = Api::namespaced(world.admin.clone(), NS);
+    let proxy = selector == proxy_pods();
+    eventually(&format!("{count} ready pods of {selector}"), Duration::from_secs(120), || async {
+        let hash = if proxy {
+            let conf = config_maps.get(&format!("{PROXY}-configmap")).await.ok()?.data?.remove("nginx.conf")?;
+            Some(balancer::proxy::nginx::config_hash(&conf))
+        } else {
+            None
+        };
+        let live: Vec<Pod> = pods
+            .list(&ListParams::default().labels(selector))
+            .await
+            .ok()?
+            .items
+            .into_iter()
+            .filter(|p| p.metadata.deletion_timestamp.is_none())
+            .collect();
+        let current = |pod: &Pod| hash.is_none() || config_hash_of(pod) == hash;
+        let done = live.len() == count && live.iter().all(|p| is_available(p) && current(p));
+        done.then(|| {
+            live.into_iter().map(|p| (p.name_any(), p.spec.and_then(|s| s.node_name).unwrap_or_default())).collect()
+        })
+    })
+    .await
+}
+
+/// The `nginx.conf` hash a proxy pod was started with.
+fn config_hash_of(pod: &Pod) -> Option<String> {
+    let containers = &pod.spec.as_ref()?.containers;
+    let env = containers.iter().find(|c| c.name == "nginx")?.env.as_ref()?;
+    env.iter().find(|e| e.name == balancer::proxy::nginx::CONFIG_HASH_ENV)?.value.clone()
+}
+
+/// A watch on the sample's proxy pods, counting those available (ready, not terminating)
+/// after every event, from its first complete list until finished.
+struct Availability {
+    stop: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<Vec<usize>>,
+}
+
+impl Availability {
+    fn watch(world: &World) -> Availability {
+        let pods: Api<Pod> = Api::namespaced(world.admin.clone(), NS);
+        let (stop, mut stopped) = tokio::sync::oneshot::channel();
+        let task = tokio::spawn(async move {
+            let mut events = std::pin::pin!(watcher(pods, watcher::Config::default().labels(&proxy_pods())));
+            let (mut available, mut listed, mut counts) = (BTreeMap::new(), false, Vec::new());
+            loop {
+                let event = tokio::select! {
+                    _ = &mut stopped => return counts,
+                    event = events.next() => event,
+                };
+                match event {
+                    Some(Ok(watcher::Event::Apply(pod) | watcher::Event::InitApply(pod))) => {
+                        available.insert(pod.name_any(), is_available(&pod));
+                    }
+                    Some(Ok(watcher::Event::Delete(pod))) => {
+                        available.remove(&pod.name_any());
+                    }
+                    Some(Ok(watcher::Event::Init)) => available.clear(),
+                    Some(Ok(watcher::Event::InitDone)) => listed = true,
+                    Some(Err(_)) => continue,
+                    None => return counts,
+                }
+                if listed {
+                    counts.push(available.values().filter(|a| **a).count());
+                }
+            }
+        });
+        Availability { stop, task }
+    }
+
+    /// Every count the watch saw.
+    async fn finish(self) -> Vec<usize> {
+        let _ = self.stop.send(());
+        self.task.await.expect("the availability watch")
+    }
+}
+
+fn is_available(pod: &Pod) -> bool {
+    let ready = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|conditions| conditions.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+    ready && pod.metadata.deletion_timestamp.is_none()
+}
+
+/// Two echo replicas per backend and a budget each, as a user's backends would have to
+/// survive a drain (one replica, evicted, leaves its backend without endpoints until the
+/// replacement is ready). v1.20 serves budgets as policy/v1beta1 only.
+async fn drain_ready_backends(world: &World) {
+    for version in ["v1", "v2"] {
+        kubectl(world, &["-n", NS, "scale", &format!("deployment/echo-{version}"), "--replicas=2"], None);
+        let budget = json!({
+            "apiVersion": "policy/v1beta1", "kind": "PodDisruptionBudget",
+            "metadata": {"name": format!("echo-{version}"), "namespace": NS},
+            "spec": {"maxUnavailable": 1, "selector": {"matchLabels": {"app": "test", "version": version}}},
+        });
+        kubectl(world, &["apply", "-f", "-"], Some(&budget.to_string()));
+    }
+    for version in ["v1", "v2"] {
+        wait_available(world, NS, &format!("echo-{version}"), 2).await;
+    }
+}
+
+/// The operator's two replicas (from deploy/) and a Balancer's two proxy pods land on both
+/// nodes: their `topologySpreadConstraints` (max skew 1 by hostname, `ScheduleAnyway`). Node
+/// lifecycle runs from here on (see [`NODE_MONITOR_GRACE`]).
+pub(super) async fn proxies_and_operator_replicas_spread_across_the_nodes(world: &mut World) {
+    let assets = world.assets.clone();
+    world.plane.start_node_lifecycle(&assets, NODE_MONITOR_GRACE);
+    let operators = settled(world, OPERATOR_NS, OPERATOR_PODS, 2).await;
+    kubectl(world, &["-n", NS, "scale", &format!("balancer/{SAMPLE}"), "--replicas=2"], None);
+    let proxies = settled(world, NS, &proxy_pods(), 2).await;
+    println!("node: operator pods on {operators:?}; the sample's 2 proxy pods on {proxies:?}");
+    assert_eq!(nodes_used(&operators), 2, "the operator's replicas on both nodes: {operators:?}");
+    assert_eq!(nodes_used(&proxies), 2, "the proxy pods on both nodes: {proxies:?}");
+}
+
+/// `kubectl drain` of the node holding the leader and, to meet the proxy's budget, both proxy
+/// pods (the other node cordoned while they roll onto it, then uncordoned once the budget has
+/// refused an eviction). Clients send all along, a Balancer is applied through the webhooks
+/// every 200 ms, and a change is made during the drain.
+pub(super) async fn a_drain_respects_the_budgets_and_fails_no_request(world: &mut World) {
+    let leader = eventually("a leader", Duration::from_secs(30), || lease_holder(world)).await;
+    let operators = placement(world, OPERATOR_NS, OPERATOR_PODS).await;
+    let target = operators.get(&leader).expect("the leader pod's node").clone();
+    let other = the_other(&target);
+    drain_ready_backends(world).await;
+
+    let load = Load::start(format!("{}:80", front_ip(world, SAMPLE).await), 4);
+    let applies = Applies::start(world, "drain-probe");
+    let availability = Availability::watch(world);
+    kubectl(world, &["cordon", other], None);
+    set_weights(world, 30, 70).await;
+    configured_weights(world, 30, 70, Duration::from_secs(60)).await;
+    let before = settled(world, NS, &proxy_pods(), 2).await;
+    assert!(before.values().all(|node| *node == target), "both proxy pods on {target}: {before:?}");
+
+    let log = tempfile::NamedTempFile::new().expect("a log file");
+    let mut drain = Command::new("kubectl");
+    drain
+        .arg(format!("--kubeconfig={}", world.plane.kubeconfig("admin").display()))
+        .args(["drain", &target, "--ignore-daemonsets", "--delete-emptydir-data", "--timeout=300s"])
+        .stdout(log.reopen().expect("log"))
+        .stderr(log.reopen().expect("log"));
+    let started = Instant::now();
+    let drain = std::thread::spawn(move || drain.status());
+    // Twice (kubectl retries every 5 s): the budget holds, not just once.
+    let refused = eventually("the proxy's budget refusing an eviction twice", Duration::from_secs(90), || async {
+        let text = std::fs::read_to_string(log.path()).ok()?;
+        let refusals: Vec<&str> =
+            text.lines().filter(|l| l.contains(PROXY) && l.contains("disruption budget")).collect();
+        (refusals.len() >= 2).then(|| refusals[0].to_string())
+    })
+    .await;
+    let blocked = started.elapsed();
+    println!("node: {:.1} s into the drain of {target}: {refused}", blocked.as_secs_f64());
+    set_weights(world, 60, 40).await;
+    kubectl(world, &["uncordon", other], None);
+    let uncordoned = started.elapsed();
+    let status = drain.join().expect("the drain thread").expect("kubectl runs");
+    let drained = started.elapsed();
+    let output = std::fs::read_to_string(log.path()).unwrap_or_default();
+    assert!(status.success(), "kubectl drain {target} failed:\n{output}");
+
+    configured_weights(world, 60, 40, Duration::from_secs(60)).await;
+    let proxies = settled(world, NS, &proxy_pods(), 2).await;
+    let operators = settled(world, OPERATOR_NS, OPERATOR_PODS, 2).await;
+    weights_on_the_wire(world, 60, 40).await;
+    let counts = availability.finish().await;
+    let (sent, failures) = load.finish().await;
+    let (writes, apply_failures) = applies.finish(world);
+    println!(
+        "node: drained {target} in {:.1} s (the proxy's budget had refused an eviction twice by {:.1} s; {other} uncordoned at {:.1} s); \
+         proxy pods available, as the watch saw them: {counts:?}; now proxy pods on {proxies:?}, operator pods on \
+         {operators:?}; {sent} requests, {} failed; {writes} applies, {} failed",
+        drained.as_secs_f64(),
+        blocked.as_secs_f64(),
+        uncordoned.as_secs_f64(),
+        failures.len(),
+        apply_failures.len()
+    );
+    assert!(counts.iter().all(|n| *n >= 1), "fewer than replicas − 1 = 1 proxy pods available: {counts:?}");
+    assert!(proxies.values().chain(operators.values()).all(|n| n == other), "evicted pods back on {other}");
+    assert!(failures.is_empty(), "{} of {sent} failed: {:?}", failures.len(), &failures[..failures.len().min(10)]);
+    assert!(apply_failures.is_empty(), "applies failed during the drain: {apply_failures:?}");
+}
+
+/// The drained node, uncordoned, takes pods again: the next proxy rollout may use it. Reports
+/// where the scheduler put them (a spread preference, not a rule) rather than asserting it.
+pub(super) async fn an_uncordoned_node_is_used_by_the_next_rollout(world: &mut World) {
+    let nodes: Api<NodeObject> = Api::all(world.admin.clone());
+    let cordoned: Vec<String> = nodes
+        .list(&ListParams::default())
+        .await
+        .expect("nodes")
+        .items
+        .into_iter()
+        .filter(|n| n.spec.as_ref().and_then(|s| s.unschedulable) == Some(true))
+        .map(|n| n.name_any())
+        .collect();
+    assert_eq!(cordoned.len(), 1, "the drained node is still cordoned: {cordoned:?}");
+    kubectl(world, &["uncordon", &cordoned[0]], None);
+    set_weights(world, 50, 50).await;
+    configured_weights(world, 50, 50, Duration::from_secs(60)).await;
+    let proxies = settled(world, NS, &proxy_pods(), 2).await;
+    println!("node: {} uncordoned; the next rollout placed the proxy pods on {proxies:?}", cordoned[0]);
+}
+
+/// The Balancer the lost-node scenario changes: no pods, one backend of `weight`, applied
+/// (retrying while the webhooks cannot answer).
+async fn change_weight(world: &World, weight: u32) {
+    let yaml = format!(
+        "apiVersion: exposer.hliangzhao.io/v1beta1\nkind: Balancer\nmetadata:\n  name: {CHANGED}\n  namespace: {NS}\n\
+         spec:\n  ports: [{{port: 8080}}]\n  selector: {{app: nothing}}\n  backends: [{{name: a, weight: {weight}, selector: {{v: a}}}}]\n"
+    );
+    eventually(&format!("{CHANGED} applied"), Duration::from_secs(30), || async {
+        world.plane.kubectl("admin", &["apply", "-f", "-"], Some(&yaml)).0.then_some(())
+    })
+    .await;
+}
+
+/// Waits (up to 90 s) until the proxy ConfigMap of [`change_weight`]'s Balancer has `weight`.
+async fn weight_configured(world: &World, weight: u32) {
+    let config_maps: Api<ConfigMap> = Api::namespaced(world.admin.clone(), NS);
+    let name = format!("{CHANGED}-proxy-configmap");
+    eventually(&format!("{CHANGED} configured with weight {weight}"), Duration::from_secs(90), || async {
+        let conf = config_maps.get(&name).await.ok()?.data?.remove("nginx.conf")?;
+        conf.contains(&format!("weight={weight} ")).then_some(())
+    })
+    .await;
+}
+
+/// How long after `since` node B's `Ready` condition stopped being `True` (node lifecycle
+/// marks it `Unknown` once its grace period has passed without a heartbeat).
+async fn not_ready_after(client: kube::Client, since: Instant) -> Duration {
+    let nodes: Api<NodeObject> = Api::all(client);
+    loop {
+        if let Ok(node) = nodes.get(NODE_B.name).await {
+            let conditions = node.status.and_then(|s| s.conditions).unwrap_or_default();
+            if conditions.iter().any(|c| c.type_ == "Ready" && c.status != "True") {
+                return since.elapsed();
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// How long after `lost` the sample's proxy had two ready pods on its current configuration
+/// again, or why not within 60 s. A report, not an assertion: the replacement waits for the
+/// taint manager (the pods tolerate an unreachable node for 10 s), whose evictions node
+/// lifecycle's zone states can hold back.
+async fn two_proxy_pods_again(world: &World, lost: Instant) -> String {
+    let selector = proxy_pods();
+    let settled = tokio::time::timeout(Duration::from_secs(60), settled(world, NS, &selector, 2));
+    match std::panic::AssertUnwindSafe(settled).catch_unwind().await {
+        Ok(Ok(_)) => format!("after {:.1} s", lost.elapsed().as_secs_f64()),
+        _ => {
+            let nodes: Api<NodeObject> = Api::all(world.admin.clone());
+            let taints = nodes.get(NODE_B.name).await.ok().and_then(|n| n.spec?.taints);
+            format!("not within {:.0} s (node B's taints: {taints:?})", lost.elapsed().as_secs_f64())
+        }
+    }
+}
+
+/// Moves the Lease to the operator replica on node B: while the leader is on node A, deletes
+/// its pod, whose replacement on node A races the replica on node B for the Lease (up to 4
+/// times).
+async fn leader_onto_node_b(world: &World) {
+    for _ in 0..4 {
+        let leader = eventually("a leader", Duration::from_secs(30), || lease_holder(world)).await;
+        if placement(world, OPERATOR_NS, OPERATOR_PODS).await.get(&leader).map(String::as_str) == Some(NODE_B.name) {
+            return;
+        }
+        kubectl(world, &["-n", OPERATOR_NS, "delete", "pod", &leader], None);
+        eventually("another leader", Duration::from_secs(40), || async {
+            lease_holder(world).await.filter(|holder| *holder != leader)
+        })
+        .await;
+        settled(world, OPERATOR_NS, OPERATOR_PODS, 2).await;
+        spread_one_each(world, OPERATOR_NS, OPERATOR_PODS, lease_holder(world).await.as_deref()).await;
+    }
+    panic!("the Lease stayed on node A through 4 leader deletions");
+}
+
+/// When both of `selector`'s pods share a node, deletes one (not `keep`), so that the spread
+/// puts its replacement on the other node, and waits for it.
+async fn spread_one_each(world: &World, namespace: &str, selector: &str, keep: Option<&str>) {
+    let pods = settled(world, namespace, selector, 2).await;
+    if nodes_used(&pods) < 2 {
+        let pod = pods.keys().find(|p| Some(p.as_str()) != keep).expect("a pod to move");
+        kubectl(world, &["-n", namespace, "delete", "pod", pod], None);
+        settled(world, namespace, selector, 2).await;
+    }
+}
+
+/// Node B lost as after a crash (its kubelet, containerd, shims and containers killed, its
+/// pod bridge down) while it holds the leader and one proxy pod. Measures what that costs
+/// until node lifecycle marks its pods not ready: failed requests, the time until requests stop
+/// failing, until the Lease moves, until a change is reconciled, and until the proxy has two
+/// pods again (the proxy pods tolerate an unreachable node for 10 s, `spec.proxy.tolerations`).
+pub(super) async fn a_lost_node_costs_a_bounded_failure(world: &mut World) {
+    let tolerations = json!({"spec": {"proxy": {"tolerations": [
+        {"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 10},
+        {"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 10},
+    ]}}});
+    let patch = tolerations.to_string();
+    kubectl(world, &["-n", NS, "patch", "balancer", SAMPLE, "--type=merge", "-p", &patch], None);
+    let deployments: Api<Deployment> = Api::namespaced(world.admin.clone(), NS);
+    eventually("the proxy's pods tolerating 10 s", Duration::from_secs(60), || async {
+        let template = deployments.get(PROXY).await.ok()?.spec?.template.spec?;
+        let tolerates = template.tolerations?.iter().any(|t| t.toleration_seconds == Some(10));
+        tolerates.then_some(())
+    })
+    .await;
+    eventually("the rollout with the tolerations", Duration::from_secs(120), || async {
+        let deployment = deployments.get(PROXY).await.ok()?;
+        let status = deployment.status?;
+        let done = status.observed_generation == deployment.metadata.generation
+            && status.updated_replicas == Some(2)
+            && status.replicas == Some(2)
+            && status.ready_replicas == Some(2);
+        done.then_some(())
+    })
+    .await;
+    spread_one_each(world, NS, &proxy_pods(), None).await;
+    // One operator replica per node, and the Lease on node B.
+    let leader = eventually("a leader", Duration::from_secs(30), || lease_holder(world)).await;
+    spread_one_each(world, OPERATOR_NS, OPERATOR_PODS, Some(&leader)).await;
+    leader_onto_node_b(world).await;
+    // And each backend on both nodes (the drain moved them all to one).
+    for version in ["v1", "v2"] {
+        spread_one_each(world, NS, &format!("app=test,version={version}"), None).await;
+    }
+    let leader = eventually("a leader", Duration::from_secs(30), || lease_holder(world)).await;
+    let (proxies, operators) =
+        (placement(world, NS, &proxy_pods()).await, placement(world, OPERATOR_NS, OPERATOR_PODS).await);
+    println!(
+        "node: before the loss, the leader is {leader}; proxy pods on {proxies:?}, operator pods on {operators:?}"
+    );
+    assert_eq!(nodes_used(&proxies), 2, "one proxy pod per node: {proxies:?}");
+    assert_eq!(operators.get(&leader).map(String::as_str), Some(NODE_B.name), "the leader on node B");
+
+    // The change made after the loss goes to another Balancer: one of the sample's would roll
+    // its proxy, and which pod the rollout replaces first (the live one, or the lost one the
+    // Deployment still counts as available) would decide the failures measured.
+    change_weight(world, 10).await;
+    weight_configured(world, 10).await;
+    let load = Load::start(format!("{}:80", front_ip(world, SAMPLE).await), 4);
+    let applies = Applies::start(world, "loss-probe");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let lost = Instant::now();
+    world.nodes[1].crash();
+    let not_ready = tokio::spawn(not_ready_after(world.admin.clone(), lost));
+    change_weight(world, 20).await;
+    let accepted = lost.elapsed();
+    eventually("another leader", Duration::from_secs(60), || async {
+        lease_holder(world).await.filter(|holder| *holder != leader)
+    })
+    .await;
+    let lease_moved = lost.elapsed();
+    weight_configured(world, 20).await;
+    let reconciled = lost.elapsed();
+    let quiet = Duration::from_secs(5);
+    eventually("no failed request for 5 s", NODE_MONITOR_GRACE + Duration::from_secs(45), || async {
+        load.last_failure().is_none_or(|at| at.elapsed() >= quiet).then_some(())
+    })
+    .await;
+    let whole = load.last_failure().map_or(Duration::ZERO, |at| at.saturating_duration_since(lost));
+    let marked = tokio::time::timeout(NODE_MONITOR_GRACE + Duration::from_secs(30), not_ready)
+        .await
+        .expect("node B marked not ready")
+        .expect("the node watch");
+    let replaced = two_proxy_pods_again(world, lost).await;
+    let (sent, failures) = load.finish().await;
+    let (writes, apply_failures) = applies.finish(world);
+    let mut kinds: BTreeMap<&str, usize> = BTreeMap::new();
+    for failure in &failures {
+        *kinds.entry(failure.as_str()).or_default() += 1;
+    }
+    println!(
+        "node: node B lost: {} of {sent} requests failed, the last {:.1} s after the loss ({kinds:?}); node \
+         lifecycle marked it not ready after {:.1} s; the Lease moved after {:.1} s; a change (to another Balancer) was accepted after \
+         {:.1} s and reconciled after {:.1} s; two proxy pods ready again: {replaced}; {} of {writes} applies failed",
+        failures.len(),
+        whole.as_secs_f64(),
+        marked.as_secs_f64(),
+        lease_moved.as_secs_f64(),
+        accepted.as_secs_f64(),
+        reconciled.as_secs_f64(),
+        apply_failures.len()
+    );
+    let bound = NODE_MONITOR_GRACE + Duration::from_secs(15);
+    assert!(whole <= bound, "requests failed for {whole:?}, past node lifecycle's grace and kube-proxy's update");
+    assert!(lease_moved <= Duration::from_secs(25), "the Lease lasts 15 s; it moved after {lease_moved:?}");
+
+    // What an administrator does for a node that will not come back: its pods deleted at once
+    // (no kubelet will confirm their end) and the node removed.
+    kubectl(world, &["-n", NS, "delete", "balancer", CHANGED], None);
+    let on_b = format!("spec.nodeName={}", NODE_B.name);
+    kubectl(world, &["delete", "pods", "-A", "--field-selector", &on_b, "--force", "--grace-period=0"], None);
+    kubectl(world, &["delete", "node", NODE_B.name], None);
+    settled(world, OPERATOR_NS, OPERATOR_PODS, 2).await;
+}
