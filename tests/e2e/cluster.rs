@@ -144,6 +144,10 @@ pub struct PlaneOptions {
     /// Nodes are drained (the node suite): the disruption controller, without which every
     /// eviction is refused.
     pub evictions: bool,
+    /// Where the control plane's directory goes (the system's temporary directory if unset):
+    /// the node suite's state, so that its teardown finds the processes of a run killed outright
+    /// by their arguments.
+    pub parent: Option<PathBuf>,
 }
 
 impl Default for PlaneOptions {
@@ -155,6 +159,7 @@ impl Default for PlaneOptions {
             pods: false,
             controller_manager_qps: None,
             evictions: false,
+            parent: None,
         }
     }
 }
@@ -184,7 +189,11 @@ impl ControlPlane {
     }
 
     pub async fn start_with(assets: &Path, options: &PlaneOptions) -> ControlPlane {
-        let dir = TempDir::new().expect("temp dir");
+        let dir = match &options.parent {
+            Some(parent) => TempDir::new_in(parent),
+            None => TempDir::new(),
+        }
+        .expect("temp dir");
         let d = dir.path();
         let mut sans = vec!["127.0.0.1".to_string(), "localhost".into(), options.address.clone()];
         sans.extend(options.extra_sans.iter().cloned());

@@ -47,19 +47,26 @@ up() {
   ip link add "$SERVICE_BRIDGE" type bridge
   ip link set "$SERVICE_BRIDGE" up
   ip route add "$SERVICE_CIDR" dev "$SERVICE_BRIDGE"
-  iptables -N "$FENCE"
+  # In mangle, which runs before filter, where kube-proxy keeps its own ACCEPT rules first.
+  iptables -t mangle -N "$FENCE"
   for i in "${!POD_BRIDGES[@]}"; do
-    iptables -A "$FENCE" -s "$CLUSTER_CIDR" -o "${POD_BRIDGES[$i]}" -j RETURN
+    iptables -t mangle -A "$FENCE" -s "$CLUSTER_CIDR" -o "${POD_BRIDGES[$i]}" -j RETURN
   done
-  iptables -A "$FENCE" -s "$CLUSTER_CIDR" -j DROP
-  iptables -I FORWARD 1 -j "$FENCE"
+  # Service IPs that kube-proxy did not rewrite (a Service without endpoints) go to the
+  # bridge with no ports, where kube-proxy's filter rules reject them at once.
+  iptables -t mangle -A "$FENCE" -s "$CLUSTER_CIDR" -d "$SERVICE_CIDR" -o "$SERVICE_BRIDGE" -j RETURN
+  iptables -t mangle -A "$FENCE" -s "$CLUSTER_CIDR" -j DROP
+  iptables -t mangle -I FORWARD 1 -j "$FENCE"
   sysctl -qw net.ipv4.ip_forward=1 net.bridge.bridge-nf-call-iptables=1
   # Pods resolve nothing: no nameserver at all (glibc then tries only the pod's own loopback).
   printf 'options ndots:1\n' >"$state/resolv.conf"
-  # The kubelet writes pod logs here whatever its root directory: each node binds a
-  # directory of its own over them in its mount namespace.
-  [ -e /var/log/pods ] || touch "$state/remove-var-log-pods"
-  mkdir -p /var/log/pods /var/log/containers
+  # The kubelet writes pod logs and device plugin sockets here whatever its root directory:
+  # each node binds directories of its own over them in its mount namespace.
+  local dir
+  for dir in /var/log/pods /var/log/containers /var/lib/kubelet /var/lib/kubelet/device-plugins; do
+    [ -e "$dir" ] || echo "$dir" >>"$state/created-dirs"
+    mkdir -p "$dir"
+  done
 }
 
 # Kills what node $1's containerd started: its tasks, then its shims.
@@ -86,18 +93,19 @@ down() {
   done
   # The node's own processes, left running by a run that was killed outright.
   pkill -KILL -f -- "$state/" 2>/dev/null
+  # The pods' network namespaces were mounted in the nodes' own mount namespaces, which
+  # ended with their last process.
   unmount_under "$state"
-  for ns in $(ip netns list 2>/dev/null | awk '/^cni-/ { print $1 }'); do
-    ip netns delete "$ns" 2>/dev/null
-  done
-  unmount_under /run/netns/cni-
   for bridge in "${POD_BRIDGES[@]}"; do ip link delete "$bridge" 2>/dev/null; done
   ip route delete unreachable "$CLUSTER_CIDR" 2>/dev/null
   ip link delete "$SERVICE_BRIDGE" 2>/dev/null
+  local table
+  for table in mangle filter; do # filter: where runs before the fence moved kept it
+    iptables -t "$table" -D FORWARD -j "$FENCE" 2>/dev/null
+    iptables -t "$table" -F "$FENCE" 2>/dev/null
+    iptables -t "$table" -X "$FENCE" 2>/dev/null
+  done
   for tool in iptables ip6tables; do
-    "$tool" -D FORWARD -j "$FENCE" 2>/dev/null
-    "$tool" -F "$FENCE" 2>/dev/null
-    "$tool" -X "$FENCE" 2>/dev/null
     # The chains kube-proxy, the kubelet and the CNI plugins made, and the rules jumping to them.
     local saved
     saved="$("$tool-save" 2>/dev/null)" || continue
@@ -111,9 +119,11 @@ down() {
   if [ -s "$state/sysctls" ]; then
     while IFS= read -r setting; do sysctl -qw "$setting" 2>/dev/null; done <"$state/sysctls"
   fi
-  if [ -e "$state/remove-var-log-pods" ]; then
-    rm -rf /var/log/pods /var/log/containers
+  # The log directories this script created (the nodes bound their own over them).
+  if [ -s "$state/created-dirs" ]; then
+    tac "$state/created-dirs" | while IFS= read -r dir; do rmdir "$dir" 2>/dev/null; done
   fi
+  [ -e "$state/remove-var-log-pods" ] && rm -rf /var/log/pods /var/log/containers # before the bind mounts
   rm -rf "$state"
 }
 

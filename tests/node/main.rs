@@ -155,6 +155,7 @@ async fn run_suite(assets: &Path, images: &Path, state: &Path) -> ExitCode {
         extra_sans: vec![KUBERNETES_SERVICE_IP.into(), "kubernetes.default.svc".into()],
         pods: true,
         evictions: true,
+        parent: Some(state.to_path_buf()),
         ..PlaneOptions::default()
     };
     let plane = ControlPlane::start_with(assets, &options).await;
@@ -1282,13 +1283,23 @@ async fn the_other_replica_takes_over_when_the_leader_pod_is_deleted(world: &mut
     assert!(failures.is_empty(), "applies failed during the failover: {failures:?}");
 }
 
+/// A Balancer with no pods behind it (`app: nothing`), one backend of `weight`, and the label
+/// `write: <write>`; in v1alpha1, so that applying it goes through the conversion webhook too.
+fn probe_balancer(name: &str, weight: u32, write: usize) -> String {
+    format!(
+        "apiVersion: exposer.hliangzhao.io/v1alpha1\nkind: Balancer\nmetadata:\n  name: {name}\n  namespace: {NS}\n\
+         \x20 labels: {{write: \"{write}\"}}\n\
+         spec:\n  ports: [{{port: 8080}}]\n  selector: {{app: nothing}}\n  backends: [{{name: a, weight: {weight}, selector: {{v: a}}}}]\n"
+    )
+}
+
 /// `kubectl apply` of a small v1alpha1 Balancer every 200 ms, from a thread, through the
 /// webhooks (mutating, validating, conversion), until finished. Each apply changes a label,
 /// not the spec, so that it does not roll the Balancer's proxy every 200 ms.
 struct Applies {
     name: String,
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
-    writer: std::thread::JoinHandle<(usize, Vec<String>)>,
+    writer: Option<std::thread::JoinHandle<(usize, Vec<String>)>>,
 }
 
 impl Applies {
@@ -1299,11 +1310,7 @@ impl Applies {
         let writer = std::thread::spawn(move || {
             let (mut writes, mut failures) = (0, Vec::new());
             while !flag.load(std::sync::atomic::Ordering::Relaxed) {
-                let yaml = format!(
-                    "apiVersion: exposer.hliangzhao.io/v1alpha1\nkind: Balancer\nmetadata:\n  name: {balancer}\n  namespace: {NS}\n\
-                     \x20 labels: {{write: \"{writes}\"}}\n\
-                     spec:\n  ports: [{{port: 8080}}]\n  selector: {{app: nothing}}\n  backends: [{{name: a, weight: 1, selector: {{v: a}}}}]\n"
-                );
+                let yaml = probe_balancer(&balancer, 1, writes);
                 writes += 1;
                 if let Err(e) = cluster_kubectl(&kubeconfig, &["apply", "-f", "-"], &yaml) {
                     failures.push(e);
@@ -1312,15 +1319,22 @@ impl Applies {
             }
             (writes, failures)
         });
-        Applies { name: name.to_string(), stop, writer }
+        Applies { name: name.to_string(), stop, writer: Some(writer) }
     }
 
     /// Stops the writer and deletes its Balancer: how many applies there were, and every failure.
-    fn finish(self, world: &World) -> (usize, Vec<String>) {
+    fn finish(mut self, world: &World) -> (usize, Vec<String>) {
         self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
-        let result = self.writer.join().expect("the writer thread");
+        let result = self.writer.take().map(|w| w.join().expect("the writer thread")).unwrap_or_default();
         kubectl(world, &["-n", NS, "delete", "balancer", &self.name, "--ignore-not-found"], None);
         result
+    }
+}
+
+/// A scenario that failed stops the writer too.
+impl Drop for Applies {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
     }
 }
 

@@ -79,9 +79,10 @@ impl Drop for Host {
 }
 
 /// One node: containerd and the kubelet, both in a mount namespace of their own in which
-/// `/var/log/pods` and `/var/log/containers` are the node's own directories. The kubelet
-/// hard-codes those paths, and each kubelet's garbage collector would delete the other node's
-/// pod logs (which `kubectl logs` reads). Each kubelet's volumes are mounted in that namespace
+/// `/var/log/pods`, `/var/log/containers` and `/var/lib/kubelet/device-plugins` are the node's
+/// own directories. The kubelet hard-codes those paths: each kubelet's garbage collector would
+/// delete the other node's pod logs (which `kubectl logs` reads), and each clears the device
+/// plugins' directory at start. Each kubelet's volumes are mounted in that namespace
 /// too, where its containerd sees them.
 pub struct Node {
     pub spec: &'static NodeSpec,
@@ -105,10 +106,12 @@ impl Drop for Node {
     }
 }
 
-/// Runs its arguments with the node's own log directories bound over the kubelet's fixed
-/// ones: `sh -c BIND_LOGS sh POD_LOGS CONTAINER_LOGS PROGRAM ARGS...`, under `unshare`.
-const BIND_LOGS: &str =
-    "mount --bind \"$1\" /var/log/pods && mount --bind \"$2\" /var/log/containers && shift 2 && exec \"$@\"";
+/// Runs its arguments with the node's own directories bound over the kubelet's fixed ones
+/// (its pod logs, and the device plugins' sockets, which each kubelet clears at start):
+/// `sh -c BIND_FIXED_PATHS sh POD_LOGS CONTAINER_LOGS DEVICE_PLUGINS PROGRAM ARGS...`, under
+/// `unshare`.
+const BIND_FIXED_PATHS: &str = "mount --bind \"$1\" /var/log/pods && mount --bind \"$2\" /var/log/containers \
+     && mount --bind \"$3\" /var/lib/kubelet/device-plugins && shift 3 && exec \"$@\"";
 
 impl Node {
     /// Starts containerd in a new mount namespace, imports every archive in `images`, then the
@@ -124,8 +127,10 @@ impl Node {
         let containerd_dir = dir.join("containerd");
         std::fs::create_dir_all(&containerd_dir).expect("containerd dir");
         let (pod_logs, container_logs) = (dir.join("pod-logs"), dir.join("container-logs"));
-        std::fs::create_dir_all(&pod_logs).expect("pod log dir");
-        std::fs::create_dir_all(&container_logs).expect("container log dir");
+        let device_plugins = dir.join("device-plugins");
+        for fixed in [&pod_logs, &container_logs, &device_plugins] {
+            std::fs::create_dir_all(fixed).expect("a node directory");
+        }
         let socket = containerd_dir.join("containerd.sock");
         write_containerd_config(&dir);
         write_cni_config(&dir, spec);
@@ -133,9 +138,10 @@ impl Node {
         node.processes.push(Proc::spawn(
             "containerd",
             Command::new("unshare")
-                .args(["--mount", "--propagation", "slave", "--", "sh", "-c", BIND_LOGS, "sh"])
+                .args(["--mount", "--propagation", "slave", "--", "sh", "-c", BIND_FIXED_PATHS, "sh"])
                 .arg(&pod_logs)
                 .arg(&container_logs)
+                .arg(&device_plugins)
                 .arg("containerd")
                 .arg("--config")
                 .arg(containerd_dir.join("config.toml")),
@@ -180,7 +186,8 @@ impl Node {
                 .arg(format!("--resolv-conf={}", host.state.join("resolv.conf").display()))
                 // v1.20 does not yet count this sysctl as safe (1.22 does): bridged here, never in deploy/.
                 .arg("--allowed-unsafe-sysctls=net.ipv4.ip_unprivileged_port_start")
-                // Status every 2 s: the node lifecycle controller's grace period is short here.
+                // Status checked every 2 s (posted on a change; node lifecycle sees the Lease,
+                // renewed every 10 s, in between).
                 .arg("--node-status-update-frequency=2s")
                 .arg("--sync-frequency=5s"),
             &dir.join("kubelet.log"),
@@ -201,15 +208,22 @@ impl Node {
         let started = Instant::now();
         loop {
             let node = nodes.get_opt(self.spec.name).await.ok().flatten();
-            let ready = node
-                .as_ref()
-                .and_then(|n| n.status.as_ref()?.conditions.as_ref())
-                .is_some_and(|conditions| conditions.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
-            if ready {
+            if node.as_ref().is_some_and(is_ready) {
                 break;
             }
             if started.elapsed() > Duration::from_secs(90) {
-                panic!("node not Ready after 90 s; kubelet log tail:\n{}", self.log_tail("kubelet", 30));
+                let log = std::fs::read_to_string(self.dir.join("kubelet.log")).unwrap_or_default();
+                let fatal: Vec<&str> = log
+                    .lines()
+                    .filter(|l| l.starts_with('F') || l.starts_with("panic") || l.starts_with("fatal"))
+                    .take(10)
+                    .collect();
+                panic!(
+                    "{} not Ready after 90 s; the kubelet's fatal lines:\n{}\nits log's tail:\n{}",
+                    self.spec.name,
+                    fatal.join("\n"),
+                    self.log_tail("kubelet", 30)
+                );
             }
             tokio::time::sleep(Duration::from_millis(500)).await;
         }
@@ -221,6 +235,10 @@ impl Node {
     /// container process, and its pod bridge down (its pods' addresses unreachable, as on a
     /// dead machine; the host's unreachable route for the cluster CIDR keeps their packets in).
     pub fn crash(&mut self) {
+        // The kubelet first, so that nothing starts a container after the list is taken.
+        if let Some(kubelet) = self.processes.get_mut(1) {
+            kubelet.kill();
+        }
         let tasks = self.ctr(&["tasks", "ls"]);
         // "TASK PID STATUS" lines after a header.
         let pids: Vec<String> = String::from_utf8_lossy(&tasks.stdout)
@@ -229,8 +247,8 @@ impl Node {
             .filter_map(|l| l.split_whitespace().nth(1).map(str::to_string))
             .filter(|pid| pid != "0")
             .collect();
-        for process in self.processes.iter_mut().rev() {
-            process.kill();
+        if let Some(containerd) = self.processes.first_mut() {
+            containerd.kill();
         }
         let shims = format!("containerd-shim.*-address {}", self.containerd_socket.display());
         let _ = Command::new("pkill").args(["-KILL", "-f", &shims]).status();
@@ -295,6 +313,12 @@ impl ClusterServices {
         );
         ClusterServices { processes: vec![kube_proxy, scheduler] }
     }
+}
+
+/// Whether a Node's `Ready` condition is `True`.
+pub fn is_ready(node: &NodeObject) -> bool {
+    let conditions = node.status.as_ref().and_then(|s| s.conditions.as_ref());
+    conditions.is_some_and(|conditions| conditions.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }
 
 /// `ctr -n k8s.io ARGS` against the containerd at `socket`.
