@@ -7,14 +7,14 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{ConfigMap, Pod};
+use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use kube::api::ListParams;
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::runner::eventually;
-use super::{NS, World, front_ip, kubectl, one_request, wait_available};
+use super::{NS, SAMPLE, World, front_ip, kubectl, one_request, proxy_conf, wait_available};
 
 /// Whether benchmarks run (`BALANCER_NODE_BENCH`); says how to run `what` when they do not.
 fn enabled(what: &str) -> bool {
@@ -32,9 +32,7 @@ fn without_access_log(conf: &str) -> String {
 
 /// The sample's rendered `nginx.conf` and its proxy's pod template.
 async fn sample_proxy(world: &World) -> (String, Value) {
-    let config_maps: Api<ConfigMap> = Api::namespaced(world.admin.clone(), NS);
-    let conf = config_maps.get("example-balancer-proxy-configmap").await.expect("the proxy's ConfigMap");
-    let conf = conf.data.and_then(|d| d.get("nginx.conf").cloned()).expect("nginx.conf");
+    let conf = proxy_conf(world, SAMPLE).await.expect("the proxy's nginx.conf");
     let deployments: Api<Deployment> = Api::namespaced(world.admin.clone(), NS);
     let proxy = deployments.get("example-balancer-proxy").await.expect("the proxy Deployment");
     let template = serde_json::to_value(proxy.spec.expect("spec").template).expect("template");

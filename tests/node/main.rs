@@ -1270,10 +1270,8 @@ async fn the_other_replica_takes_over_when_the_leader_pod_is_deleted(world: &mut
 
     // The new leader reconciles a change.
     patch_balancer(world, SAMPLE, json!([{"op": "replace", "path": "/spec/backends/1/weight", "value": 30}]));
-    let config_maps: Api<ConfigMap> = Api::namespaced(world.admin.clone(), NS);
     eventually("the new leader applies the change", Duration::from_secs(60), || async {
-        let data = config_maps.get("example-balancer-proxy-configmap").await.ok()?.data?;
-        data.get("nginx.conf")?.contains("weight=30 ").then_some(())
+        proxy_conf(world, SAMPLE).await?.contains("weight=30 ").then_some(())
     })
     .await;
     // Through the old leader's replacement starting, too.
@@ -1358,13 +1356,17 @@ async fn set_weights(world: &World, v1: u32, v2: u32) {
 
 /// Waits until the sample's proxy configuration has the weights `v1` and `v2`.
 async fn configured_weights(world: &World, v1: u32, v2: u32, timeout: Duration) {
-    let config_maps: Api<ConfigMap> = Api::namespaced(world.admin.clone(), NS);
     eventually(&format!("the proxy configured with weights {v1}/{v2}"), timeout, || async {
-        let data = config_maps.get("example-balancer-proxy-configmap").await.ok()?.data?;
-        let conf = data.get("nginx.conf")?;
+        let conf = proxy_conf(world, SAMPLE).await?;
         (conf.contains(&format!("weight={v1} ")) && conf.contains(&format!("weight={v2} "))).then_some(())
     })
     .await;
+}
+
+/// The `nginx.conf` in Balancer `balancer`'s proxy ConfigMap, if it can be read.
+async fn proxy_conf(world: &World, balancer: &str) -> Option<String> {
+    let config_maps: Api<ConfigMap> = Api::namespaced(world.admin.clone(), NS);
+    config_maps.get(&format!("{balancer}-proxy-configmap")).await.ok()?.data?.remove("nginx.conf")
 }
 
 /// Once the change is Ready, 1,200 requests split by the new weights. Right after an API server
@@ -1459,9 +1461,7 @@ async fn the_leader_killed_in_the_middle_of_a_change_is_finished_by_a_new_leader
     let status = Command::new("kill").args(["-KILL", &pid.to_string()]).status().expect("kill runs");
     assert!(status.success(), "kill -KILL {pid}");
     let killed = Instant::now();
-    let config_maps: Api<ConfigMap> = Api::namespaced(world.admin.clone(), NS);
-    let conf = config_maps.get("example-balancer-proxy-configmap").await.expect("the proxy ConfigMap").data;
-    let written_first = conf.and_then(|d| d.get("nginx.conf").cloned()).is_some_and(|c| c.contains("weight=20 "));
+    let written_first = proxy_conf(world, SAMPLE).await.is_some_and(|c| c.contains("weight=20 "));
     configured_weights(world, 20, 80, Duration::from_secs(60)).await;
     let reconciled = killed.elapsed();
     weights_on_the_wire(world, 20, 80).await;

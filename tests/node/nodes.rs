@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use futures::{FutureExt, StreamExt};
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{ConfigMap, Node as NodeObject, Pod};
+use k8s_openapi::api::core::v1::{Node as NodeObject, Pod};
 use kube::api::ListParams;
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, ResourceExt};
@@ -19,7 +19,7 @@ use super::node::{NODE_A, NODE_B};
 use super::runner::eventually;
 use super::{
     Applies, Load, NODE_MONITOR_GRACE, NS, OPERATOR_NS, SAMPLE, World, configured_weights, front_ip, kubectl,
-    lease_holder, probe_balancer, set_weights, wait_available, weights_on_the_wire,
+    lease_holder, probe_balancer, proxy_conf, set_weights, wait_available, weights_on_the_wire,
 };
 
 const PROXY: &str = "example-balancer-proxy";
@@ -55,15 +55,10 @@ fn the_other(node: &str) -> &'static str {
 /// proxy, all started with the proxy ConfigMap's current `nginx.conf`: their placement.
 async fn settled(world: &World, namespace: &str, selector: &str, count: usize) -> BTreeMap<String, String> {
     let pods: Api<Pod> = Api::namespaced(world.admin.clone(), namespace);
-    let config_maps: Api<ConfigMap> = Api::namespaced(world.admin.clone(), NS);
     let proxy = selector == proxy_pods();
     eventually(&format!("{count} ready pods of {selector}"), Duration::from_secs(120), || async {
-        let hash = if proxy {
-            let conf = config_maps.get(&format!("{PROXY}-configmap")).await.ok()?.data?.remove("nginx.conf")?;
-            Some(balancer::proxy::nginx::config_hash(&conf))
-        } else {
-            None
-        };
+        let hash =
+            if proxy { Some(balancer::proxy::nginx::config_hash(&proxy_conf(world, SAMPLE).await?)) } else { None };
         let live: Vec<Pod> = pods
             .list(&ListParams::default().labels(selector))
             .await
@@ -284,11 +279,8 @@ async fn change_weight(world: &World, weight: u32) {
 
 /// Waits (up to 90 s) until the proxy ConfigMap of [`change_weight`]'s Balancer has `weight`.
 async fn weight_configured(world: &World, weight: u32) {
-    let config_maps: Api<ConfigMap> = Api::namespaced(world.admin.clone(), NS);
-    let name = format!("{LOSS_BALANCER}-proxy-configmap");
     eventually(&format!("{LOSS_BALANCER} configured with weight {weight}"), Duration::from_secs(90), || async {
-        let conf = config_maps.get(&name).await.ok()?.data?.remove("nginx.conf")?;
-        conf.contains(&format!("weight={weight} ")).then_some(())
+        proxy_conf(world, LOSS_BALANCER).await?.contains(&format!("weight={weight} ")).then_some(())
     })
     .await;
 }
