@@ -649,6 +649,22 @@ fn print_proxy_configs(world: &World) {
     }
 }
 
+/// Watches kube-proxy's NAT rules (every 200 ms, for up to 60 s) until none sends to `ips`:
+/// the seconds from `since` until then, or `None` if they stayed.
+fn dropped_by_kube_proxy(ips: Vec<String>, since: Instant) -> std::thread::JoinHandle<Option<f64>> {
+    std::thread::spawn(move || {
+        while since.elapsed() < Duration::from_secs(60) {
+            let rules = Command::new("iptables-save").args(["-t", "nat"]).output().ok()?;
+            let rules = String::from_utf8_lossy(&rules.stdout);
+            if !ips.iter().any(|ip| rules.contains(&format!("--to-destination {ip}:"))) {
+                return Some(since.elapsed().as_secs_f64());
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        None
+    })
+}
+
 /// Whether each answer's share is its weight's, within `points` percentage points.
 fn shares_match(counts: &BTreeMap<String, usize>, weights: &[(&str, u32)], points: f64) -> bool {
     let total: usize = counts.values().sum();
@@ -1737,8 +1753,18 @@ async fn a_go_operator_balancer_is_taken_over_without_a_failed_request(world: &m
     let load = Load::start(address, 4);
     tokio::time::sleep(Duration::from_secs(2)).await;
     let before_takeover = load.answers();
+    let pods: Api<Pod> = Api::namespaced(world.admin.clone(), NS);
+    let go_ips: Vec<String> = pods
+        .list(&ListParams::default().labels(&go_pods))
+        .await
+        .expect("the Go proxy pods")
+        .items
+        .into_iter()
+        .filter_map(|p| p.status?.pod_ip)
+        .collect();
     drop(foreign);
     let released = Instant::now();
+    let kube_proxy_dropped = dropped_by_kube_proxy(go_ips, released);
     let replicas = operator_pods(world).await;
     eventually("an operator replica to lead", Duration::from_secs(45), || async {
         lease_holder(world).await.filter(|holder| replicas.contains(holder))
@@ -1759,8 +1785,11 @@ async fn a_go_operator_balancer_is_taken_over_without_a_failed_request(world: &m
     }
     let seen: Vec<String> = stages.iter().map(|(reason, at)| format!("{reason} at {at:.1} s")).collect();
     println!("node: GoOperatorProxy after the Lease was released: {}", seen.join(", "));
+    // A request to a Go proxy pod after its deletion fails with "No route to host": kube-proxy
+    // must drop the pods within the takeover's drain.
+    let dropped = tokio::task::spawn_blocking(move || kube_proxy_dropped.join().ok().flatten()).await.ok().flatten();
+    println!("node: kube-proxy's rules dropped the Go proxy pods {dropped:?} s after the Lease was released");
     assert_eq!(stages.iter().map(|(r, _)| r.as_str()).collect::<Vec<_>>(), ["Serving", "Draining", "Removed"]);
-    let pods: Api<Pod> = Api::namespaced(world.admin.clone(), NS);
     eventually("the Go operator's Deployment and pods gone", Duration::from_secs(60), || async {
         let deployment = deployments.get_opt(&format!("{NAME}proxy")).await.ok()?;
         let left = pods.list(&ListParams::default().labels(&go_pods)).await.ok()?.items;
@@ -1770,8 +1799,12 @@ async fn a_go_operator_balancer_is_taken_over_without_a_failed_request(world: &m
     let after_takeover = load.answers();
     tokio::time::sleep(Duration::from_secs(3)).await;
     let tally = load.answers.clone();
+    let last_failure = load.last_failure().map(|at| at.duration_since(released).as_secs_f64());
     let (sent, failures) = load.finish().await;
     let answers = tally.lock().expect("answers").clone();
+    if let Some(at) = last_failure {
+        println!("node: the last failed request {at:.1} s after the Lease was released");
+    }
 
     let backends = ["hello world v1", "hello world v2", "hello world v3"];
     let go = answers.get("go proxy").copied().unwrap_or(0);
