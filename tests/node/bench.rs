@@ -256,21 +256,32 @@ async fn settled_conntrack() -> f64 {
     }
 }
 
-/// Rounds of the data-plane benchmark: its figures are each path's medians, since one run's
-/// p99 moves by up to 2× on this shared node.
-const ROUNDS: usize = 5;
+/// How long a backend pod keeps a closed connection in TIME_WAIT (Linux's fixed 60 s), and
+/// so how long apart two runs of one path with a new connection per request must be. A run
+/// connects about 8,000 times from one pod to one backend, and Linux tries only every other
+/// local port for a destination (about 14,000): a second run within the minute meets the
+/// first's ports still in TIME_WAIT at the backend and waits for SYN retransmissions (a
+/// fifth of the throughput, p99 × 4, seen when the order's reversal made a path's two runs
+/// 45 s apart).
+const CLOSE_RUNS_APART: Duration = Duration::from_secs(62);
+
+/// Rounds of the data-plane benchmark: its figures are medians, since one run's p99 moves by
+/// up to 4× on this shared node (`BALANCER_NODE_BENCH_ROUNDS` changes it).
+const ROUNDS: usize = 11;
 
 /// The median throughput and the median p99 of `runs`, taken separately.
 fn median_run(runs: &[Run]) -> Run {
-    let median = |mut values: Vec<f64>| {
-        values.sort_by(f64::total_cmp);
-        values.get(values.len() / 2).copied().unwrap_or_default()
-    };
     Run {
         requests_per_second: median(runs.iter().map(|r| r.requests_per_second).collect()),
         p99_ms: median(runs.iter().map(|r| r.p99_ms).collect()),
         errors: runs.iter().map(|r| r.errors).sum(),
     }
+}
+
+/// The middle value (the upper one of an even count); 0 when there is none.
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values.get(values.len() / 2).copied().unwrap_or_default()
 }
 
 /// What one wrk run measured.
@@ -315,11 +326,13 @@ fn millis(text: &str) -> Option<f64> {
 }
 
 /// The data plane against HAProxy, from the host with wrk (2 threads, 16 connections; 8 s with
-/// keep-alive, 4 s with a new connection per request), medians of 5 interleaved rounds, on the
+/// keep-alive, 4 s with a new connection per request), [`ROUNDS`] interleaved rounds, on the
 /// same node and backends: one backend's Service directly; the proxy as the operator builds it
-/// (with the metrics sidecar); the same without the access log and sidecar; HAProxy in its
-/// place; and that nginx with one knob changed each (reuseport, one worker, 500m CPU
-/// requested, workers pinned to CPUs, 64k buffers). Prints a table for docs/performance.md.
+/// (with the metrics sidecar); HAProxy in its place; and the same nginx without the access log
+/// and sidecar. With `BALANCER_NODE_BENCH_KNOBS=1`, also that nginx with one knob changed each
+/// (reuseport, one worker, 500m CPU requested, workers pinned to CPUs, 64k buffers). Prints
+/// each path's medians and, for the comparisons, the median of the ratios taken within each
+/// round, for docs/performance.md.
 pub(super) async fn the_data_plane_keeps_up_with_haproxy(world: &mut World) {
     if !enabled("the data plane's speed") {
         return;
@@ -328,39 +341,22 @@ pub(super) async fn the_data_plane_keeps_up_with_haproxy(world: &mut World) {
         println!("node: the data-plane benchmark needs wrk (apt-get install wrk)");
         return;
     }
+    let rounds = std::env::var("BALANCER_NODE_BENCH_ROUNDS").ok().and_then(|r| r.parse().ok()).unwrap_or(ROUNDS);
     let (conf, template) = sample_proxy(world).await;
     let plain = without_access_log(&conf);
-    let reuseport =
-        plain.replace("listen 80;", "listen 80 reuseport;").replace("listen [::]:80;", "listen [::]:80 reuseport;");
-    let one_worker = plain.replace("worker_processes 2;", "worker_processes 1;");
-    let pinned = plain.replace("worker_processes 2;", "worker_processes 2;\nworker_cpu_affinity auto;");
-    let buffers = plain.replace("stream {\n", "stream {\n    proxy_buffer_size 64k;\n");
-    let mut more_cpu = template.clone();
-    more_cpu["spec"]["containers"][0]["resources"]["requests"]["cpu"] = json!("500m");
     let servers = upstream_servers(&plain);
     assert_eq!(servers.len(), 3, "the sample's three backends: {plain}");
-    let copies = [
-        proxy_copy(&template, "bench-product", &conf, true),
-        proxy_copy(&template, "bench-nginx", &plain, false),
-        haproxy_copy(&template, "bench-haproxy", &servers),
-        proxy_copy(&template, "bench-reuseport", &reuseport, false),
-        proxy_copy(&template, "bench-one-worker", &one_worker, false),
-        proxy_copy(&more_cpu, "bench-cpu", &plain, false),
-        proxy_copy(&template, "bench-affinity", &pinned, false),
-        proxy_copy(&template, "bench-buffers", &buffers, false),
+    // The product and HAProxy side by side, so that reversing the order keeps them neighbours.
+    let mut copies = vec![
+        ("bench-product", proxy_copy(&template, "bench-product", &conf, true)),
+        ("bench-haproxy", haproxy_copy(&template, "bench-haproxy", &servers)),
+        ("bench-nginx", proxy_copy(&template, "bench-nginx", &plain, false)),
     ];
-    let names = [
-        "bench-product",
-        "bench-nginx",
-        "bench-haproxy",
-        "bench-reuseport",
-        "bench-one-worker",
-        "bench-cpu",
-        "bench-affinity",
-        "bench-buffers",
-    ];
-    assert!(pinned != plain && buffers != plain, "the knobs apply to the rendered file");
-    let items: Vec<Value> = copies.into_iter().flatten().collect();
+    if std::env::var_os("BALANCER_NODE_BENCH_KNOBS").is_some() {
+        copies.extend(knob_copies(&template, &plain));
+    }
+    let names: Vec<&str> = copies.iter().map(|(name, _)| *name).collect();
+    let items: Vec<Value> = copies.into_iter().flat_map(|(_, objects)| objects).collect();
     let objects = json!({"apiVersion": "v1", "kind": "List", "items": items}).to_string();
     let mut targets: Vec<(String, String)> =
         names.iter().map(|n| n.to_string()).zip(deploy(world, &objects, &names).await).collect();
@@ -370,8 +366,11 @@ pub(super) async fn the_data_plane_keeps_up_with_haproxy(world: &mut World) {
     );
 
     let _time_wait = ShortTimeWait::set();
-    let mut runs: BTreeMap<(String, bool), Vec<Run>> = BTreeMap::new();
-    for round in 0..ROUNDS {
+    // Each path's runs by mode (new connection per request or not), with their round.
+    let mut runs: BTreeMap<(String, bool), BTreeMap<usize, Run>> = BTreeMap::new();
+    // When each path's last run with a new connection per request ended.
+    let mut closed: BTreeMap<String, Instant> = BTreeMap::new();
+    for round in 0..rounds {
         for close in [false, true] {
             let seconds = if close { 4 } else { 8 };
             // Every other round in reverse, so that no path always follows the same one (the
@@ -381,21 +380,65 @@ pub(super) async fn the_data_plane_keeps_up_with_haproxy(world: &mut World) {
                 order.reverse();
             }
             for (name, address) in &order {
+                if let Some(ended) = closed.get(name).filter(|_| close) {
+                    tokio::time::sleep(CLOSE_RUNS_APART.saturating_sub(ended.elapsed())).await;
+                }
                 let full = settled_conntrack().await;
-                let Some(run) = wrk(address, seconds, close).await else { continue };
+                let run = wrk(address, seconds, close).await;
+                if close {
+                    closed.insert(name.clone(), Instant::now());
+                }
+                let Some(run) = run else { continue };
                 let mode = if close { "close" } else { "keep-alive" };
                 println!("node: bench round {round}, {name}, {mode} (conntrack {:.0} % full): {run:?}", full * 100.0);
-                runs.entry((name.clone(), close)).or_default().push(run);
+                runs.entry((name.clone(), close)).or_default().insert(round, run);
             }
         }
     }
-    let at = |name: &str, close: bool| median_run(runs.get(&(name.to_string(), close)).map_or(&[][..], Vec::as_slice));
+    let errors: u64 = runs.values().flat_map(BTreeMap::values).map(|r| r.errors).sum();
+    println!(
+        "node: bench: the data plane, medians of {rounds} rounds (errors in all runs: {errors}):\n{}\n{}",
+        medians_table(&targets, &runs),
+        ratios_table(&runs),
+    );
+    kubectl(world, &["delete", "-f", "-", "--wait=false"], Some(&objects));
+}
+
+/// nginx without the access log and sidecar (`plain`), with one knob changed each.
+fn knob_copies(template: &Value, plain: &str) -> Vec<(&'static str, [Value; 3])> {
+    let reuseport =
+        plain.replace("listen 80;", "listen 80 reuseport;").replace("listen [::]:80;", "listen [::]:80 reuseport;");
+    let one_worker = plain.replace("worker_processes 2;", "worker_processes 1;");
+    let pinned = plain.replace("worker_processes 2;", "worker_processes 2;\nworker_cpu_affinity auto;");
+    let buffers = plain.replace("stream {\n", "stream {\n    proxy_buffer_size 64k;\n");
+    assert!(pinned != plain && buffers != plain, "the knobs apply to the rendered file");
+    let mut more_cpu = template.clone();
+    more_cpu["spec"]["containers"][0]["resources"]["requests"]["cpu"] = json!("500m");
+    vec![
+        ("bench-reuseport", proxy_copy(template, "bench-reuseport", &reuseport, false)),
+        ("bench-one-worker", proxy_copy(template, "bench-one-worker", &one_worker, false)),
+        ("bench-cpu", proxy_copy(&more_cpu, "bench-cpu", plain, false)),
+        ("bench-affinity", proxy_copy(template, "bench-affinity", &pinned, false)),
+        ("bench-buffers", proxy_copy(template, "bench-buffers", &buffers, false)),
+    ]
+}
+
+/// Runs by path and mode, each with its round.
+type Runs = BTreeMap<(String, bool), BTreeMap<usize, Run>>;
+
+/// Each path's median throughput and p99, by mode, against HAProxy's medians.
+fn medians_table(targets: &[(String, String)], runs: &Runs) -> String {
+    let at = |name: &str, close: bool| {
+        median_run(
+            &runs.get(&(name.to_string(), close)).map(|r| r.values().copied().collect::<Vec<_>>()).unwrap_or_default(),
+        )
+    };
     let mut table = String::from(
         "| path | keep-alive req/s | p99 ms | new connection req/s | p99 ms | keep-alive ÷ HAProxy (p99) | new conn. ÷ HAProxy (p99) |\n\
          |---|---|---|---|---|---|---|\n",
     );
     let (hk, hc) = (at("bench-haproxy", false), at("bench-haproxy", true));
-    for (name, _) in &targets {
+    for (name, _) in targets {
         let (keep, close) = (at(name, false), at(name, true));
         table.push_str(&format!(
             "| {name} | {:.0} | {:.2} | {:.0} | {:.2} | {:.2}× ({:.2}×) | {:.2}× ({:.2}×) |\n",
@@ -409,7 +452,35 @@ pub(super) async fn the_data_plane_keeps_up_with_haproxy(world: &mut World) {
             close.p99_ms / hc.p99_ms,
         ));
     }
-    let errors: u64 = runs.values().flatten().map(|r| r.errors).sum();
-    println!("node: bench: the data plane, medians of {ROUNDS} rounds (errors in all runs: {errors}):\n{table}");
-    kubectl(world, &["delete", "-f", "-", "--wait=false"], Some(&objects));
+    table
+}
+
+/// balancer and nginx against HAProxy, and balancer against nginx: the median, lowest and
+/// highest of the ratios of runs in the same round, which share the node's state of the moment.
+fn ratios_table(runs: &Runs) -> String {
+    let mut table = String::from("| ratio (median of rounds, range) | keep-alive | new connection |\n|---|---|---|\n");
+    let pairs =
+        [("bench-product", "bench-haproxy"), ("bench-nginx", "bench-haproxy"), ("bench-product", "bench-nginx")];
+    for (over, under) in pairs {
+        for (what, figure) in
+            [("throughput", (|r: &Run| r.requests_per_second) as fn(&Run) -> f64), ("p99", |r: &Run| r.p99_ms)]
+        {
+            let cell = |close: bool| {
+                let (Some(a), Some(b)) = (runs.get(&(over.to_string(), close)), runs.get(&(under.to_string(), close)))
+                else {
+                    return "-".to_string();
+                };
+                let ratios: Vec<f64> =
+                    a.iter().filter_map(|(round, run)| Some(figure(run) / figure(b.get(round)?))).collect();
+                if ratios.is_empty() {
+                    return "-".to_string();
+                }
+                let low = ratios.iter().copied().fold(f64::INFINITY, f64::min);
+                let high = ratios.iter().copied().fold(0.0, f64::max);
+                format!("{:.2}× ({low:.2}–{high:.2})", median(ratios))
+            };
+            table.push_str(&format!("| {over} ÷ {under}, {what} | {} | {} |\n", cell(false), cell(true)));
+        }
+    }
+    table
 }
