@@ -1,0 +1,200 @@
+#!/usr/bin/env bash
+# What the proxy's access log costs nginx per session: the CPU nginx's workers
+# spend on a new TCP connection per request, with the nginx.conf balancer
+# renders (its access log sent to the metrics sidecar as syslog datagrams),
+# against the same file without the access log (the baseline), and with the
+# log written to a buffered file instead (what batching the lines could save).
+#
+#   benches/access-log.sh [rounds] [seconds-per-run]     (default 7 and 10)
+#
+# Environment:
+#   BALANCER_BIN=path   use this binary instead of `cargo build --release`
+#                       (the build honours CARGO_TARGET_DIR)
+#   NGINX=path          nginx binary (default /usr/sbin/nginx, Debian's package)
+#   STREAM_MODULE=path  the stream module to load (default Debian's dynamic one,
+#                       /usr/lib/nginx/modules/ngx_stream_module.so; empty when
+#                       nginx has it built in)
+#
+# What it does:
+#   1. renders a one-port, one-backend Balancer with `balancer render` (the
+#      metrics sidecar on, so the access log is in nginx.conf) and points it at
+#      a local backend: 127.0.0.1:18080 proxies to an nginx answering on
+#      127.0.0.1:18081;
+#   2. in each round, in a rotating order, starts a fresh proxy with each of
+#      the three files ("log", as rendered, with `balancer proxy-metrics`
+#      counting it; "none"; "file") and drives it with
+#      `wrk -t1 -c8 -H 'Connection: close'` (a session per request);
+#   3. reads the CPU time of the proxy's workers (and of the sidecar) from
+#      /proc before and after each run, and checks the sidecar counted every
+#      session wrk made;
+#   4. prints each run, then the medians: CPU per session for each file, and
+#      the ratios to "none" taken within each round.
+#
+# Needs nginx (with the stream module), wrk and curl, and ports 18080, 18081,
+# 5514 and 19113 free on 127.0.0.1.
+set -euo pipefail
+
+ROUNDS=${1:-7}
+SECONDS_PER_RUN=${2:-10}
+NGINX=${NGINX:-/usr/sbin/nginx}
+STREAM_MODULE=${STREAM_MODULE-/usr/lib/nginx/modules/ngx_stream_module.so}
+HZ=$(getconf CLK_TCK)
+
+if [[ -z ${BALANCER_BIN:-} ]]; then
+    cargo build --release --quiet --bin balancer
+    BALANCER_BIN=${CARGO_TARGET_DIR:-target}/release/balancer
+fi
+for tool in "$NGINX" wrk curl; do
+    command -v "$tool" >/dev/null || { echo "access-log.sh: needs $tool" >&2; exit 1; }
+done
+
+work=$(mktemp -d)
+sidecar_pid=""
+stop_nginx() { # $1: a prefix directory; stops the nginx whose pid file is there
+    [[ -s $1/nginx.pid ]] || return 0
+    local master
+    master=$(cat "$1/nginx.pid")
+    kill -QUIT "$master" 2>/dev/null || true
+    for _ in $(seq 50); do kill -0 "$master" 2>/dev/null || break; sleep 0.1; done
+    kill -KILL "$master" 2>/dev/null || true
+    rm -f "$1/nginx.pid"
+}
+cleanup() {
+    [[ -n $sidecar_pid ]] && kill -KILL "$sidecar_pid" 2>/dev/null || true
+    for dir in "$work"/*/; do stop_nginx "${dir%/}"; done
+    rm -rf "$work"
+}
+trap cleanup EXIT
+
+start_nginx() { # $1: a prefix directory holding nginx.conf
+    "$NGINX" -p "$1" -e "$1/error.log" -c "$1/nginx.conf" -g "pid $1/nginx.pid;"
+    for _ in $(seq 50); do [[ -s $1/nginx.pid ]] && return 0; sleep 0.1; done
+    echo "access-log.sh: nginx did not start in $1: $(tail -3 "$1/error.log")" >&2
+    exit 1
+}
+ticks() { # CPU ticks (user + system) of the given pids
+    local total=0 pid
+    for pid in "$@"; do total=$((total + $(awk '{print $14 + $15}' "/proc/$pid/stat"))); done
+    echo "$total"
+}
+
+# The backend: answers every request at once.
+mkdir -p "$work/backend"
+cat >"$work/backend/nginx.conf" <<'EOF'
+worker_processes 1;
+events { worker_connections 4096; }
+http {
+    access_log off;
+    server { listen 127.0.0.1:18081; location / { return 200 "hello\n"; } }
+}
+EOF
+start_nginx "$work/backend"
+
+# The proxy, as balancer renders it, pointed at the backend.
+load=()
+[[ -n $STREAM_MODULE ]] && load=(--proxy-load-module "$STREAM_MODULE")
+cat >"$work/balancer.yaml" <<'EOF'
+apiVersion: exposer.hliangzhao.io/v1beta1
+kind: Balancer
+metadata:
+  name: bench
+spec:
+  ports:
+    - name: tcp
+      port: 18080
+      protocol: TCP
+  backends:
+    - name: local
+      weight: 1
+      selector:
+        app: local
+EOF
+mkdir -p "$work/log" "$work/none" "$work/file"
+"$BALANCER_BIN" render "$work/balancer.yaml" --proxy-metrics-image sidecar "${load[@]}" |
+    awk '/^  nginx.conf: \|/ { inside = 1; next } inside && /^[^ ]/ { inside = 0 } inside { sub(/^    /, ""); print }' |
+    sed -e 's/bench-local-backend\.default\.svc:18080/127.0.0.1:18081/' \
+        -e 's/listen 18080;/listen 127.0.0.1:18080;/' -e '/listen \[::\]:18080;/d' >"$work/log/nginx.conf"
+grep -q 'access_log syslog:server=127.0.0.1:5514' "$work/log/nginx.conf" ||
+    { echo "access-log.sh: the rendered nginx.conf has no access log to the sidecar" >&2; exit 1; }
+grep -v -e log_format -e access_log "$work/log/nginx.conf" >"$work/none/nginx.conf"
+sed "s|access_log syslog:[^ ]* balancer;|access_log $work/file/access.log balancer buffer=64k flush=1s;|" \
+    "$work/log/nginx.conf" >"$work/file/nginx.conf"
+
+# One run of a file (log, none or file): sets SESSIONS, WORKER_TICKS, SIDECAR_TICKS and COUNTED.
+run() {
+    local dir=$work/$1 before after sidecar_before=0 workers
+    SIDECAR_TICKS=0 COUNTED=0
+    if [[ $1 == log ]]; then
+        "$BALANCER_BIN" proxy-metrics --config "$dir/nginx.conf" --listen 127.0.0.1:19113 --log-port 5514 \
+            --drain 1s >"$work/sidecar.log" 2>&1 &
+        sidecar_pid=$!
+        for _ in $(seq 50); do curl -sf -o /dev/null http://127.0.0.1:19113/metrics && break; sleep 0.1; done
+    fi
+    start_nginx "$dir"
+    sleep 0.5
+    mapfile -t workers < <(pgrep -P "$(cat "$dir/nginx.pid")")
+    ((${#workers[@]} > 0)) || { echo "access-log.sh: no nginx workers in $dir" >&2; exit 1; }
+    before=$(ticks "${workers[@]}")
+    [[ -n $sidecar_pid ]] && sidecar_before=$(ticks "$sidecar_pid")
+    wrk -t1 -c8 -d"${SECONDS_PER_RUN}s" -H 'Connection: close' http://127.0.0.1:18080/ >"$work/wrk.out"
+    after=$(ticks "${workers[@]}")
+    if [[ -n $sidecar_pid ]]; then
+        SIDECAR_TICKS=$(($(ticks "$sidecar_pid") - sidecar_before))
+        sleep 0.5
+        COUNTED=$(curl -s http://127.0.0.1:19113/metrics |
+            awk '/^balancer_proxy_sessions_total/ { n += $NF } END { print n + 0 }')
+        kill -KILL "$sidecar_pid"
+        wait "$sidecar_pid" 2>/dev/null || true
+        sidecar_pid=""
+    fi
+    stop_nginx "$dir"
+    if grep -q 'Socket errors' "$work/wrk.out"; then
+        echo "access-log.sh: wrk saw errors: $(grep 'Socket errors' "$work/wrk.out")" >&2
+        exit 1
+    fi
+    SESSIONS=$(awk '/requests in/ { print $1 }' "$work/wrk.out")
+    WORKER_TICKS=$((after - before))
+}
+
+printf '%-6s %-5s %9s %14s %15s\n' round file sessions 'µs/session' 'sidecar µs/s.'
+results=$work/results
+for round in $(seq 1 "$ROUNDS"); do
+    case $((round % 3)) in
+        1) order="log none file" ;;
+        2) order="none file log" ;;
+        0) order="file log none" ;;
+    esac
+    for file in $order; do
+        run "$file"
+        if [[ $file == log ]] && ((COUNTED < SESSIONS)); then
+            echo "access-log.sh: the sidecar counted $COUNTED of $SESSIONS sessions" >&2
+            exit 1
+        fi
+        us=$(awk -v t="$WORKER_TICKS" -v n="$SESSIONS" -v hz="$HZ" 'BEGIN { printf "%.1f", t * 1e6 / hz / n }')
+        sidecar_us=$(awk -v t="$SIDECAR_TICKS" -v n="$SESSIONS" -v hz="$HZ" 'BEGIN { printf "%.1f", t * 1e6 / hz / n }')
+        printf '%-6s %-5s %9s %14s %15s\n' "$round" "$file" "$SESSIONS" "$us" "$sidecar_us"
+        echo "$round $file $us $sidecar_us" >>"$results"
+    done
+done
+
+echo
+echo "medians of $ROUNDS rounds (nginx $("$NGINX" -v 2>&1 | sed 's|.*/||'), $(nproc) CPUs):"
+awk '
+    { us[$2, $1] = $3; sidecar[$2, $1] = $4; rounds[$1] = 1 }
+    function median(values, n,   i, j, t) {
+        for (i = 1; i <= n; i++) for (j = i + 1; j <= n; j++) if (values[j] < values[i]) { t = values[i]; values[i] = values[j]; values[j] = t }
+        return values[int((n + 1) / 2)]
+    }
+    END {
+        split("none log file", files, " ")
+        for (f = 1; f <= 3; f++) {
+            n = 0; for (r in rounds) values[++n] = us[files[f], r]
+            printf "  %-5s %6.1f µs of nginx CPU per session\n", files[f], median(values, n)
+        }
+        n = 0; for (r in rounds) values[++n] = sidecar["log", r]
+        printf "  the sidecar: %.1f µs per session\n", median(values, n)
+        for (f = 2; f <= 3; f++) {
+            n = 0; for (r in rounds) values[++n] = us[files[f], r] / us["none", r]
+            printf "  %s ÷ none, within each round: %.3f×\n", files[f], median(values, n)
+        }
+    }' "$results"
