@@ -5,7 +5,7 @@
 # against the same file without the access log (the baseline), and with the
 # log written to a buffered file instead (what batching the lines could save).
 #
-#   benches/access-log.sh [rounds] [seconds-per-run]     (default 7 and 10)
+#   benches/access-log.sh [rounds] [seconds-per-run]     (default 9 and 10)
 #
 # Environment:
 #   BALANCER_BIN=path   use this binary instead of `cargo build --release`
@@ -20,7 +20,8 @@
 #      metrics sidecar on, so the access log is in nginx.conf) and points it at
 #      a local backend: 127.0.0.1:18080 proxies to an nginx answering on
 #      127.0.0.1:18081;
-#   2. in each round, in a rotating order, starts a fresh proxy with each of
+#   2. in each round, in an order that rotates every round (so that 9 rounds put
+#      each file in each place three times), starts a fresh proxy with each of
 #      the three files ("log", as rendered, with `balancer proxy-metrics`
 #      counting it; "none"; "file") and drives it with
 #      `wrk -t1 -c8 -H 'Connection: close'` (a session per request);
@@ -28,13 +29,13 @@
 #      /proc before and after each run, and checks the sidecar counted every
 #      session wrk made;
 #   4. prints each run, then the medians: CPU per session for each file, and
-#      the ratios to "none" taken within each round.
+#      the ratios to "none" taken within each round, with their range.
 #
 # Needs nginx (with the stream module), wrk and curl, and ports 18080, 18081,
 # 5514 and 19113 free on 127.0.0.1.
 set -euo pipefail
 
-ROUNDS=${1:-7}
+ROUNDS=${1:-9}
 SECONDS_PER_RUN=${2:-10}
 NGINX=${NGINX:-/usr/sbin/nginx}
 STREAM_MODULE=${STREAM_MODULE-/usr/lib/nginx/modules/ngx_stream_module.so}
@@ -44,38 +45,54 @@ if [[ -z ${BALANCER_BIN:-} ]]; then
     cargo build --release --quiet --bin balancer
     BALANCER_BIN=${CARGO_TARGET_DIR:-target}/release/balancer
 fi
-for tool in "$NGINX" wrk curl; do
+for tool in "$NGINX" wrk curl pgrep; do
     command -v "$tool" >/dev/null || { echo "access-log.sh: needs $tool" >&2; exit 1; }
 done
 
-work=$(mktemp -d)
+repo=$(cd "$(dirname "$0")/.." && pwd)
+# shellcheck source=benches/lib.sh
+. "$repo/benches/lib.sh"
+work=$(mktemp -d "${TMPDIR:-/tmp}/balancer-access-log.XXXXXX")
 sidecar_pid=""
-stop_nginx() { # $1: a prefix directory; stops the nginx whose pid file is there
-    [[ -s $1/nginx.pid ]] || return 0
-    local master
-    master=$(cat "$1/nginx.pid")
-    kill -QUIT "$master" 2>/dev/null || true
-    for _ in $(seq 50); do kill -0 "$master" 2>/dev/null || break; sleep 0.1; done
-    kill -KILL "$master" 2>/dev/null || true
-    rm -f "$1/nginx.pid"
-}
-cleanup() {
-    [[ -n $sidecar_pid ]] && kill -KILL "$sidecar_pid" 2>/dev/null || true
-    for dir in "$work"/*/; do stop_nginx "${dir%/}"; done
-    rm -rf "$work"
-}
-trap cleanup EXIT
 
-start_nginx() { # $1: a prefix directory holding nginx.conf
-    "$NGINX" -p "$1" -e "$1/error.log" -c "$1/nginx.conf" -g "pid $1/nginx.pid;"
-    for _ in $(seq 50); do [[ -s $1/nginx.pid ]] && return 0; sleep 0.1; done
-    echo "access-log.sh: nginx did not start in $1: $(tail -3 "$1/error.log")" >&2
+die() {
+    echo "access-log.sh: $*" >&2
     exit 1
 }
-ticks() { # CPU ticks (user + system) of the given pids
-    local total=0 pid
-    for pid in "$@"; do total=$((total + $(awk '{print $14 + $15}' "/proc/$pid/stat"))); done
-    echo "$total"
+
+# Stops the nginx whose prefix directory is $1: its master, then the workers it leaves.
+stop_nginx() {
+    [[ -s $1/nginx.pid ]] || return 0
+    local master workers pid
+    master=$(cat "$1/nginx.pid")
+    workers=$(pgrep -P "$master" || true)
+    stop "$master"
+    for pid in $workers; do stop "$pid"; done
+    rm -f "$1/nginx.pid"
+}
+
+# Runs on every exit: stops what the script started, shows the logs of a failure, removes $work.
+cleanup() {
+    local status=$? dir log
+    trap - EXIT INT TERM
+    [[ -n $sidecar_pid ]] && stop "$sidecar_pid"
+    for dir in "$work"/*/; do stop_nginx "${dir%/}"; done
+    if ((status != 0)); then
+        for log in "$work"/sidecar.log "$work"/*/error.log; do
+            [[ -s $log ]] && { echo "--- $log (last lines)" >&2; tail -n 20 "$log" >&2; }
+        done
+    fi
+    rm -rf "$work"
+    exit "$status"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+start_nginx() { # $1: a prefix directory holding nginx.conf
+    "$NGINX" -p "$1" -e "$1/error.log" -c "$1/nginx.conf" -g "pid $1/nginx.pid;" || die "nginx did not start in $1"
+    for _ in $(seq 50); do [[ -s $1/nginx.pid ]] && return 0; sleep 0.1; done
+    die "nginx wrote no pid file in $1"
 }
 
 # The backend: answers every request at once.
@@ -115,10 +132,19 @@ mkdir -p "$work/log" "$work/none" "$work/file"
     sed -e 's/bench-local-backend\.default\.svc:18080/127.0.0.1:18081/' \
         -e 's/listen 18080;/listen 127.0.0.1:18080;/' -e '/listen \[::\]:18080;/d' >"$work/log/nginx.conf"
 grep -q 'access_log syslog:server=127.0.0.1:5514' "$work/log/nginx.conf" ||
-    { echo "access-log.sh: the rendered nginx.conf has no access log to the sidecar" >&2; exit 1; }
+    die "the rendered nginx.conf has no access log to the sidecar"
 grep -v -e log_format -e access_log "$work/log/nginx.conf" >"$work/none/nginx.conf"
 sed "s|access_log syslog:[^ ]* balancer;|access_log $work/file/access.log balancer buffer=64k flush=1s;|" \
     "$work/log/nginx.conf" >"$work/file/nginx.conf"
+grep -q "access_log $work/file/access.log balancer buffer=64k" "$work/file/nginx.conf" ||
+    die "the rendered access_log line changed shape: the file log was not written"
+
+# The sidecar's count of sessions, from its /metrics.
+sessions_counted() {
+    local metrics
+    metrics=$(curl -sf http://127.0.0.1:19113/metrics) || die "the sidecar's /metrics did not answer"
+    awk '/^balancer_proxy_sessions_total/ { n += $NF } END { print n + 0 }' <<<"$metrics"
+}
 
 # One run of a file (log, none or file): sets SESSIONS, WORKER_TICKS, SIDECAR_TICKS and COUNTED.
 run() {
@@ -129,28 +155,27 @@ run() {
             --drain 1s >"$work/sidecar.log" 2>&1 &
         sidecar_pid=$!
         for _ in $(seq 50); do curl -sf -o /dev/null http://127.0.0.1:19113/metrics && break; sleep 0.1; done
+        curl -sf -o /dev/null http://127.0.0.1:19113/metrics || die "the sidecar did not start"
     fi
     start_nginx "$dir"
     sleep 0.5
     mapfile -t workers < <(pgrep -P "$(cat "$dir/nginx.pid")")
-    ((${#workers[@]} > 0)) || { echo "access-log.sh: no nginx workers in $dir" >&2; exit 1; }
-    before=$(ticks "${workers[@]}")
-    [[ -n $sidecar_pid ]] && sidecar_before=$(ticks "$sidecar_pid")
-    wrk -t1 -c8 -d"${SECONDS_PER_RUN}s" -H 'Connection: close' http://127.0.0.1:18080/ >"$work/wrk.out"
-    after=$(ticks "${workers[@]}")
+    ((${#workers[@]} > 0)) || die "no nginx workers in $dir"
+    before=$(process_ticks "${workers[@]}")
+    [[ -n $sidecar_pid ]] && sidecar_before=$(process_ticks "$sidecar_pid")
+    wrk -t1 -c8 -d"${SECONDS_PER_RUN}s" -H 'Connection: close' http://127.0.0.1:18080/ >"$work/wrk.out" ||
+        die "wrk failed: $(cat "$work/wrk.out")"
+    after=$(process_ticks "${workers[@]}")
     if [[ -n $sidecar_pid ]]; then
-        SIDECAR_TICKS=$(($(ticks "$sidecar_pid") - sidecar_before))
+        SIDECAR_TICKS=$(($(process_ticks "$sidecar_pid") - sidecar_before))
         sleep 0.5
-        COUNTED=$(curl -s http://127.0.0.1:19113/metrics |
-            awk '/^balancer_proxy_sessions_total/ { n += $NF } END { print n + 0 }')
-        kill -KILL "$sidecar_pid"
-        wait "$sidecar_pid" 2>/dev/null || true
+        COUNTED=$(sessions_counted)
+        stop "$sidecar_pid"
         sidecar_pid=""
     fi
     stop_nginx "$dir"
-    if grep -q 'Socket errors' "$work/wrk.out"; then
-        echo "access-log.sh: wrk saw errors: $(grep 'Socket errors' "$work/wrk.out")" >&2
-        exit 1
+    if grep -q -e 'Socket errors' -e 'Non-2xx' "$work/wrk.out"; then
+        die "wrk saw errors: $(grep -e 'Socket errors' -e 'Non-2xx' "$work/wrk.out")"
     fi
     SESSIONS=$(awk '/requests in/ { print $1 }' "$work/wrk.out")
     WORKER_TICKS=$((after - before))
@@ -167,8 +192,7 @@ for round in $(seq 1 "$ROUNDS"); do
     for file in $order; do
         run "$file"
         if [[ $file == log ]] && ((COUNTED < SESSIONS)); then
-            echo "access-log.sh: the sidecar counted $COUNTED of $SESSIONS sessions" >&2
-            exit 1
+            die "the sidecar counted $COUNTED of $SESSIONS sessions"
         fi
         us=$(awk -v t="$WORKER_TICKS" -v n="$SESSIONS" -v hz="$HZ" 'BEGIN { printf "%.1f", t * 1e6 / hz / n }')
         sidecar_us=$(awk -v t="$SIDECAR_TICKS" -v n="$SESSIONS" -v hz="$HZ" 'BEGIN { printf "%.1f", t * 1e6 / hz / n }')
@@ -181,9 +205,10 @@ echo
 echo "medians of $ROUNDS rounds (nginx $("$NGINX" -v 2>&1 | sed 's|.*/||'), $(nproc) CPUs):"
 awk '
     { us[$2, $1] = $3; sidecar[$2, $1] = $4; rounds[$1] = 1 }
+    # The middle value, or the mean of the two middle ones; sorts values[1..n].
     function median(values, n,   i, j, t) {
         for (i = 1; i <= n; i++) for (j = i + 1; j <= n; j++) if (values[j] < values[i]) { t = values[i]; values[i] = values[j]; values[j] = t }
-        return values[int((n + 1) / 2)]
+        return n % 2 ? values[(n + 1) / 2] : (values[n / 2] + values[n / 2 + 1]) / 2
     }
     END {
         split("none log file", files, " ")
@@ -195,6 +220,7 @@ awk '
         printf "  the sidecar: %.1f µs per session\n", median(values, n)
         for (f = 2; f <= 3; f++) {
             n = 0; for (r in rounds) values[++n] = us[files[f], r] / us["none", r]
-            printf "  %s ÷ none, within each round: %.3f×\n", files[f], median(values, n)
+            m = median(values, n)
+            printf "  %s ÷ none, within each round: %.3f× (%.2f–%.2f)\n", files[f], m, values[1], values[n]
         }
     }' "$results"

@@ -60,6 +60,8 @@ nginx_workers="${NGINX_WORKERS:-auto}"
 quiet_max=10                            # % of the machine other work may use during a run
 quiet_wait="${LOAD_QUIET_WAIT:-30}"     # s to wait before each run for other work to calm down
 repo="$(cd "$(dirname "$0")/.." && pwd)"
+# shellcheck source=benches/lib.sh
+. "$repo/benches/lib.sh"
 work="$(mktemp -d "${TMPDIR:-/tmp}/balancer-load.XXXXXX")"
 balancer_pid=""
 baseline_pid=""
@@ -73,18 +75,6 @@ wrk_job=""    # the subshell running `timeout wrk` while a run is under way
 die() {
   echo "load.sh: $*" >&2
   exit 1
-}
-
-# Stops one process we started: TERM, up to 5 s of grace, then KILL.
-stop() { # $1: pid
-  local pid="$1"
-  kill -TERM "$pid" 2>/dev/null || return 0
-  for _ in $(seq 1 50); do
-    kill -0 "$pid" 2>/dev/null || break
-    sleep 0.1
-  done
-  kill -KILL "$pid" 2>/dev/null || true
-  wait "$pid" 2>/dev/null || true
 }
 
 # Runs on every exit: stops wrk, nginx (master and workers) and balancer, removes $work.
@@ -340,16 +330,6 @@ to_ms() {
 # Busy and total CPU ticks of the whole machine (all cores), from /proc/stat.
 machine_ticks() {
   awk '$1 == "cpu" { for (i = 2; i <= 9; i++) { t += $i; if (i != 5 && i != 6) b += $i }; print b, t }' /proc/stat
-}
-
-# CPU ticks (user + system, all threads) used so far by the given processes.
-process_ticks() { # pids...
-  local pid total=0
-  for pid in "$@"; do
-    # Fields after "pid (comm) ": state is 1st, utime 12th, stime 13th.
-    total=$((total + $(sed 's/^.*) //' "/proc/$pid/stat" | awk '{print $12 + $13}')))
-  done
-  echo "$total"
 }
 
 # Waits (up to $quiet_wait s) until other work uses at most $quiet_max % of the
