@@ -649,19 +649,26 @@ fn print_proxy_configs(world: &World) {
     }
 }
 
-/// Watches kube-proxy's NAT rules (every 200 ms, for up to 60 s) until none sends to `ips`:
-/// the seconds from `since` until then, or `None` if they stayed.
-fn dropped_by_kube_proxy(ips: Vec<String>, since: Instant) -> std::thread::JoinHandle<Option<f64>> {
+/// Watches kube-proxy's NAT rules (every 200 ms, for up to 60 s) until none sends to `ips`,
+/// which the first look must find: when that was, in seconds from `since`, or why it is not
+/// known.
+fn dropped_by_kube_proxy(ips: Vec<String>, since: Instant) -> std::thread::JoinHandle<Result<f64, String>> {
     std::thread::spawn(move || {
-        while since.elapsed() < Duration::from_secs(60) {
-            let rules = Command::new("iptables-save").args(["-t", "nat"]).output().ok()?;
+        let sends_to_them = || -> Result<bool, String> {
+            let rules = Command::new("iptables-save").args(["-t", "nat"]).output().map_err(|e| e.to_string())?;
             let rules = String::from_utf8_lossy(&rules.stdout);
-            if !ips.iter().any(|ip| rules.contains(&format!("--to-destination {ip}:"))) {
-                return Some(since.elapsed().as_secs_f64());
-            }
-            std::thread::sleep(Duration::from_millis(200));
+            Ok(ips.iter().any(|ip| rules.contains(&format!("--to-destination {ip}:"))))
+        };
+        if ips.is_empty() || !sends_to_them()? {
+            return Err(format!("kube-proxy's rules never sent to {ips:?}"));
         }
-        None
+        while since.elapsed() < Duration::from_secs(60) {
+            std::thread::sleep(Duration::from_millis(200));
+            if !sends_to_them()? {
+                return Ok(since.elapsed().as_secs_f64());
+            }
+        }
+        Err("still there after 60 s".into())
     })
 }
 
@@ -1787,8 +1794,15 @@ async fn a_go_operator_balancer_is_taken_over_without_a_failed_request(world: &m
     println!("node: GoOperatorProxy after the Lease was released: {}", seen.join(", "));
     // A request to a Go proxy pod after its deletion fails with "No route to host": kube-proxy
     // must drop the pods within the takeover's drain.
-    let dropped = tokio::task::spawn_blocking(move || kube_proxy_dropped.join().ok().flatten()).await.ok().flatten();
-    println!("node: kube-proxy's rules dropped the Go proxy pods {dropped:?} s after the Lease was released");
+    let dropped = tokio::task::spawn_blocking(move || kube_proxy_dropped.join())
+        .await
+        .map_err(|e| e.to_string())
+        .and_then(|joined| joined.map_err(|_| "the watch panicked".to_string()))
+        .and_then(|dropped| dropped);
+    match dropped {
+        Ok(at) => println!("node: kube-proxy's rules dropped the Go proxy pods {at:.1} s after the Lease was released"),
+        Err(why) => println!("node: when kube-proxy dropped the Go proxy pods is not known: {why}"),
+    }
     assert_eq!(stages.iter().map(|(r, _)| r.as_str()).collect::<Vec<_>>(), ["Serving", "Draining", "Removed"]);
     eventually("the Go operator's Deployment and pods gone", Duration::from_secs(60), || async {
         let deployment = deployments.get_opt(&format!("{NAME}proxy")).await.ok()?;
@@ -1799,11 +1813,12 @@ async fn a_go_operator_balancer_is_taken_over_without_a_failed_request(world: &m
     let after_takeover = load.answers();
     tokio::time::sleep(Duration::from_secs(3)).await;
     let tally = load.answers.clone();
-    let last_failure = load.last_failure().map(|at| at.duration_since(released).as_secs_f64());
+    let last_failure = load.last_failure.clone();
     let (sent, failures) = load.finish().await;
     let answers = tally.lock().expect("answers").clone();
-    if let Some(at) = last_failure {
-        println!("node: the last failed request {at:.1} s after the Lease was released");
+    if let Some(at) = *last_failure.lock().expect("last failure") {
+        let after = at.checked_duration_since(released).map(|d| d.as_secs_f64());
+        println!("node: the last failed request {after:.1?} s after the Lease was released (None: before it)");
     }
 
     let backends = ["hello world v1", "hello world v2", "hello world v3"];
