@@ -73,15 +73,11 @@ stop_nginx() {
 
 # Runs on every exit: stops what the script started, shows the logs of a failure, removes $work.
 cleanup() {
-    local status=$? dir log
+    local status=$? dir
     trap - EXIT INT TERM
     [[ -n $sidecar_pid ]] && stop "$sidecar_pid"
     for dir in "$work"/*/; do stop_nginx "${dir%/}"; done
-    if ((status != 0)); then
-        for log in "$work"/sidecar.log "$work"/*/error.log; do
-            [[ -s $log ]] && { echo "--- $log (last lines)" >&2; tail -n 20 "$log" >&2; }
-        done
-    fi
+    show_logs_on_failure "$status" "$work"/sidecar.log "$work"/*/error.log
     rm -rf "$work"
     exit "$status"
 }

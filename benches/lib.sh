@@ -22,3 +22,16 @@ process_ticks() { # pids...
   done
   echo "$total"
 }
+
+# After a failure ($1, an exit status, not 0), shows the last lines of each log given that has any.
+show_logs_on_failure() { # $1: exit status; then log files
+  local status="$1" log
+  shift
+  [ "$status" -ne 0 ] || return 0
+  for log in "$@"; do
+    if [ -s "$log" ]; then
+      echo "--- $log (last lines)" >&2
+      tail -n 20 "$log" >&2
+    fi
+  done
+}

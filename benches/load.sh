@@ -93,11 +93,7 @@ cleanup() {
   fi
   [ -n "$balancer_pid" ] && stop "$balancer_pid"
   [ -n "$baseline_pid" ] && stop "$baseline_pid"
-  if [ "$status" -ne 0 ]; then
-    for log in balancer.log baseline.log nginx-error.log; do
-      [ -s "$work/$log" ] && { echo "--- $log (last lines)" >&2; tail -n 20 "$work/$log" >&2; }
-    done
-  fi
+  show_logs_on_failure "$status" "$work/balancer.log" "$work/baseline.log" "$work/nginx-error.log"
   rm -rf "$work"
   exit "$status"
 }
