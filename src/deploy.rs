@@ -28,8 +28,8 @@ pub const CLUSTER_PERMISSIONS: &[Permission] = &[
     ("exposer.hliangzhao.io", "balancers/finalizers", &["update"]),
     ("", "services", &["get", "list", "watch", "create", "patch", "delete"]),
     ("", "configmaps", &["get", "list", "watch", "create", "patch"]),
-    // The backend Services' ready endpoints, for the status (read only).
-    ("", "endpoints", &["list", "watch"]),
+    // The backend Services' ready endpoints, from their EndpointSlices, for the status (read only).
+    ("discovery.k8s.io", "endpointslices", &["list", "watch"]),
     // delete: the Go operator's proxy Deployment, once this operator's serves (see `migration`).
     ("apps", "deployments", &["get", "list", "watch", "create", "patch", "delete"]),
     ("policy", "poddisruptionbudgets", &["get", "list", "watch", "create", "patch", "delete"]),

@@ -381,7 +381,8 @@ pub struct BackendStatus {
     pub name: String,
     /// Its weight in the spec.
     pub weight: i32,
-    /// Ready addresses behind its Service (the Service's Endpoints; at most 1,000 are listed there).
+    /// Ready endpoints behind its Service, counted across all the Service's EndpointSlices: a
+    /// pod listed in several (an IPv4 and an IPv6 slice) counts once, and a terminating one not.
     pub ready_endpoints: i32,
     /// The percentage of new connections the proxy aims to give it: its weight over the weights
     /// of the backends with a ready endpoint, rounded down, with the points left over given to

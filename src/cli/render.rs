@@ -62,7 +62,6 @@ pub fn render_yaml(
         push_document(&mut out, &proxy.config_map)?;
         push_document(&mut out, &proxy.deployment)?;
         if spec.replicas() > 1 {
-            // policy/v1; on clusters before Kubernetes 1.21 the controller writes policy/v1beta1.
             push_document(&mut out, &proxy_disruption_budget(&owner))?;
         }
         push_document(&mut out, &proxy.front_service)?;

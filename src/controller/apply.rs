@@ -6,6 +6,7 @@ use std::fmt::Debug;
 use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Resource, ResourceExt};
@@ -118,24 +119,21 @@ where
 
 /// The proxy's PodDisruptionBudget exists while it has more than one pod: created or kept as
 /// `desired`, else deleted when the cache has this Balancer's.
-pub(super) async fn ensure_budget<K>(
+pub(super) async fn ensure_budget(
     balancer: &StoredBalancer,
     ctx: &Context,
     owner: &Owner,
-    cache: &Store<Cached<K>>,
-    desired: K,
+    desired: PodDisruptionBudget,
     wanted: bool,
     written: &mut Written,
-) -> Result<(), Error>
-where
-    K: Resource<DynamicType = (), Scope = NamespaceResourceScope> + Clone + Debug + Serialize + DeserializeOwned,
-{
+) -> Result<(), Error> {
+    let cache = &ctx.children.budgets;
     if wanted {
         return ensure(ctx, owner, cache, &desired, written).await.map(drop);
     }
     let name = desired.name_any();
     let Some(cached) = cache.get(&ObjectRef::new(&name).within(&owner.namespace)) else { return Ok(()) };
-    let api: Api<K> = Api::namespaced(ctx.client.clone(), &owner.namespace);
+    let api: Api<PodDisruptionBudget> = Api::namespaced(ctx.client.clone(), &owner.namespace);
     if !delete_if_ours(&api, cached.as_ref(), owner, DeleteParams::default()).await? {
         return Ok(());
     }

@@ -24,8 +24,7 @@ use serde::de::{DeserializeOwned, Error as _};
 use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::{Map, Value};
 
-use super::budget_version::PodDisruptionBudgetV1beta1;
-use super::endpoints::ReadyCounts;
+use super::endpoint_slices::ReadyEndpointSlices;
 use super::stored::StoredBalancer;
 use crate::deploy::FIELD_MANAGER;
 
@@ -174,9 +173,10 @@ pub struct ChildCaches {
     pub services: Store<Cached<Service>>,
     pub config_maps: Store<Cached<ConfigMap>>,
     pub deployments: Store<Cached<Deployment>>,
-    pub budgets: BudgetCache,
-    /// The backend Services' ready endpoints (not children: the endpoints controller writes them).
-    pub endpoints: ReadyCounts,
+    pub budgets: Store<Cached<PodDisruptionBudget>>,
+    /// The backend Services' ready endpoints (not children: the EndpointSlice controller writes
+    /// their slices).
+    pub endpoint_slices: ReadyEndpointSlices,
 }
 
 impl ChildCaches {
@@ -199,16 +199,12 @@ impl ChildCaches {
     /// `Some(true)` once every child cache has listed, `Some(false)` when one never will (the
     /// controller stopped), `None` meanwhile.
     fn listed(&self) -> Option<bool> {
-        let budgets = match &self.budgets {
-            BudgetCache::V1(store) => listed_now(store),
-            BudgetCache::V1beta1(store) => listed_now(store),
-        };
         let all = [
             listed_now(&self.services),
             listed_now(&self.config_maps),
             listed_now(&self.deployments),
-            budgets,
-            self.endpoints.listed().then_some(true),
+            listed_now(&self.budgets),
+            self.endpoint_slices.listed().then_some(true),
         ];
         if all.contains(&Some(false)) {
             return Some(false);
@@ -224,13 +220,6 @@ const LISTED_POLL: Duration = Duration::from_millis(50);
 /// is gone).
 fn listed_now<K: Resource<DynamicType = ()> + Clone>(store: &Store<K>) -> Option<bool> {
     store.wait_until_ready().now_or_never().map(|ready| ready.is_ok())
-}
-
-/// The proxies' PodDisruptionBudgets, in the `policy` version the cluster serves.
-#[derive(Clone)]
-pub enum BudgetCache {
-    V1(Store<Cached<PodDisruptionBudget>>),
-    V1beta1(Store<Cached<PodDisruptionBudgetV1beta1>>),
 }
 
 /// Every cache of the controller, for telling whether they have all listed.
@@ -268,11 +257,11 @@ mod tests {
         (store, writer)
     }
 
-    fn listed_counts() -> ReadyCounts {
-        let counts = ReadyCounts::default();
-        counts.apply(&watcher::Event::Init);
-        counts.apply(&watcher::Event::InitDone);
-        counts
+    fn listed_slices() -> ReadyEndpointSlices {
+        let slices = ReadyEndpointSlices::default();
+        slices.apply(&watcher::Event::Init);
+        slices.apply(&watcher::Event::InitDone);
+        slices
     }
 
     /// Several tasks waiting at once for caches still listing (a new leader's reconciles and its
@@ -285,8 +274,8 @@ mod tests {
         let (config_maps, config_maps_writer) = synced_store();
         let (deployments, deployments_writer) = synced_store();
         let (budgets, budgets_writer) = synced_store();
-        let endpoints = listed_counts();
-        let children = ChildCaches { services, config_maps, deployments, budgets: BudgetCache::V1(budgets), endpoints };
+        let endpoint_slices = listed_slices();
+        let children = ChildCaches { services, config_maps, deployments, budgets, endpoint_slices };
         let waiting: Vec<_> = (0..3)
             .map(|_| {
                 let children = children.clone();
@@ -309,8 +298,8 @@ mod tests {
         let (config_maps, _config_maps_writer) = synced_store();
         let (deployments, _deployments_writer) = synced_store();
         let (budgets, _budgets_writer) = synced_store();
-        let endpoints = listed_counts();
-        let children = ChildCaches { services, config_maps, deployments, budgets: BudgetCache::V1(budgets), endpoints };
+        let endpoint_slices = listed_slices();
+        let children = ChildCaches { services, config_maps, deployments, budgets, endpoint_slices };
         drop(services_writer);
         let synced = tokio::time::timeout(Duration::from_secs(2), children.synced()).await;
         assert_eq!(synced, Ok(false));

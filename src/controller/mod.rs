@@ -13,18 +13,16 @@
 //!   (whose a child is, what is obsolete), `ssa` (server-side apply bookkeeping), `migration`
 //!   (taking over from the Go operator) and `exposure` (addresses);
 //! - I/O: `apply` (writes and deletions) and `report` (status writes and events);
-//! - the controller's own parts: the lenient `stored` Balancer, the compact child `cache`,
-//!   the PodDisruptionBudget version shim, `budget_version`, and the backends' readiness as
-//!   their Endpoints tell it, `endpoints`.
+//! - the controller's own parts: the lenient `stored` Balancer, the compact child `cache`, and
+//!   the backends' ready endpoints as their EndpointSlices tell them, `endpoint_slices`.
 
 use std::time::Duration;
 
 mod apply;
 mod backends;
-mod budget_version;
 mod cache;
 mod context;
-mod endpoints;
+mod endpoint_slices;
 mod error;
 mod exposure;
 pub(crate) mod metrics;
@@ -39,9 +37,9 @@ mod stored;
 mod watches;
 
 pub use backends::BACKENDS_AVAILABLE;
-pub use cache::{BudgetCache, Cached, ChildCaches};
+pub use cache::{Cached, ChildCaches};
 pub use context::{Clients, Context, Options, Scope, error_policy};
-pub use endpoints::{ReadyCounts, ReadyEndpoints};
+pub use endpoint_slices::{ReadyEndpointSlices, ReadySlice};
 pub use error::{Error, ErrorKind};
 pub use metrics::ControllerMetrics;
 pub use reconcile::reconcile;

@@ -13,7 +13,6 @@ use kube::{Resource, ResourceExt};
 
 use super::apply::{delete_go_proxy, delete_obsolete_backends, ensure, ensure_budget, find_go_proxy};
 use super::backends::backends;
-use super::cache::BudgetCache;
 use super::context::Context;
 use super::exposure::Exposure;
 use super::metrics::ReconcileResult;
@@ -23,7 +22,6 @@ use super::status::{Counts, ProxyCounts, condition, names_spec, proxy_condition}
 use super::stored::StoredBalancer;
 use super::{Error, RESYNC, migration};
 use crate::api::backend_service_name;
-use crate::controller::budget_version::PodDisruptionBudgetV1beta1;
 use crate::proxy::{self, BackendHosts, Owner};
 use crate::runtime::events::EventType;
 use crate::spec::{FieldError, ObjectName, admit, denial_message};
@@ -97,13 +95,7 @@ async fn converge(
     let deployment = ensure(ctx, &owner, &caches.deployments, &proxy.deployment, written).await?;
     let budget = proxy::proxy_disruption_budget(&owner);
     let wanted = spec.replicas() > 1;
-    let budgeted = match &caches.budgets {
-        BudgetCache::V1(store) => ensure_budget(balancer, ctx, &owner, store, budget, wanted, written).await,
-        BudgetCache::V1beta1(store) => {
-            let budget = PodDisruptionBudgetV1beta1::from(budget);
-            ensure_budget(balancer, ctx, &owner, store, budget, wanted, written).await
-        }
-    };
+    let budgeted = ensure_budget(balancer, ctx, &owner, budget, wanted, written).await;
     // A budget protects against drains; without one the proxy still serves, so a refusal (a
     // namesake, a quota) is told, and the rest of the reconcile goes on.
     if let Err(e) = budgeted {
@@ -126,13 +118,14 @@ async fn converge(
     } else {
         obsolete_backends(&ctx.children.services, &owner, &backend_services).len()
     };
-    let endpoints = |backend: &str| caches.endpoints.get(&owner.namespace, &backend_service_name(&owner.name, backend));
+    let ready_endpoints =
+        |backend: &str| caches.endpoint_slices.get(&owner.namespace, &backend_service_name(&owner.name, backend));
     let counts = Counts {
         active: backend_services.len(),
         obsolete,
         proxy: ProxyCounts::of(&deployment),
         exposure: Exposure::of(&front),
-        backends: Some(backends(balancer, &spec, endpoints, now)),
+        backends: Some(backends(balancer, &spec, ready_endpoints, now)),
     };
     let requeue = takeover.requeue.unwrap_or(RESYNC);
     match write_status(balancer, ctx, counts, ready, takeover.condition, now).await? {

@@ -8,6 +8,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Service};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::ResourceExt;
 use kube::runtime::controller::{self, Controller};
 use kube::runtime::reflector::Store;
@@ -15,15 +16,14 @@ use kube::runtime::watcher;
 use tokio_util::sync::CancellationToken;
 
 use super::Error;
-use super::budget_version::PolicyVersion;
 use super::cache::{Cached, Caches, ChildCaches};
 use super::context::{Clients, Context, Options, error_policy};
-use super::endpoints::ReadyCounts;
+use super::endpoint_slices::ReadyEndpointSlices;
 use super::metrics::ControllerMetrics;
 use super::reconcile::reconcile;
 use super::status::READY;
 use super::stored::StoredBalancer;
-use super::watches::{BudgetsReflected, Reflected, backend_endpoints, policy_version};
+use super::watches::{Reflected, backend_endpoint_slices};
 
 /// Runs the controller until `stop` is cancelled; sets `synced` once every cache has listed.
 pub async fn run(
@@ -35,24 +35,20 @@ pub async fn run(
 ) {
     let scope = &options.scope;
     let Clients { direct: client, throttled, contact } = clients;
-    let Some(policy) = policy_version(&client, &stop).await else { return };
     let services = Reflected::<Cached<Service>>::children(&client, scope, &contact);
     let config_maps = Reflected::<Cached<ConfigMap>>::children(&client, scope, &contact);
     let deployments = Reflected::<Cached<Deployment>>::children(&client, scope, &contact);
-    let endpoints = ReadyCounts::default();
-    let endpoint_changes = backend_endpoints(&client, scope, &contact, endpoints.clone());
+    let budgets = Reflected::<Cached<PodDisruptionBudget>>::children(&client, scope, &contact);
+    let endpoint_slices = ReadyEndpointSlices::default();
+    let slice_changes = backend_endpoint_slices(&client, scope, &contact, endpoint_slices.clone());
     let balancers = Reflected::balancers(&client, scope, &contact);
-    let budgets = match policy {
-        PolicyVersion::V1 => BudgetsReflected::V1(Reflected::children(&client, scope, &contact)),
-        PolicyVersion::V1beta1 => BudgetsReflected::V1beta1(Reflected::children(&client, scope, &contact)),
-    };
 
     let children = ChildCaches {
         services: services.store.clone(),
         config_maps: config_maps.store.clone(),
         deployments: deployments.store.clone(),
-        budgets: budgets.cache(),
-        endpoints,
+        budgets: budgets.store.clone(),
+        endpoint_slices,
     };
     let caches = Caches { balancers: balancers.store.clone(), children: children.clone() };
     let ctx = Arc::new(Context::new(throttled, children, options.proxy, metrics.clone()));
@@ -85,12 +81,8 @@ pub async fn run(
         .owns_stream(services.changes)
         .owns_stream(config_maps.changes)
         .owns_stream(deployments.changes)
-        .watches_stream(endpoint_changes, |endpoints| endpoints.balancer());
-    let controller = match budgets {
-        BudgetsReflected::V1(budgets) => controller.owns_stream(budgets.changes),
-        BudgetsReflected::V1beta1(budgets) => controller.owns_stream(budgets.changes),
-    };
-    let controller = controller
+        .owns_stream(budgets.changes)
+        .watches_stream(slice_changes, |slice| slice.balancer())
         .with_config(config)
         .graceful_shutdown_on(stop.cancelled_owned())
         .run(reconcile, error_policy, ctx)

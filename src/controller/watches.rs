@@ -2,23 +2,19 @@
 //! back after the API server does.
 
 use std::fmt::Debug;
-use std::time::Duration;
 
 use futures::stream::BoxStream;
 use futures::{Stream, StreamExt, TryStreamExt};
 use k8s_openapi::NamespaceResourceScope;
-use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, predicates, watcher};
 use kube::{Api, Client, Resource};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
-use tokio_util::sync::CancellationToken;
 
-use super::budget_version::{PodDisruptionBudgetV1beta1, PolicyVersion};
-use super::cache::{BudgetCache, Cached};
+use super::cache::Cached;
 use super::context::Scope;
-use super::endpoints::{ReadyCounts, ReadyEndpoints};
+use super::endpoint_slices::{ReadyEndpointSlices, ReadySlice};
 use super::ssa::slim;
 use super::stored::StoredBalancer;
 use crate::proxy::{COMPONENT_BACKEND, COMPONENT_LABEL, MANAGED_BY, MANAGED_BY_LABEL};
@@ -83,50 +79,18 @@ where
     }
 }
 
-/// The PodDisruptionBudgets watched, in the version the cluster serves.
-pub(super) enum BudgetsReflected {
-    V1(Reflected<Cached<PodDisruptionBudget>>),
-    V1beta1(Reflected<Cached<PodDisruptionBudgetV1beta1>>),
-}
-
-impl BudgetsReflected {
-    pub(super) fn cache(&self) -> BudgetCache {
-        match self {
-            BudgetsReflected::V1(r) => BudgetCache::V1(r.store.clone()),
-            BudgetsReflected::V1beta1(r) => BudgetCache::V1beta1(r.store.clone()),
-        }
-    }
-}
-
-/// Asks the API server which `policy` version it serves, until it answers or `stop`.
-pub(super) async fn policy_version(client: &Client, stop: &CancellationToken) -> Option<PolicyVersion> {
-    loop {
-        match PolicyVersion::served(client).await {
-            Ok(version) => {
-                tracing::info!(?version, "PodDisruptionBudgets in this policy version");
-                return Some(version);
-            }
-            Err(e) => tracing::warn!(error = %e, "cannot tell the policy version the API server serves; retrying"),
-        }
-        tokio::select! {
-            _ = stop.cancelled() => return None,
-            _ = tokio::time::sleep(Duration::from_secs(5)) => {}
-        }
-    }
-}
-
-/// The Endpoints of balancer's backend Services (they carry the Services' labels), counted
-/// into `counts`; every change triggers its Balancer's reconcile, which writes only what
-/// changed (the endpoints controller rewrites an Endpoints only when its addresses change).
-pub(super) fn backend_endpoints(
+/// The EndpointSlices of balancer's backend Services (they carry the Services' labels), read
+/// into `slices`; every change triggers its Balancer's reconcile, which writes only what
+/// changed (the EndpointSlice controller rewrites a slice only when its endpoints change).
+pub(super) fn backend_endpoint_slices(
     client: &Client,
     scope: &Scope,
     contact: &Contact,
-    counts: ReadyCounts,
-) -> BoxStream<'static, Result<ReadyEndpoints, watcher::Error>> {
+    slices: ReadyEndpointSlices,
+) -> BoxStream<'static, Result<ReadySlice, watcher::Error>> {
     let selector = format!("{MANAGED_BY_LABEL}={MANAGED_BY},{COMPONENT_LABEL}={COMPONENT_BACKEND}");
     watch(api(client, scope), watch_config().labels(&selector), contact)
-        .inspect_ok(move |event| counts.apply(event))
+        .inspect_ok(move |event| slices.apply(event))
         .touched_objects()
         .boxed()
 }

@@ -95,3 +95,41 @@ pub fn service_pair() -> (mock::Mock<Request<Body>, Response<Body>>, MockApi) {
     let (service, handle) = mock::pair::<Request<Body>, Response<Body>>();
     (service, MockApi(handle))
 }
+
+/// The request `method` on `uri` (path and query) is covered by the permissions the controller
+/// declares in `CLUSTER_PERMISSIONS`, which `deploy/rbac.yaml` grants (the manifests test keeps
+/// the two equal). A GET of a collection is a list, or a watch with `watch=true`.
+pub fn assert_granted(method: &Method, uri: &str) {
+    let (path, query) = uri.split_once('?').unwrap_or((uri, ""));
+    let parts: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+    let (group, rest) = match parts.as_slice() {
+        ["api", _version, rest @ ..] => ("", rest),
+        ["apis", group, _version, rest @ ..] => (*group, rest),
+        _ => panic!("unexpected path {path}"),
+    };
+    let (resource, named) = match rest {
+        [resource] | ["namespaces", _, resource] => (resource.to_string(), false),
+        ["namespaces", _, resource, _name] => (resource.to_string(), true),
+        ["namespaces", _, resource, _name, sub] => (format!("{resource}/{sub}"), true),
+        _ => panic!("unexpected path {path}"),
+    };
+    let watch = query.split('&').any(|parameter| parameter == "watch=true");
+    let mut verbs = match *method {
+        Method::GET if named => vec!["get"],
+        Method::GET if watch => vec!["watch"],
+        Method::GET => vec!["list"],
+        Method::POST => vec!["create"],
+        Method::PATCH => vec!["patch"],
+        Method::DELETE => vec!["delete"],
+        _ => panic!("unexpected method {method}"),
+    };
+    if query.contains("fieldManager=") && *method == Method::PATCH {
+        verbs.push("create"); // server-side apply creates what is missing
+    }
+    for verb in verbs {
+        let granted = balancer::deploy::CLUSTER_PERMISSIONS
+            .iter()
+            .any(|(g, r, vs)| *g == group && *r == resource && vs.contains(&verb));
+        assert!(granted, "{method} {path}: {verb} on {group}/{resource} is not in CLUSTER_PERMISSIONS");
+    }
+}

@@ -8,7 +8,7 @@ use axum::http::{Method, Response, StatusCode};
 use balancer::api::{Balancer, BalancerStatus};
 use balancer::controller::StoredBalancer;
 use balancer::controller::{
-    self, BudgetCache, Cached, ChildCaches, Context, ErrorKind, ReadyCounts, ReadyEndpoints, error_policy, reconcile,
+    self, Cached, ChildCaches, Context, ErrorKind, ReadyEndpointSlices, ReadySlice, error_policy, reconcile,
 };
 use balancer::manager::Metrics;
 use balancer::proxy::{self, BackendHosts, Owner, ProxySettings};
@@ -68,7 +68,7 @@ struct Caches {
     config_maps: Writer<Cached<ConfigMap>>,
     deployments: Writer<Cached<Deployment>>,
     budgets: Writer<Cached<PodDisruptionBudget>>,
-    endpoints: ReadyCounts,
+    endpoint_slices: ReadyEndpointSlices,
 }
 
 /// A cache that has listed (nothing).
@@ -87,17 +87,17 @@ fn child_caches() -> (ChildCaches, Caches) {
     let (config_maps, config_maps_writer) = synced_store();
     let (deployments, deployments_writer) = synced_store();
     let (budgets, budgets_writer) = synced_store();
-    let endpoints = ReadyCounts::default();
-    endpoints.apply(&watcher::Event::Init);
-    endpoints.apply(&watcher::Event::InitDone);
+    let endpoint_slices = ReadyEndpointSlices::default();
+    endpoint_slices.apply(&watcher::Event::Init);
+    endpoint_slices.apply(&watcher::Event::InitDone);
     let caches = Caches {
         services: services_writer,
         config_maps: config_maps_writer,
         deployments: deployments_writer,
         budgets: budgets_writer,
-        endpoints: endpoints.clone(),
+        endpoint_slices: endpoint_slices.clone(),
     };
-    (ChildCaches { services, config_maps, deployments, budgets: BudgetCache::V1(budgets), endpoints }, caches)
+    (ChildCaches { services, config_maps, deployments, budgets, endpoint_slices }, caches)
 }
 
 /// A context whose client talks to the returned mock, with synced (empty) caches.
@@ -152,47 +152,13 @@ fn converged(caches: &mut Caches, balancer: &Balancer) {
 /// the responder.
 async fn expect(server: &mut ApiServer, method: Method, uri: &str) -> (Value, Respond) {
     let received = server.expect(method.clone(), uri).await;
-    let (path, query) = uri.split_once('?').unwrap_or((uri, ""));
-    assert_granted(&method, path, query);
+    mock_api::assert_granted(&method, uri);
     (received.body, received.respond)
 }
 
 /// The controller sends nothing more: its client is dropped once the reconcile returns.
 async fn expect_done(server: &mut ApiServer) {
     server.expect_done().await;
-}
-
-/// The request is covered by the permissions the controller declares (and deploy/rbac.yaml grants).
-fn assert_granted(method: &Method, path: &str, query: &str) {
-    let parts: Vec<&str> = path.trim_start_matches('/').split('/').collect();
-    let (group, rest) = match parts.as_slice() {
-        ["api", _version, rest @ ..] => ("", rest),
-        ["apis", group, _version, rest @ ..] => (*group, rest),
-        _ => panic!("unexpected path {path}"),
-    };
-    let (resource, named) = match rest {
-        ["namespaces", _, resource] => (resource.to_string(), false),
-        ["namespaces", _, resource, _name] => (resource.to_string(), true),
-        ["namespaces", _, resource, _name, sub] => (format!("{resource}/{sub}"), true),
-        _ => panic!("unexpected path {path}"),
-    };
-    let mut verbs = match *method {
-        Method::GET if named => vec!["get"],
-        Method::GET => vec!["list"],
-        Method::POST => vec!["create"],
-        Method::PATCH => vec!["patch"],
-        Method::DELETE => vec!["delete"],
-        _ => panic!("unexpected method {method}"),
-    };
-    if query.contains("fieldManager=") && *method == Method::PATCH {
-        verbs.push("create"); // server-side apply creates what is missing
-    }
-    for verb in verbs {
-        let granted = balancer::deploy::CLUSTER_PERMISSIONS
-            .iter()
-            .any(|(g, r, vs)| *g == group && *r == resource && vs.contains(&verb));
-        assert!(granted, "{method} {path}: {verb} on {group}/{resource} is not in CLUSTER_PERMISSIONS");
-    }
 }
 
 /// A child the cache does not know is created with a POST to its collection (which a taken name
@@ -1150,18 +1116,30 @@ async fn scaling_down_to_one_pod_deletes_the_disruption_budget() {
     verifier.await.unwrap();
 }
 
-/// The backend Services' Endpoints as the endpoints controller writes them: `ready` addresses
-/// for each backend named.
-fn endpoints(caches: &mut Caches, ready: &[(&str, usize)]) {
+/// The backend Services' EndpointSlices as the EndpointSlice controller writes them for a
+/// dual-stack Service: an IPv4 and an IPv6 slice, each listing the same `ready` pods of each
+/// backend named (and one terminating pod, which does not count).
+fn endpoint_slices(caches: &mut Caches, ready: &[(&str, usize)]) {
     for (backend, count) in ready {
-        let addresses: Vec<Value> = (0..*count).map(|i| json!({"ip": format!("10.244.0.{}", i + 2)})).collect();
-        let object: ReadyEndpoints = serde_json::from_value(json!({
-            "metadata": {"name": balancer::api::backend_service_name(NAME, backend), "namespace": NS,
-                         "labels": {proxy::BALANCER_NAME_LABEL: NAME}},
-            "subsets": [{"addresses": addresses, "ports": [{"port": 80}]}]
-        }))
-        .unwrap();
-        caches.endpoints.apply(&watcher::Event::Apply(object));
+        let service = balancer::api::backend_service_name(NAME, backend);
+        for (family, address) in [("IPv4", "10.244.0."), ("IPv6", "fd00::")] {
+            let pod = |i: usize, conditions: Value| {
+                json!({"addresses": [format!("{address}{}", i + 2)], "conditions": conditions,
+                       "targetRef": {"kind": "Pod", "namespace": NS, "name": format!("{backend}-{i}")}})
+            };
+            let mut listed: Vec<Value> =
+                (0..*count).map(|i| pod(i, json!({"ready": true, "serving": true, "terminating": false}))).collect();
+            listed.push(pod(*count, json!({"ready": false, "serving": true, "terminating": true})));
+            let slice: ReadySlice = serde_json::from_value(json!({
+                "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice", "addressType": family,
+                "metadata": {"name": format!("{service}-{}", family.to_lowercase()), "namespace": NS,
+                             "labels": {"kubernetes.io/service-name": service, proxy::BALANCER_NAME_LABEL: NAME}},
+                "endpoints": listed,
+                "ports": [{"port": 80, "protocol": "TCP"}]
+            }))
+            .unwrap();
+            caches.endpoint_slices.apply(&watcher::Event::Apply(slice));
+        }
     }
 }
 
@@ -1170,7 +1148,7 @@ async fn each_backend_shows_its_ready_endpoints_and_share_and_the_missing_one_is
     let (ctx, mut server, mut caches) = context();
     let balancer = sample();
     converged(&mut caches, &balancer);
-    endpoints(&mut caches, &[("v1", 2), ("v2", 0), ("v3", 1)]);
+    endpoint_slices(&mut caches, &[("v1", 2), ("v2", 0), ("v3", 1)]);
     let verifier = tokio::spawn(async move {
         let status = expect_status(&mut server, &sample()).await;
         expect_event(&mut server, "ProxyAvailable").await;
@@ -1199,7 +1177,7 @@ async fn a_change_of_readiness_alone_just_after_a_write_waits_for_the_interval()
     let (ctx, mut server, mut caches) = context();
     let balancer = sample();
     converged(&mut caches, &balancer);
-    endpoints(&mut caches, &[("v1", 1), ("v2", 1), ("v3", 1)]);
+    endpoint_slices(&mut caches, &[("v1", 1), ("v2", 1), ("v3", 1)]);
     let verifier = tokio::spawn(async move {
         let status = expect_status(&mut server, &sample()).await;
         expect_event(&mut server, "ProxyAvailable").await;
@@ -1210,7 +1188,7 @@ async fn a_change_of_readiness_alone_just_after_a_write_waits_for_the_interval()
     assert_eq!(status["backendsReady"], "3/3");
     assert_eq!(status["conditions"][1]["status"], "True");
 
-    endpoints(&mut caches, &[("v2", 0)]);
+    endpoint_slices(&mut caches, &[("v2", 0)]);
     let mut settled = balancer;
     settled.status = Some(serde_json::from_value(status).unwrap());
     let action = tokio::time::timeout(Duration::from_secs(5), reconcile(Arc::new(settled.into()), ctx))

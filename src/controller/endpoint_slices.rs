@@ -1,0 +1,444 @@
+//! The ready endpoints of balancer's backend Services, counted from their EndpointSlices
+//! (`discovery.k8s.io/v1`), for `status.backends[].readyEndpoints`.
+//!
+//! EndpointSlices rather than `v1` Endpoints: Kubernetes deprecated Endpoints in 1.33, and the
+//! API server answers every list and watch of them with a deprecation warning. A Service may
+//! have several slices: the EndpointSlice controller fills each with at most 100 endpoints by
+//! default, and a dual-stack Service has an IPv4 slice and an IPv6 slice that list the same
+//! pods. So a Service's count is the number of distinct ready endpoints across all its slices,
+//! a pod being one endpoint whichever slices list it (see [`ReadySlice`]).
+//!
+//! The EndpointSlice controller copies the Service's labels onto its slices, so the watch
+//! selects balancer's own by balancer's label, and the Balancer's name label says whose they
+//! are. Each slice names its Service in `kubernetes.io/service-name`.
+//!
+//! The endpoints are read while the object is deserialized and the rest is dropped: the cache
+//! ([`ReadyEndpointSlices`]) keeps, per slice, its Service and the identities of its ready
+//! endpoints, never the objects. It grows with the backends' ready pods, at a few dozen bytes
+//! each, and is bounded per slice (see [`MAX_ENDPOINTS_PER_SLICE`]).
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, RwLock};
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::runtime::reflector::ObjectRef;
+use kube::runtime::watcher;
+use serde::{Deserialize, Deserializer};
+
+use super::stored::StoredBalancer;
+use crate::proxy::BALANCER_NAME_LABEL;
+
+/// The label that names a slice's Service, set by the EndpointSlice controller.
+const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
+
+/// Most ready endpoints kept for one slice. The API server refuses a slice of more than 1,000
+/// endpoints (and the EndpointSlice controller's `--max-endpoints-per-slice` is 100 unless
+/// raised, to 1,000 at most), so this never cuts a real slice short; it bounds what a broken or
+/// hostile object can make the cache hold.
+const MAX_ENDPOINTS_PER_SLICE: usize = 1_000;
+
+/// Longest endpoint identity kept, in bytes: a namespace (63) and a name (253) with their `/`.
+/// Addresses (253 at most, for an FQDN) and uids are shorter. A longer one is cut to this.
+const MAX_IDENTITY_LEN: usize = 317;
+
+/// One EndpointSlice of a backend Service, as the controller keeps it: whose it is, and which of
+/// its endpoints are ready.
+///
+/// An endpoint is known by what it stands for, so that one listed in two slices counts once:
+/// its `targetRef` (`namespace/name`, or the uid when the reference has no name), or, without a
+/// `targetRef`, its first address. It is ready when `conditions.ready` is not false (unset
+/// means ready, as the API says) and `conditions.terminating` is not true: a terminating pod
+/// is on its way out, and kube-proxy sends it new connections only while its Service has no
+/// other (a Service with `publishNotReadyAddresses` leaves `ready` true while it terminates).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ReadySlice {
+    /// Name, namespace and resource version only.
+    pub metadata: ObjectMeta,
+    /// The Service, from `kubernetes.io/service-name`.
+    service: Option<Box<str>>,
+    /// The Balancer, from the label copied from the Service.
+    balancer: Option<Box<str>>,
+    /// The identities of the ready endpoints, sorted and distinct.
+    ready: Arc<[Box<str>]>,
+}
+
+impl ReadySlice {
+    /// The Balancer whose backend Service this slice is of (from the copied label).
+    pub(super) fn balancer(&self) -> Option<ObjectRef<StoredBalancer>> {
+        let reference = ObjectRef::new(self.balancer.as_deref()?);
+        Some(match &self.metadata.namespace {
+            Some(namespace) => reference.within(namespace),
+            None => reference,
+        })
+    }
+}
+
+/// The EndpointSlice fields read; serde skips the rest (ports, address type, topology).
+#[derive(Deserialize)]
+struct Wire {
+    #[serde(default)]
+    metadata: ObjectMeta,
+    #[serde(default)]
+    endpoints: Option<Vec<Endpoint>>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Endpoint {
+    #[serde(default)]
+    addresses: Option<Vec<String>>,
+    #[serde(default)]
+    conditions: Option<Conditions>,
+    #[serde(default)]
+    target_ref: Option<TargetRef>,
+}
+
+#[derive(Deserialize)]
+struct Conditions {
+    #[serde(default)]
+    ready: Option<bool>,
+    #[serde(default)]
+    terminating: Option<bool>,
+}
+
+#[derive(Deserialize)]
+struct TargetRef {
+    #[serde(default)]
+    namespace: Option<String>,
+    #[serde(default)]
+    name: Option<String>,
+    #[serde(default)]
+    uid: Option<String>,
+}
+
+impl Endpoint {
+    /// Ready unless it says it is not, and not terminating.
+    fn is_ready(&self) -> bool {
+        let conditions = self.conditions.as_ref();
+        let ready = conditions.and_then(|c| c.ready).unwrap_or(true);
+        let terminating = conditions.and_then(|c| c.terminating).unwrap_or(false);
+        ready && !terminating
+    }
+
+    /// What this endpoint stands for (a pod, usually), the same in every slice that lists it;
+    /// `None` when it names nothing. The reference's namespace defaults to the slice's.
+    fn identity(&self, slice_namespace: &str) -> Option<String> {
+        let non_empty = |s: &Option<String>| s.as_deref().filter(|s| !s.is_empty()).map(str::to_owned);
+        if let Some(target) = &self.target_ref {
+            if let Some(name) = non_empty(&target.name) {
+                let namespace = non_empty(&target.namespace).unwrap_or_else(|| slice_namespace.to_owned());
+                return Some(format!("{namespace}/{name}"));
+            }
+            if let Some(uid) = non_empty(&target.uid) {
+                return Some(uid);
+            }
+        }
+        self.addresses.iter().flatten().find(|a| !a.is_empty()).cloned()
+    }
+}
+
+/// `identity` within [`MAX_IDENTITY_LEN`] bytes, cut at a character boundary.
+fn bounded(mut identity: String) -> Box<str> {
+    if identity.len() > MAX_IDENTITY_LEN {
+        let end = (0..=MAX_IDENTITY_LEN).rev().find(|&i| identity.is_char_boundary(i)).unwrap_or(0);
+        identity.truncate(end);
+    }
+    identity.into_boxed_str()
+}
+
+/// The identities of the ready endpoints, sorted and distinct, [`MAX_ENDPOINTS_PER_SLICE`] at most.
+fn ready_identities(endpoints: &[Endpoint], slice_namespace: &str) -> Arc<[Box<str>]> {
+    let mut ready: Vec<Box<str>> = endpoints
+        .iter()
+        .filter(|endpoint| endpoint.is_ready())
+        .filter_map(|endpoint| endpoint.identity(slice_namespace))
+        .take(MAX_ENDPOINTS_PER_SLICE)
+        .map(bounded)
+        .collect();
+    ready.sort_unstable();
+    ready.dedup();
+    ready.into()
+}
+
+impl<'de> Deserialize<'de> for ReadySlice {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let wire = Wire::deserialize(deserializer)?;
+        let metadata = wire.metadata;
+        let namespace = metadata.namespace.as_deref().unwrap_or_default();
+        let ready = ready_identities(wire.endpoints.as_deref().unwrap_or_default(), namespace);
+        let mut labels = metadata.labels.unwrap_or_default();
+        let mut label = |key: &str| labels.remove(key).filter(|v| !v.is_empty()).map(String::into_boxed_str);
+        let (service, balancer) = (label(SERVICE_NAME_LABEL), label(BALANCER_NAME_LABEL));
+        Ok(ReadySlice {
+            // Where the watch resumes from, and what names the slice.
+            metadata: ObjectMeta {
+                name: metadata.name,
+                namespace: metadata.namespace,
+                resource_version: metadata.resource_version,
+                ..ObjectMeta::default()
+            },
+            service,
+            balancer,
+            ready,
+        })
+    }
+}
+
+/// The ready endpoints of every backend Service, from the watch of their slices.
+#[derive(Clone, Default)]
+pub struct ReadyEndpointSlices(Arc<RwLock<Table>>);
+
+#[derive(Default)]
+struct Table {
+    /// Every slice with a Service, by `namespace/slice`.
+    slices: HashMap<Box<str>, Slice>,
+    /// A (re)list in progress: it replaces `slices` when done.
+    listing: Option<HashMap<Box<str>, Slice>>,
+    listed: bool,
+}
+
+/// What counting needs of one slice.
+struct Slice {
+    /// Its Service, as `namespace/name`.
+    service: Box<str>,
+    /// Its ready endpoints' identities (shared with the [`ReadySlice`] it was read from).
+    ready: Arc<[Box<str>]>,
+}
+
+fn key(namespace: &str, name: &str) -> Box<str> {
+    format!("{namespace}/{name}").into_boxed_str()
+}
+
+/// `slice` as the table keeps it, under its key; `None` for a slice that names no Service.
+fn entry(slice: &ReadySlice) -> (Box<str>, Option<Slice>) {
+    let namespace = slice.metadata.namespace.as_deref().unwrap_or_default();
+    let name = slice.metadata.name.as_deref().unwrap_or_default();
+    let kept =
+        slice.service.as_deref().map(|service| Slice { service: key(namespace, service), ready: slice.ready.clone() });
+    (key(namespace, name), kept)
+}
+
+/// Puts `slice` in `slices`, or takes it out when it no longer names a Service.
+fn put(slices: &mut HashMap<Box<str>, Slice>, slice: &ReadySlice) {
+    match entry(slice) {
+        (key, Some(kept)) => slices.insert(key, kept),
+        (key, None) => slices.remove(&key),
+    };
+}
+
+impl ReadyEndpointSlices {
+    /// The distinct ready endpoints of Service `name` in `namespace`, across its slices (0 when
+    /// none is known). It looks at every slice: thousands take microseconds, and a reconcile
+    /// asks once per backend.
+    pub fn get(&self, namespace: &str, name: &str) -> u32 {
+        let service = key(namespace, name);
+        let table = self.read();
+        let union: HashSet<&str> = table
+            .slices
+            .values()
+            .filter(|slice| slice.service == service)
+            .flat_map(|slice| slice.ready.iter().map(AsRef::as_ref))
+            .collect();
+        u32::try_from(union.len()).unwrap_or(u32::MAX)
+    }
+
+    /// Takes in one watch event, as a reflector's store does.
+    pub fn apply(&self, event: &watcher::Event<ReadySlice>) {
+        let mut table = self.0.write().unwrap_or_else(|e| e.into_inner());
+        match event {
+            watcher::Event::Apply(slice) => put(&mut table.slices, slice),
+            watcher::Event::Delete(slice) => {
+                table.slices.remove(&entry(slice).0);
+            }
+            watcher::Event::Init => table.listing = Some(HashMap::new()),
+            watcher::Event::InitApply(slice) => put(table.listing.get_or_insert_default(), slice),
+            watcher::Event::InitDone => {
+                table.slices = table.listing.take().unwrap_or_default();
+                table.slices.shrink_to_fit();
+                table.listed = true;
+            }
+        }
+    }
+
+    /// Whether the first list is in.
+    pub(super) fn listed(&self) -> bool {
+        self.read().listed
+    }
+
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, Table> {
+        self.0.read().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl k8s_openapi::Resource for ReadySlice {
+    const API_VERSION: &'static str = "discovery.k8s.io/v1";
+    const GROUP: &'static str = "discovery.k8s.io";
+    const KIND: &'static str = "EndpointSlice";
+    const VERSION: &'static str = "v1";
+    const URL_PATH_SEGMENT: &'static str = "endpointslices";
+    type Scope = k8s_openapi::NamespaceResourceScope;
+}
+
+impl k8s_openapi::Metadata for ReadySlice {
+    type Ty = ObjectMeta;
+
+    fn metadata(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+
+    fn metadata_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use kube::Resource;
+    use serde_json::{Value, json};
+
+    use super::*;
+
+    /// A pod's endpoint as the EndpointSlice controller lists it.
+    fn pod(name: &str, address: &str, conditions: Value) -> Value {
+        json!({"addresses": [address], "conditions": conditions, "nodeName": "node-1",
+               "targetRef": {"kind": "Pod", "namespace": "ns", "name": name, "uid": format!("uid-{name}")}})
+    }
+
+    /// Slice `name` of Service `service` (with the Balancer's label) listing `endpoints`.
+    fn slice(name: &str, service: &str, endpoints: Vec<Value>) -> ReadySlice {
+        serde_json::from_value(json!({
+            "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice", "addressType": "IPv4",
+            "metadata": {"name": name, "namespace": "ns", "resourceVersion": "7",
+                         "labels": {SERVICE_NAME_LABEL: service, BALANCER_NAME_LABEL: "lb",
+                                    "endpointslice.kubernetes.io/managed-by": "endpointslice-controller.k8s.io"},
+                         "annotations": {"endpoints.kubernetes.io/last-change-trigger-time": "x"}},
+            "endpoints": endpoints,
+            "ports": [{"name": "", "port": 80, "protocol": "TCP"}]
+        }))
+        .unwrap()
+    }
+
+    fn ready() -> Value {
+        json!({"ready": true, "serving": true, "terminating": false})
+    }
+
+    fn listed(slices: &[ReadySlice]) -> ReadyEndpointSlices {
+        let table = ReadyEndpointSlices::default();
+        table.apply(&watcher::Event::Init);
+        for slice in slices {
+            table.apply(&watcher::Event::InitApply(slice.clone()));
+        }
+        table.apply(&watcher::Event::InitDone);
+        table
+    }
+
+    #[test]
+    fn keeps_the_service_the_balancer_and_the_ready_identities_only() {
+        let read = slice("lb-v1-abcde", "lb-v1", vec![pod("a", "10.244.0.5", ready())]);
+        assert_eq!(read.balancer(), Some(ObjectRef::new("lb").within("ns")));
+        assert_eq!(read.service.as_deref(), Some("lb-v1"));
+        assert_eq!(&*read.ready, [Box::from("ns/a")]);
+        assert_eq!((&read.metadata.labels, &read.metadata.annotations), (&None, &None));
+        assert_eq!(read.metadata.resource_version.as_deref(), Some("7"));
+        assert_eq!(ReadySlice::url_path(&(), Some("ns")), "/apis/discovery.k8s.io/v1/namespaces/ns/endpointslices");
+    }
+
+    #[test]
+    fn a_services_count_is_across_all_its_slices() {
+        let first =
+            slice("lb-v1-aaaaa", "lb-v1", vec![pod("a", "10.244.0.5", ready()), pod("b", "10.244.0.6", ready())]);
+        let second = slice("lb-v1-bbbbb", "lb-v1", vec![pod("c", "10.244.1.5", ready())]);
+        let other = slice("lb-v2-ccccc", "lb-v2", vec![pod("d", "10.244.2.5", ready())]);
+        let table = listed(&[first, second, other]);
+        assert_eq!((table.get("ns", "lb-v1"), table.get("ns", "lb-v2")), (3, 1));
+        assert_eq!((table.get("other", "lb-v1"), table.get("ns", "lb-v3")), (0, 0));
+    }
+
+    #[test]
+    fn a_pod_in_an_ipv4_and_an_ipv6_slice_counts_once() {
+        let ipv4 = slice("lb-v1-ipv4", "lb-v1", vec![pod("a", "10.244.0.5", ready()), pod("b", "10.244.0.6", ready())]);
+        let ipv6 = slice("lb-v1-ipv6", "lb-v1", vec![pod("a", "fd00::5", ready()), pod("b", "fd00::6", ready())]);
+        assert_eq!(listed(&[ipv4, ipv6]).get("ns", "lb-v1"), 2);
+    }
+
+    #[test]
+    fn an_endpoint_without_a_target_is_known_by_its_first_address() {
+        let bare = |addresses: Value| json!({"addresses": addresses, "conditions": {"ready": true}});
+        let first = slice("x-1", "x", vec![bare(json!(["192.0.2.1", "192.0.2.2"])), bare(json!(["192.0.2.3"]))]);
+        let second = slice("x-2", "x", vec![bare(json!(["192.0.2.1"])), json!({"addresses": [], "conditions": {}})]);
+        let uid_only = slice("x-3", "x", vec![json!({"addresses": ["192.0.2.9"], "targetRef": {"uid": "u-1"}})]);
+        assert_eq!(listed(&[first, second]).get("ns", "x"), 2, "one address in two slices is one endpoint");
+        assert_eq!(&*uid_only.ready, [Box::from("u-1")], "a reference without a name is known by its uid");
+    }
+
+    #[test]
+    fn ready_unset_counts_and_not_ready_or_terminating_does_not() {
+        let endpoints = vec![
+            pod("unset", "10.244.0.1", json!({})),
+            pod("no-conditions", "10.244.0.2", Value::Null),
+            pod("not-ready", "10.244.0.3", json!({"ready": false, "serving": false, "terminating": false})),
+            pod("terminating", "10.244.0.4", json!({"ready": false, "serving": true, "terminating": true})),
+            // publishNotReadyAddresses: ready says true while the pod terminates.
+            pod("published", "10.244.0.5", json!({"ready": true, "serving": true, "terminating": true})),
+            pod("ready", "10.244.0.6", ready()),
+        ];
+        let read = slice("s", "svc", endpoints);
+        assert_eq!(&*read.ready, [Box::from("ns/no-conditions"), Box::from("ns/ready"), Box::from("ns/unset")]);
+    }
+
+    #[test]
+    fn a_deleted_slice_takes_away_its_endpoints_only() {
+        let first =
+            slice("lb-v1-aaaaa", "lb-v1", vec![pod("a", "10.244.0.5", ready()), pod("b", "10.244.0.6", ready())]);
+        let second = slice("lb-v1-bbbbb", "lb-v1", vec![pod("b", "fd00::6", ready()), pod("c", "fd00::7", ready())]);
+        let table = listed(&[first, second.clone()]);
+        assert_eq!(table.get("ns", "lb-v1"), 3);
+        table.apply(&watcher::Event::Delete(second));
+        assert_eq!(table.get("ns", "lb-v1"), 2, "b is still in the first slice");
+    }
+
+    #[test]
+    fn the_slices_follow_the_watch_and_a_relist_replaces_them_whole() {
+        let table = ReadyEndpointSlices::default();
+        table.apply(&watcher::Event::Init);
+        table.apply(&watcher::Event::InitApply(slice("a-1", "a", vec![pod("p", "10.0.0.1", ready())])));
+        assert!(!table.listed());
+        assert_eq!(table.get("ns", "a"), 0, "not before the list is done");
+        table.apply(&watcher::Event::InitDone);
+        assert!(table.listed());
+        assert_eq!(table.get("ns", "a"), 1);
+        table.apply(&watcher::Event::Apply(slice("b-1", "b", vec![pod("q", "10.0.0.2", ready())])));
+        table.apply(&watcher::Event::Apply(slice("a-1", "a", vec![pod("p", "10.0.0.1", json!({"ready": false}))])));
+        assert_eq!((table.get("ns", "a"), table.get("ns", "b")), (0, 1));
+        // A slice moved to another Service (by hand) leaves the first.
+        table.apply(&watcher::Event::Apply(slice("b-1", "c", vec![pod("q", "10.0.0.2", ready())])));
+        assert_eq!((table.get("ns", "b"), table.get("ns", "c")), (0, 1));
+        table.apply(&watcher::Event::Init);
+        table.apply(&watcher::Event::InitApply(slice("d-1", "d", vec![pod("r", "10.0.0.3", ready())])));
+        assert_eq!(table.get("ns", "c"), 1, "the old slices serve until the relist is done");
+        table.apply(&watcher::Event::InitDone);
+        assert_eq!((table.get("ns", "a"), table.get("ns", "c"), table.get("ns", "d")), (0, 0, 1));
+    }
+
+    #[test]
+    fn a_slice_without_labels_or_endpoints_counts_nothing_and_names_no_balancer() {
+        let bare: ReadySlice = serde_json::from_value(json!({"metadata": {"name": "x", "namespace": "ns"},
+            "endpoints": [{"addresses": ["10.0.0.1"]}]}))
+        .unwrap();
+        assert_eq!((bare.balancer(), bare.service.as_deref(), bare.ready.len()), (None, None, 1));
+        let table = listed(std::slice::from_ref(&bare));
+        assert_eq!(table.get("ns", "x"), 0, "a slice without its Service's name is of no Service");
+        let empty: ReadySlice = serde_json::from_value(json!({"metadata": {}, "endpoints": null})).unwrap();
+        assert_eq!((empty.balancer(), empty.ready.len()), (None, 0));
+    }
+
+    #[test]
+    fn a_hostile_slice_is_bounded() {
+        let endpoints =
+            (0..MAX_ENDPOINTS_PER_SLICE + 500).map(|i| pod(&format!("p{i}"), "10.0.0.1", ready())).collect();
+        let huge = slice("huge", "svc", endpoints);
+        assert_eq!(huge.ready.len(), MAX_ENDPOINTS_PER_SLICE);
+        let long = slice("long", "svc", vec![pod(&"é".repeat(400), "10.0.0.1", ready())]);
+        assert!(long.ready[0].len() <= MAX_IDENTITY_LEN && long.ready[0].starts_with("ns/é"));
+    }
+}
