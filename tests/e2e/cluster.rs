@@ -104,6 +104,17 @@ impl Drop for Proc {
     }
 }
 
+/// Puts the built release's commands first on this process's PATH, and so on its children's:
+/// kubectl then matches the API server (the machine's own may be versions away), and on a node
+/// containerd finds its own runc shim and `ctr`.
+pub fn commands_first_on_path(assets: &Path) {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    let dirs = std::iter::once(assets.to_path_buf()).chain(std::env::split_paths(&path));
+    let joined = std::env::join_paths(dirs).expect("the assets directory fits in PATH");
+    // SAFETY: called at the start of `main`, before the runtime or any other thread exists.
+    unsafe { std::env::set_var("PATH", joined) };
+}
+
 /// A free port on 127.0.0.1 (bound and released; the OS will not hand it out again at once).
 pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("free port")
@@ -136,7 +147,7 @@ pub struct PlaneOptions {
     /// Names and IPs the serving certificate also covers.
     pub extra_sans: Vec<String>,
     /// Real pods run: they get service account tokens (the ServiceAccount admission plugin and
-    /// the token controllers), the kubelet is dialled by InternalIP, and Endpoints are kept.
+    /// the token controllers), and the kubelet is dialled by InternalIP.
     pub pods: bool,
     /// kube-controller-manager's client rate (`--kube-api-qps`, burst twice that); its default
     /// of 20 a second takes minutes to give a thousand Deployments their pods.
@@ -240,6 +251,11 @@ impl ControlPlane {
         let pki = d.join("pki");
         let audit_log = d.join("audit.log");
         let mut apiserver = Command::new(assets.join("kube-apiserver"));
+        if options.address.starts_with("127.") {
+            // The API server refuses to advertise a loopback address for the `kubernetes`
+            // Service's endpoints; with no pods, nothing needs them (envtest does the same).
+            apiserver.arg("--endpoint-reconciler-type=none");
+        }
         if options.pods {
             apiserver.arg("--kubelet-preferred-address-types=InternalIP");
         } else {
@@ -265,8 +281,7 @@ impl ControlPlane {
                 .arg(format!("--audit-policy-file={}", d.join("audit-policy.yaml").display()))
                 .arg(format!("--audit-log-path={}", audit_log.display()))
                 .arg("--enable-priority-and-fairness=false")
-                .arg("--allow-privileged=true")
-                .arg("--insecure-port=0"),
+                .arg("--allow-privileged=true"),
             &d.join("kube-apiserver.log"),
         ));
         let url = format!("https://{}:{port}", options.address);
@@ -282,19 +297,22 @@ impl ControlPlane {
             let log = plane.dir.path().join("kube-controller-manager.log");
             let mut command = Command::new(kcm);
             // The endpoint controllers too, as every cluster runs them: the controller watches
-            // the backend Services' Endpoints, and the figures include that watch.
-            let mut controllers =
-                "garbagecollector,deployment,replicaset,namespace,horizontalpodautoscaling,endpoint,endpointslice"
-                    .to_string();
+            // the backend Services' EndpointSlices, and the figures include that watch.
+            let mut controllers = "garbage-collector-controller,deployment-controller,replicaset-controller,\
+                 namespace-controller,horizontal-pod-autoscaler-controller,endpoints-controller,\
+                 endpointslice-controller"
+                .to_string();
             if options.pods {
-                controllers.push_str(",serviceaccount,serviceaccount-token");
+                controllers.push_str(
+                    ",serviceaccount-controller,serviceaccount-token-controller,root-ca-certificate-publisher-controller",
+                );
                 let pki = plane.dir.path().join("pki");
                 command
                     .arg(format!("--service-account-private-key-file={}", pki.join("sa.key").display()))
                     .arg(format!("--root-ca-file={}", pki.join("ca.crt").display()));
             }
             if options.evictions {
-                controllers.push_str(",disruption");
+                controllers.push_str(",disruption-controller");
             }
             if let Some(qps) = options.controller_manager_qps {
                 command.arg(format!("--kube-api-qps={qps}")).arg(format!("--kube-api-burst={}", 2 * qps));
@@ -304,7 +322,6 @@ impl ControlPlane {
                 command
                     .arg(format!("--kubeconfig={}", plane.kubeconfig("admin").display()))
                     .arg("--leader-elect=false")
-                    .arg("--port=0")
                     .arg("--secure-port=0")
                     .arg(format!("--controllers={controllers}"))
                     .arg("--use-service-account-credentials=false"),
@@ -327,9 +344,8 @@ impl ControlPlane {
             Command::new(assets.join("kube-controller-manager"))
                 .arg(format!("--kubeconfig={}", self.kubeconfig("admin").display()))
                 .arg("--leader-elect=false")
-                .arg("--port=0")
                 .arg("--secure-port=0")
-                .arg("--controllers=nodelifecycle")
+                .arg("--controllers=node-lifecycle-controller")
                 .arg(format!("--node-monitor-grace-period={}s", grace.as_secs()))
                 .arg("--node-monitor-period=1s")
                 .arg("--use-service-account-credentials=false"),
@@ -404,6 +420,16 @@ impl ControlPlane {
             .unwrap_or_default()
             .lines()
             .filter_map(|l| serde_json::from_str(l).ok())
+            .collect()
+    }
+
+    /// Every request `user` made to an API the server marks deprecated (the audit annotation
+    /// `k8s.io/deprecated`), as "VERB URI" lines.
+    pub fn deprecated_requests_by(&self, user: &str) -> Vec<String> {
+        self.audit_events()
+            .iter()
+            .filter(|e| e["user"]["username"] == user && e["annotations"].get("k8s.io/deprecated").is_some())
+            .map(|e| format!("{} {}", e["verb"].as_str().unwrap_or("?"), e["requestURI"].as_str().unwrap_or("?")))
             .collect()
     }
 

@@ -18,17 +18,43 @@ macro_rules! scenarios {
 }
 pub(crate) use scenarios;
 
+/// What the command line asks for: a filter, and `--skip NAME` for scenarios to leave out.
+struct Selection {
+    filter: Option<String>,
+    skip: Vec<String>,
+}
+
+impl Selection {
+    fn from_args() -> Selection {
+        let mut selection = Selection { filter: None, skip: Vec::new() };
+        let mut args = std::env::args().skip(1);
+        while let Some(arg) = args.next() {
+            if arg == "--skip" {
+                selection.skip.extend(args.next());
+            } else if !arg.starts_with('-') && selection.filter.is_none() {
+                selection.filter = Some(arg);
+            }
+        }
+        selection
+    }
+}
+
 /// Runs `all` in order, up to the last one whose name contains the command line's filter
 /// (later scenarios build on earlier ones), and stops at the first failure after `diagnose`.
-/// Returns how many passed and failed.
+/// `--skip NAME` leaves out the scenarios whose names contain NAME: only those that no later
+/// one builds on. Returns how many passed and failed.
 pub async fn run_in_order<W>(world: &mut W, all: Vec<(&str, Scenario<W>)>, diagnose: impl Fn(&W)) -> (usize, usize) {
-    let filter = std::env::args().skip(1).find(|a| !a.starts_with('-'));
-    let last = match &filter {
+    let selection = Selection::from_args();
+    let last = match &selection.filter {
         Some(f) => all.iter().rposition(|(name, _)| name.contains(f.as_str())).map_or(0, |i| i + 1),
         None => all.len(),
     };
     let mut passed = 0;
     for (name, scenario) in all.into_iter().take(last) {
+        if selection.skip.iter().any(|skip| name.contains(skip.as_str())) {
+            println!("test {name} ... skipped (--skip)");
+            continue;
+        }
         let started = Instant::now();
         match std::panic::AssertUnwindSafe(scenario(world)).catch_unwind().await {
             Ok(()) => {

@@ -10,7 +10,7 @@
 #   the UDP echo, and HAProxy in the proxy's place for the data-plane benchmark.
 #   The root filesystem is built once and cached in ~/.cache/balancer/node
 #   (override with BALANCER_NODE_CACHE).
-# - localhost/pause:3.4.1 — the static pause binary from control-plane.sh --node.
+# - localhost/pause:3.4.1 — the static pause binary from tests/kubernetes/build.sh --node.
 # - localhost/balancer:test — the base plus the operator binary, with the
 #   Dockerfile's runtime contract: non-root (65532), `balancer run`.
 #

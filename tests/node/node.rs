@@ -5,6 +5,7 @@
 //! sysctls, mounts) and puts it back when dropped; a [`Node`] owns its processes and
 //! [`ClusterServices`] the shared ones. Drop the nodes before the host.
 
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -55,6 +56,30 @@ fn host_script(action: &str, state: &Path) -> bool {
 fn node_script(action: &str, node_dir: &Path) {
     let (Some(state), Some(node)) = (node_dir.parent(), node_dir.file_name()) else { return };
     let _ = Command::new("bash").arg(script("host.sh")).arg(action).arg(state).arg(node).status();
+}
+
+/// What the suite could leave on the host by mistake, one line each: network namespaces pinned
+/// under /var/run/netns, veth and bridge interfaces, and iptables chains of kube-proxy and the
+/// CNI plugins. Taken before the suite and after its teardown, which must leave nothing new.
+pub fn host_traces() -> BTreeSet<String> {
+    let mut traces = BTreeSet::new();
+    if let Ok(entries) = std::fs::read_dir("/var/run/netns") {
+        traces.extend(entries.flatten().map(|e| format!("netns {}", e.file_name().to_string_lossy())));
+    }
+    for kind in ["veth", "bridge"] {
+        let links = Command::new("ip").args(["-o", "link", "show", "type", kind]).output();
+        let links = links.map(|o| String::from_utf8_lossy(&o.stdout).into_owned()).unwrap_or_default();
+        // "7: vethab12@if3: <BROADCAST,...": the name is the second field, before any '@'.
+        let names = links.lines().filter_map(|l| l.split(": ").nth(1)?.split('@').next().map(str::to_string));
+        traces.extend(names.map(|name| format!("{kind} {name}")));
+    }
+    for tool in ["iptables-save", "ip6tables-save"] {
+        let saved = Command::new(tool).output().map(|o| String::from_utf8_lossy(&o.stdout).into_owned());
+        let saved = saved.unwrap_or_default();
+        let chains = saved.lines().filter(|l| l.starts_with(":KUBE-") || l.starts_with(":CNI-"));
+        traces.extend(chains.filter_map(|l| l[1..].split(' ').next().map(|chain| format!("{tool} chain {chain}"))));
+    }
+    traces
 }
 
 /// The host settings of a node, put back when dropped (also after a panic).
@@ -142,7 +167,7 @@ impl Node {
                 .arg(&pod_logs)
                 .arg(&container_logs)
                 .arg(&device_plugins)
-                .arg("containerd")
+                .arg(assets.join("containerd"))
                 .arg("--config")
                 .arg(containerd_dir.join("config.toml")),
             &dir.join("containerd.log"),
@@ -154,42 +179,19 @@ impl Node {
         tokio::task::spawn_blocking(move || import_images(&to, &from)).await.expect("importing images");
 
         let kubeconfig = node_kubeconfig(host, plane);
-        let endpoint = format!("unix://{}", socket.display());
+        let config = write_kubelet_config(&dir, host, spec, &socket);
         node.processes.push(Proc::spawn(
             "kubelet",
             Command::new("nsenter")
                 .arg(&namespace)
                 .arg("--")
                 .arg(assets.join("kubelet"))
+                .arg(format!("--config={}", config.display()))
                 .arg(format!("--kubeconfig={}", kubeconfig.display()))
                 .arg(format!("--root-dir={}", dir.join("kubelet").display()))
                 .arg(format!("--cert-dir={}", dir.join("kubelet-pki").display()))
-                .arg(format!("--volume-plugin-dir={}", dir.join("volume-plugins").display()))
                 .arg(format!("--hostname-override={}", spec.name))
-                .arg(format!("--node-ip={}", spec.ip))
-                .arg(format!("--address={}", spec.ip))
-                .arg("--healthz-bind-address=127.0.0.1")
-                .arg(format!("--healthz-port={}", free_port()))
-                .arg("--read-only-port=0")
-                .arg("--container-runtime=remote")
-                .arg(format!("--container-runtime-endpoint={endpoint}"))
-                .arg(format!("--image-service-endpoint={endpoint}"))
-                .arg(format!("--pod-infra-container-image={PAUSE_IMAGE}"))
-                .arg("--cgroup-driver=cgroupfs")
-                .arg("--cgroups-per-qos=false")
-                .arg("--enforce-node-allocatable=")
-                .arg("--fail-swap-on=false")
-                .arg("--eviction-hard=")
-                .arg("--image-gc-high-threshold=100")
-                .arg("--image-gc-low-threshold=99")
-                // Pods get no nameserver: nothing may query a resolver outside the machine.
-                .arg(format!("--resolv-conf={}", host.state.join("resolv.conf").display()))
-                // v1.20 does not yet count this sysctl as safe (1.22 does): bridged here, never in deploy/.
-                .arg("--allowed-unsafe-sysctls=net.ipv4.ip_unprivileged_port_start")
-                // Status checked every 2 s (posted on a change; node lifecycle sees the Lease,
-                // renewed every 10 s, in between).
-                .arg("--node-status-update-frequency=2s")
-                .arg("--sync-frequency=5s"),
+                .arg(format!("--node-ip={}", spec.ip)),
             &dir.join("kubelet.log"),
         ));
         node.wait_ready(plane).await;
@@ -307,7 +309,6 @@ impl ClusterServices {
             Command::new(assets.join("kube-scheduler"))
                 .arg(format!("--kubeconfig={}", kubeconfig.display()))
                 .arg("--leader-elect=false")
-                .arg("--port=0")
                 .arg("--secure-port=0"),
             &state.join("kube-scheduler.log"),
         );
@@ -356,31 +357,87 @@ async fn wait_for(what: &str, timeout: Duration, mut check: impl FnMut() -> bool
     }
 }
 
+/// The kubelet's configuration file (the flags of old are deprecated or gone). What this
+/// machine needs: cgroupfs, no QoS cgroups and no node allocatable enforcement on its hybrid
+/// cgroups (v1 controllers, which the kubelet refuses from v1.35 unless told not to), no swap
+/// check, no eviction or image garbage collection thresholds that a busy test disk would trip.
+/// The API server reaches the kubelet anonymously for logs and exec, as the old flags allowed.
+fn write_kubelet_config(node_dir: &Path, host: &Host, spec: &NodeSpec, socket: &Path) -> PathBuf {
+    let endpoint = format!("unix://{}", socket.display());
+    let config = serde_json::json!({
+        "apiVersion": "kubelet.config.k8s.io/v1beta1",
+        "kind": "KubeletConfiguration",
+        "address": spec.ip,
+        "healthzBindAddress": "127.0.0.1",
+        "healthzPort": free_port(),
+        "readOnlyPort": 0,
+        "containerRuntimeEndpoint": endpoint,
+        "imageServiceEndpoint": endpoint,
+        "volumePluginDir": node_dir.join("volume-plugins").display().to_string(),
+        "cgroupDriver": "cgroupfs",
+        "cgroupsPerQOS": false,
+        "enforceNodeAllocatable": [],
+        "failCgroupV1": false,
+        "failSwapOn": false,
+        "evictionHard": {},
+        "imageGCHighThresholdPercent": 100,
+        "imageGCLowThresholdPercent": 99,
+        // Pods get no nameserver: nothing may query a resolver outside the machine.
+        "resolvConf": host.state.join("resolv.conf").display().to_string(),
+        // Status checked every 2 s (posted on a change; node lifecycle sees the Lease,
+        // renewed every 10 s, in between).
+        "nodeStatusUpdateFrequency": "2s",
+        "syncFrequency": "5s",
+        "authentication": {"anonymous": {"enabled": true}, "webhook": {"enabled": false}},
+        "authorization": {"mode": "AlwaysAllow"},
+    });
+    let path = node_dir.join("kubelet-config.json");
+    std::fs::write(&path, config.to_string()).expect("kubelet config");
+    path
+}
+
+/// containerd 2's configuration in its own current format (version 4), one per node: its
+/// sockets, root and state under the node's directory.
 fn write_containerd_config(node_dir: &Path) {
     let dir = node_dir.join("containerd");
     let config = format!(
-        r#"version = 2
+        r#"version = 4
 root = "{root}"
 state = "{run}"
+# The host's /etc/containerd is not the node's.
+imports = []
 
-[grpc]
-  address = "{dir}/containerd.sock"
+[plugins]
+  [plugins."io.containerd.server.v1.grpc"]
+    address = "{dir}/containerd.sock"
+  [plugins."io.containerd.server.v1.ttrpc"]
+    address = "{dir}/containerd.sock.ttrpc"
+  # Its socket is one per host, and no NRI plugin runs here.
+  [plugins."io.containerd.nri.v1.nri"]
+    disable = true
 
-[plugins."io.containerd.grpc.v1.cri"]
-  sandbox_image = "{PAUSE_IMAGE}"
-  stream_server_address = "127.0.0.1"
-  # root here lacks CAP_SYS_RESOURCE: never lower a process's OOM score below its parent's.
-  restrict_oom_score_adj = true
-  [plugins."io.containerd.grpc.v1.cri".containerd]
+  [plugins."io.containerd.cri.v1.images"]
     snapshotter = "overlayfs"
-    default_runtime_name = "runc"
-    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
-      runtime_type = "io.containerd.runc.v2"
-      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
-        SystemdCgroup = false
-  [plugins."io.containerd.grpc.v1.cri".cni]
-    bin_dir = "/usr/lib/cni"
-    conf_dir = "{cni}"
+    [plugins."io.containerd.cri.v1.images".pinned_images]
+      sandbox = "{PAUSE_IMAGE}"
+
+  [plugins."io.containerd.cri.v1.runtime"]
+    # root here lacks CAP_SYS_RESOURCE: never lower a process's OOM score below its parent's.
+    restrict_oom_score_adj = true
+    # Pods' network namespaces are pinned in the node's state, not in the host's /var/run/netns.
+    netns_mounts_under_state_dir = true
+    [plugins."io.containerd.cri.v1.runtime".containerd]
+      default_runtime_name = "runc"
+      [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc]
+        runtime_type = "io.containerd.runc.v2"
+        [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc.options]
+          SystemdCgroup = false
+    [plugins."io.containerd.cri.v1.runtime".cni]
+      bin_dirs = ["/usr/lib/cni"]
+      conf_dir = "{cni}"
+
+  [plugins."io.containerd.grpc.v1.cri"]
+    stream_server_address = "127.0.0.1"
 "#,
         root = dir.join("root").display(),
         run = dir.join("run").display(),

@@ -27,7 +27,7 @@ const OPERATOR_PODS: &str = "app.kubernetes.io/name=balancer";
 /// The Balancer changed while node B is lost.
 const LOSS_BALANCER: &str = "loss-change";
 
-fn proxy_pods() -> String {
+pub(crate) fn proxy_pods() -> String {
     balancer::proxy::proxy_selector_string(SAMPLE)
 }
 
@@ -53,7 +53,7 @@ fn the_other(node: &str) -> &'static str {
 
 /// Waits until `selector` matches exactly `count` live pods, all ready and, for the sample's
 /// proxy, all started with the proxy ConfigMap's current `nginx.conf`: their placement.
-async fn settled(world: &World, namespace: &str, selector: &str, count: usize) -> BTreeMap<String, String> {
+pub(crate) async fn settled(world: &World, namespace: &str, selector: &str, count: usize) -> BTreeMap<String, String> {
     let pods: Api<Pod> = Api::namespaced(world.admin.clone(), namespace);
     let proxy = selector == proxy_pods();
     eventually(&format!("{count} ready pods of {selector}"), Duration::from_secs(120), || async {
@@ -143,12 +143,12 @@ fn is_available(pod: &Pod) -> bool {
 
 /// Two echo replicas per backend and a budget each, as a user's backends would have to
 /// survive a drain (one replica, evicted, leaves its backend without endpoints until the
-/// replacement is ready). v1.20 serves budgets as policy/v1beta1 only.
+/// replacement is ready).
 async fn drain_ready_backends(world: &World) {
     for version in ["v1", "v2"] {
         kubectl(world, &["-n", NS, "scale", &format!("deployment/echo-{version}"), "--replicas=2"], None);
         let budget = json!({
-            "apiVersion": "policy/v1beta1", "kind": "PodDisruptionBudget",
+            "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
             "metadata": {"name": format!("echo-{version}"), "namespace": NS},
             "spec": {"maxUnavailable": 1, "selector": {"matchLabels": {"app": "test", "version": version}}},
         });
