@@ -115,9 +115,13 @@ pub fn commands_first_on_path(assets: &Path) {
     unsafe { std::env::set_var("PATH", joined) };
 }
 
-/// A free port on 127.0.0.1 (bound and released; the OS will not hand it out again at once).
-pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("free port")
+/// `N` distinct free ports on 127.0.0.1, all bound at once before any is released: ports
+/// taken one after another could repeat, as a released port is free again for the next bind
+/// before the process it was meant for listens on it.
+pub fn free_ports<const N: usize>() -> [u16; N] {
+    let listeners: [TcpListener; N] =
+        std::array::from_fn(|_| TcpListener::bind("127.0.0.1:0").expect("a free port on 127.0.0.1"));
+    listeners.map(|l| l.local_addr().expect("a bound address").port())
 }
 
 /// A rustls client configuration trusting `ca_pem` alone.
@@ -230,8 +234,7 @@ impl ControlPlane {
         .unwrap();
 
         let mut processes = Vec::new();
-        let etcd_port = free_port();
-        let peer_port = free_port();
+        let [etcd_port, peer_port, port] = free_ports();
         let etcd_url = format!("http://127.0.0.1:{etcd_port}");
         let peer_url = format!("http://127.0.0.1:{peer_port}");
         processes.push(Proc::spawn(
@@ -247,7 +250,6 @@ impl ControlPlane {
             &d.join("etcd.log"),
         ));
 
-        let port = free_port();
         let pki = d.join("pki");
         let audit_log = d.join("audit.log");
         let mut apiserver = Command::new(assets.join("kube-apiserver"));

@@ -4,7 +4,7 @@
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use crate::cluster::{ControlPlane, Proc, free_port};
+use crate::cluster::{ControlPlane, Proc, free_ports};
 
 /// The binary under test: this build's, or `BALANCER_E2E_BINARY` (to compare two builds on one harness).
 fn binary() -> std::path::PathBuf {
@@ -62,9 +62,7 @@ impl Operator {
     }
 
     fn spawn(plane: &ControlPlane, name: &str, user: &str, extra: &[&str]) -> Operator {
-        let webhook_port = free_port();
-        let probe_port = free_port();
-        let metrics_port = free_port();
+        let [webhook_port, probe_port, metrics_port] = free_ports();
         let pki = plane.dir.path().join("pki");
         let process = Proc::spawn(
             name,

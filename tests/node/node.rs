@@ -14,7 +14,7 @@ use k8s_openapi::api::core::v1::Node as NodeObject;
 use kube::Api;
 use kube::api::{Patch, PatchParams};
 
-use crate::cluster::{ControlPlane, Proc, free_port};
+use crate::cluster::{ControlPlane, Proc, free_ports};
 
 /// One node on this machine: its name, its address (the host's on its pod bridge, which is
 /// the node's InternalIP and the kubelet's), its pod CIDR and its bridge. `host.sh` sets up
@@ -288,6 +288,7 @@ impl ClusterServices {
     pub fn start(host: &Host, plane: &ControlPlane, assets: &Path) -> ClusterServices {
         let state = &host.state;
         let kubeconfig = node_kubeconfig(host, plane);
+        let [healthz_port, metrics_port] = free_ports();
         let kube_proxy = Proc::spawn(
             "kube-proxy",
             Command::new(assets.join("kube-proxy"))
@@ -296,8 +297,8 @@ impl ClusterServices {
                 .arg(format!("--bind-address={NODE_IP}"))
                 .arg("--proxy-mode=iptables")
                 .arg(format!("--cluster-cidr={CLUSTER_CIDR}"))
-                .arg(format!("--healthz-bind-address=127.0.0.1:{}", free_port()))
-                .arg(format!("--metrics-bind-address=127.0.0.1:{}", free_port()))
+                .arg(format!("--healthz-bind-address=127.0.0.1:{healthz_port}"))
+                .arg(format!("--metrics-bind-address=127.0.0.1:{metrics_port}"))
                 // Leave the host's conntrack settings alone.
                 .arg("--conntrack-max-per-core=0")
                 .arg("--conntrack-tcp-timeout-established=0")
@@ -364,12 +365,13 @@ async fn wait_for(what: &str, timeout: Duration, mut check: impl FnMut() -> bool
 /// The API server reaches the kubelet anonymously for logs and exec, as the old flags allowed.
 fn write_kubelet_config(node_dir: &Path, host: &Host, spec: &NodeSpec, socket: &Path) -> PathBuf {
     let endpoint = format!("unix://{}", socket.display());
+    let [healthz_port] = free_ports();
     let config = serde_json::json!({
         "apiVersion": "kubelet.config.k8s.io/v1beta1",
         "kind": "KubeletConfiguration",
         "address": spec.ip,
         "healthzBindAddress": "127.0.0.1",
-        "healthzPort": free_port(),
+        "healthzPort": healthz_port,
         "readOnlyPort": 0,
         "containerRuntimeEndpoint": endpoint,
         "imageServiceEndpoint": endpoint,
