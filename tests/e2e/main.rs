@@ -47,7 +47,9 @@ struct World {
 /// (`BALANCER_E2E=1`).
 fn assets() -> Option<PathBuf> {
     let holds = |dir: &PathBuf| dir.join("kube-apiserver").exists() && dir.join("etcd").exists();
-    if let Some(dir) = std::env::var_os("KUBEBUILDER_ASSETS").map(PathBuf::from).filter(holds) {
+    if let Some(dir) = std::env::var_os("KUBEBUILDER_ASSETS").filter(|d| !d.is_empty()).map(PathBuf::from) {
+        // Named on purpose (CI's floor run among them): never another release instead.
+        assert!(holds(&dir), "KUBEBUILDER_ASSETS={} holds no kube-apiserver and etcd", dir.display());
         return Some(dir);
     }
     let mandatory = std::env::var("BALANCER_E2E").as_deref() == Ok("1");
@@ -87,6 +89,10 @@ fn main() -> ExitCode {
     runtime.block_on(async move {
         let plane = ControlPlane::start(&assets).await;
         let admin = plane.client("admin").await;
+        match admin.apiserver_version().await {
+            Ok(version) => println!("e2e: API server {} ({})", version.git_version, assets.display()),
+            Err(e) => println!("e2e: API server version unknown: {e}"),
+        }
         let mut world = World { plane, admin, operators: Vec::new() };
         let all = scenarios![World:
             crd_is_accepted_and_established,

@@ -37,9 +37,6 @@ up() {
   for key in "${SYSCTLS[@]}"; do
     echo "$key=$(sysctl -n "$key")" >>"$state/sysctls"
   done
-  # What was there before, so that `down` removes only the suite's own.
-  ls /var/run/netns 2>/dev/null >"$state/netns-before" || true
-  veths >"$state/veths-before"
   local i
   for i in "${!POD_BRIDGES[@]}"; do
     ip link add "${POD_BRIDGES[$i]}" type bridge
@@ -84,22 +81,14 @@ stop_containers() {
   sleep 0.5
 }
 
-veths() { # the host's veth interfaces, one name a line
-  ip -o link show type veth | awk -F': ' '{ sub(/@.*/, "", $2); print $2 }'
-}
-
-# The pods' network namespaces that the CNI plugins pinned under /var/run/netns, and the
-# host ends of their veths: a namespace whose pod ended with its node outlives it there.
-remove_pod_networks() {
-  local name
-  for name in $(ls /var/run/netns 2>/dev/null | grep '^cni-'); do
-    grep -qxF "$name" "$state/netns-before" 2>/dev/null && continue
-    umount "/var/run/netns/$name" 2>/dev/null
-    rm -f "/var/run/netns/$name"
-  done
-  for name in $(veths); do
-    grep -qxF "$name" "$state/veths-before" 2>/dev/null && continue
-    ip link delete "$name" 2>/dev/null
+# The host ends of the pods' veths: those on the suite's own bridges. A pod whose node went
+# first leaves its end behind until its network namespace is gone.
+remove_pod_veths() {
+  local bridge name
+  for bridge in "${POD_BRIDGES[@]}"; do
+    for name in $(ip -o link show master "$bridge" type veth 2>/dev/null | awk -F': ' '{ sub(/@.*/, "", $2); print $2 }'); do
+      ip link delete "$name" 2>/dev/null
+    done
   done
 }
 
@@ -118,7 +107,7 @@ down() {
   # The pods' network namespaces were mounted in the nodes' own mount namespaces, which
   # ended with their last process.
   unmount_under "$state"
-  [ -e "$state/veths-before" ] && remove_pod_networks
+  remove_pod_veths
   for bridge in "${POD_BRIDGES[@]}"; do ip link delete "$bridge" 2>/dev/null; done
   ip route delete unreachable "$CLUSTER_CIDR" 2>/dev/null
   ip link delete "$SERVICE_BRIDGE" 2>/dev/null
