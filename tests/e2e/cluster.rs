@@ -425,16 +425,6 @@ impl ControlPlane {
             .collect()
     }
 
-    /// Every request `user` made to an API the server marks deprecated (the audit annotation
-    /// `k8s.io/deprecated`), as "VERB URI" lines.
-    pub fn deprecated_requests_by(&self, user: &str) -> Vec<String> {
-        self.audit_events()
-            .iter()
-            .filter(|e| e["user"]["username"] == user && e["annotations"].get("k8s.io/deprecated").is_some())
-            .map(|e| format!("{} {}", e["verb"].as_str().unwrap_or("?"), e["requestURI"].as_str().unwrap_or("?")))
-            .collect()
-    }
-
     /// The control-plane process `name` (`etcd`, `kube-apiserver`, `kube-controller-manager`).
     pub fn process(&mut self, name: &str) -> &mut Proc {
         self.processes.iter_mut().find(|p| p.name == name).unwrap_or_else(|| panic!("no {name} in the control plane"))
