@@ -21,8 +21,9 @@ const MAX_DATAGRAM: usize = 4096;
 const GATHER: Duration = Duration::from_millis(5);
 
 /// After SIGTERM, the proxy still accepts new sessions while it leaves its Service (the
-/// proxy's pre-stop wait), then drains: the sidecar counts on at least this long…
-const KEEP_COUNTING: Duration = Duration::from_secs(crate::proxy::nginx::ENDPOINT_REMOVAL_SECONDS.unsigned_abs());
+/// proxy's pre-stop wait, at least its minimum), then drains: the sidecar counts on at least
+/// this long…
+const KEEP_COUNTING: Duration = Duration::from_secs(crate::proxy::stop::PROXY_STOP_WAIT.min as u64);
 
 /// …and then stops once no line came for this long (or when its drain time is over). Also how
 /// long a wait for a line lasts before the stop is looked at (the socket's read timeout).

@@ -16,9 +16,9 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use super::access_log::SidecarPorts;
 use super::meta::{COMPONENT_PROXY, CONFIG_HASH_ANNOTATION, Owner, labels, metadata, proxy_selector};
 use super::nginx::{
-    self, CONFIG_DIR, CONFIG_FILE, CONFIG_HASH_ENV, ENDPOINT_REMOVAL_SECONDS, POD_FILES, entrypoint, graceful_stop,
-    nginx_args, running_readiness_command,
+    CONFIG_DIR, CONFIG_FILE, CONFIG_HASH_ENV, POD_FILES, entrypoint, nginx_args, running_readiness_command,
 };
+use super::stop::{SERVING_AFTER_SIGTERM_SECONDS, TERMINATION_GRACE_SECONDS, graceful_stop};
 use crate::api::{self, BalancerSpec};
 use crate::spec::{Admitted, SpecPolicy};
 
@@ -135,8 +135,7 @@ fn proxy_pod_spec(owner: &Owner, spec: &BalancerSpec, settings: &ProxySettings, 
     });
     PodSpec {
         automount_service_account_token: Some(false),
-        // The stop hook's wait, nginx's drain, and a few seconds to spare.
-        termination_grace_period_seconds: Some(ENDPOINT_REMOVAL_SECONDS + nginx::DRAIN_SECONDS + 5),
+        termination_grace_period_seconds: Some(TERMINATION_GRACE_SECONDS),
         security_context: Some(PodSecurityContext {
             run_as_non_root: Some(true),
             run_as_user: Some(PROXY_UID),
@@ -178,6 +177,7 @@ fn metrics_sidecar(image: &str, ports: SidecarPorts) -> Container {
         format!("--config={}", POD_FILES.mounted),
         format!("--listen=0.0.0.0:{}", ports.metrics),
         format!("--log-port={}", ports.log),
+        format!("--drain={SERVING_AFTER_SIGTERM_SECONDS}s"),
     ];
     Container {
         name: METRICS_CONTAINER.into(),

@@ -9,8 +9,6 @@
 
 use std::fmt::Write as _;
 
-use k8s_openapi::api::core::v1::{ExecAction, Lifecycle, LifecycleHandler};
-
 use super::access_log;
 use crate::api::{BackendSpec, BalancerPort, BalancerSpec, backend_service_name};
 use crate::util::hash::sha256_hex;
@@ -195,10 +193,6 @@ pub fn config_hash(conf: &str) -> String {
     sha256_hex(conf)
 }
 
-/// Seconds a terminating proxy pod keeps serving before nginx stops listening, so that
-/// kube-proxy on every node has dropped it from the front Service first.
-pub const ENDPOINT_REMOVAL_SECONDS: i64 = 5;
-
 /// Where the proxy container's files are: see [`entrypoint`].
 #[derive(Debug, Clone, Copy)]
 pub struct ProxyFiles<'a> {
@@ -278,17 +272,4 @@ wait "$nginx""#
 pub fn running_readiness_command() -> Vec<String> {
     let check = format!(r#"test -s {} && exec nginx -t -q "$@""#, POD_FILES.pid_file);
     ["/bin/sh".to_string(), "-c".into(), check, "nginx".into()].into_iter().chain(nginx_args()).collect()
-}
-
-/// A rollout or a drain drops no connection: the pod keeps serving while it leaves the front
-/// Service's endpoints; the SIGTERM that follows starts nginx's graceful quit.
-pub(super) fn graceful_stop() -> Lifecycle {
-    let sleep = vec!["sleep".to_string(), ENDPOINT_REMOVAL_SECONDS.to_string()];
-    Lifecycle {
-        pre_stop: Some(LifecycleHandler {
-            exec: Some(ExecAction { command: Some(sleep) }),
-            ..LifecycleHandler::default()
-        }),
-        ..Lifecycle::default()
-    }
 }

@@ -756,21 +756,30 @@ fn load_modules_come_first() {
     assert_eq!(directives, ["load_module /usr/lib/nginx/modules/ngx_stream_module.so;", "worker_processes 2;"]);
 }
 
-/// A stopping proxy pod drops no connection: it keeps serving while it leaves the endpoints,
-/// then nginx quits gracefully, within a grace period that covers both.
+/// A stopping proxy pod drops no connection: it keeps serving while it leaves the endpoints
+/// (at least 5 s, on while new connections still arrive, at most 30 s), then nginx quits
+/// gracefully, within a grace period that covers both; the metrics sidecar counts as long.
 #[test]
 fn proxy_pods_stop_gracefully() {
+    use proxy::stop::{PROXY_STOP_WAIT, StopWait, TCP_COUNTERS, pre_stop_script};
     let desired = desired_for(&sample());
     let nginx = container(&desired.deployment);
     let hook = nginx.lifecycle.as_ref().and_then(|l| l.pre_stop.as_ref()).and_then(|h| h.exec.as_ref());
     let command = hook.and_then(|e| e.command.clone()).expect("a preStop exec hook");
-    assert_eq!(command, ["sleep", "5"]);
+    assert_eq!(command, ["/bin/sh".to_string(), "-c".into(), pre_stop_script(TCP_COUNTERS, PROXY_STOP_WAIT)]);
+    assert_eq!(PROXY_STOP_WAIT, StopWait { min: 5, quiet: 3, max: 30 });
     let script = proxy::nginx::entrypoint(&proxy::nginx::POD_FILES);
     assert!(script.ends_with(
         "trap 'kill -QUIT \"$nginx\"; wait \"$nginx\"; exit $?' TERM\nnginx \"$@\" & nginx=$!\nwait \"$nginx\""
     ));
     assert!(desired.nginx_conf.contains("\nworker_shutdown_timeout 20s;\n"), "{}", desired.nginx_conf);
-    assert_eq!(pod_spec(&desired.deployment).termination_grace_period_seconds, Some(30), "5 s + 20 s + 5 s to spare");
+    assert_eq!(pod_spec(&desired.deployment).termination_grace_period_seconds, Some(55), "30 s + 20 s + 5 s to spare");
+    let settings = with_sidecar();
+    let balancer = sample();
+    let with_sidecar = self::desired(&owner(&balancer), &admitted(&balancer, &settings), &settings);
+    let sidecar = pod_spec(&with_sidecar.deployment).containers.iter().find(|c| c.name == proxy::METRICS_CONTAINER);
+    let args = sidecar.and_then(|c| c.args.clone()).unwrap_or_default();
+    assert!(args.contains(&"--drain=50s".to_string()), "the sidecar counts while nginx may serve: {args:?}");
 }
 
 #[test]
@@ -1017,7 +1026,13 @@ fn the_metrics_sidecar_runs_balancers_image_as_strictly_as_the_proxy() {
     assert_eq!(sidecar.command.as_deref(), Some(&["/balancer".to_string()][..]));
     assert_eq!(
         sidecar.args.as_deref().unwrap_or_default(),
-        ["proxy-metrics", "--config=/etc/balancer/nginx.conf", "--listen=0.0.0.0:9113", "--log-port=5514"]
+        [
+            "proxy-metrics",
+            "--config=/etc/balancer/nginx.conf",
+            "--listen=0.0.0.0:9113",
+            "--log-port=5514",
+            "--drain=50s"
+        ]
     );
     assert_eq!(sidecar.security_context, nginx.security_context, "as strict as the proxy");
     let port = &sidecar.ports.as_ref().unwrap()[0];
