@@ -59,8 +59,8 @@ pub struct ProxyMetricsArgs {
     /// UDP port on 127.0.0.1 where nginx sends its log.
     #[arg(long, default_value_t = 5514)]
     pub log_port: u16,
-    /// How long, after SIGTERM, to go on counting the sessions the proxy drains (e.g. 50s).
-    #[arg(long, default_value = "50s", value_parser = humantime::parse_duration)]
+    /// How long, after SIGTERM, to go on counting and serving the last count at most (e.g. 10s).
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
     pub drain: Duration,
     /// Log format.
     #[arg(long, env = "BALANCER_LOG_FORMAT", value_enum, default_value = "text")]

@@ -20,10 +20,9 @@ const MAX_DATAGRAM: usize = 4096;
 /// default buffer holds.
 const GATHER: Duration = Duration::from_millis(5);
 
-/// After SIGTERM, the proxy still accepts new sessions while it leaves its Service (the
-/// proxy's pre-stop wait, at least its minimum), then drains: the sidecar counts on at least
-/// this long…
-const KEEP_COUNTING: Duration = Duration::from_secs(crate::proxy::stop::PROXY_STOP_WAIT.min as u64);
+/// The sidecar is a native one: its SIGTERM comes once nginx has exited, and with it the last
+/// session's line. It serves on at least this long, so that a scrape can read the last count…
+const LAST_SCRAPE: Duration = Duration::from_secs(5);
 
 /// …and then stops once no line came for this long (or when its drain time is over). Also how
 /// long a wait for a line lasts before the stop is looked at (the socket's read timeout).
@@ -96,10 +95,10 @@ fn read_queued(socket: &UdpSocket, buffer: &mut [u8], metrics: &ProxyMetrics) ->
     read
 }
 
-/// Whether a stopping sidecar may go: the drain time is over, or the proxy has had its time
-/// to leave its Service and no line has come for [`QUIET`].
+/// Whether a stopping sidecar may go: the drain time is over, or a last scrape has had its
+/// time and no line has come for [`QUIET`].
 pub(super) fn drained(since_stop: Duration, since_last_line: Duration, drain: Duration) -> bool {
-    since_stop >= drain || (since_stop >= KEEP_COUNTING.min(drain) && since_last_line >= QUIET)
+    since_stop >= drain || (since_stop >= LAST_SCRAPE.min(drain) && since_last_line >= QUIET)
 }
 
 /// The most of `/proc/net/udp` read: one line per UDP socket of the pod.
@@ -129,13 +128,13 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_stopping_sidecar_counts_through_the_pre_stop_wait_then_until_quiet() {
-        let drain = Duration::from_secs(25);
+    fn a_stopping_sidecar_serves_a_last_scrape_then_stops_once_quiet() {
+        let drain = Duration::from_secs(10);
         let s = Duration::from_secs;
-        assert!(!drained(s(1), s(10), drain), "the proxy still takes new sessions");
+        assert!(!drained(s(1), s(10), drain), "a last scrape may still come");
         assert!(!drained(s(6), s(1), drain), "lines still come");
         assert!(drained(s(6), s(2), drain));
-        assert!(drained(s(25), s(0), drain), "the drain is over");
+        assert!(drained(s(10), s(0), drain), "the drain is over");
         assert!(drained(s(0), s(5), Duration::ZERO), "no drain asked for");
     }
 

@@ -18,7 +18,7 @@ use super::meta::{COMPONENT_PROXY, CONFIG_HASH_ANNOTATION, Owner, labels, metada
 use super::nginx::{
     CONFIG_DIR, CONFIG_FILE, CONFIG_HASH_ENV, POD_FILES, entrypoint, nginx_args, running_readiness_command,
 };
-use super::stop::{SERVING_AFTER_SIGTERM_SECONDS, TERMINATION_GRACE_SECONDS, graceful_stop};
+use super::stop::{SIDECAR_STOP, TERMINATION_GRACE_SECONDS, graceful_stop};
 use crate::api::{self, BalancerSpec};
 use crate::spec::{Admitted, SpecPolicy};
 
@@ -144,7 +144,8 @@ fn proxy_pod_spec(owner: &Owner, spec: &BalancerSpec, settings: &ProxySettings, 
             sysctls,
             ..PodSecurityContext::default()
         }),
-        containers: std::iter::once(container).chain(sidecar).collect(),
+        init_containers: sidecar.map(|sidecar| vec![sidecar]),
+        containers: vec![container],
         topology_spread_constraints: Some(
             proxy.topology_spread_constraints.unwrap_or_else(|| vec![spread_across_nodes(owner)]),
         ),
@@ -171,13 +172,17 @@ fn proxy_pod_spec(owner: &Owner, spec: &BalancerSpec, settings: &ProxySettings, 
 /// [`access_log`](super::access_log)), serving `/metrics` in plain HTTP on the pod network,
 /// as nginx-prometheus-exporter does (proxy pods mount no service-account token to review a
 /// scraper's with). No probes: a sidecar in trouble must not take the proxy out of its Service.
+///
+/// A native sidecar (an init container that restarts `Always`): the kubelet starts it before
+/// nginx and stops it only once nginx has exited, so it counts every session nginx drains and
+/// serves the last count for a final scrape.
 fn metrics_sidecar(image: &str, ports: SidecarPorts) -> Container {
     let args = [
         "proxy-metrics".to_string(),
         format!("--config={}", POD_FILES.mounted),
         format!("--listen=0.0.0.0:{}", ports.metrics),
         format!("--log-port={}", ports.log),
-        format!("--drain={SERVING_AFTER_SIGTERM_SECONDS}s"),
+        format!("--drain={}s", SIDECAR_STOP.as_secs()),
     ];
     Container {
         name: METRICS_CONTAINER.into(),
@@ -185,6 +190,7 @@ fn metrics_sidecar(image: &str, ports: SidecarPorts) -> Container {
         image_pull_policy: Some("IfNotPresent".into()),
         command: Some(vec!["/balancer".into()]),
         args: Some(args.to_vec()),
+        restart_policy: Some("Always".into()),
         ports: Some(vec![ContainerPort {
             name: Some(METRICS_PORT_NAME.into()),
             container_port: i32::from(ports.metrics),

@@ -9,6 +9,8 @@
 //! change may already be stopping old pods. A fixed wait would refuse those connections once it
 //! ran out; this one waits while they keep coming.
 
+use std::time::Duration;
+
 use k8s_openapi::api::core::v1::{ExecAction, Lifecycle, LifecycleHandler};
 
 use super::nginx::DRAIN_SECONDS;
@@ -32,12 +34,14 @@ pub const PROXY_STOP_WAIT: StopWait = StopWait { min: 5, quiet: 3, max: 30 };
 /// A container sees its pod's namespace there.
 pub const TCP_COUNTERS: &str = "/proc/net/snmp";
 
-/// The pod's grace period: the longest stop wait, nginx's drain, and a few seconds to spare.
-pub const TERMINATION_GRACE_SECONDS: i64 = PROXY_STOP_WAIT.max as i64 + DRAIN_SECONDS + 5;
+/// How long the metrics sidecar, stopped once nginx has exited, goes on serving its last count
+/// at most (see `exporter::udp`).
+pub const SIDECAR_STOP: Duration = Duration::from_secs(10);
 
-/// How long after SIGTERM the proxy may still finish sessions: what the metrics sidecar goes on
-/// counting for.
-pub const SERVING_AFTER_SIGTERM_SECONDS: i64 = PROXY_STOP_WAIT.max as i64 + DRAIN_SECONDS;
+/// The pod's grace period: the longest stop wait, nginx's drain, the sidecar's stop, and a few
+/// seconds to spare.
+pub const TERMINATION_GRACE_SECONDS: i64 =
+    PROXY_STOP_WAIT.max as i64 + DRAIN_SECONDS + SIDECAR_STOP.as_secs() as i64 + 5;
 
 /// The `preStop` hook of the nginx container.
 pub(super) fn graceful_stop() -> Lifecycle {

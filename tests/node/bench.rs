@@ -45,13 +45,16 @@ async fn sample_proxy(world: &World) -> (String, Value) {
 fn proxy_copy(template: &Value, name: &str, conf: &str, sidecar: bool) -> [Value; 3] {
     let mut template = template.clone();
     template["metadata"] = json!({"labels": {"app": name}});
-    let containers = template["spec"]["containers"].as_array_mut().expect("containers");
     if !sidecar {
-        containers.retain(|c| c["name"] == "nginx");
+        // The metrics sidecar is the pod's one (native sidecar) init container.
+        template["spec"].as_object_mut().expect("spec").remove("initContainers");
     }
     let hash = balancer::proxy::nginx::config_hash(conf);
-    for container in containers {
-        container["env"] = json!([{"name": balancer::proxy::nginx::CONFIG_HASH_ENV, "value": hash}]);
+    let spec = &mut template["spec"];
+    for list in ["containers", "initContainers"] {
+        for container in spec[list].as_array_mut().into_iter().flatten() {
+            container["env"] = json!([{"name": balancer::proxy::nginx::CONFIG_HASH_ENV, "value": hash}]);
+        }
     }
     for volume in template["spec"]["volumes"].as_array_mut().expect("volumes") {
         if volume.get("configMap").is_some() {

@@ -758,7 +758,7 @@ fn load_modules_come_first() {
 
 /// A stopping proxy pod drops no connection: it keeps serving while it leaves the endpoints
 /// (at least 5 s, on while new connections still arrive, at most 30 s), then nginx quits
-/// gracefully, within a grace period that covers both; the metrics sidecar counts as long.
+/// gracefully, then the metrics sidecar stops, within a grace period that covers all three.
 #[test]
 fn proxy_pods_stop_gracefully() {
     use proxy::stop::{PROXY_STOP_WAIT, StopWait, TCP_COUNTERS, pre_stop_script};
@@ -773,13 +773,8 @@ fn proxy_pods_stop_gracefully() {
         "trap 'kill -QUIT \"$nginx\"; wait \"$nginx\"; exit $?' TERM\nnginx \"$@\" & nginx=$!\nwait \"$nginx\""
     ));
     assert!(desired.nginx_conf.contains("\nworker_shutdown_timeout 20s;\n"), "{}", desired.nginx_conf);
-    assert_eq!(pod_spec(&desired.deployment).termination_grace_period_seconds, Some(55), "30 s + 20 s + 5 s to spare");
-    let settings = with_sidecar();
-    let balancer = sample();
-    let with_sidecar = self::desired(&owner(&balancer), &admitted(&balancer, &settings), &settings);
-    let sidecar = pod_spec(&with_sidecar.deployment).containers.iter().find(|c| c.name == proxy::METRICS_CONTAINER);
-    let args = sidecar.and_then(|c| c.args.clone()).unwrap_or_default();
-    assert!(args.contains(&"--drain=50s".to_string()), "the sidecar counts while nginx may serve: {args:?}");
+    let grace = pod_spec(&desired.deployment).termination_grace_period_seconds;
+    assert_eq!(grace, Some(65), "30 s of stop wait + 20 s of nginx's drain + 10 s of the sidecar's + 5 s to spare");
 }
 
 #[test]
@@ -1010,6 +1005,7 @@ fn with_sidecar() -> ProxySettings {
 fn without_a_metrics_image_the_proxy_has_no_sidecar_and_logs_nothing() {
     let desired = desired_for(&sample());
     assert_eq!(pod_spec(&desired.deployment).containers.len(), 1);
+    assert_eq!(pod_spec(&desired.deployment).init_containers, None);
     assert!(!desired.nginx_conf.contains("access_log"), "{}", desired.nginx_conf);
 }
 
@@ -1020,8 +1016,11 @@ fn the_metrics_sidecar_runs_balancers_image_as_strictly_as_the_proxy() {
     let desired = desired(&owner(&balancer), &admitted(&balancer, &settings), &settings);
     let pod = pod_spec(&desired.deployment);
     let names: Vec<&str> = pod.containers.iter().map(|c| c.name.as_str()).collect();
-    assert_eq!(names, ["nginx", proxy::METRICS_CONTAINER]);
-    let (nginx, sidecar) = (&pod.containers[0], &pod.containers[1]);
+    assert_eq!(names, ["nginx"]);
+    let init: Vec<&str> = pod.init_containers.iter().flatten().map(|c| c.name.as_str()).collect();
+    assert_eq!(init, [proxy::METRICS_CONTAINER], "a native sidecar: starts before nginx, stops after it");
+    let (nginx, sidecar) = (&pod.containers[0], &pod.init_containers.as_ref().unwrap()[0]);
+    assert_eq!(sidecar.restart_policy.as_deref(), Some("Always"));
     assert_eq!(sidecar.image.as_deref(), Some("registry.example.com/balancer:1.2"));
     assert_eq!(sidecar.command.as_deref(), Some(&["/balancer".to_string()][..]));
     assert_eq!(
@@ -1031,7 +1030,7 @@ fn the_metrics_sidecar_runs_balancers_image_as_strictly_as_the_proxy() {
             "--config=/etc/balancer/nginx.conf",
             "--listen=0.0.0.0:9113",
             "--log-port=5514",
-            "--drain=50s"
+            "--drain=10s"
         ]
     );
     assert_eq!(sidecar.security_context, nginx.security_context, "as strict as the proxy");
@@ -1099,7 +1098,8 @@ fn both_containers_are_told_the_config_hash() {
     let balancer = sample();
     let desired = desired(&owner(&balancer), &admitted(&balancer, &settings), &settings);
     let hash = nginx::config_hash(&desired.nginx_conf);
-    let containers = &pod_spec(&desired.deployment).containers;
+    let pod = pod_spec(&desired.deployment);
+    let containers: Vec<_> = pod.containers.iter().chain(pod.init_containers.iter().flatten()).collect();
     assert_eq!(containers.len(), 2);
     for container in containers {
         let env = container.env.clone().unwrap_or_default();
