@@ -347,7 +347,9 @@ impl ControlPlane {
                 .arg(format!("--kubeconfig={}", self.kubeconfig("admin").display()))
                 .arg("--leader-elect=false")
                 .arg("--secure-port=0")
-                .arg("--controllers=node-lifecycle-controller")
+                // Since Kubernetes 1.29, evicting the pods of a tainted node is a controller
+                // of its own.
+                .arg("--controllers=node-lifecycle-controller,taint-eviction-controller")
                 .arg(format!("--node-monitor-grace-period={}s", grace.as_secs()))
                 .arg("--node-monitor-period=1s")
                 .arg("--use-service-account-credentials=false"),

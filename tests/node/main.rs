@@ -45,7 +45,11 @@ use nodes::{
 use runner::{eventually, scenarios};
 
 const OPERATOR_NS: &str = "balancer-system";
-const NS: &str = "default";
+/// The Balancers' namespace: Pod Security `restricted` enforced, so every pod balancer makes
+/// and every backend fixture here must be admitted under it.
+const NS: &str = "balancers";
+/// The Go operator's Balancer and its pods: they run nginx as root, as the Go operator's do.
+const GO_NS: &str = "go-operator";
 const SAMPLE: &str = "example-balancer";
 /// The locally built images (`images.sh`).
 const BASE_IMAGE: &str = "localhost/balancer-test-base:1";
@@ -175,6 +179,7 @@ async fn run_suite(assets: &Path, images: &Path, state: &Path) -> ExitCode {
     let all = scenarios![World:
         the_operator_installs_from_deploy_as_a_user_would,
         the_walkthrough_splits_traffic_by_weight,
+        the_metrics_sidecar_counts_the_last_session_after_nginx_exits,
         a_backend_without_pods_loses_its_share_without_a_failed_request,
         the_metrics_sidecar_costs_little,
         the_data_plane_keeps_up_with_haproxy,
@@ -314,8 +319,11 @@ async fn the_operator_installs_from_deploy_as_a_user_would(world: &mut World) {
     patch_ca_bundle(world, &bundle);
 
     // Both replicas go Ready (readiness means "can answer the API server"; the leader's
-    // controller then reconciles, as the walkthrough shows).
+    // controller then reconciles, as the walkthrough shows), in a namespace that admits only
+    // `restricted` pods (deploy/namespace.yaml).
     wait_available(world, OPERATOR_NS, "balancer", 2).await;
+    let (refused, answer) = refuses_root_pods(world, OPERATOR_NS);
+    assert!(refused, "{OPERATOR_NS} does not enforce `restricted`: {answer}");
     let pods = operator_pods(world).await;
     let holder = eventually("a leader", Duration::from_secs(60), || lease_holder(world)).await;
     assert!(pods.contains(&holder), "the Lease is held by {holder}, not one of {pods:?}");
@@ -325,8 +333,15 @@ async fn the_operator_installs_from_deploy_as_a_user_would(world: &mut World) {
     let config: Value = serde_json::from_str(&config).expect("json");
     assert_eq!(config["webhooks"][0]["clientConfig"]["service"]["name"], "balancer-webhook", "{config}");
     assert!(config["webhooks"][0]["clientConfig"].get("url").is_none());
+    // Until kube-proxy has synced the Service's new endpoints (once a second at most), the API
+    // server's call is refused: that answer is retried.
     let invalid = std::fs::read_to_string(repo("deploy/samples/invalid-balancer.yaml")).expect("sample");
-    let (ok, out, err) = world.plane.kubectl("admin", &["apply", "-f", "-"], Some(&invalid));
+    let (ok, out, err) =
+        eventually("the webhooks reachable through their Service", Duration::from_secs(30), || async {
+            let answer = world.plane.kubectl("admin", &["apply", "-f", "-"], Some(&invalid));
+            (!answer.2.contains("connection refused")).then_some(answer)
+        })
+        .await;
     assert!(!ok, "the invalid sample was accepted: {out}");
     // Only the webhook knows this rule (the CRD schema has no notion of duplicate names).
     assert!(err.contains("duplicate port name \"http\""), "{err}");
@@ -354,30 +369,76 @@ async fn operator_pods(world: &World) -> Vec<String> {
 // 2. The original walkthrough
 // ---------------------------------------------------------------------------
 
-/// An HTTP echo Deployment: nginx on 5678 answering `hello world <version>`.
+/// Makes `name` a namespace whose pods must meet the `restricted` Pod Security Standard, with
+/// docs/install.md's command.
+fn restricted_namespace(world: &World, name: &str) {
+    kubectl(world, &["create", "namespace", name], None);
+    kubectl(world, &["label", "namespace", name, "pod-security.kubernetes.io/enforce=restricted"], None);
+}
+
+/// What `restricted` asks of a pod: not root, no privilege escalation, no capability, the
+/// runtime's seccomp profile. The backends need nothing more.
+fn restricted_pod() -> Value {
+    json!({"runAsNonRoot": true, "runAsUser": 65534, "runAsGroup": 65534,
+           "seccompProfile": {"type": "RuntimeDefault"}})
+}
+
+/// The container half of [`restricted_pod`].
+fn restricted_container() -> Value {
+    json!({"allowPrivilegeEscalation": false, "capabilities": {"drop": ["ALL"]}})
+}
+
+/// A pod that `restricted` refuses: root, with a capability.
+fn privileged_probe_pod(namespace: &str) -> String {
+    json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "pod-security-probe", "namespace": namespace},
+           "spec": {"containers": [{"name": "root", "image": BASE_IMAGE, "imagePullPolicy": "Never",
+                                    "securityContext": {"runAsUser": 0, "capabilities": {"add": ["NET_ADMIN"]}}}]}})
+    .to_string()
+}
+
+/// Whether the API server refuses a root pod in `namespace` (a server-side dry run: nothing is
+/// made), and its answer.
+fn refuses_root_pods(world: &World, namespace: &str) -> (bool, String) {
+    let args = ["apply", "--dry-run=server", "-f", "-"];
+    let (ok, out, err) = world.plane.kubectl("admin", &args, Some(&privileged_probe_pod(namespace)));
+    (!ok && err.contains("violates PodSecurity \"restricted:latest\""), format!("{out}{err}"))
+}
+
+/// An HTTP echo Deployment in [`NS`]: nginx on 5678 answering `hello world <version>`.
 fn echo_backend(version: &str) -> String {
+    echo_backend_in(NS, version)
+}
+
+/// An HTTP echo Deployment in `namespace`, `restricted` as any: nginx as nobody, its pid file
+/// and temporary files in /tmp.
+fn echo_backend_in(namespace: &str, version: &str) -> String {
     let conf = format!(
-        "worker_processes 1;\nevents {{}}\nhttp {{\n  access_log off;\n  server {{\n    listen 5678;\n    \
+        "worker_processes 1;\npid /tmp/nginx.pid;\nevents {{}}\nhttp {{\n  access_log off;\n  \
+         client_body_temp_path /tmp/client_body;\n  proxy_temp_path /tmp/proxy;\n  \
+         fastcgi_temp_path /tmp/fastcgi;\n  uwsgi_temp_path /tmp/uwsgi;\n  scgi_temp_path /tmp/scgi;\n  \
+         server {{\n    listen 5678;\n    \
          location / {{ default_type text/plain; return 200 \"hello world {version}\\n\"; }}\n  }}\n}}\n"
     );
     let config_map = json!({
         "apiVersion": "v1", "kind": "ConfigMap",
-        "metadata": {"name": format!("echo-{version}"), "namespace": NS},
+        "metadata": {"name": format!("echo-{version}"), "namespace": namespace},
         "data": {"nginx.conf": conf},
     });
     let deployment = json!({
         "apiVersion": "apps/v1", "kind": "Deployment",
-        "metadata": {"name": format!("echo-{version}"), "namespace": NS},
+        "metadata": {"name": format!("echo-{version}"), "namespace": namespace},
         "spec": {
             "replicas": 1,
             "selector": {"matchLabels": {"app": "test", "version": version}},
             "template": {
                 "metadata": {"labels": {"app": "test", "version": version}},
                 "spec": {
+                    "securityContext": restricted_pod(),
                     "containers": [{
                         "name": "echo",
                         "image": BASE_IMAGE,
                         "imagePullPolicy": "Never",
+                        "securityContext": restricted_container(),
                         "command": ["nginx", "-c", "/etc/echo/nginx.conf", "-e", "stderr", "-g", "daemon off;"],
                         "ports": [{"containerPort": 5678}],
                         "readinessProbe": {"tcpSocket": {"port": 5678}, "periodSeconds": 1},
@@ -398,7 +459,12 @@ fn echo_backend(version: &str) -> String {
     json!({"apiVersion": "v1", "kind": "List", "items": [config_map, deployment]}).to_string()
 }
 
+/// The README's walkthrough in a namespace that enforces `restricted`: the echo backends, the
+/// sample, and the proxy pods balancer makes are all admitted.
 async fn the_walkthrough_splits_traffic_by_weight(world: &mut World) {
+    restricted_namespace(world, NS);
+    let (refused, answer) = refuses_root_pods(world, NS);
+    assert!(refused, "{NS} does not enforce `restricted`: {answer}");
     for version in ["v1", "v2", "v3"] {
         kubectl(world, &["apply", "-f", "-"], Some(&echo_backend(version)));
     }
@@ -417,7 +483,8 @@ async fn the_walkthrough_splits_traffic_by_weight(world: &mut World) {
     assert_eq!(spec.security_context.as_ref().and_then(|s| s.run_as_user), Some(101));
     assert_eq!(spec.containers[0].security_context.as_ref().and_then(|s| s.read_only_root_filesystem), Some(true));
     // …with the metrics sidecar, in the operator's own image (deploy/'s env, set by `images:`).
-    let sidecar = spec.containers.get(1).expect("the metrics sidecar");
+    let sidecar = spec.init_containers.iter().flatten().next().expect("the metrics sidecar");
+    assert_eq!(sidecar.restart_policy.as_deref(), Some("Always"), "a native sidecar");
     assert_eq!((sidecar.name.as_str(), sidecar.image.as_deref()), ("metrics", Some("localhost/balancer:test")));
 
     let front = front_ip(world, SAMPLE).await;
@@ -529,19 +596,83 @@ async fn a_backend_without_pods_loses_its_share_without_a_failed_request(world: 
 
 /// The completed sessions per backend (`outcome="ok"`), from a proxy pod's metrics sidecar.
 async fn proxy_sessions(address: &str) -> Option<BTreeMap<String, f64>> {
+    sidecar_counts(address, "balancer_proxy_sessions_total", "outcome=\"ok\"").await
+}
+
+/// A counter of a proxy pod's metrics sidecar, summed per backend over its series that have
+/// `label` (`""`: all).
+async fn sidecar_counts(address: &str, metric: &str, label: &str) -> Option<BTreeMap<String, f64>> {
     let mut stream =
         tokio::time::timeout(Duration::from_secs(2), tokio::net::TcpStream::connect(address)).await.ok()?.ok()?;
     stream.write_all(b"GET /metrics HTTP/1.1\r\nHost: proxy\r\nConnection: close\r\n\r\n").await.ok()?;
     let mut text = String::new();
     tokio::time::timeout(Duration::from_secs(5), stream.read_to_string(&mut text)).await.ok()?.ok()?;
-    let mut sessions = BTreeMap::new();
-    for line in text.lines().filter(|l| l.starts_with("balancer_proxy_sessions_total{") && l.contains("outcome=\"ok\""))
-    {
+    let mut counts = BTreeMap::new();
+    let series = format!("{metric}{{");
+    for line in text.lines().filter(|l| l.starts_with(&series) && l.contains(label)) {
         let backend = line.split("backend=\"").nth(1)?.split('"').next()?.to_string();
         let value: f64 = line.rsplit(' ').next()?.parse().ok()?;
-        *sessions.entry(backend).or_insert(0.0) += value;
+        *counts.entry(backend).or_insert(0.0) += value;
     }
-    text.starts_with("HTTP/1.1 200").then_some(sessions)
+    text.starts_with("HTTP/1.1 200").then_some(counts)
+}
+
+/// The runtime's ID of `pod`'s container `name`.
+fn container_id(pod: &Pod, name: &str) -> Option<String> {
+    let statuses = pod.status.as_ref()?.container_statuses.as_ref()?;
+    let id = statuses.iter().find(|c| c.name == name)?.container_id.as_deref()?;
+    Some(id.rsplit("://").next()?.to_string())
+}
+
+/// Whether a process of container `id` runs, as the host sees it: runc names a container's
+/// cgroup after its ID. (The kubelet reports a container of a terminating pod as exited only
+/// once every container has, native sidecars included.)
+fn container_runs(id: &str) -> bool {
+    let Ok(entries) = std::fs::read_dir("/proc") else { return false };
+    entries.flatten().any(|entry| std::fs::read_to_string(entry.path().join("cgroup")).is_ok_and(|c| c.contains(id)))
+}
+
+/// The metrics sidecar is a native sidecar: it outlives nginx. A session open through a proxy
+/// pod when the pod is deleted is served during nginx's stop, and its bytes can be scraped
+/// from the sidecar once nginx has exited, before the pod is gone.
+async fn the_metrics_sidecar_counts_the_last_session_after_nginx_exits(world: &mut World) {
+    let pods: Api<Pod> = Api::namespaced(world.admin.clone(), NS);
+    let params = ListParams::default().labels(&format!("balancer.exposer.hliangzhao.io/balancer-name={SAMPLE}"));
+    let pod = pods.list(&params).await.expect("pods").items.into_iter().next().expect("a proxy pod");
+    let ip = pod.status.as_ref().and_then(|s| s.pod_ip.clone()).expect("a pod IP");
+    let metrics = format!("{ip}:9113");
+    let received = || sidecar_counts(&metrics, "balancer_proxy_received_bytes_total", "");
+    let before = received().await.expect("the sidecar's counts");
+    let mut session = tokio::net::TcpStream::connect(format!("{ip}:80")).await.expect("a session to the proxy pod");
+    pods.delete(&pod.name_any(), &kube::api::DeleteParams::default()).await.expect("delete the proxy pod");
+    let deleted = Instant::now();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let request = b"GET / HTTP/1.1\r\nHost: echo\r\nConnection: close\r\n\r\n";
+    session.write_all(request).await.expect("the request, on the session opened before the stop");
+    let mut answer = String::new();
+    session.read_to_string(&mut answer).await.expect("the answer");
+    let backend = answer.lines().last().and_then(|l| l.strip_prefix("hello world ")).expect("an echo").to_string();
+    let nginx = container_id(&pod, "nginx").expect("nginx's container ID");
+    assert!(container_runs(&nginx), "nginx's processes are found on the host");
+    let exited = eventually("nginx exited", Duration::from_secs(60), || async {
+        (!container_runs(&nginx)).then_some(deleted.elapsed())
+    })
+    .await;
+    let after = received().await.expect("the sidecar still serving after nginx exited");
+    let counted = after.get(&backend).copied().unwrap_or(0.0) - before.get(&backend).copied().unwrap_or(0.0);
+    println!(
+        "node: nginx exited {:.1} s after its pod's delete; then the sidecar counted {counted} bytes from clients to \
+         {backend} since before the delete",
+        exited.as_secs_f64()
+    );
+    assert_eq!(counted, request.len() as f64, "the last session's request, and only it (probes send nothing)");
+    eventually("the deleted proxy pod gone", Duration::from_secs(60), || async {
+        pods.get_opt(&pod.name_any()).await.ok()?.is_none().then_some(())
+    })
+    .await;
+    println!("node: the proxy pod gone {:.1} s after its delete", deleted.elapsed().as_secs_f64());
+    wait_available(world, NS, &format!("{SAMPLE}-proxy"), 1).await;
+    wait_ready_balancer(world, SAMPLE, Duration::from_secs(60)).await;
 }
 
 /// Waits for a Deployment to have `replicas` ready pods.
@@ -570,8 +701,13 @@ fn balancer_resource() -> kube::api::ApiResource {
     kube::api::ApiResource::erase::<balancer::api::Balancer>(&())
 }
 
+/// The cluster IP of the Service `name` in [`NS`] (a Balancer's front Service has its name).
 async fn front_ip(world: &World, name: &str) -> String {
-    let services: Api<Service> = Api::namespaced(world.admin.clone(), NS);
+    service_ip(world, NS, name).await
+}
+
+async fn service_ip(world: &World, namespace: &str, name: &str) -> String {
+    let services: Api<Service> = Api::namespaced(world.admin.clone(), namespace);
     let service = services.get(name).await.expect("front Service");
     service.spec.and_then(|s| s.cluster_ip).expect("a cluster IP")
 }
@@ -710,7 +846,7 @@ struct Leaving {
 
 /// Takes the pods `selector` matches now, before the change that removes them.
 async fn leaving(world: &World, selector: &str, what: &'static str) -> Leaving {
-    Leaving { what, dropped: dropped_by_kube_proxy(pod_ips(world, selector).await, Instant::now()) }
+    Leaving { what, dropped: dropped_by_kube_proxy(pod_ips(world, NS, selector).await, Instant::now()) }
 }
 
 impl Leaving {
@@ -726,8 +862,8 @@ impl Leaving {
 }
 
 /// The addresses of the pods in `NS` that `selector` matches.
-async fn pod_ips(world: &World, selector: &str) -> Vec<String> {
-    let pods: Api<Pod> = Api::namespaced(world.admin.clone(), NS);
+async fn pod_ips(world: &World, namespace: &str, selector: &str) -> Vec<String> {
+    let pods: Api<Pod> = Api::namespaced(world.admin.clone(), namespace);
     let listed = pods.list(&ListParams::default().labels(selector)).await.expect("pods");
     listed.items.into_iter().filter_map(|p| p.status?.pod_ip).collect()
 }
@@ -953,10 +1089,11 @@ fn udp_echo_backend(version: &str) -> String {
             "selector": {"matchLabels": {"app": "udp-echo", "version": version}},
             "template": {
                 "metadata": {"labels": {"app": "udp-echo", "version": version}},
-                "spec": {"containers": [{
+                "spec": {"securityContext": restricted_pod(), "containers": [{
                     "name": "echo",
                     "image": BASE_IMAGE,
                     "imagePullPolicy": "Never",
+                    "securityContext": restricted_container(),
                     "command": ["python3", "-c", UDP_ECHO, version],
                     "ports": [{"containerPort": 5353, "protocol": "UDP"}],
                 }]},
@@ -1249,8 +1386,9 @@ async fn a_backend_behind_the_proxy_sees_the_client_pods_address(world: &mut Wor
             "selector": {"matchLabels": {"app": "pp-echo"}},
             "template": {
                 "metadata": {"labels": {"app": "pp-echo"}},
-                "spec": {"containers": [{
+                "spec": {"securityContext": restricted_pod(), "containers": [{
                     "name": "echo", "image": BASE_IMAGE, "imagePullPolicy": "Never",
+                    "securityContext": restricted_container(),
                     "command": ["python3", "-c", PROXY_PROTOCOL_ECHO],
                     "ports": [{"containerPort": 8080}],
                     "readinessProbe": {"tcpSocket": {"port": 8080}, "periodSeconds": 1},
@@ -1758,7 +1896,7 @@ fn go_operator_children(name: &str, uid: &str, backends: &[&str]) -> String {
     let owner = json!([{"apiVersion": "exposer.hliangzhao.io/v1alpha1", "kind": "Balancer", "name": name,
                         "uid": uid, "controller": true, "blockOwnerDeletion": true}]);
     let labels = json!({"balancer.exposer.hliangzhao.io/balancer-name": name});
-    let meta = |object: &str, labels: &Value| json!({"name": object, "namespace": NS, "labels": labels, "ownerReferences": owner});
+    let meta = |object: &str, labels: &Value| json!({"name": object, "namespace": GO_NS, "labels": labels, "ownerReferences": owner});
     let config_map = format!("{name}-proxy-configmap");
     let conf = "worker_processes 1;\nevents {}\nhttp {\n  access_log off;\n  server {\n    listen 80;\n    \
                 location / { default_type text/plain; return 200 \"go proxy\\n\"; }\n  }\n}\n";
@@ -1816,16 +1954,25 @@ async fn a_go_operator_balancer_is_taken_over_without_a_failed_request(world: &m
     .await;
     println!("node: {leader} stopped reconciling {:.1} s after the Lease was taken", taken.elapsed().as_secs_f64());
 
-    // The Go operator's Balancer: the walkthrough's, its children, and its status.
+    // The Go operator's Balancer: the walkthrough's, its children, and its status, in a
+    // namespace of its own, with backends of its own: its proxy pods run as root.
+    let namespace = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": GO_NS}});
+    kubectl(world, &["apply", "-f", "-"], Some(&namespace.to_string()));
+    for version in ["v1", "v2", "v3"] {
+        kubectl(world, &["apply", "-f", "-"], Some(&echo_backend_in(GO_NS, version)));
+    }
+    for version in ["v1", "v2", "v3"] {
+        wait_available(world, GO_NS, &format!("echo-{version}"), 1).await;
+    }
     // Through the conversion webhook: right after a CA rotation, the API server's handlers pick
     // up the CRD's new caBundle a moment apart, so writes are retried.
     let sample = std::fs::read_to_string(repo("deploy/samples/balancer.yaml")).expect("sample").replace(SAMPLE, NAME);
     eventually("the Go operator's Balancer created", Duration::from_secs(30), || async {
-        world.plane.kubectl("admin", &["-n", NS, "apply", "-f", "-"], Some(&sample)).0.then_some(())
+        world.plane.kubectl("admin", &["-n", GO_NS, "apply", "-f", "-"], Some(&sample)).0.then_some(())
     })
     .await;
     let alpha = kube::api::ApiResource::erase::<balancer::api::v1alpha1::Balancer>(&());
-    let alpha: Api<kube::api::DynamicObject> = Api::namespaced_with(world.admin.clone(), NS, &alpha);
+    let alpha: Api<kube::api::DynamicObject> = Api::namespaced_with(world.admin.clone(), GO_NS, &alpha);
     let uid = alpha.get(NAME).await.expect("the Balancer").metadata.uid.expect("a uid");
     kubectl(world, &["apply", "-f", "-"], Some(&go_operator_children(NAME, &uid, &["v1", "v2", "v3"])));
     let status = json!({"status": {"activeBackendsNum": 3, "obsoleteBackendsNum": 0}});
@@ -1834,14 +1981,14 @@ async fn a_go_operator_balancer_is_taken_over_without_a_failed_request(world: &m
         alpha.patch_status(NAME, &params, &kube::api::Patch::Merge(&status)).await.ok()
     })
     .await;
-    wait_available(world, NS, &format!("{NAME}proxy"), 1).await;
-    let front = front_ip(world, NAME).await;
+    wait_available(world, GO_NS, &format!("{NAME}proxy"), 1).await;
+    let front = service_ip(world, GO_NS, NAME).await;
     let address = format!("{front}:80");
     eventually("the Go proxy answering", Duration::from_secs(30), || async {
         (one_request(&address).await.ok()? == "go proxy").then_some(())
     })
     .await;
-    let deployments: Api<Deployment> = Api::namespaced(world.admin.clone(), NS);
+    let deployments: Api<Deployment> = Api::namespaced(world.admin.clone(), GO_NS);
     let ours = format!("{NAME}-proxy");
     assert!(deployments.get_opt(&ours).await.expect("get").is_none(), "reconciled while not leading");
 
@@ -1849,8 +1996,8 @@ async fn a_go_operator_balancer_is_taken_over_without_a_failed_request(world: &m
     let load = Load::start(address, 4);
     tokio::time::sleep(Duration::from_secs(2)).await;
     let before_takeover = load.answers();
-    let go_ips = pod_ips(world, &go_pods).await;
-    let pods: Api<Pod> = Api::namespaced(world.admin.clone(), NS);
+    let go_ips = pod_ips(world, GO_NS, &go_pods).await;
+    let pods: Api<Pod> = Api::namespaced(world.admin.clone(), GO_NS);
     drop(foreign);
     let released = Instant::now();
     let kube_proxy_dropped = dropped_by_kube_proxy(go_ips, released);
@@ -1859,7 +2006,7 @@ async fn a_go_operator_balancer_is_taken_over_without_a_failed_request(world: &m
         lease_holder(world).await.filter(|holder| replicas.contains(holder))
     })
     .await;
-    let api: Api<kube::api::DynamicObject> = Api::namespaced_with(world.admin.clone(), NS, &balancer_resource());
+    let api: Api<kube::api::DynamicObject> = Api::namespaced_with(world.admin.clone(), GO_NS, &balancer_resource());
     // The condition's reasons, each with when it was first seen.
     let mut stages: Vec<(String, f64)> = Vec::new();
     while stages.last().map(|(r, _)| r.as_str()) != Some("Removed") {
@@ -1919,10 +2066,11 @@ async fn a_go_operator_balancer_is_taken_over_without_a_failed_request(world: &m
     let last: BTreeMap<&String, usize> =
         answers.iter().map(|(a, n)| (a, n - after_takeover.get(a).unwrap_or(&0))).filter(|(_, n)| *n > 0).collect();
     assert!(!last.is_empty() && last.keys().all(|a| backends.contains(&a.as_str())), "at the end: {last:?}");
-    let selector = kubectl(world, &["-n", NS, "get", "service", NAME, "-o", "jsonpath={.spec.selector}"], None);
+    let selector = kubectl(world, &["-n", GO_NS, "get", "service", NAME, "-o", "jsonpath={.spec.selector}"], None);
     assert!(selector.contains("\"app.kubernetes.io/component\":\"proxy\""), "the front Service selects {selector}");
 
-    kubectl(world, &["-n", NS, "delete", "balancer", NAME], None);
+    kubectl(world, &["-n", GO_NS, "delete", "balancer", NAME], None);
+    kubectl(world, &["delete", "namespace", GO_NS, "--wait=false"], None);
 }
 
 // ---------------------------------------------------------------------------
@@ -1946,7 +2094,7 @@ async fn deleting_the_balancer_removes_every_child_and_pod(world: &mut World) {
     })
     .await;
     let children_gone = deleted.elapsed();
-    // Up to 5 s of preStop and 20 s of draining: the probes' sessions wait on backend
+    // At least 5 s of preStop and up to 20 s of draining: the probes' sessions wait on backend
     // Services that garbage collection has already removed.
     eventually("every proxy pod gone", Duration::from_secs(90), || async {
         pods.list(&params).await.ok()?.items.is_empty().then_some(())
