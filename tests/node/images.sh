@@ -2,7 +2,7 @@
 # Builds the node suite's container images with no registry and prints the
 # directory that holds them as OCI archives, ready for `ctr images import`.
 #
-#   images.sh ASSETS BALANCER_BINARY
+#   images.sh ASSETS BALANCER_BINARY [CERT_MANAGER]
 #
 # - localhost/balancer-test-base:1 — Debian bookworm's essential set (mmdebstrap)
 #   plus nginx-light, libnginx-mod-stream, python3-minimal and haproxy: the proxy (its
@@ -13,12 +13,16 @@
 # - localhost/pause:3.4.1 — the static pause binary from tests/kubernetes/build.sh --node.
 # - localhost/balancer:test — the base plus the operator binary, with the
 #   Dockerfile's runtime contract: non-root (65532), `balancer run`.
+# - with CERT_MANAGER (the directory tests/kubernetes/cert-manager.sh prints):
+#   localhost/cert-manager-{controller,cainjector,webhook}:VERSION — each static
+#   binary alone, non-root (1000), as the chart's securityContext requires.
 #
 # Needs root for apt-get and mmdebstrap. About 2 minutes the first time.
 set -euo pipefail
 
 assets="$1"
 binary="$2"
+cert_manager="${3:-}"
 log() { echo "images: $*" >&2; }
 
 cache="${BALANCER_NODE_CACHE:-${HOME:-/tmp}/.cache/balancer/node}"
@@ -90,6 +94,17 @@ strip -o "$work/operator/balancer" "$binary"
 tar -C "$work/operator" --owner=0 --group=0 --numeric-owner -cf "$work/operator.tar" balancer
 oci_archive "$out/balancer.tar" localhost/balancer:test \
   "{$path_env,\"User\":\"65532:65532\",\"Entrypoint\":[\"/balancer\",\"run\"]}" "$rootfs" "$work/operator.tar"
+
+if [ -n "$cert_manager" ]; then
+  version="$(sed -n 's/^appVersion: //p' "$cert_manager/chart/Chart.yaml")"
+  for command in controller cainjector webhook; do
+    mkdir -p "$work/$command"
+    cp "$cert_manager/$command" "$work/$command/$command"
+    tar -C "$work/$command" --owner=0 --group=0 --numeric-owner -cf "$work/$command.tar" "$command"
+    oci_archive "$out/cert-manager-$command.tar" "localhost/cert-manager-$command:$version" \
+      "{$path_env,\"User\":\"1000:1000\",\"Entrypoint\":[\"/$command\"]}" "$work/$command.tar"
+  done
+fi
 
 log "ready in $out"
 echo "$out"

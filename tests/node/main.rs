@@ -12,6 +12,7 @@
 
 // Shared with the e2e suite, which uses all of it.
 mod bench;
+mod cert_manager;
 #[allow(dead_code)]
 #[path = "../e2e/cluster.rs"]
 mod cluster;
@@ -34,6 +35,7 @@ use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use bench::{the_data_plane_keeps_up_with_haproxy, the_metrics_sidecar_costs_little};
+use cert_manager::cert_manager_issues_the_webhook_certificate_and_injects_its_ca;
 use cluster::{ControlPlane, PlaneOptions, commands_first_on_path};
 use node::{
     ClusterServices, Host, KUBERNETES_SERVICE_IP, NODE_A, NODE_B, NODE_IP, Node, POD_BRIDGE, SERVICE_CIDR, host_traces,
@@ -70,6 +72,8 @@ struct World {
     admin: Client,
     /// The Kubernetes and containerd commands (`tests/kubernetes/build.sh --node`).
     assets: PathBuf,
+    /// Helm, and cert-manager's chart (`tests/kubernetes/cert-manager.sh`).
+    cert_manager: PathBuf,
     _host: Host,
 }
 
@@ -120,7 +124,11 @@ fn main() -> ExitCode {
     // BALANCER_NODE_BINARY: another build in the operator's image, e.g. the release build for the
     // sidecar's benchmark (the test build is unoptimized).
     let binary = std::env::var("BALANCER_NODE_BINARY").unwrap_or_else(|_| env!("CARGO_BIN_EXE_balancer").into());
-    let images = script_output("tests/node/images.sh", &[&assets.display().to_string(), &binary]);
+    let cert_manager = script_output("tests/kubernetes/cert-manager.sh", &[]);
+    let images = script_output(
+        "tests/node/images.sh",
+        &[&assets.display().to_string(), &binary, &cert_manager.display().to_string()],
+    );
     let state = std::env::var_os("BALANCER_NODE_STATE")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from("/var/lib/balancer-node"));
@@ -129,7 +137,7 @@ fn main() -> ExitCode {
     runtime.block_on(async move {
         // Dropping the suite's future tears the node down, as the end of a run does.
         tokio::select! {
-            code = run_suite(&assets, &images, &state) => code,
+            code = run_suite(&assets, &images, &cert_manager, &state) => code,
             signal = interrupted() => {
                 println!("node: {signal}: tearing the node down");
                 ExitCode::FAILURE
@@ -153,7 +161,7 @@ async fn interrupted() -> &'static str {
 
 /// Brings the node up, runs the scenarios in order (up to the last one a name filter matches),
 /// and tears everything down.
-async fn run_suite(assets: &Path, images: &Path, state: &Path) -> ExitCode {
+async fn run_suite(assets: &Path, images: &Path, cert_manager: &Path, state: &Path) -> ExitCode {
     let started = Instant::now();
     let traces_before = host_traces();
     let host = Host::up(state);
@@ -174,8 +182,15 @@ async fn run_suite(assets: &Path, images: &Path, state: &Path) -> ExitCode {
     );
     let admin = plane.client("admin").await;
     println!("node: two nodes Ready {:.1} s after start: {}", started.elapsed().as_secs_f64(), versions(&admin).await);
-    let mut world =
-        World { nodes: [a, b], _services: services, plane, admin, assets: assets.to_path_buf(), _host: host };
+    let mut world = World {
+        nodes: [a, b],
+        _services: services,
+        plane,
+        admin,
+        assets: assets.to_path_buf(),
+        cert_manager: cert_manager.to_path_buf(),
+        _host: host,
+    };
     let all = scenarios![World:
         the_operator_installs_from_deploy_as_a_user_would,
         the_walkthrough_splits_traffic_by_weight,
@@ -197,6 +212,7 @@ async fn run_suite(assets: &Path, images: &Path, state: &Path) -> ExitCode {
         a_change_after_an_api_server_restart_reaches_the_wire_without_a_failed_request,
         the_leader_killed_in_the_middle_of_a_change_is_finished_by_a_new_leader,
         a_replaced_certificate_is_served_without_a_restart,
+        cert_manager_issues_the_webhook_certificate_and_injects_its_ca,
         proxies_and_operator_replicas_spread_across_the_nodes,
         a_drain_respects_the_budgets_and_fails_no_request,
         an_uncordoned_node_is_used_by_the_next_rollout,
@@ -276,18 +292,23 @@ fn kubectl(world: &World, args: &[&str], stdin: Option<&str>) -> String {
 
 /// docs/install.md's overlay for a cluster without cert-manager, with the locally built images.
 fn test_kustomization(dir: &Path) {
+    write_kustomization(dir, true);
+}
+
+/// `deploy/` with the locally built images; `without_cert_manager`: with the component that
+/// leaves out its cert-manager objects and CA-injection annotations.
+fn write_kustomization(dir: &Path, without_cert_manager: bool) {
     // Kustomize takes only relative paths to other kustomizations: up to / and down again.
     let up = "../".repeat(dir.components().count() - 1);
     let deploy = format!("{up}{}", repo("deploy").display().to_string().trim_start_matches('/'));
     let component = format!("{deploy}/components/without-cert-manager");
+    let components = if without_cert_manager { format!("components:\n  - {component}\n") } else { String::new() };
     let text = format!(
         r#"apiVersion: kustomize.config.k8s.io/v1beta1
 kind: Kustomization
 resources:
   - {deploy}
-components:
-  - {component}
-images:
+{components}images:
   - name: balancer
     newName: localhost/balancer
     newTag: test
@@ -417,7 +438,9 @@ fn echo_backend_in(namespace: &str, version: &str) -> String {
          client_body_temp_path /tmp/client_body;\n  proxy_temp_path /tmp/proxy;\n  \
          fastcgi_temp_path /tmp/fastcgi;\n  uwsgi_temp_path /tmp/uwsgi;\n  scgi_temp_path /tmp/scgi;\n  \
          server {{\n    listen 5678;\n    \
-         location / {{ default_type text/plain; return 200 \"hello world {version}\\n\"; }}\n  }}\n}}\n"
+         location / {{ default_type text/plain; return 200 \"hello world {version}\\n\"; }}\n  }}\n  \
+         server {{\n    listen 5679;\n    \
+         location /ready {{ if (-f /tmp/draining) {{ return 503; }} return 200; }}\n  }}\n}}\n"
     );
     let config_map = json!({
         "apiVersion": "v1", "kind": "ConfigMap",
@@ -441,13 +464,15 @@ fn echo_backend_in(namespace: &str, version: &str) -> String {
                         "securityContext": restricted_container(),
                         "command": ["nginx", "-c", "/etc/echo/nginx.conf", "-e", "stderr", "-g", "daemon off;"],
                         "ports": [{"containerPort": 5678}],
-                        "readinessProbe": {"tcpSocket": {"port": 5678}, "periodSeconds": 1},
+                        "readinessProbe": {"httpGet": {"port": 5679, "path": "/ready"},
+                                           "periodSeconds": 1, "failureThreshold": 1},
                         // A backend that stops gracefully: it leaves its Service's endpoints,
                         // then quits and finishes what it is answering (nginx's SIGTERM is a
-                        // fast stop). kube-proxy still sends to it while it is terminating if it
-                        // is its Service's last pod (KEP-1669).
+                        // fast stop). kube-proxy still sends to a terminating pod that is its
+                        // Service's last one while the pod is ready (KEP-1669), so the pod first
+                        // turns not ready: a quit would reset the connections still queued.
                         "lifecycle": {"preStop": {"exec": {"command": [
-                            "sh", "-c", "sleep 3; nginx -c /etc/echo/nginx.conf -s quit; sleep 2"
+                            "sh", "-c", "touch /tmp/draining; sleep 3; nginx -c /etc/echo/nginx.conf -s quit; sleep 2"
                         ]}}},
                         "volumeMounts": [{"name": "conf", "mountPath": "/etc/echo"}],
                     }],

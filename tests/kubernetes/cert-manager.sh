@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# Builds what the node suite installs cert-manager with, from the Go module proxy, and prints
+# the directory that holds it. Cached by version outside the clone, so a warm run builds
+# nothing.
+#
+#   cert-manager.sh [--cached]
+#
+# - helm: Helm v4.3.1 (helm.sh/helm/v4/cmd/helm), its version stamped;
+# - controller, cainjector, webhook: cert-manager v1.11.5's commands, static. From v1.12 on
+#   they are modules of their own that import the root module's internal packages, which the
+#   module proxy cannot serve; up to v1.11 they are packages of the root module;
+# - chart/: cert-manager's own chart from the same module zip, made installable as its release
+#   tooling makes it: Chart.yaml from Chart.template.yaml with the version set, and the CRDs
+#   (plain files under deploy/crds, with Helm directives in their labels) as a template behind
+#   the chart's `installCRDs` value. Nothing of it is copied into this repository.
+#
+# --cached only prints the directory if it is already built, and fails otherwise.
+# Cache: ~/.cache/balancer/cert-manager/CERT_MANAGER_VERSION (BALANCER_CERT_MANAGER_CACHE
+# overrides the parent), stamped with both versions. Cold on 2 cores: about 5 minutes.
+set -euo pipefail
+
+cert_manager_version=v1.11.5
+helm_version=v4.3.1
+cached_only=false
+case "${1:-}" in
+  --cached) cached_only=true ;;
+  "") ;;
+  *) echo "usage: cert-manager.sh [--cached]" >&2; exit 2 ;;
+esac
+
+log() { echo "cert-manager $cert_manager_version: $*" >&2; }
+
+commands=(controller cainjector webhook)
+cache="${BALANCER_CERT_MANAGER_CACHE:-${HOME:-/tmp}/.cache/balancer/cert-manager}/$cert_manager_version"
+stamp="cert-manager $cert_manager_version helm $helm_version"
+holds() {
+  local name
+  [ "$(cat "$cache/.stamp" 2>/dev/null)" = "$stamp" ] || return 1
+  for name in helm "${commands[@]}"; do [ -x "$cache/$name" ] || return 1; done
+  [ -s "$cache/chart/Chart.yaml" ] && [ -s "$cache/chart/templates/crds.yaml" ]
+}
+if holds; then
+  echo "$cache"
+  exit 0
+fi
+$cached_only && { echo "cert-manager.sh: not built yet in $cache" >&2; exit 1; }
+
+command -v go >/dev/null || { echo "cert-manager.sh: needs Go (1.26 or newer) on the PATH" >&2; exit 1; }
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+export CGO_ENABLED=0 GOFLAGS=-mod=mod
+mkdir -p "$work/out"
+
+log "building helm $helm_version"
+mkdir "$work/helm"
+cd "$work/helm"
+go mod init balancer.test/helm >/dev/null 2>&1
+go get "helm.sh/helm/v4/cmd/helm@$helm_version" >/dev/null 2>&1 || go get "helm.sh/helm/v4/cmd/helm@$helm_version"
+go build -trimpath -ldflags "-s -w -X helm.sh/helm/v4/internal/version.version=$helm_version" \
+  -o "$work/out/helm" helm.sh/helm/v4/cmd/helm
+
+log "building ${commands[*]}"
+mkdir "$work/cert-manager"
+cd "$work/cert-manager"
+go mod init balancer.test/cert-manager >/dev/null 2>&1
+module=github.com/cert-manager/cert-manager
+packages=("${commands[@]/#/$module/cmd/}")
+go get "${packages[@]/%/@$cert_manager_version}" >/dev/null 2>&1 || go get "${packages[@]/%/@$cert_manager_version}"
+go build -trimpath -ldflags "-s -w -X $module/pkg/util.AppVersion=$cert_manager_version" \
+  -o "$work/out/" "${packages[@]}"
+
+log "preparing its chart"
+source_dir="$(go list -m -f '{{.Dir}}' "$module")"
+cp -r "$source_dir/deploy/charts/cert-manager" "$work/out/chart"
+chmod -R u+w "$work/out/chart"
+sed -e "s/^version: v0\.1\.0$/version: $cert_manager_version/" \
+  -e "s/^appVersion: v0\.1\.0$/appVersion: $cert_manager_version/" \
+  -e 's/{{IS_PRERELEASE}}/false/' \
+  "$work/out/chart/Chart.template.yaml" >"$work/out/chart/Chart.yaml"
+rm "$work/out/chart/Chart.template.yaml" "$work/out/chart/README.template.md"
+{
+  echo '{{- if .Values.installCRDs }}'
+  for crd in "$source_dir"/deploy/crds/crd-*.yaml; do
+    echo '---'
+    cat "$crd"
+  done
+  echo '{{- end }}'
+} >"$work/out/chart/templates/crds.yaml"
+grep -q "^version: $cert_manager_version$" "$work/out/chart/Chart.yaml" ||
+  { echo "cert-manager.sh: Chart.template.yaml has no version line to set" >&2; exit 1; }
+
+# Staged beside the cache, then renamed into place.
+rm -rf "$cache.staging"
+mkdir -p "$(dirname "$cache")"
+cp -r "$work/out" "$cache.staging"
+rm -rf "$cache"
+mv "$cache.staging" "$cache"
+echo "$stamp" >"$cache/.stamp"
+log "ready in $cache"
+echo "$cache"

@@ -1,0 +1,224 @@
+//! The README's default install, for real: cert-manager v1.11.5 installed from its own chart
+//! with Helm (the images built from the module proxy, `tests/kubernetes/cert-manager.sh`), then
+//! `deploy/` as it is, with its Issuers, Certificates and CA-injection annotations.
+//!
+//! cert-manager v1.11 declares support up to Kubernetes 1.26: here it probes balancer's
+//! manifests on v1.37, as a user's newer cert-manager would read them.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use base64::Engine as _;
+use k8s_openapi::api::core::v1::{Secret, Service};
+use kube::Api;
+use rustls::pki_types::{CertificateDer, pem::PemObject as _};
+use serde_json::{Value, json};
+
+use super::{NS, OPERATOR_NS, SAMPLE, World, eventually, kubectl, operator_pod_restarts, repo, write_kustomization};
+
+const NAMESPACE: &str = "cert-manager";
+const WEBHOOK_HOST: &str = "balancer-webhook.balancer-system.svc";
+
+/// `helm` with the suite's kubeconfig; its output, or its error.
+fn helm(world: &World, args: &[&str]) -> Result<String, String> {
+    let out = std::process::Command::new(world.cert_manager.join("helm"))
+        .arg(format!("--kubeconfig={}", world.plane.kubeconfig("admin").display()))
+        .args(args)
+        .output()
+        .map_err(|e| e.to_string())?;
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    if out.status.success() { Ok(text) } else { Err(text) }
+}
+
+/// cert-manager's chart, its images replaced by the local ones, its CRDs included, and without
+/// the post-install API check (a Job of `cmctl`, which is not built).
+fn install_cert_manager(world: &World) {
+    let chart = world.cert_manager.join("chart");
+    let version = std::fs::read_to_string(chart.join("Chart.yaml"))
+        .expect("Chart.yaml")
+        .lines()
+        .find_map(|l| l.strip_prefix("appVersion: ").map(str::to_string))
+        .expect("appVersion");
+    let mut args: Vec<String> =
+        ["install", "cert-manager", &chart.display().to_string(), "--namespace", NAMESPACE].map(String::from).to_vec();
+    args.extend(["--create-namespace", "--wait", "--timeout=5m"].map(String::from));
+    let mut set = vec!["installCRDs=true".to_string(), "startupapicheck.enabled=false".to_string()];
+    for (prefix, image) in [("", "controller"), ("webhook.", "webhook"), ("cainjector.", "cainjector")] {
+        set.push(format!("{prefix}image.repository=localhost/cert-manager-{image}"));
+        set.push(format!("{prefix}image.tag={version}"));
+        set.push(format!("{prefix}image.pullPolicy=Never"));
+    }
+    for value in set {
+        args.extend(["--set".to_string(), value]);
+    }
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let installed = Instant::now();
+    let out = helm(world, &args).unwrap_or_else(|e| panic!("helm install cert-manager failed: {e}"));
+    assert!(out.contains("STATUS: deployed"), "{out}");
+    println!(
+        "node: cert-manager {version} installed from its chart by Helm in {:.1} s",
+        installed.elapsed().as_secs_f64()
+    );
+}
+
+/// The base64 `caBundle` of both webhook configurations and of the CRD's conversion webhook.
+fn ca_bundles(world: &World) -> [String; 3] {
+    let path = "jsonpath={.webhooks[0].clientConfig.caBundle}";
+    let conversion = "jsonpath={.spec.conversion.webhook.clientConfig.caBundle}";
+    [
+        kubectl(world, &["get", "validatingwebhookconfiguration", "balancer-validating", "-o", path], None),
+        kubectl(world, &["get", "mutatingwebhookconfiguration", "balancer-mutating", "-o", path], None),
+        kubectl(world, &["get", "crd", "balancers.exposer.hliangzhao.io", "-o", conversion], None),
+    ]
+}
+
+/// The webhook's TLS Secret: (`ca.crt`, `tls.crt`) as PEM.
+async fn serving_secret(world: &World) -> Option<(String, String)> {
+    let secrets: Api<Secret> = Api::namespaced(world.admin.clone(), OPERATOR_NS);
+    let data = secrets.get("balancer-webhook-tls").await.ok()?.data?;
+    let text = |key: &str| String::from_utf8(data.get(key)?.0.clone()).ok();
+    Some((text("ca.crt")?, text("tls.crt")?))
+}
+
+/// The leaf certificate (DER) the webhook Service presents to a client trusting `ca_pem` alone.
+async fn presented_certificate(ip: &str, ca_pem: &str) -> Option<Vec<u8>> {
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(CertificateDer::from_pem_slice(ca_pem.as_bytes()).ok()?).ok()?;
+    let config = rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+        .with_safe_default_protocol_versions()
+        .ok()?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let connect = tokio::net::TcpStream::connect(format!("{ip}:443"));
+    let tcp = tokio::time::timeout(Duration::from_secs(3), connect).await.ok()?.ok()?;
+    let name = rustls::pki_types::ServerName::try_from(WEBHOOK_HOST).ok()?;
+    let handshake = tokio_rustls::TlsConnector::from(Arc::new(config)).connect(name, tcp);
+    let tls = tokio::time::timeout(Duration::from_secs(3), handshake).await.ok()?.ok()?;
+    Some(tls.get_ref().1.peer_certificates()?.first()?.to_vec())
+}
+
+/// Whether 10 handshakes in a row through the Service (so, most likely, with both replicas)
+/// present `leaf_pem`, verified against `ca_pem`.
+async fn every_replica_presents(ip: &str, ca_pem: &str, leaf_pem: &str) -> bool {
+    let Ok(leaf) = CertificateDer::from_pem_slice(leaf_pem.as_bytes()) else { return false };
+    for _ in 0..10 {
+        if presented_certificate(ip, ca_pem).await.as_deref() != Some(leaf.as_ref()) {
+            return false;
+        }
+    }
+    true
+}
+
+/// Requests a renewal as `cmctl renew` does: the Certificate's `Issuing` condition set.
+fn request_renewal(world: &World) {
+    let certificate =
+        kubectl(world, &["-n", OPERATOR_NS, "get", "certificate", "balancer-serving-cert", "-o", "json"], None);
+    let certificate: Value = serde_json::from_str(&certificate).expect("json");
+    let mut conditions = certificate["status"]["conditions"].as_array().cloned().unwrap_or_default();
+    conditions.retain(|c| c["type"] != "Issuing");
+    conditions.push(json!({"type": "Issuing", "status": "True", "reason": "ManuallyTriggered",
+                           "message": "renewal requested by the node suite",
+                           "lastTransitionTime": k8s_openapi::jiff::Timestamp::now().to_string()}));
+    let patch = json!({"status": {"conditions": conditions}}).to_string();
+    let args =
+        ["-n", OPERATOR_NS, "patch", "certificate", "balancer-serving-cert", "--subresource=status", "--type=merge"];
+    kubectl(world, &[&args[..], &["-p", &patch]].concat(), None);
+}
+
+/// cert-manager issues the webhook's certificate, its CA injector puts the CA into both
+/// webhook configurations and the CRD's conversion webhook, the API server validates and
+/// converts through them, and a renewed certificate is served without a restart.
+pub(super) async fn cert_manager_issues_the_webhook_certificate_and_injects_its_ca(world: &mut World) {
+    install_cert_manager(world);
+    let restarts = operator_pod_restarts(world).await;
+
+    // deploy/ the README's default way, in place of the manual certificate: its Secret is
+    // deleted first (cert-manager would otherwise take a valid certificate it finds for its
+    // own; the replicas go on serving the files they have). cert-manager's own webhook
+    // validates the Certificates: retried until kube-proxy routes to it.
+    kubectl(world, &["-n", OPERATOR_NS, "delete", "secret", "balancer-webhook-tls"], None);
+    let dir = tempfile::TempDir::new().expect("temp dir");
+    write_kustomization(dir.path(), false);
+    let overlay = dir.path().display().to_string();
+    let applied = Instant::now();
+    eventually("deploy/ applied with its cert-manager objects", Duration::from_secs(60), || async {
+        world.plane.kubectl("admin", &["apply", "-k", &overlay], None).0.then_some(())
+    })
+    .await;
+    let issued = eventually("the serving certificate issued", Duration::from_secs(60), || async {
+        let args = ["-n", OPERATOR_NS, "get", "certificate", "balancer-serving-cert", "-o", "json"];
+        let certificate: Value = serde_json::from_str(&world.plane.kubectl("admin", &args, None).1).ok()?;
+        let conditions = certificate["status"]["conditions"].as_array()?.clone();
+        let ready = conditions.iter().any(|c| c["type"] == "Ready" && c["status"] == "True");
+        let issuer = certificate["spec"]["issuerRef"]["name"] == "balancer-ca-issuer";
+        (ready && issuer).then(|| applied.elapsed())
+    })
+    .await;
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let (ca, leaf) = eventually("the Secret written by cert-manager", Duration::from_secs(30), || async {
+        let secrets: Api<Secret> = Api::namespaced(world.admin.clone(), OPERATOR_NS);
+        let secret = secrets.get("balancer-webhook-tls").await.ok()?;
+        let annotations = secret.metadata.annotations.unwrap_or_default();
+        (annotations.get("cert-manager.io/certificate-name").map(String::as_str) == Some("balancer-serving-cert"))
+            .then_some(())?;
+        serving_secret(world).await
+    })
+    .await;
+    let injected = eventually("the CA injected in both webhooks and the CRD", Duration::from_secs(60), || async {
+        ca_bundles(world)
+            .iter()
+            .all(|bundle| b64.decode(bundle.trim()).ok().as_deref() == Some(ca.as_bytes()))
+            .then(|| applied.elapsed())
+    })
+    .await;
+    println!(
+        "node: deploy/ with cert-manager: certificate issued {:.1} s and its CA injected {:.1} s after the apply",
+        issued.as_secs_f64(),
+        injected.as_secs_f64()
+    );
+
+    // Every replica serves it (the kubelet updates the mounted Secret), and the API server
+    // validates and converts through the webhooks.
+    let services: Api<Service> = Api::namespaced(world.admin.clone(), OPERATOR_NS);
+    let ip =
+        services.get("balancer-webhook").await.expect("webhook Service").spec.and_then(|s| s.cluster_ip).expect("IP");
+    eventually("the issued certificate on every replica", Duration::from_secs(120), || async {
+        every_replica_presents(&ip, &ca, &leaf).await.then_some(())
+    })
+    .await;
+    println!("node: the issued certificate served {:.1} s after the apply", applied.elapsed().as_secs_f64());
+    let invalid = std::fs::read_to_string(repo("deploy/samples/invalid-balancer.yaml")).expect("sample");
+    let refusal = eventually("the invalid sample refused by the webhook", Duration::from_secs(30), || async {
+        let (ok, _, err) = world.plane.kubectl("admin", &["apply", "-f", "-"], Some(&invalid));
+        (!ok && err.contains("duplicate port name \"http\"")).then_some(err)
+    })
+    .await;
+    assert!(!refusal.is_empty());
+    let alpha = ["-n", NS, "get", "balancers.v1alpha1.exposer.hliangzhao.io", SAMPLE, "-o", "jsonpath={.apiVersion}"];
+    assert_eq!(kubectl(world, &alpha, None), "exposer.hliangzhao.io/v1alpha1", "converted by the webhook");
+
+    // A renewal: a new key and certificate from the same CA, served without a restart.
+    request_renewal(world);
+    let renewed = Instant::now();
+    let new_leaf = eventually("the renewed certificate in the Secret", Duration::from_secs(60), || async {
+        let (_, now) = serving_secret(world).await?;
+        (now != leaf).then_some(now)
+    })
+    .await;
+    eventually("the renewed certificate on every replica", Duration::from_secs(120), || async {
+        every_replica_presents(&ip, &ca, &new_leaf).await.then_some(())
+    })
+    .await;
+    println!(
+        "node: a renewed certificate served {:.1} s after the renewal was requested",
+        renewed.elapsed().as_secs_f64()
+    );
+    assert_eq!(operator_pod_restarts(world).await, restarts, "no replica restarted");
+    let yaml =
+        std::fs::read_to_string(repo("deploy/samples/balancer.yaml")).expect("sample").replace(SAMPLE, "renewed");
+    eventually("a Balancer write after the renewal", Duration::from_secs(30), || async {
+        world.plane.kubectl("admin", &["-n", NS, "apply", "-f", "-"], Some(&yaml)).0.then_some(())
+    })
+    .await;
+    kubectl(world, &["-n", NS, "delete", "balancer", "renewed"], None);
+}
