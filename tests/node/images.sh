@@ -98,6 +98,9 @@ oci_archive "$out/balancer.tar" localhost/balancer:test \
 if [ -n "$cert_manager" ]; then
   version="$(sed -n 's/^appVersion: //p' "$cert_manager/chart/Chart.yaml")"
   for command in controller cainjector webhook; do
+    # Made once per build of the binary: they are large and do not change between runs.
+    [ -s "$out/cert-manager-$command.tar" ] && [ "$out/cert-manager-$command.tar" -nt "$cert_manager/$command" ] &&
+      continue
     mkdir -p "$work/$command"
     cp "$cert_manager/$command" "$work/$command/$command"
     tar -C "$work/$command" --owner=0 --group=0 --numeric-owner -cf "$work/$command.tar" "$command"
