@@ -18,7 +18,7 @@ use super::meta::{COMPONENT_PROXY, CONFIG_HASH_ANNOTATION, Owner, labels, metada
 use super::nginx::{
     CONFIG_DIR, CONFIG_FILE, CONFIG_HASH_ENV, POD_FILES, entrypoint, nginx_args, running_readiness_command,
 };
-use super::stop::{SIDECAR_STOP, TERMINATION_GRACE_SECONDS, graceful_stop};
+use super::stop::{SIDECAR_DRAIN, TERMINATION_GRACE_SECONDS, graceful_stop};
 use crate::api::{self, BalancerSpec};
 use crate::spec::{Admitted, SpecPolicy};
 
@@ -174,15 +174,15 @@ fn proxy_pod_spec(owner: &Owner, spec: &BalancerSpec, settings: &ProxySettings, 
 /// scraper's with). No probes: a sidecar in trouble must not take the proxy out of its Service.
 ///
 /// A native sidecar (an init container that restarts `Always`): the kubelet starts it before
-/// nginx and stops it only once nginx has exited, so it counts every session nginx drains and
-/// serves the last count for a final scrape.
+/// nginx and stops it only once nginx has exited, so it counts every session nginx drains, and
+/// serves the last count for a few seconds more.
 fn metrics_sidecar(image: &str, ports: SidecarPorts) -> Container {
     let args = [
         "proxy-metrics".to_string(),
         format!("--config={}", POD_FILES.mounted),
         format!("--listen=0.0.0.0:{}", ports.metrics),
         format!("--log-port={}", ports.log),
-        format!("--drain={}s", SIDECAR_STOP.as_secs()),
+        format!("--drain={}s", SIDECAR_DRAIN.as_secs()),
     ];
     Container {
         name: METRICS_CONTAINER.into(),

@@ -21,7 +21,10 @@ pub struct StopWait {
     /// Always this long: the time kube-proxy normally needs to drop the pod.
     pub min: u32,
     /// Then until this many seconds in a row each saw at most one new connection (the kubelet's
-    /// readiness probe, which goes on during termination, opens one every five seconds).
+    /// readiness probe, which goes on during termination, opens one every five seconds). Every
+    /// TCP connection the pod accepts counts: clients, but also scrapes of the metrics sidecar
+    /// and the health checks of a load balancer that targets pods, which can keep a pod waiting
+    /// up to `max`.
     pub quiet: u32,
     /// And never longer than this, so that a pod still stops while busy clients keep reaching it.
     pub max: u32,
@@ -35,13 +38,13 @@ pub const PROXY_STOP_WAIT: StopWait = StopWait { min: 5, quiet: 3, max: 30 };
 pub const TCP_COUNTERS: &str = "/proc/net/snmp";
 
 /// How long the metrics sidecar, stopped once nginx has exited, goes on serving its last count
-/// at most (see `exporter::udp`).
-pub const SIDECAR_STOP: Duration = Duration::from_secs(10);
+/// at most (its `--drain`; see `exporter::udp`).
+pub const SIDECAR_DRAIN: Duration = Duration::from_secs(10);
 
 /// The pod's grace period: the longest stop wait, nginx's drain, the sidecar's stop, and a few
 /// seconds to spare.
 pub const TERMINATION_GRACE_SECONDS: i64 =
-    PROXY_STOP_WAIT.max as i64 + DRAIN_SECONDS + SIDECAR_STOP.as_secs() as i64 + 5;
+    PROXY_STOP_WAIT.max as i64 + DRAIN_SECONDS + SIDECAR_DRAIN.as_secs() as i64 + 5;
 
 /// The `preStop` hook of the nginx container.
 pub(super) fn graceful_stop() -> Lifecycle {
@@ -55,10 +58,10 @@ pub(super) fn graceful_stop() -> Lifecycle {
     }
 }
 
-/// The hook's script (POSIX `sh`, no other tool): once a second it reads the count of accepted
+/// The hook's script (POSIX `sh` and `sleep`): once a second it reads the count of accepted
 /// TCP connections from `counters` (laid out as `/proc/net/snmp`) and returns as [`StopWait`]
-/// says. A file it cannot read counts as quiet, so the wait is then `min`. UDP has no
-/// connection to count: a UDP-only proxy waits `min`.
+/// says. A file it cannot read counts as quiet, so the wait is then `min` (or `quiet`, if
+/// longer). UDP has no connection to count: a UDP-only proxy waits the same.
 pub fn pre_stop_script(counters: &str, wait: StopWait) -> String {
     let StopWait { min, quiet, max } = wait;
     format!(

@@ -55,6 +55,7 @@ log "building helm $helm_version"
 mkdir "$work/helm"
 cd "$work/helm"
 go mod init balancer.test/helm >/dev/null 2>&1
+# Quiet when it works; when it fails, once more with its error shown.
 go get "helm.sh/helm/v4/cmd/helm@$helm_version" >/dev/null 2>&1 || go get "helm.sh/helm/v4/cmd/helm@$helm_version"
 go build -trimpath -ldflags "-s -w -X helm.sh/helm/v4/internal/version.version=$helm_version" \
   -o "$work/out/helm" helm.sh/helm/v4/cmd/helm
@@ -86,8 +87,10 @@ rm "$work/out/chart/Chart.template.yaml" "$work/out/chart/README.template.md"
   done
   echo '{{- end }}'
 } >"$work/out/chart/templates/crds.yaml"
-grep -q "^version: $cert_manager_version$" "$work/out/chart/Chart.yaml" ||
-  { echo "cert-manager.sh: Chart.template.yaml has no version line to set" >&2; exit 1; }
+# images.sh tags the images with appVersion, which the node suite installs the chart with.
+grep -q "^version: $cert_manager_version$" "$work/out/chart/Chart.yaml" &&
+  grep -q "^appVersion: $cert_manager_version$" "$work/out/chart/Chart.yaml" ||
+  { echo "cert-manager.sh: Chart.template.yaml has no version or appVersion line to set" >&2; exit 1; }
 
 # Staged beside the cache, then renamed into place.
 rm -rf "$cache.staging"

@@ -6,15 +6,13 @@ use std::collections::BTreeMap;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use super::runner::eventually;
+use super::{NS, SAMPLE, World, front_ip, kubectl, one_request, proxy_conf, sidecar_counts, wait_available};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use kube::api::ListParams;
 use serde_json::{Value, json};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-
-use super::runner::eventually;
-use super::{NS, SAMPLE, World, front_ip, kubectl, one_request, proxy_conf, wait_available};
 
 /// Whether benchmarks run (`BALANCER_NODE_BENCH`); says how to run `what` when they do not.
 fn enabled(what: &str) -> bool {
@@ -162,11 +160,7 @@ async fn sessions_per_second(address: &str, duration: Duration) -> f64 {
 
 /// The sum of a series' samples from a proxy pod's metrics sidecar.
 async fn proxy_series(address: &str, name: &str) -> Option<f64> {
-    let mut stream = tokio::net::TcpStream::connect(address).await.ok()?;
-    stream.write_all(b"GET /metrics HTTP/1.1\r\nHost: proxy\r\nConnection: close\r\n\r\n").await.ok()?;
-    let mut text = String::new();
-    stream.read_to_string(&mut text).await.ok()?;
-    Some(text.lines().filter(|l| l.starts_with(name)).filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok()).sum())
+    Some(sidecar_counts(address, name, "").await?.values().sum())
 }
 
 /// Stops HAProxy as the proxy's entrypoint stops nginx: the kubelet's SIGTERM becomes a soft

@@ -465,14 +465,14 @@ fn echo_backend_in(namespace: &str, version: &str) -> String {
                         "command": ["nginx", "-c", "/etc/echo/nginx.conf", "-e", "stderr", "-g", "daemon off;"],
                         "ports": [{"containerPort": 5678}],
                         "readinessProbe": {"httpGet": {"port": 5679, "path": "/ready"},
-                                           "periodSeconds": 1, "failureThreshold": 1},
+                                           "periodSeconds": 1, "failureThreshold": 2},
                         // A backend that stops gracefully: it leaves its Service's endpoints,
                         // then quits and finishes what it is answering (nginx's SIGTERM is a
                         // fast stop). kube-proxy still sends to a terminating pod that is its
                         // Service's last one while the pod is ready (KEP-1669), so the pod first
                         // turns not ready: a quit would reset the connections still queued.
                         "lifecycle": {"preStop": {"exec": {"command": [
-                            "sh", "-c", "touch /tmp/draining; sleep 3; nginx -c /etc/echo/nginx.conf -s quit; sleep 2"
+                            "sh", "-c", "touch /tmp/draining; sleep 4; nginx -c /etc/echo/nginx.conf -s quit; sleep 2"
                         ]}}},
                         "volumeMounts": [{"name": "conf", "mountPath": "/etc/echo"}],
                     }],
@@ -624,8 +624,8 @@ async fn proxy_sessions(address: &str) -> Option<BTreeMap<String, f64>> {
     sidecar_counts(address, "balancer_proxy_sessions_total", "outcome=\"ok\"").await
 }
 
-/// A counter of a proxy pod's metrics sidecar, summed per backend over its series that have
-/// `label` (`""`: all).
+/// A counter of a proxy pod's metrics sidecar, summed per backend (`""` for series without
+/// one) over its series that have `label` (`""`: all).
 async fn sidecar_counts(address: &str, metric: &str, label: &str) -> Option<BTreeMap<String, f64>> {
     let mut stream =
         tokio::time::timeout(Duration::from_secs(2), tokio::net::TcpStream::connect(address)).await.ok()?.ok()?;
@@ -635,7 +635,8 @@ async fn sidecar_counts(address: &str, metric: &str, label: &str) -> Option<BTre
     let mut counts = BTreeMap::new();
     let series = format!("{metric}{{");
     for line in text.lines().filter(|l| l.starts_with(&series) && l.contains(label)) {
-        let backend = line.split("backend=\"").nth(1)?.split('"').next()?.to_string();
+        let backend = line.split("backend=\"").nth(1).and_then(|rest| rest.split('"').next()).unwrap_or_default();
+        let backend = backend.to_string();
         let value: f64 = line.rsplit(' ').next()?.parse().ok()?;
         *counts.entry(backend).or_insert(0.0) += value;
     }
@@ -667,7 +668,13 @@ async fn the_metrics_sidecar_counts_the_last_session_after_nginx_exits(world: &m
     let ip = pod.status.as_ref().and_then(|s| s.pod_ip.clone()).expect("a pod IP");
     let metrics = format!("{ip}:9113");
     let received = || sidecar_counts(&metrics, "balancer_proxy_received_bytes_total", "");
-    let before = received().await.expect("the sidecar's counts");
+    // Once the lines of earlier sessions are all in.
+    let before = eventually("the sidecar's counts to settle", Duration::from_secs(30), || async {
+        let first = received().await?;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        (received().await? == first).then_some(first)
+    })
+    .await;
     let mut session = tokio::net::TcpStream::connect(format!("{ip}:80")).await.expect("a session to the proxy pod");
     pods.delete(&pod.name_any(), &kube::api::DeleteParams::default()).await.expect("delete the proxy pod");
     let deleted = Instant::now();
@@ -1826,23 +1833,9 @@ async fn a_replaced_certificate_is_served_without_a_restart(world: &mut World) {
     let replaced = Instant::now();
     kubectl(world, &["apply", "-f", "-"], Some(&secret));
 
-    // Every replica serves the new certificate: 20 handshakes in a row through the Service verify
-    // against the new CA alone.
-    let services: Api<Service> = Api::namespaced(world.admin.clone(), OPERATOR_NS);
-    let ip =
-        services.get("balancer-webhook").await.expect("webhook Service").spec.and_then(|s| s.cluster_ip).expect("IP");
-    let host = "balancer-webhook.balancer-system.svc";
-    let client = reqwest::Client::builder()
-        .tls_backend_preconfigured(cluster::tls_config(&new_ca))
-        .resolve(host, std::net::SocketAddr::new(ip.parse().expect("IP"), 443))
-        .timeout(Duration::from_secs(3))
-        .build()
-        .expect("client");
+    // Every replica, each at its own address, serves a certificate the new CA alone verifies.
     eventually("the new certificate on every replica", Duration::from_secs(120), || async {
-        for _ in 0..20 {
-            client.get(format!("https://{host}/healthz")).send().await.ok()?;
-        }
-        Some(())
+        cert_manager::every_replica_presents(world, &new_ca, None).await.then_some(())
     })
     .await;
     println!("node: new certificate served {:.1} s after the Secret was replaced", replaced.elapsed().as_secs_f64());
@@ -2119,7 +2112,7 @@ async fn deleting_the_balancer_removes_every_child_and_pod(world: &mut World) {
     })
     .await;
     let children_gone = deleted.elapsed();
-    // At least 5 s of preStop and up to 20 s of draining: the probes' sessions wait on backend
+    // 5-30 s of preStop and up to 20 s of draining: the probes' sessions wait on backend
     // Services that garbage collection has already removed.
     eventually("every proxy pod gone", Duration::from_secs(90), || async {
         pods.list(&params).await.ok()?.items.is_empty().then_some(())

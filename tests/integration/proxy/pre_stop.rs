@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 
 use balancer::proxy::stop::{StopWait, TCP_COUNTERS, pre_stop_script};
 
-/// Short enough for a test, with the proxy's proportions.
-const WAIT: StopWait = StopWait { min: 1, quiet: 2, max: 6 };
+/// Short enough for a test, with the proxy's proportions: the minimum outlasts the quiet seconds.
+const WAIT: StopWait = StopWait { min: 3, quiet: 2, max: 10 };
 
 /// This host's counters with `Tcp: PassiveOpens` set to `opens`: the kernel's own layout.
 fn counters(opens: u64) -> String {
@@ -62,10 +62,12 @@ fn run_hook(file: &Path, connections: impl FnOnce(&AtomicBool) + Send + 'static)
     (status.code(), waited)
 }
 
-/// Raises the count by `step` every `every` until `busy_for` has passed or the hook returned.
+/// Raises the count by `step` every `every` until `busy_for` has passed or the hook returned,
+/// starting half a second in (between two of the hook's reads, which come once a second).
 fn arrivals(file: &Path, step: u64, every: Duration, busy_for: Duration) -> impl FnOnce(&AtomicBool) + Send + 'static {
     let file = file.to_path_buf();
     move |done: &AtomicBool| {
+        std::thread::sleep(Duration::from_millis(500));
         let started = Instant::now();
         let mut opens = 1000;
         while !done.load(Ordering::Relaxed) && started.elapsed() < busy_for {
@@ -83,13 +85,14 @@ fn counters_file() -> (tempfile::TempDir, std::path::PathBuf) {
     (dir, file)
 }
 
+/// Its quiet seconds pass first: the minimum is what it waits.
 #[test]
-fn a_quiet_pod_waits_until_its_quiet_seconds_have_passed() {
+fn a_quiet_pod_waits_its_minimum() {
     let (_dir, file) = counters_file();
     let (code, waited) = run_hook(&file, |_| {});
     assert_eq!(code, Some(0));
-    let quiet = Duration::from_secs(WAIT.quiet.max(WAIT.min).into());
-    assert!(waited >= quiet && waited < quiet + Duration::from_millis(1500), "waited {waited:?}");
+    let min = Duration::from_secs(WAIT.min.into());
+    assert!(waited >= min && waited < min + Duration::from_millis(1500), "waited {waited:?}");
 }
 
 /// The kubelet's readiness probe goes on during termination: one connection a second (five
@@ -99,7 +102,7 @@ fn one_connection_a_second_is_quiet() {
     let (_dir, file) = counters_file();
     let (code, waited) = run_hook(&file, arrivals(&file, 1, Duration::from_secs(1), Duration::from_secs(60)));
     assert_eq!(code, Some(0));
-    assert!(waited < Duration::from_secs(WAIT.quiet.into()) + Duration::from_millis(1500), "waited {waited:?}");
+    assert!(waited < Duration::from_secs(WAIT.min.into()) + Duration::from_millis(1500), "waited {waited:?}");
 }
 
 /// kube-proxy still sends new connections (as after an API server outage): the pod serves on
@@ -107,11 +110,12 @@ fn one_connection_a_second_is_quiet() {
 #[test]
 fn a_pod_still_reached_waits_until_the_connections_stop() {
     let (_dir, file) = counters_file();
-    let busy = Duration::from_secs(3);
+    let busy = Duration::from_secs(4);
     let (code, waited) = run_hook(&file, arrivals(&file, 20, Duration::from_millis(100), busy));
     assert_eq!(code, Some(0));
-    let at_least = busy + Duration::from_secs(WAIT.quiet.into()) - Duration::from_secs(1);
-    assert!(waited >= at_least && waited < Duration::from_secs(WAIT.max.into()), "waited {waited:?}");
+    let at_least = busy + Duration::from_secs(WAIT.quiet.into());
+    let at_most = Duration::from_secs(WAIT.max.into()) - Duration::from_millis(500);
+    assert!(waited >= at_least && waited < at_most, "waited {waited:?}");
 }
 
 #[test]
@@ -129,6 +133,6 @@ fn without_counters_the_pod_waits_as_a_quiet_one() {
     let dir = tempfile::tempdir().expect("a temporary directory");
     let (code, waited) = run_hook(&dir.path().join("missing"), |_| {});
     assert_eq!(code, Some(0));
-    let quiet = Duration::from_secs(WAIT.quiet.max(WAIT.min).into());
-    assert!(waited >= quiet && waited < quiet + Duration::from_millis(1500), "waited {waited:?}");
+    let min = Duration::from_secs(WAIT.min.into());
+    assert!(waited >= min && waited < min + Duration::from_millis(1500), "waited {waited:?}");
 }
