@@ -647,7 +647,7 @@ async fn tcp_and_udp_on_the_same_port_number_reach_their_own_servers() {
         udp.push(udp_backend(name, ip, format!("udp:{name}")).await);
     }
     let address = |b: &BackendSpec, p: &BalancerPort| {
-        let servers = if p.effective_protocol() == "UDP" { &udp } else { &tcp };
+        let servers = if p.written_protocol() == "UDP" { &udp } else { &tcp };
         servers.iter().find(|s| s.name == b.name).expect("server").addr.to_string()
     };
     let spec = |p: u16| {
@@ -1284,7 +1284,7 @@ fn arb_l4_spec() -> impl proptest::strategy::Strategy<Value = BalancerSpec> {
     use proptest::prelude::*;
     let ports = proptest::collection::vec((any::<bool>(), any::<bool>(), any::<bool>()), 1..5);
     let backends = proptest::collection::vec((0i32..=100, any::<bool>(), proptest::option::of(1i32..=1_000_000)), 1..9);
-    let algorithm = proptest::sample::select(&balancer::api::ALGORITHMS[..]);
+    let algorithm = proptest::sample::select(<balancer::api::Algorithm as strum::VariantNames>::VARIANTS);
     (algorithm, any::<bool>(), ports, backends).prop_map(|(algorithm, client_ip, ports, backends)| {
         let mut spec = sample_spec(1000);
         spec.algorithm = Some(algorithm.to_string());

@@ -24,8 +24,10 @@ pub mod conversion;
 pub mod formats;
 pub mod v1alpha1;
 pub mod v1beta1;
+mod values;
 
 pub use v1beta1::{BackendStatus, Balancer, BalancerSpec, BalancerStatus};
+pub use values::{Algorithm, ConditionStatus, ExternalTrafficPolicy, Protocol, ServiceType, SessionAffinity};
 
 use crate::deploy::{CONVERT_PATH, INSTALL_NAMESPACE, SERVING_CERTIFICATE, WEBHOOK_SERVICE};
 use crate::util::bounded;
@@ -48,14 +50,8 @@ pub const MAX_SELECTOR_LABELS: usize = 32;
 pub const MAX_WEIGHT: i32 = 100;
 /// Weight given to a backend that does not set one.
 pub const DEFAULT_WEIGHT: i32 = 1;
-/// Protocol given to a port that does not set one.
-pub const DEFAULT_PROTOCOL: &str = "TCP";
 /// Most proxy pods one Balancer may ask for (`spec.replicas`, v1beta1).
 pub const MAX_REPLICAS: i32 = 100;
-/// `spec.sessionAffinity` values (v1beta1), the default first.
-pub const SESSION_AFFINITIES: [&str; 2] = ["None", "ClientIP"];
-/// `spec.algorithm` values (v1beta1), the default first.
-pub const ALGORITHMS: [&str; 3] = ["RoundRobin", "LeastConnections", "PowerOfTwoChoices"];
 /// Largest `spec.backends[].maxConnections` (per proxy pod).
 pub const MAX_MAX_CONNECTIONS: i32 = 1_000_000;
 /// Passive health checks and timeouts (v1beta1), as nginx writes durations.
@@ -66,10 +62,6 @@ pub const DEFAULT_CONNECT_TIMEOUT: &str = "5s";
 pub const DEFAULT_TCP_IDLE_TIMEOUT: &str = "10m";
 /// UDP is treated as request/response (DNS-like): a silent session ends soon.
 pub const DEFAULT_UDP_IDLE_TIMEOUT: &str = "10s";
-/// `spec.service.type` values (v1beta1), the default first.
-pub const SERVICE_TYPES: [&str; 3] = ["ClusterIP", "NodePort", "LoadBalancer"];
-/// `spec.service.externalTrafficPolicy` values (v1beta1); unset is Kubernetes's default, `Cluster`.
-pub const EXTERNAL_TRAFFIC_POLICIES: [&str; 2] = ["Cluster", "Local"];
 /// Most CIDRs in `spec.service.loadBalancerSourceRanges`.
 pub const MAX_SOURCE_RANGES: usize = 64;
 /// Most annotations in `spec.service.annotations`, and the longest value (cloud providers'
@@ -89,8 +81,6 @@ pub const MAX_PROXY_VALUES: usize = 512;
 /// CRD schema (the API server enforces them even without the webhook).
 pub const MAX_NESTED_STRING_LEN: usize = 1024;
 pub const MAX_NESTED_ITEMS: usize = 64;
-/// Protocols nginx's stream module can proxy.
-pub const PROTOCOLS: [&str; 2] = ["TCP", "UDP"];
 
 /// Suffix of every backend Service's name: `<balancer>-<backend>-backend`.
 pub const BACKEND_SERVICE_SUFFIX: &str = "-backend";
@@ -291,9 +281,10 @@ impl BackendSpec {
 }
 
 impl BalancerPort {
-    /// The protocol after defaulting.
-    pub fn effective_protocol(&self) -> &str {
-        self.protocol.as_deref().unwrap_or(DEFAULT_PROTOCOL)
+    /// The protocol as written, `TCP` when unset: what validation reads and names in its
+    /// messages (builders read [`Protocol`] from an admitted spec).
+    pub fn written_protocol(&self) -> &str {
+        self.protocol.as_deref().unwrap_or(Protocol::Tcp.as_str())
     }
 
     /// Whether the proxy sends the PROXY protocol header to the backends.

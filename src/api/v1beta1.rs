@@ -20,9 +20,9 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use super::{
-    BackendSpec, BalancerPort, DEFAULT_PROTOCOL, MAX_ANNOTATION_VALUE_LEN, MAX_BACKENDS, MAX_NESTED_ITEMS,
-    MAX_NESTED_STRING_LEN, MAX_PORTS, MAX_PROXY_VALUES, MAX_REPLICAS, MAX_SERVICE_ANNOTATIONS, MAX_SOURCE_RANGES,
-    MAX_SPREAD_CONSTRAINTS, MAX_TOLERATIONS, SERVICE_TYPES, read_annotations, read_backends, read_ports, read_selector,
+    BackendSpec, BalancerPort, MAX_ANNOTATION_VALUE_LEN, MAX_BACKENDS, MAX_NESTED_ITEMS, MAX_NESTED_STRING_LEN,
+    MAX_PORTS, MAX_PROXY_VALUES, MAX_REPLICAS, MAX_SERVICE_ANNOTATIONS, MAX_SOURCE_RANGES, MAX_SPREAD_CONSTRAINTS,
+    MAX_TOLERATIONS, Protocol, ServiceType, read_annotations, read_backends, read_ports, read_selector,
     read_source_ranges, selector_schema,
 };
 
@@ -187,14 +187,14 @@ pub struct FrontService {
 impl FrontService {
     /// The Service type after defaulting.
     pub fn effective_type(&self) -> &str {
-        self.type_.as_deref().unwrap_or(SERVICE_TYPES[0])
+        self.type_.as_deref().unwrap_or(ServiceType::ClusterIp.as_str())
     }
 }
 
 impl BalancerSpec {
     /// The front Service's type after defaulting.
     pub fn service_type(&self) -> &str {
-        self.service.as_ref().map_or(SERVICE_TYPES[0], FrontService::effective_type)
+        self.service.as_ref().map_or(ServiceType::ClusterIp.as_str(), FrontService::effective_type)
     }
 }
 
@@ -406,7 +406,7 @@ fn ports_schema(generator: &mut schemars::SchemaGenerator) -> schemars::Schema {
     if let Some(Value::Object(protocol)) = schema.pointer_mut("/items/properties/protocol") {
         protocol.remove("nullable");
         protocol.insert("type".into(), json!("string"));
-        protocol.insert("default".into(), json!(DEFAULT_PROTOCOL));
+        protocol.insert("default".into(), json!(Protocol::Tcp.as_str()));
     }
     list_map(schema, &["port", "protocol"], MAX_PORTS)
 }

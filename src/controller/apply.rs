@@ -23,7 +23,7 @@ use super::stored::StoredBalancer;
 use super::{Error, migration};
 use crate::deploy::FIELD_MANAGER;
 use crate::proxy::{self, Owner};
-use crate::runtime::events::EventType;
+use crate::runtime::events::{EventType, Note};
 
 /// Writes `desired` unless the child already holds every field it sets; returns the child as
 /// the API server has it (cached, created or applied).
@@ -117,28 +117,21 @@ where
     Ok(())
 }
 
-/// The proxy's PodDisruptionBudget exists while it has more than one pod: created or kept as
-/// `desired`, else deleted when the cache has this Balancer's.
-pub(super) async fn ensure_budget(
+/// Deletes the proxy's PodDisruptionBudget `name` if the cache has this Balancer's: a proxy of
+/// one pod needs none, and one would block every drain of its node.
+pub(super) async fn delete_budget(
     balancer: &StoredBalancer,
     ctx: &Context,
     owner: &Owner,
-    desired: PodDisruptionBudget,
-    wanted: bool,
-    written: &mut Written,
+    name: &str,
 ) -> Result<(), Error> {
-    let cache = &ctx.children.budgets;
-    if wanted {
-        return ensure(ctx, owner, cache, &desired, written).await.map(drop);
-    }
-    let name = desired.name_any();
-    let Some(cached) = cache.get(&ObjectRef::new(&name).within(&owner.namespace)) else { return Ok(()) };
+    let Some(cached) = ctx.children.budgets.get(&ObjectRef::new(name).within(&owner.namespace)) else { return Ok(()) };
     let api: Api<PodDisruptionBudget> = Api::namespaced(ctx.client.clone(), &owner.namespace);
     if !delete_if_ours(&api, cached.as_ref(), owner, DeleteParams::default()).await? {
         return Ok(());
     }
     let note = format!("deleted PodDisruptionBudget {name}: the proxy has one pod at most");
-    publish(balancer, ctx, EventType::Normal, "Deleted", note, None).await;
+    publish(balancer, ctx, Note { type_: EventType::Normal, reason: "Deleted", note: &note, related: None }).await;
     Ok(())
 }
 
@@ -191,7 +184,7 @@ pub(super) async fn delete_go_proxy(balancer: &StoredBalancer, ctx: &Context, ow
         "deleted the Go operator's proxy Deployment {name}: {} serves",
         crate::api::proxy_deployment_name(&owner.name)
     );
-    publish(balancer, ctx, EventType::Normal, "Migrated", note, None).await;
+    publish(balancer, ctx, Note { type_: EventType::Normal, reason: "Migrated", note: &note, related: None }).await;
     Ok(())
 }
 
@@ -205,11 +198,12 @@ pub(super) async fn delete_obsolete_backends(
     let api: Api<Service> = Api::namespaced(ctx.client.clone(), &owner.namespace);
     for service in obsolete_backends(&ctx.children.services, owner, wanted) {
         let name = service.name_any();
-        // Counted and told even when it was already gone: it is gone as asked.
+        // Counted and reported even if someone else deleted it first: either way it is gone.
         delete_if_ours(&api, service.as_ref(), owner, DeleteParams::default()).await?;
         ctx.metrics.child_deleted("Service");
         let note = format!("deleted obsolete backend Service {name}");
-        publish(balancer, ctx, EventType::Normal, "Deleted", note, Some(service.object_ref(&()))).await;
+        let related = Some(service.object_ref(&()));
+        publish(balancer, ctx, Note { type_: EventType::Normal, reason: "Deleted", note: &note, related }).await;
     }
     Ok(())
 }

@@ -9,12 +9,9 @@
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use k8s_openapi::jiff::Timestamp;
 
-use super::status::condition_of;
+use super::conditions::{ConditionType, Finding};
 use super::stored::StoredBalancer;
-use crate::api::{BackendStatus, BalancerSpec};
-
-/// The condition type: every backend with a weight has a ready endpoint.
-pub const BACKENDS_AVAILABLE: &str = "BackendsAvailable";
+use crate::api::{BackendStatus, BalancerSpec, ConditionStatus};
 
 const ENDPOINTS_READY: &str = "EndpointsReady";
 const NO_READY_ENDPOINTS: &str = "NoReadyEndpoints";
@@ -28,6 +25,14 @@ pub(super) struct Backends {
     pub condition: Condition,
 }
 
+/// One backend of the spec, and how many ready endpoints it has.
+struct SeenBackend<'a> {
+    name: &'a str,
+    weight: i32,
+    ready: u32,
+    backup: bool,
+}
+
 /// The backends of `spec`, in spec order, with the ready endpoints `ready` finds for each
 /// backend name (none when it finds nothing), as of `now`.
 pub(super) fn backends(
@@ -36,12 +41,19 @@ pub(super) fn backends(
     ready: impl Fn(&str) -> u32,
     now: Timestamp,
 ) -> Backends {
-    // (name, weight, ready endpoints, backup), in spec order.
-    let seen: Vec<(&str, i32, u32, bool)> =
-        spec.backends.iter().map(|b| (b.name.as_str(), b.effective_weight(), ready(&b.name), b.is_backup())).collect();
+    let seen: Vec<SeenBackend> = spec
+        .backends
+        .iter()
+        .map(|b| SeenBackend {
+            name: &b.name,
+            weight: b.effective_weight(),
+            ready: ready(&b.name),
+            backup: b.is_backup(),
+        })
+        .collect();
     let serving = |backups: bool| -> Vec<u64> {
-        let weight = |&(_, weight, ready, backup): &(&str, i32, u32, bool)| match ready > 0 && backup == backups {
-            true => u64::try_from(weight).unwrap_or(0),
+        let weight = |b: &SeenBackend| match b.ready > 0 && b.backup == backups {
+            true => u64::try_from(b.weight).unwrap_or(0),
             false => 0,
         };
         seen.iter().map(weight).collect()
@@ -51,39 +63,42 @@ pub(super) fn backends(
     let statuses = seen
         .iter()
         .zip(shares(&weights))
-        .map(|(&(name, weight, ready, _), share)| BackendStatus {
-            name: name.to_string(),
-            weight,
-            ready_endpoints: i32::try_from(ready).unwrap_or(i32::MAX),
+        .map(|(b, share)| BackendStatus {
+            name: b.name.to_string(),
+            weight: b.weight,
+            ready_endpoints: i32::try_from(b.ready).unwrap_or(i32::MAX),
             share: i32::from(share),
         })
         .collect::<Vec<_>>();
     let with_endpoints = statuses.iter().filter(|s| s.ready_endpoints > 0).count();
     let summary = format!("{with_endpoints}/{}", statuses.len());
     let weighted = statuses.iter().filter(|s| s.weight > 0).count();
-    let missing: Vec<&str> =
-        seen.iter().filter(|&&(_, weight, ready, _)| weight > 0 && ready == 0).map(|&(name, ..)| name).collect();
-    let only_backups_missing = seen.iter().all(|&(_, weight, ready, backup)| backup || weight <= 0 || ready > 0);
-    let condition = match missing.as_slice() {
-        [] => condition_of(
-            balancer,
-            BACKENDS_AVAILABLE,
-            true,
+    let missing: Vec<&str> = seen.iter().filter(|b| b.weight > 0 && b.ready == 0).map(|b| b.name).collect();
+    let only_backups_missing = seen.iter().all(|b| b.backup || b.weight <= 0 || b.ready > 0);
+    let (status, reason, message) = match missing.as_slice() {
+        [] => (
+            ConditionStatus::True,
             ENDPOINTS_READY,
-            &format!("every backend with a weight has a ready endpoint ({summary} backends ready)"),
-            now,
+            format!("every backend with a weight has a ready endpoint ({summary} backends ready)"),
         ),
-        names => {
-            let message = if names.len() == weighted {
-                format!("no backend has a ready endpoint: {}; new connections fail", names.join(", "))
-            } else if only_backups_missing {
-                format!("no ready endpoint behind backup {}: it cannot take over", names.join(", "))
-            } else {
-                format!("no ready endpoint behind {}; their share goes to the other backends", names.join(", "))
-            };
-            condition_of(balancer, BACKENDS_AVAILABLE, false, NO_READY_ENDPOINTS, &message, now)
-        }
+        names if names.len() == weighted => (
+            ConditionStatus::False,
+            NO_READY_ENDPOINTS,
+            format!("no backend has a ready endpoint: {}; new connections fail", names.join(", ")),
+        ),
+        names if only_backups_missing => (
+            ConditionStatus::False,
+            NO_READY_ENDPOINTS,
+            format!("no ready endpoint behind backup {}: it cannot take over", names.join(", ")),
+        ),
+        names => (
+            ConditionStatus::False,
+            NO_READY_ENDPOINTS,
+            format!("no ready endpoint behind {}; their share goes to the other backends", names.join(", ")),
+        ),
     };
+    let type_ = ConditionType::BackendsAvailable;
+    let condition = Finding { type_, status, reason, message: &message }.replacing(balancer, now);
     Backends { statuses, summary, condition }
 }
 
@@ -163,7 +178,7 @@ mod tests {
         assert_eq!(rows, [("v1", 1, 50), ("v2", 0, 0), ("v3", 1, 50)]);
         assert_eq!(seen.summary, "2/3");
         let condition = &seen.condition;
-        assert_eq!((condition.type_.as_str(), condition.status.as_str()), (BACKENDS_AVAILABLE, "False"));
+        assert_eq!((condition.type_.as_str(), condition.status.as_str()), ("BackendsAvailable", "False"));
         assert_eq!(condition.reason, NO_READY_ENDPOINTS);
         assert!(condition.message.contains("v2") && !condition.message.contains("v1"), "{}", condition.message);
         assert_eq!(condition.observed_generation, Some(4));

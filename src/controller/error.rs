@@ -17,11 +17,12 @@ pub enum Error {
 }
 
 /// What kind of failure an [`Error`] is: the one list, for metrics and logs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, strum::IntoStaticStr)]
 pub enum ErrorKind {
     ApiError,
     InvalidObject,
     Conflict,
+    #[strum(serialize = "NoClusterIP")]
     NoClusterIp,
 }
 
@@ -30,13 +31,9 @@ impl ErrorKind {
     pub const ALL: [ErrorKind; 4] =
         [ErrorKind::ApiError, ErrorKind::InvalidObject, ErrorKind::Conflict, ErrorKind::NoClusterIp];
 
+    /// The label value.
     pub fn as_str(self) -> &'static str {
-        match self {
-            ErrorKind::ApiError => "ApiError",
-            ErrorKind::InvalidObject => "InvalidObject",
-            ErrorKind::Conflict => "Conflict",
-            ErrorKind::NoClusterIp => "NoClusterIP",
-        }
+        self.into()
     }
 }
 

@@ -3,6 +3,7 @@
 use k8s_openapi::api::core::v1::Service;
 
 use crate::api::v1beta1::{BalancerAddress, BalancerStatus, NodePortStatus};
+use crate::api::{Protocol, ServiceType};
 
 /// The status's `addresses` and `nodePorts`.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -16,8 +17,9 @@ impl Exposure {
     /// any other at its cluster IPs. Node ports as the API server allocated them.
     pub(super) fn of(service: &Service) -> Self {
         let spec = service.spec.clone().unwrap_or_default();
-        let addresses = match spec.type_.as_deref() {
-            Some("LoadBalancer") => {
+        let load_balancer = spec.type_.as_deref() == Some(ServiceType::LoadBalancer.as_str());
+        let addresses = match load_balancer {
+            true => {
                 let ingress = service.status.as_ref().and_then(|s| s.load_balancer.as_ref()?.ingress.clone());
                 ingress
                     .unwrap_or_default()
@@ -29,7 +31,7 @@ impl Exposure {
                     })
                     .collect()
             }
-            _ => {
+            false => {
                 let ips = spec.cluster_ips.filter(|ips| !ips.is_empty()).or(spec.cluster_ip.map(|ip| vec![ip]));
                 ips.unwrap_or_default()
                     .into_iter()
@@ -44,7 +46,11 @@ impl Exposure {
             .into_iter()
             .filter_map(|p| {
                 let node_port = p.node_port.filter(|n| *n > 0)?;
-                Some(NodePortStatus { port: p.port, protocol: p.protocol.unwrap_or_else(|| "TCP".into()), node_port })
+                Some(NodePortStatus {
+                    port: p.port,
+                    protocol: p.protocol.unwrap_or_else(|| Protocol::Tcp.to_string()),
+                    node_port,
+                })
             })
             .collect();
         Exposure { addresses, node_ports }

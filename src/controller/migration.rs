@@ -11,21 +11,21 @@
 //! [`DRAIN`] later, when kube-proxy everywhere has dropped the Go pods, their Deployment is
 //! deleted. A `<name>proxy` Deployment that another owner controls is left alone and reported.
 //!
-//! Where a Balancer stands is kept in its status, as the condition [`CONDITION`].
+//! Where a Balancer stands is kept in its status, as the condition `GoOperatorProxy`.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Service;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use k8s_openapi::jiff::Timestamp;
 
-use super::status::{PROXY_REASONS, READY};
+use super::conditions::{ConditionType, Finding, find};
+use super::status::PROXY_REASONS;
 use super::stored::StoredBalancer;
+use crate::api::ConditionStatus;
 use crate::proxy::BALANCER_NAME_LABEL;
 
-/// The condition telling where the takeover from the Go operator stands.
-pub(super) const CONDITION: &str = "GoOperatorProxy";
 /// Time between the front Service leaving the Go operator's proxy pods and their deletion.
 pub(super) const DRAIN: Duration = Duration::from_secs(10);
 
@@ -71,15 +71,14 @@ pub(super) enum Found {
 /// status on every Balancer it reconciled. One whose reconciles here have not yet reached the
 /// proxy is looked at (again): that costs a read per retry, and only until one gets there.
 pub(super) fn stage(balancer: &StoredBalancer) -> Stage {
-    let Some(status) = &balancer.status else { return Stage::Done };
-    let find = |type_: &str| status.conditions.iter().find(|c| c.type_ == type_);
-    match find(CONDITION) {
+    let Some(status) = balancer.status.as_ref() else { return Stage::Done };
+    match find(Some(status), ConditionType::GoOperatorProxy) {
         Some(c) if c.reason == SERVING => Stage::Serving,
         Some(c) if c.reason == DRAINING => Stage::Draining { since: c.last_transition_time.0 },
         Some(_) => Stage::Done,
         // Only a reconcile that got as far as the proxy writes these: one that failed or
         // refused the spec earlier never looked.
-        None => match find(READY) {
+        None => match find(Some(status), ConditionType::Ready) {
             Some(ready) if PROXY_REASONS.contains(&ready.reason.as_str()) => Stage::Done,
             _ => Stage::Unchecked,
         },
@@ -120,7 +119,10 @@ pub(super) fn step(balancer: &str, stage: &Stage, found: Option<Found>, availabl
         (Stage::Serving, _) | (Stage::Unchecked, Some(Found::Controlled)) => {}
         (Stage::Unchecked, Some(Found::NotControlled)) => {
             let message = format!("Deployment {go} is not controlled by this Balancer: left alone");
-            return Step { condition: Some(condition("False", NOT_CONTROLLED, message, now)), ..Step::NONE };
+            return Step {
+                condition: Some(condition(ConditionStatus::False, NOT_CONTROLLED, message, now)),
+                ..Step::NONE
+            };
         }
         (Stage::Draining { since }, _) => {
             // A transition time ahead of this clock (another replica's) counts as just now.
@@ -129,33 +131,35 @@ pub(super) fn step(balancer: &str, stage: &Stage, found: Option<Found>, availabl
                 return Step { requeue: Some(DRAIN - elapsed), ..Step::NONE };
             }
             let message = format!("the Go operator's proxy Deployment {go} was deleted once {ours} served");
-            return Step { delete: true, condition: Some(condition("False", REMOVED, message, now)), ..Step::NONE };
+            return Step {
+                delete: true,
+                condition: Some(condition(ConditionStatus::False, REMOVED, message, now)),
+                ..Step::NONE
+            };
         }
         _ => return Step::NONE,
     }
     if available {
         let message = format!("{ours} serves alone; the Go operator's proxy Deployment {go} is deleted in {DRAIN:?}");
-        Step { condition: Some(condition("False", DRAINING, message, now)), requeue: Some(DRAIN), ..Step::NONE }
+        Step {
+            condition: Some(condition(ConditionStatus::False, DRAINING, message, now)),
+            requeue: Some(DRAIN),
+            ..Step::NONE
+        }
     } else {
         let message = format!("the Go operator's proxy Deployment {go} serves alongside {ours} until it is available");
         let recorded = *stage == Stage::Serving;
         Step {
             shared_front: true,
-            condition: (!recorded).then(|| condition("True", SERVING, message, now)),
+            condition: (!recorded).then(|| condition(ConditionStatus::True, SERVING, message, now)),
             ..Step::NONE
         }
     }
 }
 
-fn condition(status: &str, reason: &str, message: String, now: Timestamp) -> Condition {
-    Condition {
-        type_: CONDITION.into(),
-        status: status.into(),
-        reason: reason.into(),
-        message,
-        observed_generation: None,
-        last_transition_time: Time(now),
-    }
+/// The takeover's condition: written once per stage, so it has no earlier time to keep.
+fn condition(status: ConditionStatus, reason: &str, message: String, now: Timestamp) -> Condition {
+    Finding { type_: ConditionType::GoOperatorProxy, status, reason, message: &message }.at(now)
 }
 
 #[cfg(test)]

@@ -8,7 +8,8 @@
 //! The modules follow the seams of a reconcile:
 //! - orchestration: `reconcile`, which reads the clock once, and `runner`, which runs
 //!   kube-runtime's `Controller` over the `watches`;
-//! - pure decisions: `status` (counts, conditions, which change deserves an event, when a
+//! - pure decisions: `conditions` (the condition types, and how a new one keeps its transition
+//!   time), `status` (what was observed, which change deserves an event, when a
 //!   status write waits), `backends` (each backend's endpoints and share), `plan`
 //!   (whose a child is, what is obsolete), `ssa` (server-side apply bookkeeping), `migration`
 //!   (taking over from the Go operator) and `exposure` (addresses);
@@ -21,6 +22,7 @@ use std::time::Duration;
 mod apply;
 mod backends;
 mod cache;
+mod conditions;
 mod context;
 mod endpoint_slices;
 mod error;
@@ -36,15 +38,15 @@ mod status;
 mod stored;
 mod watches;
 
-pub use backends::BACKENDS_AVAILABLE;
 pub use cache::{Cached, ChildCaches};
+pub use conditions::ConditionType;
 pub use context::{Clients, Context, Options, Scope, error_policy};
 pub use endpoint_slices::{ReadyEndpointSlices, ReadySlice};
 pub use error::{Error, ErrorKind};
 pub use metrics::ControllerMetrics;
 pub use reconcile::reconcile;
 pub use runner::run;
-pub use status::{READINESS_WRITE_INTERVAL, READY};
+pub use status::READINESS_WRITE_INTERVAL;
 pub use stored::StoredBalancer;
 
 /// How often a converged Balancer is checked again for drift the watches could have missed.

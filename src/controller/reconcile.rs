@@ -6,28 +6,43 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::jiff::Timestamp;
 use kube::runtime::controller::Action;
-use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
+use tracing::Instrument;
 
-use super::apply::{delete_go_proxy, delete_obsolete_backends, ensure, ensure_budget, find_go_proxy};
-use super::backends::backends;
+use super::apply::{delete_budget, delete_go_proxy, delete_obsolete_backends, ensure, find_go_proxy};
+use super::backends::backends as backends_of;
+use super::conditions::is_true;
 use super::context::Context;
 use super::exposure::Exposure;
 use super::metrics::ReconcileResult;
 use super::plan::{cluster_ip, obsolete_backends};
-use super::report::{StatusWrite, Written, announce, counts_from_cache, publish, write_status};
-use super::status::{Counts, ProxyCounts, condition, names_spec, proxy_condition};
+use super::report::{StatusWrite, Written, announce, observed_from_cache, publish, write_status};
+use super::status::{Observed, ProxyCounts, names_spec, proxy_condition, ready_condition};
 use super::stored::StoredBalancer;
 use super::{Error, RESYNC, migration};
-use crate::api::backend_service_name;
-use crate::proxy::{self, BackendHosts, Owner};
-use crate::runtime::events::EventType;
-use crate::spec::{FieldError, ObjectName, admit, denial_message};
+use crate::api::{ConditionStatus, backend_service_name};
+use crate::proxy::{self, BackendHosts, Owner, Proxy};
+use crate::runtime::events::{EventType, Note};
+use crate::spec::{Admitted, FieldError, ObjectName, admit, denial_message};
 
 /// Reconciles one Balancer, recording metrics and, on failure, the error in its status.
+///
+/// Every log line of a reconcile carries the Balancer's namespace and name (this span), inside
+/// kube-runtime's `reconciling object` span, which says what triggered it.
 pub async fn reconcile(balancer: Arc<StoredBalancer>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let span = tracing::info_span!(
+        "reconcile",
+        namespace = balancer.namespace().unwrap_or_default(),
+        name = balancer.name_any()
+    );
+    reconcile_in_span(balancer, ctx).instrument(span).await
+}
+
+async fn reconcile_in_span(balancer: Arc<StoredBalancer>, ctx: Arc<Context>) -> Result<Action, Error> {
     let _in_flight = ctx.metrics.reconcile_started();
     let started = Instant::now();
     let now = Timestamp::now();
@@ -39,8 +54,8 @@ pub async fn reconcile(balancer: Arc<StoredBalancer>, ctx: Arc<Context>) -> Resu
             ReconcileResult::Success
         }
         Err(e) => {
-            tracing::warn!(balancer = %ObjectRef::from_obj(balancer.as_ref()), error = %e, "reconcile failed");
-            // What was written before the failure is still news.
+            tracing::warn!(error = %e, "reconcile failed");
+            // The children written before the failure still get their event.
             announce(&balancer, &ctx, &mut written).await;
             report_failure(&balancer, &ctx, e, now).await;
             ReconcileResult::Error
@@ -50,88 +65,157 @@ pub async fn reconcile(balancer: Arc<StoredBalancer>, ctx: Arc<Context>) -> Resu
     result
 }
 
-/// Brings the children and the status in line with the spec, as of `now`.
+/// Brings the children and the status in line with the spec, as of `now`, in the order the
+/// traffic needs: backend Services first (their cluster IPs go into `nginx.conf`), then the
+/// proxy, then the front Service, and only then the removal of what the spec no longer names.
 async fn converge(
     balancer: &StoredBalancer,
     ctx: &Context,
     written: &mut Written,
     now: Timestamp,
 ) -> Result<Action, Error> {
-    // Nothing is written before every child cache has listed (false only when stopping).
-    ctx.children.synced().await;
+    // Nothing is written before every child cache has listed: a child missing from a cache
+    // that has not listed yet would be created again.
+    if !ctx.children.synced().await {
+        tracing::debug!("the controller is stopping: nothing written");
+        return Ok(Action::await_change());
+    }
     if balancer.meta().deletion_timestamp.is_some() {
         // Garbage collection removes the children through their ownerReferences.
         ctx.failures().remove(&balancer.uid().unwrap_or_default());
         return Ok(Action::await_change());
     }
     let owner = Owner::of(balancer)?;
-    // The webhooks normally stop both; without them (or under an older schema), the
-    // Balancer is refused children and told why, and every other Balancer carries on.
-    let spec = match &balancer.spec {
-        Ok(spec) => spec.clone(),
-        Err(unreadable) => return refuse(balancer, ctx, &owner, std::slice::from_ref(unreadable), now).await,
+    let spec = match admitted_spec(balancer, &owner, ctx) {
+        Ok(spec) => spec,
+        Err(errors) => return refuse(balancer, ctx, &owner, &errors, now).await,
     };
-    let spec = match admit(ObjectName::Name(&owner.name), spec, &ctx.settings.policy) {
-        Ok(admitted) => admitted,
-        Err(report) => return refuse(balancer, ctx, &owner, &report.errors, now).await,
-    };
+    let go_proxy = look_for_go_proxy(balancer, ctx, &owner).await?;
 
-    // A Balancer the Go operator ran: is its proxy Deployment still there?
-    let stage = migration::stage(balancer);
-    let found = match stage {
-        migration::Stage::Unchecked => Some(find_go_proxy(ctx, &owner).await?),
-        _ => None,
-    };
+    let backends = apply_backend_services(ctx, &owner, &spec, written).await?;
+    let mut proxy = proxy::proxy(&owner, &spec, &ctx.settings, BackendHosts::ClusterIps(&backends.cluster_ips));
+    let deployment = apply_proxy(balancer, ctx, &owner, &spec, &proxy, written).await?;
+    let ready = proxy_condition(balancer, &deployment, backends.services.len(), now);
+    let proxy_serves = is_true(&ready);
 
-    let backend_services = proxy::backend_services(&owner, &spec);
-    let mut cluster_ips = Vec::with_capacity(backend_services.len());
-    let caches = &ctx.children;
-    for service in &backend_services {
-        let applied = ensure(ctx, &owner, &caches.services, service, written).await?;
-        cluster_ips.push(cluster_ip(&applied).ok_or_else(|| Error::NoClusterIp { name: applied.name_any() })?);
-    }
-    let mut proxy = proxy::proxy(&owner, &spec, &ctx.settings, BackendHosts::ClusterIps(&cluster_ips));
-    ensure(ctx, &owner, &caches.config_maps, &proxy.config_map, written).await?;
-    let deployment = ensure(ctx, &owner, &caches.deployments, &proxy.deployment, written).await?;
-    let budget = proxy::proxy_disruption_budget(&owner);
-    let wanted = spec.replicas() > 1;
-    let budgeted = ensure_budget(balancer, ctx, &owner, budget, wanted, written).await;
-    // A budget protects against drains; without one the proxy still serves, so a refusal (a
-    // namesake, a quota) is told, and the rest of the reconcile goes on.
-    if let Err(e) = budgeted {
-        tracing::warn!(balancer = %owner.name, error = %e, "no PodDisruptionBudget for the proxy");
-        publish(balancer, ctx, EventType::Warning, "DisruptionBudget", e.to_string(), None).await;
-    }
-    let ready = proxy_condition(balancer, &deployment, backend_services.len(), now);
-    let takeover = migration::step(&owner.name, &stage, found, ready.status == "True", now);
+    let takeover = migration::step(&owner.name, &go_proxy.stage, go_proxy.found, proxy_serves, now);
     takeover.shape_front(&owner.name, &mut proxy.front_service);
-    let front = ensure(ctx, &owner, &caches.services, &proxy.front_service, written).await?;
+    let front = ensure(ctx, &owner, &ctx.children.services, &proxy.front_service, written).await?;
     announce(balancer, ctx, written).await;
     if takeover.delete {
         delete_go_proxy(balancer, ctx, &owner).await?;
     }
 
-    // Obsolete backends keep serving the running proxy pods until the new ones have rolled out.
-    let obsolete = if ready.status == "True" {
-        delete_obsolete_backends(balancer, ctx, &owner, &backend_services).await?;
-        0
-    } else {
-        obsolete_backends(&ctx.children.services, &owner, &backend_services).len()
-    };
+    let obsolete = retire_obsolete_backends(balancer, ctx, &owner, &backends.services, proxy_serves).await?;
     let ready_endpoints =
-        |backend: &str| caches.endpoint_slices.get(&owner.namespace, &backend_service_name(&owner.name, backend));
-    let counts = Counts {
-        active: backend_services.len(),
+        |backend: &str| ctx.children.endpoint_slices.get(&owner.namespace, &backend_service_name(&owner.name, backend));
+    let observed = Observed {
+        active: backends.services.len(),
         obsolete,
         proxy: ProxyCounts::of(&deployment),
         exposure: Exposure::of(&front),
-        backends: Some(backends(balancer, &spec, ready_endpoints, now)),
+        backends: Some(backends_of(balancer, &spec, ready_endpoints, now)),
     };
     let requeue = takeover.requeue.unwrap_or(RESYNC);
-    match write_status(balancer, ctx, counts, ready, takeover.condition, now).await? {
+    match write_status(balancer, ctx, observed, ready, takeover.condition, now).await? {
         StatusWrite::Done => Ok(Action::requeue(requeue)),
         StatusWrite::Held(wait) => Ok(Action::requeue(wait.min(requeue))),
     }
+}
+
+/// The stored spec, defaulted and valid, or why not. The webhooks normally keep invalid specs
+/// out; without them (or under an older schema) the Balancer is refused its children, and
+/// every other Balancer carries on.
+fn admitted_spec(balancer: &StoredBalancer, owner: &Owner, ctx: &Context) -> Result<Admitted, Vec<FieldError>> {
+    let spec = balancer.spec.clone().map_err(|unreadable| vec![unreadable])?;
+    admit(ObjectName::Name(&owner.name), spec, &ctx.settings.policy).map_err(|report| report.errors)
+}
+
+/// Where the takeover from the Go operator stands, and what a look for its proxy found.
+struct GoProxy {
+    stage: migration::Stage,
+    found: Option<migration::Found>,
+}
+
+/// Looks for the Go operator's proxy Deployment, once per Balancer the Go operator ran.
+async fn look_for_go_proxy(balancer: &StoredBalancer, ctx: &Context, owner: &Owner) -> Result<GoProxy, Error> {
+    let stage = migration::stage(balancer);
+    let found = match stage {
+        migration::Stage::Unchecked => Some(find_go_proxy(ctx, owner).await?),
+        _ => None,
+    };
+    Ok(GoProxy { stage, found })
+}
+
+/// The backend Services as applied, in spec order, and their cluster IPs.
+struct BackendServices {
+    services: Vec<Service>,
+    cluster_ips: Vec<String>,
+}
+
+async fn apply_backend_services(
+    ctx: &Context,
+    owner: &Owner,
+    spec: &Admitted,
+    written: &mut Written,
+) -> Result<BackendServices, Error> {
+    let services = proxy::backend_services(owner, spec);
+    let mut cluster_ips = Vec::with_capacity(services.len());
+    for service in &services {
+        let applied = ensure(ctx, owner, &ctx.children.services, service, written).await?;
+        cluster_ips.push(cluster_ip(&applied).ok_or_else(|| Error::NoClusterIp { name: applied.name_any() })?);
+    }
+    Ok(BackendServices { services, cluster_ips })
+}
+
+/// Applies the proxy's ConfigMap, Deployment and disruption budget; returns the Deployment as
+/// the API server has it.
+async fn apply_proxy(
+    balancer: &StoredBalancer,
+    ctx: &Context,
+    owner: &Owner,
+    spec: &Admitted,
+    proxy: &Proxy,
+    written: &mut Written,
+) -> Result<Deployment, Error> {
+    let caches = &ctx.children;
+    ensure(ctx, owner, &caches.config_maps, &proxy.config_map, written).await?;
+    let deployment = ensure(ctx, owner, &caches.deployments, &proxy.deployment, written).await?;
+    let budget = proxy::proxy_disruption_budget(owner);
+    // A budget protects only a proxy of more than one pod from drains.
+    let budgeted = match spec.replicas() > 1 {
+        true => ensure(ctx, owner, &caches.budgets, &budget, written).await.map(drop),
+        false => delete_budget(balancer, ctx, owner, &budget.name_any()).await,
+    };
+    // Without a budget the proxy still serves, so a refusal (a namesake, a quota) is reported
+    // and the reconcile goes on.
+    if let Err(e) = budgeted {
+        tracing::warn!(error = %e, "no PodDisruptionBudget for the proxy");
+        let note = e.to_string();
+        publish(
+            balancer,
+            ctx,
+            Note { type_: EventType::Warning, reason: "DisruptionBudget", note: &note, related: None },
+        )
+        .await;
+    }
+    Ok(deployment)
+}
+
+/// Deletes the backend Services the spec no longer names once the proxy serves without them
+/// (until then the running proxy pods still send to them); returns how many are left.
+async fn retire_obsolete_backends(
+    balancer: &StoredBalancer,
+    ctx: &Context,
+    owner: &Owner,
+    wanted: &[Service],
+    proxy_serves: bool,
+) -> Result<usize, Error> {
+    if proxy_serves {
+        delete_obsolete_backends(balancer, ctx, owner, wanted).await?;
+        return Ok(0);
+    }
+    Ok(obsolete_backends(&ctx.children.services, owner, wanted).len())
 }
 
 /// Records an invalid or unreadable spec as `Ready=False/InvalidSpec`; waits for the next change.
@@ -143,14 +227,15 @@ async fn refuse(
     now: Timestamp,
 ) -> Result<Action, Error> {
     let message = denial_message(&owner.name, errors);
-    let counts = counts_from_cache(balancer, ctx);
-    let ready = condition(balancer, false, "InvalidSpec", &message, now);
-    match write_status(balancer, ctx, counts, ready, None, now).await {
+    let observed = observed_from_cache(balancer, ctx);
+    let ready = ready_condition(balancer, ConditionStatus::False, "InvalidSpec", &message, now);
+    match write_status(balancer, ctx, observed, ready, None, now).await {
         Ok(_) => {}
         // The API server validates the whole object on a status write: one stored under a looser
         // schema cannot get a status until its spec is fixed, so it is told through an event.
         Err(Error::Api { source: kube::Error::Api(status), .. }) if status.code == 422 && names_spec(&status) => {
-            publish(balancer, ctx, EventType::Warning, "InvalidSpec", message, None).await;
+            let note = Note { type_: EventType::Warning, reason: "InvalidSpec", note: &message, related: None };
+            publish(balancer, ctx, note).await;
         }
         Err(e) => return Err(e),
     }
@@ -159,13 +244,13 @@ async fn refuse(
 
 /// After a failed reconcile: best effort to show the error in the status and as an event.
 async fn report_failure(balancer: &StoredBalancer, ctx: &Context, error: &Error, now: Timestamp) {
-    let counts = counts_from_cache(balancer, ctx);
+    let observed = observed_from_cache(balancer, ctx);
     let reason = match error {
         Error::Conflict { .. } => "Conflict",
         _ => "ReconcileError",
     };
-    let ready = condition(balancer, false, reason, &error.to_string(), now);
-    if let Err(e) = write_status(balancer, ctx, counts, ready, None, now).await {
+    let ready = ready_condition(balancer, ConditionStatus::False, reason, &error.to_string(), now);
+    if let Err(e) = write_status(balancer, ctx, observed, ready, None, now).await {
         tracing::debug!(error = %e, "could not record the failure in the status");
     }
 }

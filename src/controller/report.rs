@@ -11,10 +11,11 @@ use kube::{Api, Resource, ResourceExt};
 use serde_json::json;
 
 use super::Error;
+use super::conditions::{ConditionType, find};
 use super::context::Context;
 use super::exposure::Exposure;
 use super::plan::owned_backend_services;
-use super::status::{Counts, ProxyCounts, READY, hold, interval_left, next_status, ready_event};
+use super::status::{Observed, ProxyCounts, hold, interval_left, next_status, ready_event};
 use super::stored::StoredBalancer;
 use crate::proxy::Owner;
 use crate::runtime::events::{EventType, Note, Published};
@@ -65,23 +66,24 @@ pub(super) async fn announce(balancer: &StoredBalancer, ctx: &Context, written: 
         .filter_map(|(verb, names)| names.map(|n| format!("{verb} {n}")))
         .collect();
     // The first child keeps the recorder from folding different news into one series.
-    publish(balancer, ctx, EventType::Normal, reason, parts.join("; "), Some(first.clone())).await;
+    let note = parts.join("; ");
+    publish(balancer, ctx, Note { type_: EventType::Normal, reason, note: &note, related: Some(first.clone()) }).await;
 }
 
-/// Counts from the cache alone (when a reconcile could not finish): owned backend
-/// Services the spec names, and those it no longer names.
-pub(super) fn counts_from_cache(balancer: &StoredBalancer, ctx: &Context) -> Counts {
+/// What the caches alone show (when a reconcile could not finish): owned backend Services the
+/// spec names, and those it no longer names; the rest as the status said.
+pub(super) fn observed_from_cache(balancer: &StoredBalancer, ctx: &Context) -> Observed {
     let proxy = ProxyCounts::previous(balancer);
     let exposure = Exposure::previous(balancer.status.as_ref());
     let Ok(owner) = Owner::of(balancer) else {
-        return Counts { active: 0, obsolete: 0, proxy, exposure, backends: None };
+        return Observed { active: 0, obsolete: 0, proxy, exposure, backends: None };
     };
     // An unreadable spec names no backend: every owned one counts as obsolete.
     let backends = balancer.spec.as_ref().map(|s| s.backends.as_slice()).unwrap_or_default();
     let named: Vec<String> = backends.iter().map(|b| crate::api::backend_service_name(&owner.name, &b.name)).collect();
     let (active, obsolete): (Vec<_>, Vec<_>) =
         owned_backend_services(&ctx.children.services, &owner).into_iter().partition(|s| named.contains(&s.name_any()));
-    Counts { active: active.len(), obsolete: obsolete.len(), proxy, exposure, backends: None }
+    Observed { active: active.len(), obsolete: obsolete.len(), proxy, exposure, backends: None }
 }
 
 /// What became of a status write.
@@ -99,12 +101,12 @@ pub(super) enum StatusWrite {
 pub(super) async fn write_status(
     balancer: &StoredBalancer,
     ctx: &Context,
-    counts: Counts,
+    observed: Observed,
     ready: Condition,
     takeover: Option<Condition>,
     now: Timestamp,
 ) -> Result<StatusWrite, Error> {
-    let status = next_status(balancer, counts, ready.clone(), takeover);
+    let status = next_status(balancer, observed, ready.clone(), takeover);
     let uid = balancer.uid().unwrap_or_default();
     let last = ctx.status_writes().get(&uid).copied();
     if balancer.status.as_ref() == Some(&status) {
@@ -122,31 +124,26 @@ pub(super) async fn write_status(
     let status_error = |e| Error::api("update status of", "Balancer", &name, e);
     api.patch_status(&name, &PatchParams::default(), &patch).await.map_err(status_error)?;
     ctx.status_writes().insert(uid, now);
-    let was = balancer.status.as_ref().and_then(|s| s.conditions.iter().find(|c| c.type_ == READY));
+    let was = find(balancer.status.as_ref(), ConditionType::Ready);
     if let Some(type_) = ready_event(was, &ready) {
-        publish(balancer, ctx, type_, &ready.reason, ready.message.clone(), None).await;
+        let note = Note { type_, reason: &ready.reason, note: &ready.message, related: None };
+        publish(balancer, ctx, note).await;
     }
     Ok(StatusWrite::Done)
 }
 
-/// Events are for people; failing to record one must not fail the reconcile.
-/// `related` names the child concerned, which also keeps the recorder from
-/// folding events about different children into one series.
-pub(super) async fn publish(
-    balancer: &StoredBalancer,
-    ctx: &Context,
-    type_: EventType,
-    reason: &str,
-    note: String,
-    related: Option<ObjectReference>,
-) {
+/// Publishes an event about the Balancer. Events are for people: failing to record one does
+/// not fail the reconcile. The note's `related` names the child concerned, which also keeps the
+/// recorder from folding events about different children into one series.
+pub(super) async fn publish(balancer: &StoredBalancer, ctx: &Context, note: Note<'_>) {
     // The events API refuses notes over 1 KiB.
-    let note = cut(&note, 1024);
-    match ctx.events.publish(&balancer.object_ref(&()), Note { type_, reason, note: &note, related }).await {
+    let cut_note = cut(note.note, 1024);
+    let Note { type_, reason, related, .. } = note;
+    match ctx.events.publish(&balancer.object_ref(&()), Note { type_, reason, note: &cut_note, related }).await {
         Ok(Published::Sent) => {}
         Ok(Published::Dropped) => {
             ctx.metrics.event_dropped();
-            tracing::debug!(reason, %note, "event budget spent: not published");
+            tracing::debug!(reason, note = %cut_note, "event budget spent: not published");
         }
         Err(e) => tracing::debug!(error = %e, reason, "could not record an event"),
     }

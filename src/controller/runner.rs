@@ -17,13 +17,14 @@ use tokio_util::sync::CancellationToken;
 
 use super::Error;
 use super::cache::{Cached, Caches, ChildCaches};
+use super::conditions::{ConditionType, find};
 use super::context::{Clients, Context, Options, error_policy};
 use super::endpoint_slices::ReadyEndpointSlices;
 use super::metrics::ControllerMetrics;
 use super::reconcile::reconcile;
-use super::status::READY;
 use super::stored::StoredBalancer;
 use super::watches::{Reflected, backend_endpoint_slices};
+use crate::api::ConditionStatus;
 
 /// Runs the controller until `stop` is cancelled; sets `synced` once every cache has listed.
 pub async fn run(
@@ -128,11 +129,11 @@ async fn count_balancers(balancers: Store<StoredBalancer>, ctx: Arc<Context>, st
             if missing > 0 {
                 unavailable.push((balancer.namespace().unwrap_or_default(), balancer.name_any(), missing));
             }
-            let condition = balancer.status.as_ref().and_then(|s| s.conditions.iter().find(|c| c.type_ == READY));
-            match condition.map(|c| c.status.as_str()) {
-                Some("True") => ready += 1,
-                Some("False") => not_ready += 1,
-                _ => unknown += 1,
+            let condition = find(balancer.status.as_ref(), ConditionType::Ready);
+            match condition.and_then(|c| c.status.parse().ok()) {
+                Some(ConditionStatus::True) => ready += 1,
+                Some(ConditionStatus::False) => not_ready += 1,
+                Some(ConditionStatus::Unknown) | None => unknown += 1,
             }
         }
         ctx.metrics.set_balancers(ready, not_ready, unknown);

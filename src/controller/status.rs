@@ -4,23 +4,22 @@
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 
-use super::backends::{BACKENDS_AVAILABLE, Backends};
+use super::backends::Backends;
+use super::conditions::{ConditionType, Finding, is_true};
 use super::exposure::Exposure;
 use super::stored::StoredBalancer;
-use crate::api::BalancerStatus;
+use crate::api::{BalancerStatus, ConditionStatus};
 use crate::proxy;
 use crate::runtime::events::EventType;
 
-/// The `Ready` condition type.
-pub const READY: &str = "Ready";
-
-/// The numbers and addresses in the status.
+/// What a reconcile observed of the children, for the status: the backend Services, the
+/// proxy pods, where the front Service is reached, and each backend's endpoints.
 #[derive(Debug, Clone, PartialEq)]
-pub(super) struct Counts {
+pub(super) struct Observed {
     pub active: usize,
     pub obsolete: usize,
     pub proxy: ProxyCounts,
@@ -71,16 +70,16 @@ pub(super) fn proxy_condition(
     let available = status.available_replicas.unwrap_or(0);
     if want == 0 {
         let message = format!("proxy Deployment {name} is scaled to zero: no traffic is served");
-        return condition(balancer, false, SCALED_TO_ZERO, &message, now);
+        return ready_condition(balancer, ConditionStatus::False, SCALED_TO_ZERO, &message, now);
     }
     if observed && updated >= want && old <= 0 && available >= want {
         let message = format!("proxy Deployment {name} is available ({available}/{want}); {active} backends active");
-        condition(balancer, true, PROXY_AVAILABLE, &message, now)
+        ready_condition(balancer, ConditionStatus::True, PROXY_AVAILABLE, &message, now)
     } else {
         // Only the available count: the updated count moves as the Deployment controller starts a
         // rollout, and every change of the message is a status write.
         let message = format!("waiting for proxy Deployment {name} to roll out ({available}/{want} available)");
-        condition(balancer, false, PROXY_NOT_AVAILABLE, &message, now)
+        ready_condition(balancer, ConditionStatus::False, PROXY_NOT_AVAILABLE, &message, now)
     }
 }
 
@@ -94,42 +93,15 @@ const SCALED_TO_ZERO: &str = "ScaledToZero";
 
 pub(super) const PROXY_REASONS: [&str; 3] = [PROXY_AVAILABLE, PROXY_NOT_AVAILABLE, SCALED_TO_ZERO];
 
-/// A `Ready` condition, keeping the previous transition time when the status has not flipped
-/// (else `now`).
-pub(super) fn condition(
+/// The `Ready` condition with `status` for `reason`, as of `now`.
+pub(super) fn ready_condition(
     balancer: &StoredBalancer,
-    ready: bool,
+    status: ConditionStatus,
     reason: &str,
     message: &str,
     now: Timestamp,
 ) -> Condition {
-    condition_of(balancer, READY, ready, reason, message, now)
-}
-
-/// A condition of `type_`, keeping the previous transition time when its status has not
-/// flipped (else `now`).
-pub(super) fn condition_of(
-    balancer: &StoredBalancer,
-    type_: &str,
-    ready: bool,
-    reason: &str,
-    message: &str,
-    now: Timestamp,
-) -> Condition {
-    let status = if ready { "True" } else { "False" };
-    let previous = balancer
-        .status
-        .as_ref()
-        .and_then(|s| s.conditions.iter().find(|c| c.type_ == type_))
-        .filter(|c| c.status == status);
-    Condition {
-        type_: type_.into(),
-        status: status.into(),
-        reason: reason.into(),
-        message: message.into(),
-        observed_generation: balancer.metadata.generation,
-        last_transition_time: previous.map(|c| c.last_transition_time.clone()).unwrap_or(Time(now)),
-    }
+    Finding { type_: ConditionType::Ready, status, reason, message }.replacing(balancer, now)
 }
 
 /// The status a reconcile arrives at. `ready`, the backends' condition (when known) and
@@ -137,12 +109,12 @@ pub(super) fn condition_of(
 /// namesakes in place; other conditions are kept.
 pub(super) fn next_status(
     balancer: &StoredBalancer,
-    counts: Counts,
+    observed: Observed,
     ready: Condition,
     takeover: Option<Condition>,
 ) -> BalancerStatus {
     let previous = balancer.status.as_ref();
-    let (backends, backends_ready, available) = match counts.backends {
+    let (backends, backends_ready, available) = match observed.backends {
         Some(b) => (b.statuses, Some(b.summary), Some(b.condition)),
         None => (
             previous.map(|s| s.backends.clone()).unwrap_or_default(),
@@ -159,13 +131,13 @@ pub(super) fn next_status(
         }
     }
     BalancerStatus {
-        replicas: counts.proxy.replicas,
-        ready_replicas: counts.proxy.ready,
-        addresses: counts.exposure.addresses,
-        node_ports: counts.exposure.node_ports,
+        replicas: observed.proxy.replicas,
+        ready_replicas: observed.proxy.ready,
+        addresses: observed.exposure.addresses,
+        node_ports: observed.exposure.node_ports,
         selector: balancer.metadata.name.as_deref().map(proxy::proxy_selector_string),
-        active_backends: i32::try_from(counts.active).unwrap_or(i32::MAX),
-        obsolete_backends: i32::try_from(counts.obsolete).unwrap_or(i32::MAX),
+        active_backends: i32::try_from(observed.active).unwrap_or(i32::MAX),
+        obsolete_backends: i32::try_from(observed.obsolete).unwrap_or(i32::MAX),
         backends,
         backends_ready,
         observed_generation: balancer.metadata.generation,
@@ -190,7 +162,12 @@ pub(super) fn hold(
     let without_readiness = |status: &BalancerStatus| BalancerStatus {
         backends: Vec::new(),
         backends_ready: None,
-        conditions: status.conditions.iter().filter(|c| c.type_ != BACKENDS_AVAILABLE).cloned().collect(),
+        conditions: status
+            .conditions
+            .iter()
+            .filter(|c| c.type_ != ConditionType::BackendsAvailable.as_str())
+            .cloned()
+            .collect(),
         ..status.clone()
     };
     if without_readiness(stored) != without_readiness(next) {
@@ -225,7 +202,7 @@ pub(super) fn ready_event(was: Option<&Condition>, ready: &Condition) -> Option<
     let first_rollout = was.is_none() && ready.reason == PROXY_NOT_AVAILABLE;
     let changed = was.is_none_or(|c| c.status != ready.status || c.reason != ready.reason);
     match (first_rollout, changed) {
-        (false, true) if ready.status == "True" => Some(EventType::Normal),
+        (false, true) if is_true(ready) => Some(EventType::Normal),
         (false, true) => Some(EventType::Warning),
         _ => None,
     }
@@ -234,7 +211,7 @@ pub(super) fn ready_event(was: Option<&Condition>, ready: &Condition) -> Option<
 #[cfg(test)]
 mod tests {
     use k8s_openapi::api::apps::v1::{DeploymentSpec, DeploymentStatus};
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 
     use super::*;
     use crate::spec::FieldError;
@@ -249,7 +226,7 @@ mod tests {
     /// A stored Balancer whose Ready condition, if any, is `ready` since [`EARLIER`].
     fn balancer(ready: Option<(&str, &str)>) -> StoredBalancer {
         let conditions = ready.into_iter().map(|(status, reason)| Condition {
-            type_: READY.into(),
+            type_: ConditionType::Ready.as_str().into(),
             status: status.into(),
             reason: reason.into(),
             message: String::new(),
@@ -301,19 +278,38 @@ mod tests {
 
     #[test]
     fn the_transition_time_moves_only_when_the_status_flips() {
-        let kept = condition(&balancer(Some(("True", PROXY_AVAILABLE))), true, PROXY_AVAILABLE, "", at(NOW));
+        let kept = ready_condition(
+            &balancer(Some(("True", PROXY_AVAILABLE))),
+            ConditionStatus::True,
+            PROXY_AVAILABLE,
+            "",
+            at(NOW),
+        );
         assert_eq!(kept.last_transition_time, Time(at(EARLIER)));
-        let reason_only = condition(&balancer(Some(("False", "InvalidSpec"))), false, SCALED_TO_ZERO, "", at(NOW));
+        let reason_only = ready_condition(
+            &balancer(Some(("False", "InvalidSpec"))),
+            ConditionStatus::False,
+            SCALED_TO_ZERO,
+            "",
+            at(NOW),
+        );
         assert_eq!(reason_only.last_transition_time, Time(at(EARLIER)), "the same status with a new reason");
-        let flipped = condition(&balancer(Some(("False", PROXY_NOT_AVAILABLE))), true, PROXY_AVAILABLE, "", at(NOW));
+        let flipped = ready_condition(
+            &balancer(Some(("False", PROXY_NOT_AVAILABLE))),
+            ConditionStatus::True,
+            PROXY_AVAILABLE,
+            "",
+            at(NOW),
+        );
         assert_eq!(flipped.last_transition_time, Time(at(NOW)));
-        let first = condition(&balancer(None), false, PROXY_NOT_AVAILABLE, "", at(NOW));
+        let first = ready_condition(&balancer(None), ConditionStatus::False, PROXY_NOT_AVAILABLE, "", at(NOW));
         assert_eq!(first.last_transition_time, Time(at(NOW)));
     }
 
     #[test]
     fn every_change_of_ready_is_an_event_but_a_first_rollout() {
-        let ready = |status: &str, reason: &str| condition(&balancer(None), status == "True", reason, "", at(NOW));
+        let ready =
+            |status: &str, reason: &str| ready_condition(&balancer(None), status.parse().unwrap(), reason, "", at(NOW));
         let cases = [
             (None, ready("False", PROXY_NOT_AVAILABLE), None),
             (None, ready("True", PROXY_AVAILABLE), Some(EventType::Normal)),
@@ -356,14 +352,14 @@ mod tests {
         let mut stored = balancer(Some(("False", PROXY_NOT_AVAILABLE)));
         let other = Condition { type_: "Other".into(), ..stored.status.as_ref().unwrap().conditions[0].clone() };
         stored.status.as_mut().unwrap().conditions.push(other.clone());
-        let counts = Counts {
+        let counts = Observed {
             active: 3,
             obsolete: 1,
             proxy: ProxyCounts { replicas: 2, ready: 1 },
             exposure: Exposure::previous(None),
             backends: None,
         };
-        let ready = condition(&stored, true, PROXY_AVAILABLE, "serving", at(NOW));
+        let ready = ready_condition(&stored, ConditionStatus::True, PROXY_AVAILABLE, "serving", at(NOW));
         let status = next_status(&stored, counts, ready.clone(), None);
         assert_eq!(status.conditions, vec![ready, other], "replaced in place");
         assert_eq!((status.active_backends, status.obsolete_backends), (3, 1));

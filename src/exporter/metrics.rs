@@ -14,6 +14,7 @@ use prometheus_client::registry::{Registry, Unit};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
+use crate::api::Protocol;
 use crate::proxy::access_log::{LineError, Outcome, Upstreams};
 
 /// Session durations, in seconds: from a one-request connection to an hour-long stream.
@@ -75,15 +76,15 @@ pub(super) struct ProxyMetrics {
     /// The kernel's drop count for the log socket when last read.
     lost_seen: std::sync::atomic::AtomicU64,
     /// Each backend's series, by port, as made so far.
-    made: Mutex<Made>,
+    series_by_backend: Mutex<SeriesByBackend>,
 }
 
-/// The series made, by backend name, then by port and protocol (at most 32 each).
+/// The series made so far, by backend name, then by port and protocol (at most 32 each).
 #[derive(Default)]
-struct Made(HashMap<String, Vec<(Port, Arc<Series>)>>);
+struct SeriesByBackend(HashMap<String, Vec<(Port, Arc<Series>)>>);
 
-/// A port and its protocol (`TCP`, `UDP`).
-type Port = (u16, &'static str);
+/// A port and its protocol.
+type Port = (u16, Protocol);
 
 /// One backend's series at one port: handles sharing the registered families' values.
 struct Series {
@@ -111,7 +112,7 @@ impl ProxyMetrics {
             lost: Family::default(),
             weights: Family::default(),
             lost_seen: std::sync::atomic::AtomicU64::new(0),
-            made: Mutex::default(),
+            series_by_backend: Mutex::default(),
         };
         // Present from the start, so that a rate over them is defined before the first loss.
         metrics.lost_up_to(0);
@@ -182,11 +183,7 @@ impl ProxyMetrics {
 
     fn count(&self, datagram: &str) -> Result<(), Skip> {
         let session = crate::proxy::access_log::parse(datagram).map_err(Skip::Line)?;
-        let protocol = match session.protocol {
-            "UDP" => "UDP",
-            _ => "TCP",
-        };
-        if !self.upstreams.listens(session.port, protocol) {
+        if !self.upstreams.listens(session.port, session.protocol) {
             return Err(Skip::UnknownPort);
         }
         // nginx names the upstream itself, not a server, when it found none left to try
@@ -199,7 +196,7 @@ impl ProxyMetrics {
             let backend = self.upstreams.backend(attempt.address).ok_or(Skip::UnknownServer)?;
             servers.push((backend, attempt.connect_seconds));
         }
-        let at = |backend: &str| self.series(session.port, protocol, backend);
+        let at = |backend: &str| self.series(session.port, session.protocol, backend);
         for (backend, connected) in &servers {
             if connected.is_none() {
                 at(backend).connect_failures.inc();
@@ -219,8 +216,8 @@ impl ProxyMetrics {
     }
 
     /// The series of `backend` at `port`, made once: counting a session then allocates nothing.
-    fn series(&self, port: u16, protocol: &'static str, backend: &str) -> Arc<Series> {
-        let mut made = self.made.lock().unwrap_or_else(|e| e.into_inner());
+    fn series(&self, port: u16, protocol: Protocol, backend: &str) -> Arc<Series> {
+        let mut made = self.series_by_backend.lock().unwrap_or_else(|e| e.into_inner());
         let known = made.0.get(backend).and_then(|list| list.iter().find(|(key, _)| *key == (port, protocol)));
         if let Some((_, series)) = known {
             return series.clone();

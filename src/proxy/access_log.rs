@@ -13,7 +13,7 @@
 use std::collections::HashMap;
 use std::fmt::Write as _;
 
-use crate::api::{BACKEND_SERVICE_SUFFIX, BalancerSpec};
+use crate::api::{BACKEND_SERVICE_SUFFIX, BalancerSpec, Protocol};
 
 /// The syslog tag nginx puts before each line.
 const TAG: &str = "balancer";
@@ -55,7 +55,8 @@ pub(super) fn directives(log_port: u16) -> String {
 }
 
 /// How a session ended: nginx's stream `$status`, named.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, strum::IntoStaticStr)]
+#[strum(serialize_all = "snake_case")]
 pub enum Outcome {
     /// 200: the session completed.
     Ok = 0,
@@ -96,14 +97,7 @@ impl Outcome {
 
     /// The label value.
     pub fn name(self) -> &'static str {
-        match self {
-            Outcome::Ok => "ok",
-            Outcome::BadRequest => "bad_request",
-            Outcome::Forbidden => "forbidden",
-            Outcome::InternalError => "internal_error",
-            Outcome::BadGateway => "bad_gateway",
-            Outcome::Unavailable => "unavailable",
-        }
+        self.into()
     }
 }
 
@@ -120,8 +114,7 @@ pub struct Attempt<'a> {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Session<'a> {
     pub port: u16,
-    /// `TCP` or `UDP`.
-    pub protocol: &'a str,
+    pub protocol: Protocol,
     pub outcome: Outcome,
     /// Bytes from the client.
     pub bytes_received: u64,
@@ -133,7 +126,8 @@ pub struct Session<'a> {
 }
 
 /// Why a line was not counted: each is a label value of the sidecar's skipped-lines counter.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error, strum::IntoStaticStr)]
+#[strum(serialize_all = "snake_case")]
 pub enum LineError {
     #[error("not a syslog line from nginx's access log")]
     NotSyslog,
@@ -152,12 +146,7 @@ impl LineError {
 
     /// The label value.
     pub fn name(self) -> &'static str {
-        match self {
-            LineError::NotSyslog => "not_syslog",
-            LineError::Malformed => "malformed",
-            LineError::UnknownStatus => "unknown_status",
-            LineError::TooManyAttempts => "too_many_attempts",
-        }
+        self.into()
     }
 }
 
@@ -173,10 +162,7 @@ pub fn parse(datagram: &str) -> Result<Session<'_>, LineError> {
     let mut fields = plain.split(' ');
     let mut next = || fields.next().ok_or(LineError::Malformed);
     let port = next()?.parse().map_err(|_| LineError::Malformed)?;
-    let protocol = match next()? {
-        p @ ("TCP" | "UDP") => p,
-        _ => return Err(LineError::Malformed),
-    };
+    let protocol = next()?.parse().map_err(|_| LineError::Malformed)?;
     let outcome = Outcome::from_status(next()?).ok_or(LineError::UnknownStatus)?;
     let bytes_received = next()?.parse().map_err(|_| LineError::Malformed)?;
     let bytes_sent = next()?.parse().map_err(|_| LineError::Malformed)?;
@@ -238,7 +224,7 @@ pub struct Upstreams {
     pub balancer: String,
     backends: HashMap<String, String>,
     /// The ports nginx listens on, with their protocols.
-    listens: Vec<(u16, &'static str)>,
+    listens: Vec<(u16, Protocol)>,
     /// Each upstream server's port, protocol, backend and weight (0: `down`).
     weights: Vec<Weight>,
     /// The upstreams' names, which nginx logs in place of a server when it had none to try.
@@ -249,18 +235,18 @@ pub struct Upstreams {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Weight {
     pub port: u16,
-    pub protocol: &'static str,
+    pub protocol: Protocol,
     pub backend: String,
     pub weight: u32,
 }
 
 /// `port_80_tcp` (see `nginx::upstream_name`): the port and protocol.
-fn upstream_port(name: &str) -> Option<(u16, &'static str)> {
+fn upstream_port(name: &str) -> Option<(u16, Protocol)> {
     let rest = name.strip_prefix("port_")?;
     let (port, protocol) = rest.split_once('_')?;
     let protocol = match protocol {
-        "tcp" => "TCP",
-        "udp" => "UDP",
+        "tcp" => Protocol::Tcp,
+        "udp" => Protocol::Udp,
         _ => return None,
     };
     Some((port.parse().ok()?, protocol))
@@ -285,7 +271,7 @@ impl Upstreams {
                 // `80`, `[::]:80 udp`, `80 proxy_protocol`: the port ends the address.
                 let mut words = listen.split(' ');
                 let port = words.next().and_then(|address| address.rsplit(':').next());
-                let protocol = if words.any(|flag| flag == "udp") { "UDP" } else { "TCP" };
+                let protocol = if words.any(|flag| flag == "udp") { Protocol::Udp } else { Protocol::Tcp };
                 listens.extend(port.and_then(|p| p.parse::<u16>().ok()).map(|port| (port, protocol)));
                 continue;
             }
@@ -315,8 +301,8 @@ impl Upstreams {
         self.upstream_names.iter().any(|name| name == address)
     }
 
-    /// Whether nginx listens on `port` with `protocol` (`TCP`, `UDP`).
-    pub fn listens(&self, port: u16, protocol: &str) -> bool {
+    /// Whether nginx listens on `port` with `protocol`.
+    pub fn listens(&self, port: u16, protocol: Protocol) -> bool {
         self.listens.iter().any(|&(p, proto)| p == port && proto == protocol)
     }
 
@@ -339,7 +325,7 @@ mod tests {
     fn a_tcp_session_that_tried_two_servers() {
         let line = "<190>Nov 24 12:21:47 balancer: 80 TCP 200 2 3 0.012 \"10.0.0.1:80, 10.0.0.2:80\" \"-, 0.001\"";
         let session = parse(line).unwrap();
-        assert_eq!((session.port, session.protocol, session.outcome), (80, "TCP", Outcome::Ok));
+        assert_eq!((session.port, session.protocol, session.outcome), (80, Protocol::Tcp, Outcome::Ok));
         assert_eq!((session.bytes_received, session.bytes_sent, session.seconds), (2, 3, 0.012));
         assert_eq!(
             session.attempts,
@@ -403,10 +389,10 @@ mod tests {
                     listen 80;\nlisten [::]:80;\nlisten 81 proxy_protocol;\nlisten [::]:81 proxy_protocol;\n\
                     listen 53 udp;\nlisten [::]:53 udp;\n";
         let upstreams = Upstreams::read(conf).unwrap();
-        for (port, protocol) in [(80, "TCP"), (81, "TCP"), (53, "UDP")] {
+        for (port, protocol) in [(80, Protocol::Tcp), (81, Protocol::Tcp), (53, Protocol::Udp)] {
             assert!(upstreams.listens(port, protocol), "{port}/{protocol}");
         }
-        assert!(!upstreams.listens(53, "TCP") && !upstreams.listens(81, "UDP"));
+        assert!(!upstreams.listens(53, Protocol::Tcp) && !upstreams.listens(81, Protocol::Udp));
     }
 
     #[test]

@@ -19,7 +19,7 @@ use super::nginx::{
     CONFIG_DIR, CONFIG_FILE, CONFIG_HASH_ENV, POD_FILES, entrypoint, nginx_args, running_readiness_command,
 };
 use super::stop::{SIDECAR_DRAIN, TERMINATION_GRACE_SECONDS, graceful_stop};
-use crate::api::{self, BalancerSpec};
+use crate::api::{self, Protocol};
 use crate::spec::{Admitted, SpecPolicy};
 
 /// nginx-unprivileged's user and group.
@@ -74,7 +74,7 @@ pub fn proxy_deployment(owner: &Owner, spec: &Admitted, settings: &ProxySettings
     }
 }
 
-fn proxy_pod_spec(owner: &Owner, spec: &BalancerSpec, settings: &ProxySettings, config_hash: &str) -> PodSpec {
+fn proxy_pod_spec(owner: &Owner, spec: &Admitted, settings: &ProxySettings, config_hash: &str) -> PodSpec {
     let proxy = spec.proxy.clone().unwrap_or_default();
     let config_volume = "nginx-conf";
     let tmp_volume = "tmp";
@@ -108,11 +108,10 @@ fn proxy_pod_spec(owner: &Owner, spec: &BalancerSpec, settings: &ProxySettings, 
         args: Some(nginx_args()),
         env: Some(config_hash_env.clone()),
         ports: Some(
-            spec.ports
-                .iter()
+            spec.ports()
                 .map(|p| ContainerPort {
                     container_port: p.port,
-                    protocol: Some(p.effective_protocol().to_string()),
+                    protocol: Some(p.protocol.to_string()),
                     ..ContainerPort::default()
                 })
                 .collect(),
@@ -246,9 +245,8 @@ fn spread_across_nodes(owner: &Owner) -> TopologySpreadConstraint {
 /// Ready when the first plain TCP port accepts connections; otherwise (UDP only, or every TCP
 /// port requiring a PROXY protocol header, which a probe's bare connection would be logged and
 /// counted as a bad request for) when nginx runs and accepts its configuration.
-fn readiness_probe(spec: &BalancerSpec) -> Probe {
-    let tcp_port =
-        spec.ports.iter().find(|p| p.effective_protocol() == "TCP" && !p.accepts_proxy_protocol()).map(|p| p.port);
+fn readiness_probe(spec: &Admitted) -> Probe {
+    let tcp_port = spec.ports().find(|p| p.protocol == Protocol::Tcp && !p.accepts_proxy_protocol()).map(|p| p.port);
     let mut probe = Probe { period_seconds: Some(5), failure_threshold: Some(3), ..Probe::default() };
     match tcp_port {
         Some(port) => {

@@ -4,8 +4,8 @@ use k8s_openapi::api::core::v1::{Service, ServicePort, ServiceSpec};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use super::meta::{BACKEND_LABEL, COMPONENT_BACKEND, COMPONENT_FRONTEND, Owner, labels, metadata, proxy_selector};
-use crate::api::{self, BackendSpec, BalancerPort, BalancerSpec};
-use crate::spec::Admitted;
+use crate::api::{self, BackendSpec, BalancerPort, ServiceType};
+use crate::spec::{Admitted, AdmittedPort};
 
 /// The backend Services of a defaulted, valid spec, in backend order: applied first,
 /// because their cluster IPs go into `nginx.conf`.
@@ -14,12 +14,11 @@ pub fn backend_services(owner: &Owner, spec: &Admitted) -> Vec<Service> {
 }
 
 /// One Service port per Balancer port, forwarding to `target(port)`.
-fn service_ports(spec: &BalancerSpec, target: impl Fn(&BalancerPort) -> IntOrString) -> Vec<ServicePort> {
-    spec.ports
-        .iter()
+fn service_ports(spec: &Admitted, target: impl Fn(AdmittedPort<'_>) -> IntOrString) -> Vec<ServicePort> {
+    spec.ports()
         .map(|p| ServicePort {
             name: p.name.clone().filter(|n| !n.is_empty()),
-            protocol: Some(p.effective_protocol().to_string()),
+            protocol: Some(p.protocol.to_string()),
             port: p.port,
             target_port: Some(target(p)),
             ..ServicePort::default()
@@ -31,11 +30,11 @@ fn service_ports(spec: &BalancerSpec, target: impl Fn(&BalancerPort) -> IntOrStr
 pub fn backend_service(owner: &Owner, spec: &Admitted, backend: &BackendSpec) -> Service {
     let mut labels = labels(&owner.name, COMPONENT_BACKEND);
     labels.insert(BACKEND_LABEL.to_string(), backend.name.clone());
-    let ports = service_ports(spec, BalancerPort::effective_target_port);
+    let ports = service_ports(spec, |p| BalancerPort::effective_target_port(&p));
     Service {
         metadata: metadata(owner, api::backend_service_name(&owner.name, &backend.name), labels),
         spec: Some(ServiceSpec {
-            type_: Some("ClusterIP".into()),
+            type_: Some(ServiceType::ClusterIp.to_string()),
             selector: Some(spec.merged_selector(backend)),
             ports: Some(ports),
             ..ServiceSpec::default()
@@ -46,9 +45,9 @@ pub fn backend_service(owner: &Owner, spec: &Admitted, backend: &BackendSpec) ->
 
 /// `<balancer>`: in front of the proxy pods, every Balancer port, exposed as `spec.service`
 /// says (a ClusterIP Service by default).
-pub fn front_service(owner: &Owner, spec: &BalancerSpec) -> Service {
+pub fn front_service(owner: &Owner, spec: &Admitted) -> Service {
     let exposure = spec.service.clone().unwrap_or_default();
-    let node_ports = spec.service_type() != "ClusterIP";
+    let node_ports = spec.service_type().has_node_ports();
     // The proxy listens on the Balancer's own ports.
     let mut ports = service_ports(spec, |p| IntOrString::Int(p.port));
     if node_ports {

@@ -11,9 +11,9 @@ use serde_json::{Map, Value};
 
 use super::policy::SpecPolicy;
 use crate::api::{
-    ALGORITHMS, BalancerSpec, DEFAULT_CONNECT_TIMEOUT, DEFAULT_FAIL_TIMEOUT, DEFAULT_MAX_FAILS, DEFAULT_PROTOCOL,
-    DEFAULT_TCP_IDLE_TIMEOUT, DEFAULT_UDP_IDLE_TIMEOUT, DEFAULT_WEIGHT, MAX_BACKENDS, MAX_PORTS, SERVICE_TYPES,
-    SESSION_AFFINITIES,
+    Algorithm, BalancerSpec, DEFAULT_CONNECT_TIMEOUT, DEFAULT_FAIL_TIMEOUT, DEFAULT_MAX_FAILS,
+    DEFAULT_TCP_IDLE_TIMEOUT, DEFAULT_UDP_IDLE_TIMEOUT, DEFAULT_WEIGHT, MAX_BACKENDS, MAX_PORTS, Protocol, ServiceType,
+    SessionAffinity,
 };
 
 /// The spec with its defaults filled in, the way the API server stores it after mutation:
@@ -33,17 +33,13 @@ pub fn fill_defaults(spec: &mut BalancerSpec, defaults: &SpecPolicy) {
         return;
     }
     spec.replicas.get_or_insert(defaults.replicas);
-    if spec.session_affinity.as_deref().is_none_or(str::is_empty) {
-        spec.session_affinity = Some(SESSION_AFFINITIES[0].to_string());
-    }
-    fill(&mut spec.algorithm, ALGORITHMS[0]);
+    fill(&mut spec.session_affinity, SessionAffinity::default().as_str());
+    fill(&mut spec.algorithm, Algorithm::default().as_str());
     // Only the type: `externalTrafficPolicy` is left to Kubernetes, since a default written
     // into a NodePort Balancer would make the same spec invalid once switched to ClusterIP.
-    fill(&mut spec.service.get_or_insert_default().type_, SERVICE_TYPES[0]);
+    fill(&mut spec.service.get_or_insert_default().type_, ServiceType::default().as_str());
     for port in &mut spec.ports {
-        if port.protocol.as_deref().is_none_or(str::is_empty) {
-            port.protocol = Some(DEFAULT_PROTOCOL.to_string());
-        }
+        fill(&mut port.protocol, Protocol::default().as_str());
         // An empty named port is as good as none.
         let missing = match &port.target_port {
             None => true,
@@ -54,8 +50,8 @@ pub fn fill_defaults(spec: &mut BalancerSpec, defaults: &SpecPolicy) {
             port.target_port = Some(IntOrString::Int(port.port));
         }
         fill(&mut port.connect_timeout, DEFAULT_CONNECT_TIMEOUT);
-        let idle =
-            if port.protocol.as_deref() == Some("UDP") { DEFAULT_UDP_IDLE_TIMEOUT } else { DEFAULT_TCP_IDLE_TIMEOUT };
+        let udp = port.protocol.as_deref() == Some(Protocol::Udp.as_str());
+        let idle = if udp { DEFAULT_UDP_IDLE_TIMEOUT } else { DEFAULT_TCP_IDLE_TIMEOUT };
         fill(&mut port.idle_timeout, idle);
     }
     for backend in &mut spec.backends {

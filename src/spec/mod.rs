@@ -6,6 +6,7 @@
 //! through [`admit`], so they cannot disagree about what a Balancer means.
 
 use std::ops::Deref;
+use std::str::FromStr;
 
 mod defaults;
 mod policy;
@@ -19,13 +20,66 @@ pub use read::{parse_spec, read_spec};
 pub use report::{FieldError, ObjectName, Report, denial_message};
 pub use validation::{unchangeable, validate};
 
-use crate::api::BalancerSpec;
+use crate::api::{
+    Algorithm, BalancerPort, BalancerSpec, ExternalTrafficPolicy, Protocol, ServiceType, SessionAffinity,
+};
 
-/// A spec with its defaults filled in that passed every rule.
+/// A spec with its defaults filled in that passed every rule, with its enumerated fields read
+/// into their types.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Admitted {
     spec: BalancerSpec,
     warnings: Vec<String>,
+    typed: Typed,
+}
+
+/// The enumerated fields of a valid, defaulted spec.
+#[derive(Clone, Debug, PartialEq)]
+struct Typed {
+    algorithm: Algorithm,
+    session_affinity: SessionAffinity,
+    service_type: ServiceType,
+    external_traffic_policy: Option<ExternalTrafficPolicy>,
+    /// One per port, in spec order.
+    protocols: Vec<Protocol>,
+}
+
+impl Typed {
+    /// `None` when a field holds a value that validation refuses.
+    fn read(spec: &BalancerSpec) -> Option<Typed> {
+        let service = spec.service.as_ref();
+        Some(Typed {
+            algorithm: read(spec.algorithm.as_ref())?.unwrap_or_default(),
+            session_affinity: read(spec.session_affinity.as_ref())?.unwrap_or_default(),
+            service_type: read(service.and_then(|s| s.type_.as_ref()))?.unwrap_or_default(),
+            external_traffic_policy: read(service.and_then(|s| s.external_traffic_policy.as_ref()))?,
+            protocols: spec
+                .ports
+                .iter()
+                .map(|p| Some(read(p.protocol.as_ref())?.unwrap_or_default()))
+                .collect::<Option<_>>()?,
+        })
+    }
+}
+
+/// An optional field's value: `Some(None)` when unset, `None` when it does not read.
+fn read<T: FromStr>(text: Option<&String>) -> Option<Option<T>> {
+    text.map(|t| t.parse()).transpose().ok()
+}
+
+/// One port of an admitted spec, with its protocol.
+#[derive(Clone, Copy, Debug)]
+pub struct AdmittedPort<'a> {
+    pub spec: &'a BalancerPort,
+    pub protocol: Protocol,
+}
+
+impl Deref for AdmittedPort<'_> {
+    type Target = BalancerPort;
+
+    fn deref(&self) -> &BalancerPort {
+        self.spec
+    }
 }
 
 impl Admitted {
@@ -37,6 +91,29 @@ impl Admitted {
     /// The number of proxy pods (always set once defaulted).
     pub fn replicas(&self) -> i32 {
         self.spec.replicas.unwrap_or_default()
+    }
+
+    pub fn algorithm(&self) -> Algorithm {
+        self.typed.algorithm
+    }
+
+    pub fn session_affinity(&self) -> SessionAffinity {
+        self.typed.session_affinity
+    }
+
+    /// The front Service's type.
+    pub fn service_type(&self) -> ServiceType {
+        self.typed.service_type
+    }
+
+    /// The front Service's `externalTrafficPolicy`; `None` leaves it to Kubernetes.
+    pub fn external_traffic_policy(&self) -> Option<ExternalTrafficPolicy> {
+        self.typed.external_traffic_policy
+    }
+
+    /// The ports, in spec order, each with its protocol.
+    pub fn ports(&self) -> impl ExactSizeIterator<Item = AdmittedPort<'_>> + Clone {
+        self.spec.ports.iter().zip(&self.typed.protocols).map(|(spec, &protocol)| AdmittedPort { spec, protocol })
     }
 }
 
@@ -52,8 +129,9 @@ impl Deref for Admitted {
 pub fn admit(name: ObjectName<'_>, mut spec: BalancerSpec, policy: &SpecPolicy) -> Result<Admitted, Report> {
     fill_defaults(&mut spec, policy);
     let report = validate(name, &spec, policy);
-    match report.is_valid() {
-        true => Ok(Admitted { spec, warnings: report.warnings }),
-        false => Err(report),
+    // Validation refuses every value `Typed::read` cannot read, so a valid spec always reads.
+    match (report.is_valid(), Typed::read(&spec)) {
+        (true, Some(typed)) => Ok(Admitted { spec, warnings: report.warnings, typed }),
+        _ => Err(report),
     }
 }

@@ -5,7 +5,8 @@ use std::collections::BTreeMap;
 use super::fields::*;
 use crate::api::formats::{MAX_LABEL_LEN, is_dns1123_label};
 use crate::api::{
-    self, BackendSpec, BalancerSpec, MAX_BACKENDS, MAX_MAX_CONNECTIONS, MAX_MAX_FAILS, MAX_SELECTOR_LABELS, MAX_WEIGHT,
+    self, Algorithm, BackendSpec, BalancerSpec, MAX_BACKENDS, MAX_MAX_CONNECTIONS, MAX_MAX_FAILS, MAX_SELECTOR_LABELS,
+    MAX_WEIGHT, SessionAffinity,
 };
 use crate::spec::report::{ObjectName, Report};
 use crate::util::echo::{MAX_QUOTED_BYTES, cut, quoted};
@@ -106,9 +107,11 @@ fn validate_backup(at: Item, backend: &BackendSpec, spec: &BalancerSpec, report:
     if !backend.is_backup() {
         return;
     }
-    let refused_by = match (spec.session_affinity.as_deref(), spec.algorithm.as_deref()) {
-        (Some("ClientIP"), _) => "sessionAffinity ClientIP",
-        (_, Some("PowerOfTwoChoices")) => "algorithm PowerOfTwoChoices",
+    let affinity = spec.session_affinity.as_deref().and_then(|a| a.parse().ok());
+    let algorithm = spec.algorithm.as_deref().and_then(|a| a.parse().ok());
+    let refused_by = match (affinity, algorithm) {
+        (Some(SessionAffinity::ClientIp), _) => "sessionAffinity ClientIP",
+        (_, Some(Algorithm::PowerOfTwoChoices)) => "algorithm PowerOfTwoChoices",
         _ => return,
     };
     report

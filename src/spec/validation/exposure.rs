@@ -4,8 +4,8 @@ use super::fields::*;
 use crate::api::formats::{check_label_key, is_dns1123_subdomain};
 use crate::api::v1beta1::ProxySpec;
 use crate::api::{
-    BalancerSpec, EXTERNAL_TRAFFIC_POLICIES, MAX_PORTS, MAX_SOURCE_RANGES, MAX_SPREAD_CONSTRAINTS, MAX_TOLERATIONS,
-    SERVICE_TYPES,
+    BalancerSpec, ExternalTrafficPolicy, MAX_PORTS, MAX_SOURCE_RANGES, MAX_SPREAD_CONSTRAINTS, MAX_TOLERATIONS,
+    ServiceType,
 };
 use crate::spec::policy::SpecPolicy;
 use crate::spec::report::{FieldError, Report};
@@ -14,12 +14,9 @@ use crate::util::echo::{MAX_QUOTED_BYTES, cut, quoted};
 /// `spec.service`, and the ports' `nodePort`s, which only some Service types have.
 pub(super) fn validate_service(spec: &BalancerSpec, report: &mut Report) {
     let kind = spec.service_type();
-    if !SERVICE_TYPES.contains(&kind) {
-        let detail = format!("must be ClusterIP, NodePort or LoadBalancer, got {}", quoted(kind));
-        report.error("spec.service.type", detail);
-    }
-    let load_balancer = kind == "LoadBalancer";
-    let node_ports = load_balancer || kind == "NodePort";
+    let read = one_of::<ServiceType>("spec.service.type", kind, report);
+    let load_balancer = read == Some(ServiceType::LoadBalancer);
+    let node_ports = read.is_some_and(ServiceType::has_node_ports);
     let only = |types: &str| format!("applies to type {types} only, and the type is {}", quoted(kind));
     if spec.ports.len() <= MAX_PORTS {
         let mut seen: Vec<((i32, &str), usize)> = Vec::new();
@@ -30,7 +27,7 @@ pub(super) fn validate_service(spec: &BalancerSpec, report: &mut Report) {
                 report.error(at, only("NodePort or LoadBalancer"));
             } else if !(1..=65535).contains(&node_port) {
                 report.error(at, format!("must be between 1 and 65535, got {node_port}"));
-            } else if let Some(first) = first_seen(&mut seen, (node_port, port.effective_protocol()), i) {
+            } else if let Some(first) = first_seen(&mut seen, (node_port, port.written_protocol()), i) {
                 report.error(at, format!("duplicate node port {node_port} (also spec.ports[{first}].nodePort)"));
             }
         }
@@ -47,11 +44,8 @@ pub(super) fn validate_service(spec: &BalancerSpec, report: &mut Report) {
     if let Some(policy) = &service.external_traffic_policy {
         if !node_ports {
             report.error("spec.service.externalTrafficPolicy", only("NodePort or LoadBalancer"));
-        } else if !EXTERNAL_TRAFFIC_POLICIES.contains(&policy.as_str()) {
-            report.error(
-                "spec.service.externalTrafficPolicy",
-                format!("must be Cluster or Local, got {}", quoted(policy)),
-            );
+        } else {
+            one_of::<ExternalTrafficPolicy>("spec.service.externalTrafficPolicy", policy, report);
         }
     }
     let ranges = service.load_balancer_source_ranges.as_deref().unwrap_or_default();
@@ -73,7 +67,7 @@ pub(super) fn validate_service(spec: &BalancerSpec, report: &mut Report) {
 /// `loadBalancerClass` (set or unset included), so the controller could never apply it.
 pub fn unchangeable(old: &BalancerSpec, new: &BalancerSpec) -> Vec<FieldError> {
     let class = |spec: &BalancerSpec| spec.service.as_ref().and_then(|s| s.load_balancer_class.clone());
-    let load_balancer = |spec: &BalancerSpec| spec.service_type() == "LoadBalancer";
+    let load_balancer = |spec: &BalancerSpec| spec.service_type() == ServiceType::LoadBalancer.as_str();
     if load_balancer(old) && load_balancer(new) && class(old) != class(new) {
         let detail = "may not change while the type is LoadBalancer (Kubernetes refuses it on the Service): \
                       set the type to ClusterIP first, then to LoadBalancer with the new class";

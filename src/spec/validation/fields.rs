@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 use std::fmt;
 use std::hash::{Hash, Hasher};
+use std::str::FromStr;
 
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
@@ -19,6 +20,28 @@ pub(super) struct Item(pub(super) &'static str, pub(super) usize);
 impl fmt::Display for Item {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "spec.{}[{}]", self.0, self.1)
+    }
+}
+
+/// Reads `value` as one of `T`'s wire names, or refuses it at `field` with the list of them.
+pub(super) fn one_of<T: FromStr + strum::VariantNames>(
+    field: impl fmt::Display,
+    value: &str,
+    report: &mut Report,
+) -> Option<T> {
+    let read = value.parse().ok();
+    if read.is_none() {
+        report.error(field.to_string(), format!("must be {}, got {}", listed(T::VARIANTS), quoted(value)));
+    }
+    read
+}
+
+/// `A, B or C`.
+fn listed(names: &[&str]) -> String {
+    match names {
+        [] => String::new(),
+        [only] => (*only).to_string(),
+        [rest @ .., last] => format!("{} or {last}", rest.join(", ")),
     }
 }
 

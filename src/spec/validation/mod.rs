@@ -13,13 +13,13 @@ pub use exposure::unchangeable;
 
 use backends::validate_backends;
 use exposure::{validate_proxy, validate_service};
-use fields::validate_selector;
+use fields::{one_of, validate_selector};
 use ports::validate_ports;
 
 use super::policy::SpecPolicy;
 use super::report::{ObjectName, Report};
 use crate::api::formats::{MAX_BALANCER_NAME_LEN, MAX_LABEL_LEN, is_dns1035_label};
-use crate::api::{ALGORITHMS, BalancerSpec, MAX_REPLICAS, SESSION_AFFINITIES};
+use crate::api::{Algorithm, BalancerSpec, MAX_REPLICAS, SessionAffinity};
 use crate::util::echo::quoted;
 
 /// Checks a Balancer (already defaulted) against every rule; `policy` says which proxy
@@ -45,8 +45,8 @@ fn validate_replicas(replicas: Option<i32>, report: &mut Report) {
 }
 
 fn validate_session_affinity(affinity: Option<&str>, report: &mut Report) {
-    if let Some(affinity) = affinity.filter(|a| !SESSION_AFFINITIES.contains(a)) {
-        report.error("spec.sessionAffinity", format!("must be None or ClientIP, got {}", quoted(affinity)));
+    if let Some(affinity) = affinity {
+        one_of::<SessionAffinity>("spec.sessionAffinity", affinity, report);
     }
 }
 
@@ -54,12 +54,9 @@ fn validate_session_affinity(affinity: Option<&str>, report: &mut Report) {
 /// nginx would keep the last one written, with only a warning.
 fn validate_algorithm(spec: &BalancerSpec, report: &mut Report) {
     let Some(algorithm) = spec.algorithm.as_deref() else { return };
-    if !ALGORITHMS.contains(&algorithm) {
-        report.error(
-            "spec.algorithm",
-            format!("must be RoundRobin, LeastConnections or PowerOfTwoChoices, got {}", quoted(algorithm)),
-        );
-    } else if algorithm != ALGORITHMS[0] && spec.session_affinity.as_deref() == Some("ClientIP") {
+    let Some(read) = one_of::<Algorithm>("spec.algorithm", algorithm, report) else { return };
+    let client_ip = spec.session_affinity.as_deref() == Some(SessionAffinity::ClientIp.as_str());
+    if read != Algorithm::RoundRobin && client_ip {
         report.error(
             "spec.algorithm",
             format!(

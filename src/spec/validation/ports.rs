@@ -2,7 +2,7 @@
 
 use super::fields::*;
 use crate::api::formats::is_dns1123_label;
-use crate::api::{BalancerPort, BalancerSpec, MAX_PORTS, PROTOCOLS};
+use crate::api::{BalancerPort, BalancerSpec, MAX_PORTS, Protocol};
 use crate::spec::report::Report;
 use crate::util::echo::quoted;
 
@@ -23,10 +23,8 @@ pub(super) fn validate_ports(spec: &BalancerSpec, report: &mut Report) {
         if !(1..=65535).contains(&port.port) {
             report.error(format!("{at}.port"), format!("must be between 1 and 65535, got {}", port.port));
         }
-        let protocol = port.effective_protocol();
-        if !PROTOCOLS.contains(&protocol) {
-            report.error(format!("{at}.protocol"), format!("must be TCP or UDP, got {}", quoted(protocol)));
-        }
+        let written = port.written_protocol();
+        let protocol = one_of::<Protocol>(format_args!("{at}.protocol"), written, report);
         match port.name.as_deref().filter(|n| !n.is_empty()) {
             None if ports.len() > 1 => {
                 report.error(format!("{at}.name"), "is required when there is more than one port")
@@ -44,8 +42,8 @@ pub(super) fn validate_ports(spec: &BalancerSpec, report: &mut Report) {
                 }
             }
         }
-        if let Some(first) = first_seen(&mut pairs, (port.port, protocol), i) {
-            report.error(at.to_string(), format!("duplicate port {}/{protocol} (also spec.ports[{first}])", port.port));
+        if let Some(first) = first_seen(&mut pairs, (port.port, written), i) {
+            report.error(at.to_string(), format!("duplicate port {}/{written} (also spec.ports[{first}])", port.port));
         }
         validate_target_port(at, port.target_port.as_ref(), report);
         validate_duration(
@@ -55,7 +53,7 @@ pub(super) fn validate_ports(spec: &BalancerSpec, report: &mut Report) {
             report,
         );
         validate_duration(&format_args!("{at}.idleTimeout"), port.idle_timeout.as_deref(), IDLE_TIMEOUT, report);
-        if protocol == "UDP" {
+        if protocol == Some(Protocol::Udp) {
             validate_tcp_only(at, port, report);
         }
     }

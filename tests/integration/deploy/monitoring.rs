@@ -67,7 +67,8 @@ async fn exported_families() -> BTreeSet<String> {
 
 /// What `balancer proxy-metrics` serves for the sample's rendered `nginx.conf`.
 async fn sidecar_exposition() -> String {
-    let spec = crate::support::fixtures::sample().spec;
+    let policy = balancer::spec::SpecPolicy::default();
+    let spec = crate::support::fixtures::admitted("example-balancer", crate::support::fixtures::sample_spec(), &policy);
     let address = |b: &BackendSpec, p: &BalancerPort| format!("{}.test:{}", b.name, p.port);
     let conf = nginx::render("example-balancer", &spec, &[], Some(5514), &address);
     let dir = tempfile::TempDir::new().unwrap();

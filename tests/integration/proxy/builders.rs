@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 
 use balancer::api::v1beta1::{FrontService, ProxySpec};
-use balancer::api::{BackendSpec, Balancer, BalancerPort, BalancerSpec};
+use balancer::api::{BackendSpec, Balancer, BalancerPort, BalancerSpec, Protocol};
 use balancer::proxy::access_log::{SidecarPorts, Upstreams};
 use balancer::proxy::nginx;
 use balancer::proxy::{
@@ -781,7 +781,7 @@ fn proxy_pods_stop_gracefully() {
 fn render_uses_the_given_addresses_in_spec_order() {
     let spec = sample().spec;
     let address = |b: &BackendSpec, p: &BalancerPort| format!("{}.test:{}", b.name, p.port + 1);
-    let conf = nginx::render("x", &spec, &[], None, &address);
+    let conf = nginx::render("x", &fixtures::admitted("x", spec, &SpecPolicy::default()), &[], None, &address);
     let servers: Vec<&str> = conf
         .lines()
         .map(str::trim)
@@ -805,7 +805,7 @@ fn render_uses_the_given_addresses_in_spec_order() {
 #[test]
 fn output_is_deterministic() {
     let balancer = sample();
-    let spec = &balancer.spec;
+    let spec = &admitted(&balancer, &settings());
     let address = |b: &BackendSpec, p: &BalancerPort| format!("{}:{}", b.name, p.port);
     assert_eq!(
         nginx::render("example-balancer", spec, &[], None, &address),
@@ -1066,6 +1066,7 @@ fn the_sidecar_reads_back_every_backend_and_weight_the_renderer_wrote() {
     let ips = |i: usize, port: i32| format!("10.96.0.{}:{port}", 10 + i);
     let position = |b: &BackendSpec| spec.backends.iter().position(|x| x.name == b.name).unwrap();
     let address = |b: &BackendSpec, p: &BalancerPort| ips(position(b), p.port);
+    let spec = fixtures::admitted("example-balancer", spec.clone(), &SpecPolicy::default());
     let conf = nginx::render("example-balancer", &spec, &[], Some(5514), &address);
     let upstreams = Upstreams::read(&conf).expect("a rendered file");
     assert_eq!(upstreams.balancer, "example-balancer");
@@ -1073,10 +1074,10 @@ fn the_sidecar_reads_back_every_backend_and_weight_the_renderer_wrote() {
         assert_eq!(upstreams.backend(&ips(i, 80)), Some(*name));
         assert_eq!(upstreams.backend(&ips(i, 53)), Some(*name));
     }
-    assert!(upstreams.listens(80, "TCP") && upstreams.listens(53, "UDP"));
-    assert!(!upstreams.listens(53, "TCP") && !upstreams.listens(81, "TCP"));
+    assert!(upstreams.listens(80, Protocol::Tcp) && upstreams.listens(53, Protocol::Udp));
+    assert!(!upstreams.listens(53, Protocol::Tcp) && !upstreams.listens(81, Protocol::Tcp));
     let weights: Vec<(u16, &str, &str, u32)> =
-        upstreams.weights().iter().map(|w| (w.port, w.protocol, w.backend.as_str(), w.weight)).collect();
+        upstreams.weights().iter().map(|w| (w.port, w.protocol.as_str(), w.backend.as_str(), w.weight)).collect();
     assert_eq!(
         weights,
         [

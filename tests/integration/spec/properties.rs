@@ -15,7 +15,7 @@ use std::collections::BTreeMap;
 
 use balancer::api::conversion::{PRESERVED_ANNOTATION, Version, convert};
 use balancer::api::v1beta1::{BalancerAddress, FrontService, NodePortStatus, ProxySpec};
-use balancer::api::{ALGORITHMS, BackendSpec, BackendStatus, Balancer, BalancerPort, BalancerSpec, BalancerStatus};
+use balancer::api::{Algorithm, BackendSpec, BackendStatus, Balancer, BalancerPort, BalancerSpec, BalancerStatus};
 use balancer::spec::admit;
 use balancer::spec::{ObjectName, Report};
 use balancer::spec::{SpecPolicy, with_defaults};
@@ -33,6 +33,7 @@ use proptest::prelude::*;
 use proptest::sample::{Index, select};
 use serde_json::value::to_raw_value;
 use serde_json::{Value, json};
+use strum::VariantNames;
 
 use crate::support::fixtures;
 
@@ -163,7 +164,7 @@ fn arb_spec() -> impl Strategy<Value = BalancerSpec> {
     let backends = prop_oneof![3 => vec(arb_backend(), 0..4), 1 => vec(arb_backend(), 0..70)];
     let replicas = option::of(prop_oneof![0i32..=100, arb_number()]);
     let affinity = option::of(prop_oneof![Just("None".to_string()), Just("ClientIP".to_string()), arb_text()]);
-    let algorithm = option::of(prop_oneof![select(&ALGORITHMS[..]).prop_map(String::from), arb_text()]);
+    let algorithm = option::of(prop_oneof![select(Algorithm::VARIANTS).prop_map(String::from), arb_text()]);
     let proxy = option::of((0i32..100).prop_map(proxy_pods));
     let choices = (replicas, affinity, algorithm);
     (choices, option::of(arb_service()), proxy, ports, option::of(arb_labels(5)), backends).prop_map(
@@ -257,7 +258,7 @@ fn valid_balancer() -> impl Strategy<Value = ValidBalancer> {
                 session_affinity: Some(["None", "ClientIP"][replicas as usize % 2].to_string()),
                 // Any algorithm without affinity; ClientIP affinity needs RoundRobin.
                 algorithm: Some(
-                    ALGORITHMS[if replicas % 2 == 0 { (replicas as usize / 2) % 3 } else { 0 }].to_string(),
+                    Algorithm::VARIANTS[if replicas % 2 == 0 { (replicas as usize / 2) % 3 } else { 0 }].to_string(),
                 ),
                 service: Some(exposure(replicas)),
                 proxy: (replicas % 2 == 0).then(|| proxy_pods(replicas)),

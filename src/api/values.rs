@@ -1,0 +1,121 @@
+//! The closed sets of values that a Balancer's text fields take, as enums.
+//!
+//! The wire format keeps these fields as strings, so that a wrong value reaches the webhook and
+//! gets the validation rule's message rather than a parse error. Validation checks each field by
+//! parsing it into its enum here, and [`Admitted`](crate::spec::Admitted) hands the parsed values
+//! to every builder. Each enum's wire names come from its derive, and `VARIANTS` lists them with
+//! the default first.
+
+use strum::{Display, EnumString, IntoStaticStr, VariantNames};
+
+/// The wire name of a value, as `&'static str`.
+macro_rules! wire_name {
+    ($($kind:ty),*) => {$(
+        impl $kind {
+            /// The value as the API writes it.
+            pub fn as_str(self) -> &'static str {
+                self.into()
+            }
+        }
+    )*};
+}
+
+/// `spec.ports[].protocol`: what nginx's stream module can proxy.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Display, EnumString, IntoStaticStr, VariantNames)]
+#[strum(serialize_all = "UPPERCASE")]
+pub enum Protocol {
+    #[default]
+    Tcp,
+    Udp,
+}
+
+/// `spec.algorithm`: how the proxy picks a backend for a new connection.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Display, EnumString, IntoStaticStr, VariantNames)]
+pub enum Algorithm {
+    /// nginx's weighted round robin.
+    #[default]
+    RoundRobin,
+    LeastConnections,
+    PowerOfTwoChoices,
+}
+
+/// `spec.sessionAffinity`, as a Service's.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Display, EnumString, IntoStaticStr, VariantNames)]
+pub enum SessionAffinity {
+    #[default]
+    None,
+    /// Every connection from one client address goes to the same backend.
+    #[strum(serialize = "ClientIP")]
+    ClientIp,
+}
+
+/// `spec.service.type`: how the front Service is exposed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Display, EnumString, IntoStaticStr, VariantNames)]
+pub enum ServiceType {
+    #[default]
+    #[strum(serialize = "ClusterIP")]
+    ClusterIp,
+    NodePort,
+    LoadBalancer,
+}
+
+/// `spec.service.externalTrafficPolicy`; unset is Kubernetes' default, `Cluster`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Display, EnumString, IntoStaticStr, VariantNames)]
+pub enum ExternalTrafficPolicy {
+    #[default]
+    Cluster,
+    Local,
+}
+
+/// A condition's `status`, as Kubernetes writes it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Display, EnumString, IntoStaticStr, VariantNames)]
+pub enum ConditionStatus {
+    True,
+    False,
+    Unknown,
+}
+
+wire_name!(Protocol, Algorithm, SessionAffinity, ServiceType, ExternalTrafficPolicy, ConditionStatus);
+
+impl ServiceType {
+    /// Whether the front Service gets node ports (NodePort and LoadBalancer do).
+    pub fn has_node_ports(self) -> bool {
+        self != ServiceType::ClusterIp
+    }
+}
+
+impl From<bool> for ConditionStatus {
+    fn from(holds: bool) -> Self {
+        if holds { ConditionStatus::True } else { ConditionStatus::False }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::str::FromStr;
+
+    use strum::VariantNames;
+
+    use super::*;
+
+    #[test]
+    fn wire_names_read_back_and_the_default_comes_first() {
+        fn round_trip<T: FromStr + VariantNames + Default + Into<&'static str> + PartialEq + std::fmt::Debug>() {
+            for name in T::VARIANTS {
+                let value = T::from_str(name).ok();
+                assert_eq!(value.map(Into::into), Some(*name));
+            }
+            assert_eq!(T::default().into(), T::VARIANTS[0]);
+        }
+        round_trip::<Protocol>();
+        round_trip::<Algorithm>();
+        round_trip::<SessionAffinity>();
+        round_trip::<ServiceType>();
+        round_trip::<ExternalTrafficPolicy>();
+        assert_eq!(Protocol::VARIANTS, ["TCP", "UDP"]);
+        assert_eq!(SessionAffinity::VARIANTS, ["None", "ClientIP"]);
+        assert_eq!(ServiceType::VARIANTS, ["ClusterIP", "NodePort", "LoadBalancer"]);
+        assert_eq!(ConditionStatus::from(true).as_str(), "True");
+        assert!("tcp".parse::<Protocol>().is_err(), "wire names are case-sensitive, as the API server's enums are");
+    }
+}
