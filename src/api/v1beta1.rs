@@ -192,6 +192,20 @@ impl FrontService {
 }
 
 impl BalancerSpec {
+    /// The labels selecting one backend's pods: `spec.selector` overlaid by the backend's own.
+    pub fn merged_selector(&self, backend: &BackendSpec) -> BTreeMap<String, String> {
+        self.merged_selector_refs(backend).into_iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    }
+
+    /// [`Self::merged_selector`], borrowed: for comparing selectors without copying them.
+    pub fn merged_selector_refs<'a>(&'a self, backend: &'a BackendSpec) -> BTreeMap<&'a str, &'a str> {
+        let labels =
+            |s: &'a Option<BTreeMap<String, String>>| s.iter().flatten().map(|(k, v)| (k.as_str(), v.as_str()));
+        labels(&self.selector).chain(labels(&backend.selector)).collect()
+    }
+}
+
+impl BalancerSpec {
     /// The front Service's type after defaulting.
     pub fn service_type(&self) -> &str {
         self.service.as_ref().map_or(ServiceType::ClusterIp.as_str(), FrontService::effective_type)

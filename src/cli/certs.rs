@@ -7,7 +7,7 @@ use std::time::Duration;
 use base64::Engine;
 
 use super::args::CertsArgs;
-use super::{fail, out};
+use super::io::{fail, out};
 use crate::runtime::logging::{LogFormat, init_logging};
 use crate::runtime::tls;
 

@@ -7,8 +7,8 @@ use std::process::ExitCode;
 use serde_json::Value;
 
 use super::args::CheckArgs;
+use super::io::{fail, read_input};
 use super::yaml::{YamlError, admit_document, balancer_documents, doc_name};
-use super::{fail, read_input};
 use crate::spec::{Report, SpecPolicy};
 
 /// The verdict on one Balancer document.

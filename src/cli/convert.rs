@@ -3,7 +3,7 @@
 use std::process::ExitCode;
 
 use super::args::ConvertArgs;
-use super::rewrite;
+use super::io::rewrite;
 use super::yaml::{YamlError, convert_document, doc_kind, is_balancer, is_list, yaml_documents};
 use crate::api::conversion::Version;
 use crate::spec::FieldError;

@@ -2,7 +2,7 @@
 
 use std::process::ExitCode;
 
-use super::{fail, out};
+use super::io::{fail, out};
 
 /// Runs `balancer crd`.
 pub(super) fn command() -> ExitCode {

@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use tokio_util::sync::CancellationToken;
 
 use super::args::ProxyMetricsArgs;
-use super::fail;
+use super::io::fail;
 use crate::exporter::{self, Options};
 use crate::runtime::logging::init_logging;
 use crate::runtime::signals::Signals;

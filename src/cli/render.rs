@@ -7,7 +7,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use serde_json::Value;
 
 use super::args::RenderArgs;
-use super::rewrite;
+use super::io::rewrite;
 use super::yaml::{YamlError, admit_document, balancer_documents, doc_name};
 use crate::api::{GROUP, KIND, STORAGE_VERSION};
 use crate::proxy::{BackendHosts, Owner, ProxySettings, backend_services, proxy, proxy_disruption_budget};

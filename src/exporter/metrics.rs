@@ -15,7 +15,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use crate::api::Protocol;
-use crate::proxy::access_log::{LineError, Outcome, Upstreams};
+use crate::proxy::access_log::{LineError, Outcome};
+use crate::proxy::upstreams::Upstreams;
 
 /// Session durations, in seconds: from a one-request connection to an hour-long stream.
 pub const SESSION_BUCKETS: [f64; 12] = [0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 30.0, 60.0, 300.0, 3600.0];

@@ -23,7 +23,7 @@ use tokio_util::sync::CancellationToken;
 
 pub use metrics::{CONNECT_BUCKETS, SESSION_BUCKETS};
 
-use crate::proxy::access_log::Upstreams;
+use crate::proxy::upstreams::Upstreams;
 use crate::runtime::http::not_found;
 use crate::runtime::listener::{self, ConnectionLimits};
 use crate::runtime::metrics::exposition;

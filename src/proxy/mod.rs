@@ -11,6 +11,7 @@ mod meta;
 pub mod nginx;
 mod services;
 pub mod stop;
+pub mod upstreams;
 
 pub use budget::proxy_disruption_budget;
 pub use deployment::{METRICS_CONTAINER, METRICS_PORT_NAME, ProxySettings, proxy_config_map, proxy_deployment};

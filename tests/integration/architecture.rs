@@ -129,3 +129,206 @@ fn the_import_reader_sees_plain_braced_and_nested_paths() {
     let found: Vec<String> = imports(code).into_iter().collect();
     assert_eq!(found, ["api", "proxy", "spec", "util"]);
 }
+
+/// A file's module path: `src/controller/status.rs` is `controller::status`, a `mod.rs` is its
+/// folder's module, and the crate roots are the crate.
+fn module_of(file: &Path) -> Vec<String> {
+    let relative = file.strip_prefix(src()).expect("under src/").with_extension("");
+    let mut path: Vec<String> = relative.components().map(|c| c.as_os_str().to_string_lossy().into_owned()).collect();
+    if matches!(path.last().map(String::as_str), Some("mod" | "lib" | "main")) {
+        path.pop();
+    }
+    path
+}
+
+/// The statements of `code`, split at `;` outside braces.
+fn statements(code: &str) -> Vec<&str> {
+    let (mut out, mut depth, mut start) = (Vec::new(), 0i32, 0);
+    for (i, c) in code.char_indices() {
+        match c {
+            '{' => depth += 1,
+            '}' => depth -= 1,
+            ';' if depth <= 0 => {
+                out.push(code[start..i].trim());
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    out.push(code[start..].trim());
+    out
+}
+
+/// Whether a statement only re-exports (`pub use …`), which makes no dependency of its own.
+fn is_reexport(statement: &str) -> bool {
+    let rest = statement.strip_prefix("pub").map(str::trim_start);
+    let rest = rest.map(|r| r.strip_prefix("(crate)").or(r.strip_prefix("(super)")).unwrap_or(r).trim_start());
+    rest.is_some_and(|r| r.starts_with("use "))
+}
+
+/// Every path `text` (after a `use` or a path prefix) names, braced groups expanded.
+fn expand(prefix: &[String], text: &str, out: &mut Vec<Vec<String>>) {
+    let mut path = prefix.to_vec();
+    let mut rest = text.trim_start();
+    loop {
+        if let Some(group) = rest.strip_prefix('{') {
+            for item in top_level_items(group) {
+                expand(&path, item, out);
+            }
+            return;
+        }
+        let Some(ident) = first_ident(rest) else { break };
+        rest = &rest[ident.len()..];
+        if ident != "self" {
+            path.push(ident);
+        }
+        match rest.strip_prefix("::") {
+            Some(after) => rest = after,
+            None => break,
+        }
+    }
+    out.push(path);
+}
+
+/// The absolute paths a file's code names through `crate::`, `super::`, `self::` and its own
+/// child modules, re-exports left out.
+fn named_paths(code: &str, module: &[String], children: &[String]) -> Vec<Vec<String>> {
+    let parent = &module[..module.len().saturating_sub(1)];
+    let mut out = Vec::new();
+    for statement in statements(code).into_iter().filter(|s| !is_reexport(s)) {
+        let mut at = 0;
+        while at < statement.len() {
+            let rest = &statement[at..];
+            let boundary =
+                statement[..at].chars().last().is_none_or(|c| !(c.is_alphanumeric() || c == '_' || c == ':'));
+            let ident = first_ident(rest).filter(|_| boundary && !rest.starts_with(char::is_whitespace));
+            let base: Option<Vec<String>> = match ident.as_deref() {
+                Some(word) if rest[word.len()..].starts_with("::") => match word {
+                    "crate" => Some(Vec::new()),
+                    "super" => Some(parent.to_vec()),
+                    "self" => Some(module.to_vec()),
+                    child if children.iter().any(|c| c == child) => Some(module.to_vec()),
+                    _ => None,
+                },
+                _ => None,
+            };
+            match (base, ident) {
+                (Some(base), Some(word)) => {
+                    let skip = if matches!(word.as_str(), "crate" | "super" | "self") { word.len() + 2 } else { 0 };
+                    expand(&base, &rest[skip..], &mut out);
+                    at += word.len();
+                }
+                (None, Some(word)) if boundary => at += word.len(),
+                _ => at += rest.chars().next().map_or(1, char::len_utf8),
+            }
+        }
+    }
+    out
+}
+
+/// The child modules a file declares (`mod x;`, `pub mod x;`).
+fn declared_children(code: &str) -> Vec<String> {
+    statements(code)
+        .into_iter()
+        .filter_map(|s| s.split_whitespace().skip_while(|w| *w != "mod").nth(1).map(str::to_string))
+        .filter(|name| !name.contains('{'))
+        .collect()
+}
+
+/// Which child each item a module re-exports comes from: `pub use values::Protocol` in
+/// `api/mod.rs` makes `crate::api::Protocol` a name for `api::values`.
+fn reexports(code: &str, module: &[String], children: &[String]) -> Vec<(Vec<String>, Vec<String>)> {
+    let mut out = Vec::new();
+    for statement in statements(code).into_iter().filter(|s| is_reexport(s)) {
+        let Some(text) = statement.split_once("use ").map(|(_, t)| t) else { continue };
+        let mut paths = Vec::new();
+        expand(module, text, &mut paths);
+        for path in paths {
+            let child = path.get(module.len()).filter(|c| children.contains(c));
+            if let (Some(child), Some(item)) = (child, path.last()) {
+                let mut source = module.to_vec();
+                source.push(child.clone());
+                let mut name = module.to_vec();
+                name.push(item.clone());
+                out.push((name, source));
+            }
+        }
+    }
+    out
+}
+
+/// The files that use items of each other, directly or around a loop, as module paths.
+fn file_cycles() -> Vec<Vec<String>> {
+    let mut files = Vec::new();
+    rust_files(&src(), &mut files);
+    let sources: Vec<(Vec<String>, String, Vec<String>)> = files
+        .iter()
+        .filter(|f| !f.ends_with("main.rs"))
+        .map(|f| {
+            let code = code(&std::fs::read_to_string(f).expect("a source file reads"));
+            let children = declared_children(&code);
+            (module_of(f), code, children)
+        })
+        .collect();
+    let modules: BTreeSet<Vec<String>> = sources.iter().map(|(m, ..)| m.clone()).collect();
+    let renamed: Vec<(Vec<String>, Vec<String>)> =
+        sources.iter().flat_map(|(m, code, children)| reexports(code, m, children)).collect();
+    let resolve = |path: &[String]| -> Option<Vec<String>> {
+        (0..=path.len()).rev().map(|n| &path[..n]).find_map(|prefix| {
+            let via = renamed.iter().find(|(name, _)| name.as_slice() == prefix).map(|(_, source)| source.clone());
+            via.or_else(|| modules.contains(prefix).then(|| prefix.to_vec()))
+        })
+    };
+    let edges: Vec<(Vec<String>, BTreeSet<Vec<String>>)> = sources
+        .iter()
+        .map(|(module, code, children)| {
+            let targets = named_paths(code, module, children).into_iter().filter_map(|p| resolve(&p));
+            (module.clone(), targets.filter(|t| t != module).collect())
+        })
+        .collect();
+    let uses = |from: &Vec<String>| edges.iter().find(|(m, _)| m == from).map(|(_, t)| t.clone()).unwrap_or_default();
+    let mut cycles = Vec::new();
+    for (start, _) in &edges {
+        // A path back to `start` through modules after it in order: each cycle is found once.
+        let mut stack = vec![vec![start.clone()]];
+        while let Some(path) = stack.pop() {
+            for next in uses(path.last().expect("never empty")) {
+                if next == *start {
+                    cycles.push(path.iter().map(|m| m.join("::")).collect());
+                } else if next > *start && !path.contains(&next) && path.len() < 6 {
+                    let mut longer = path.clone();
+                    longer.push(next);
+                    stack.push(longer);
+                }
+            }
+        }
+    }
+    cycles
+}
+
+#[test]
+fn no_two_files_use_each_other() {
+    let cycles = file_cycles();
+    assert!(cycles.is_empty(), "files that use items of each other, around these loops:\n{cycles:#?}");
+}
+
+#[test]
+fn the_file_reader_resolves_groups_parents_children_and_reexports() {
+    let module = vec!["proxy".to_string(), "nginx".to_string()];
+    let code = "use super::{access_log, meta::{labels, Owner}};\nuse crate::api::Protocol;\nfn f() { self::g(); }";
+    let named: Vec<String> = named_paths(code, &module, &[]).iter().map(|p| p.join("::")).collect();
+    assert_eq!(
+        named,
+        ["proxy::access_log", "proxy::meta::labels", "proxy::meta::Owner", "api::Protocol", "proxy::nginx::g"]
+    );
+    let root = vec!["api".to_string()];
+    let children = declared_children("pub mod formats;\nmod values;\npub use values::{Protocol, Algorithm};");
+    assert_eq!(children, ["formats", "values"]);
+    let renamed = reexports("pub use values::{Protocol, Algorithm};", &root, &children);
+    assert_eq!(
+        renamed[0],
+        (vec!["api".to_string(), "Protocol".to_string()], vec!["api".to_string(), "values".to_string()])
+    );
+    assert!(named_paths("pub use values::Protocol;", &root, &children).is_empty(), "a re-export is no use");
+    assert_eq!(named_paths("let x = formats::MAX;", &root, &children), [vec!["api", "formats", "MAX"]]);
+}

@@ -5,8 +5,9 @@ use std::collections::BTreeMap;
 
 use balancer::api::v1beta1::{FrontService, ProxySpec};
 use balancer::api::{BackendSpec, Balancer, BalancerPort, BalancerSpec, Protocol};
-use balancer::proxy::access_log::{SidecarPorts, Upstreams};
+use balancer::proxy::access_log::SidecarPorts;
 use balancer::proxy::nginx;
+use balancer::proxy::upstreams::Upstreams;
 use balancer::proxy::{
     self, BACKEND_LABEL, BALANCER_NAME_LABEL, BackendHosts, COMPONENT_LABEL, CONFIG_HASH_ANNOTATION, MANAGED_BY_LABEL,
     Owner, OwnerError, ProxySettings,
