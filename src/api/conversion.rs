@@ -142,8 +142,8 @@ struct Preserved {
 pub fn convert(object: &RawValue, to: Version) -> Result<Box<RawValue>, ConversionError> {
     let mut out = Vec::with_capacity(object.get().len() + 64);
     convert_into(object, to, &mut out)?;
-    let text = String::from_utf8(out).map_err(|e| field("object", e))?;
-    RawValue::from_string(text).map_err(|e| field("object", e))
+    let text = String::from_utf8(out).map_err(|e| bad_field("object", e))?;
+    RawValue::from_string(text).map_err(|e| bad_field("object", e))
 }
 
 /// [`convert`], writing the converted object's JSON at the end of `out`: the object's text is
@@ -167,8 +167,8 @@ pub fn convert_into(object: &RawValue, to: Version, out: &mut Vec<u8>) -> Result
         Version::V1beta1 => to_v1beta1(&mut fields)?,
         Version::V1alpha1 => to_v1alpha1(&mut fields)?,
     }
-    fields.insert("apiVersion".into(), new(&to.api_version())?);
-    serde_json::to_writer(out, &fields).map_err(|e| field("object", e))
+    fields.insert("apiVersion".into(), encoded(&to.api_version())?);
+    serde_json::to_writer(out, &fields).map_err(|e| bad_field("object", e))
 }
 
 /// v1alpha1 → v1beta1: the annotation's fields come back; status counts are renamed. Only a
@@ -230,7 +230,7 @@ fn to_v1alpha1(object: &mut Fields<'_>) -> Result<(), ConversionError> {
         true => None,
         false => {
             let moved = Moved { spec: moved_spec, items: moved_items };
-            Some(serde_json::to_string(&moved).map_err(|e| field("metadata.annotations", e))?)
+            Some(serde_json::to_string(&moved).map_err(|e| bad_field("metadata.annotations", e))?)
         }
     };
     set_annotation(object, text)
@@ -262,7 +262,7 @@ fn split_items<'a>(spec: &mut Fields<'a>) -> Result<ItemFields<Fields<'a>>, Conv
                         if !extra.is_empty() {
                             by_key.insert(k, extra);
                         }
-                        rewritten.push(new(&fields)?);
+                        rewritten.push(encoded(&fields)?);
                     }
                     None => rewritten.push(Piece::Text(item)),
                 },
@@ -270,7 +270,7 @@ fn split_items<'a>(spec: &mut Fields<'a>) -> Result<ItemFields<Fields<'a>>, Conv
             }
         }
         if !by_key.is_empty() {
-            spec.insert(list.into(), new(&rewritten)?);
+            spec.insert(list.into(), encoded(&rewritten)?);
             moved.insert(list.to_string(), by_key);
         }
     }
@@ -292,7 +292,7 @@ fn restore_items(
             let mut fields = match parse_fields(text) {
                 Ok(Some(fields)) => fields,
                 _ => {
-                    rewritten.push(new(text)?);
+                    rewritten.push(encoded(text)?);
                     continue;
                 }
             };
@@ -301,9 +301,9 @@ fn restore_items(
                     fields.entry(name).or_insert(Piece::New(value));
                 }
             }
-            rewritten.push(new(&fields)?);
+            rewritten.push(encoded(&fields)?);
         }
-        spec.insert(list.into(), new(&rewritten)?);
+        spec.insert(list.into(), encoded(&rewritten)?);
     }
     Ok(())
 }
@@ -340,7 +340,7 @@ fn annotations(object: &Fields<'_>) -> Result<Option<BTreeMap<String, String>>, 
     let Some(metadata) = object_field(object, "metadata")? else { return Ok(None) };
     match metadata.get("annotations") {
         Some(piece) => {
-            bounded_map(piece.text(), MAX_ANNOTATIONS, "annotations").map_err(|e| field("metadata.annotations", e))
+            bounded_map(piece.text(), MAX_ANNOTATIONS, "annotations").map_err(|e| bad_field("metadata.annotations", e))
         }
         None => Ok(None),
     }
@@ -374,9 +374,9 @@ fn write_annotations(object: &mut Fields<'_>, annotations: BTreeMap<String, Stri
     let mut metadata = object_field(object, "metadata")?.unwrap_or_default();
     match annotations.is_empty() {
         true => metadata.remove("annotations"),
-        false => metadata.insert("annotations".into(), new(&annotations)?),
+        false => metadata.insert("annotations".into(), encoded(&annotations)?),
     };
-    object.insert("metadata".into(), new(&metadata)?);
+    object.insert("metadata".into(), encoded(&metadata)?);
     Ok(())
 }
 
@@ -390,10 +390,10 @@ fn parse_fields(text: &RawValue) -> Result<Option<Fields<'_>>, serde_json::Error
 fn object_field<'a>(object: &Fields<'a>, name: &'static str) -> Result<Option<Fields<'a>>, ConversionError> {
     match object.get(name) {
         None => Ok(None),
-        Some(Piece::Text(text)) => parse_fields(text).map_err(|e| field(name, e)),
+        Some(Piece::Text(text)) => parse_fields(text).map_err(|e| bad_field(name, e)),
         Some(Piece::New(text)) => {
             let map: Option<BTreeMap<String, Box<RawValue>>> =
-                bounded_map(text.get(), MAX_FIELDS, "fields").map_err(|e| field(name, e))?;
+                bounded_map(text.get(), MAX_FIELDS, "fields").map_err(|e| bad_field(name, e))?;
             Ok(map.map(|map| map.into_iter().map(|(k, v)| (k, Piece::New(v))).collect()))
         }
     }
@@ -403,7 +403,7 @@ fn object_field<'a>(object: &Fields<'a>, name: &'static str) -> Result<Option<Fi
 fn put_back(object: &mut Fields<'_>, name: &str, value: Option<Fields<'_>>) -> Result<(), ConversionError> {
     match value {
         Some(value) => {
-            object.insert(name.into(), new(&value)?);
+            object.insert(name.into(), encoded(&value)?);
         }
         None => {
             if object.get(name).is_some_and(|v| !is_null(v)) {
@@ -438,7 +438,7 @@ fn merge_missing(
         return Ok(());
     }
     if map.is_none() && object.get(name).is_some_and(|v| !is_null(v)) {
-        return Err(field(name, "is not an object"));
+        return Err(bad_field(name, "is not an object"));
     }
     let map = map.get_or_insert_with(Fields::new);
     for (key, value) in from {
@@ -465,12 +465,13 @@ fn split_off<'a>(map: &mut Fields<'a>, keep: impl Fn(&str) -> bool) -> Fields<'a
     moved.into_iter().filter_map(|k| map.remove(&k).map(|v| (k, v))).collect()
 }
 
-/// A new field value, encoded.
-fn new<T: Serialize + ?Sized>(value: &T) -> Result<Piece<'static>, ConversionError> {
-    to_raw_value(value).map(Piece::New).map_err(|e| field("object", e))
+/// A field value this conversion made, encoded.
+fn encoded<T: Serialize + ?Sized>(value: &T) -> Result<Piece<'static>, ConversionError> {
+    to_raw_value(value).map(Piece::New).map_err(|e| bad_field("object", e))
 }
 
-fn field(field: &'static str, reason: impl std::fmt::Display) -> ConversionError {
+/// The error for a field that could not be read or written.
+fn bad_field(field: &'static str, reason: impl std::fmt::Display) -> ConversionError {
     ConversionError::Field { field, reason: reason.to_string() }
 }
 

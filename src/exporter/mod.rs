@@ -25,7 +25,7 @@ pub use metrics::{CONNECT_BUCKETS, SESSION_BUCKETS};
 
 use crate::proxy::upstreams::Upstreams;
 use crate::runtime::http::not_found;
-use crate::runtime::listener::{self, ConnectionLimits};
+use crate::runtime::listener::{self, ConnectionLimits, ServeOptions};
 use crate::runtime::metrics::exposition;
 use metrics::ProxyMetrics;
 
@@ -92,7 +92,7 @@ pub async fn run(options: Options, stop: CancellationToken) -> Result<(), Error>
     };
     let router = Router::new().route("/metrics", get(scrape)).fallback(not_found);
     let served = CancellationToken::new();
-    let server = listener::serve(listener, None, router, scraper_limits(), served.clone(), None);
+    let server = listener::serve(listener, router, ServeOptions::plain(scraper_limits()), served.clone());
     let counting = tokio::task::spawn_blocking(move || udp::receive(socket, &metrics, &stop, options.drain));
     tokio::select! {
         () = server => {}

@@ -21,7 +21,7 @@ use tokio_util::sync::CancellationToken;
 use crate::controller::metrics::ControllerMetrics;
 use crate::controller::{self, Clients};
 use crate::deploy::FIELD_MANAGER;
-use crate::runtime::listener::{self, Workers};
+use crate::runtime::listener::{self, ServeOptions, Workers};
 use crate::runtime::metrics_auth::MetricsAuth;
 use crate::runtime::probes::{self, Readiness};
 use crate::runtime::signals::Signals;
@@ -127,25 +127,22 @@ pub async fn start(
     let reload = tokio::spawn(watcher.run(config.tls_reload_interval, shutdown.clone()));
     // The webhook's connections on threads of their own; probes and metrics on this runtime.
     let webhook_workers = Workers::per_core("webhook")?;
+    let webhook_options = ServeOptions::plain(limits.connections.clone()).tls(tls_config.clone()).on(webhook_workers);
     let webhook = tokio::spawn(listener::serve(
         webhook_listener,
-        Some(tls_config.clone()),
         WebhookService::new(state.clone()),
-        limits.connections.clone(),
+        webhook_options,
         shutdown.clone(),
-        Some(webhook_workers),
     ));
     let protected = metrics_listener.map(|metrics_listener| {
         let router = metrics::protected_router(metrics.registry.clone(), metrics_auth);
-        let connections = limits.connections.clone();
-        let tls = Some(tls_config.clone());
-        tokio::spawn(listener::serve(metrics_listener, tls, router, connections, shutdown.clone(), None))
+        let options = ServeOptions::plain(limits.connections.clone()).tls(tls_config.clone());
+        tokio::spawn(listener::serve(metrics_listener, router, options, shutdown.clone()))
     });
     let exported = config.insecure_metrics.then(|| metrics.registry.clone());
     let probe_router = probes::router(readiness.clone(), exported);
-    let probe_connections = limits.probe_connections.clone();
-    let probe =
-        tokio::spawn(listener::serve(probe_listener, None, probe_router, probe_connections, shutdown.clone(), None));
+    let probe_options = ServeOptions::plain(limits.probe_connections.clone());
+    let probe = tokio::spawn(listener::serve(probe_listener, probe_router, probe_options, shutdown.clone()));
     let all = tokio::spawn(async move {
         let servers = async {
             let _ = webhook.await;

@@ -172,17 +172,36 @@ impl Drop for Counted {
     }
 }
 
-/// Serves `service` on `listener` until `shutdown`, over TLS when `tls` is given, on `workers`'
-/// threads or, without them, on the caller's runtime; then lets in-flight requests finish
-/// within the grace period.
-pub async fn serve<S: Serve>(
-    listener: TcpListener,
-    tls: Option<Arc<ServerConfig>>,
-    service: S,
-    limits: ConnectionLimits,
-    shutdown: CancellationToken,
-    workers: Option<Workers>,
-) {
+/// How a listener serves its connections.
+pub struct ServeOptions {
+    /// Over TLS with this configuration, else plain HTTP.
+    pub tls: Option<Arc<ServerConfig>>,
+    pub limits: ConnectionLimits,
+    /// On these threads, else on the caller's runtime.
+    pub workers: Option<Workers>,
+}
+
+impl ServeOptions {
+    /// Plain HTTP on the caller's runtime, within `limits`.
+    pub fn plain(limits: ConnectionLimits) -> Self {
+        ServeOptions { tls: None, limits, workers: None }
+    }
+
+    /// Over TLS with `config`.
+    pub fn tls(self, config: Arc<ServerConfig>) -> Self {
+        ServeOptions { tls: Some(config), ..self }
+    }
+
+    /// On `workers`' threads.
+    pub fn on(self, workers: Workers) -> Self {
+        ServeOptions { workers: Some(workers), ..self }
+    }
+}
+
+/// Serves `service` on `listener` until `shutdown`, as `options` say; then lets in-flight
+/// requests finish within the grace period.
+pub async fn serve<S: Serve>(listener: TcpListener, service: S, options: ServeOptions, shutdown: CancellationToken) {
+    let ServeOptions { tls, limits, workers } = options;
     let acceptor = tls.map(TlsAcceptor::from);
     let graceful = GracefulShutdown::new();
     let open = Arc::new(OpenConnections::new(limits.max_connections));
