@@ -214,6 +214,21 @@ async fn expect_status(server: &mut ApiServer, balancer: &Balancer) -> Value {
     body["status"].clone()
 }
 
+/// Answers the status write of a reconcile that leaves the sample converged and Ready, checks
+/// that status, and takes the `ProxyAvailable` event that follows it; returns the status.
+async fn expect_ready(server: &mut ApiServer) -> Value {
+    let status = expect_status(server, &sample()).await;
+    assert_status(
+        &status,
+        (1, 1),
+        (3, 0),
+        json!({"status": "True", "reason": "ProxyAvailable",
+               "message": "proxy Deployment example-balancer-proxy is available (1/1); 3 backends active"}),
+    );
+    expect_event(server, "ProxyAvailable").await;
+    status
+}
+
 /// The whole status a reconcile writes, field by field: the proxy's pods (for the scale
 /// subresource), the backend counts, and one `Ready` condition (its transition time is
 /// checked to be a timestamp, then left out of the comparison).
@@ -346,15 +361,7 @@ async fn a_converged_balancer_costs_one_status_write_then_nothing() {
 
     // Children match the caches: the only write is the status, now Ready.
     let verifier = tokio::spawn(async move {
-        let status = expect_status(&mut server, &sample()).await;
-        assert_status(
-            &status,
-            (1, 1),
-            (3, 0),
-            json!({"status": "True", "reason": "ProxyAvailable",
-                   "message": "proxy Deployment example-balancer-proxy is available (1/1); 3 backends active"}),
-        );
-        expect_event(&mut server, "ProxyAvailable").await;
+        let status = expect_ready(&mut server).await;
         (status, server)
     });
     reconcile(Arc::new(balancer.clone().into()), ctx.clone()).await.expect("reconcile succeeds");
@@ -394,15 +401,7 @@ async fn a_hand_edited_config_map_is_reapplied() {
         ok(respond, &body);
         let event = expect_event(&mut server, "Updated").await;
         assert_eq!(event["note"], "updated ConfigMap example-balancer-proxy-configmap");
-        let status = expect_status(&mut server, &sample()).await;
-        assert_status(
-            &status,
-            (1, 1),
-            (3, 0),
-            json!({"status": "True", "reason": "ProxyAvailable",
-                   "message": "proxy Deployment example-balancer-proxy is available (1/1); 3 backends active"}),
-        );
-        expect_event(&mut server, "ProxyAvailable").await;
+        expect_ready(&mut server).await;
     });
     reconcile(Arc::new(balancer.into()), ctx).await.expect("reconcile succeeds");
     verifier.await.unwrap();
@@ -429,15 +428,7 @@ async fn an_obsolete_backend_service_is_deleted() {
         ok(respond, &json!({"kind": "Status", "apiVersion": "v1", "status": "Success", "metadata": {}}));
         let event = expect_event(&mut server, "Deleted").await;
         assert_eq!(event["related"]["name"], "example-balancer-old-backend");
-        let status = expect_status(&mut server, &sample()).await;
-        assert_status(
-            &status,
-            (1, 1),
-            (3, 0),
-            json!({"status": "True", "reason": "ProxyAvailable",
-                   "message": "proxy Deployment example-balancer-proxy is available (1/1); 3 backends active"}),
-        );
-        expect_event(&mut server, "ProxyAvailable").await;
+        expect_ready(&mut server).await;
     });
     reconcile(Arc::new(balancer.into()), ctx).await.expect("reconcile succeeds");
     verifier.await.unwrap();
@@ -716,8 +707,7 @@ async fn a_created_child_is_made_the_appliers_own_before_its_first_apply() {
         ok(respond, &json!({"apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadata", "metadata": {}}));
         expect_apply(&mut server, path, "ConfigMap").await;
         expect_event(&mut server, "Updated").await;
-        expect_status(&mut server, &sample()).await;
-        expect_event(&mut server, "ProxyAvailable").await;
+        expect_ready(&mut server).await;
     });
     reconcile(Arc::new(balancer.into()), ctx).await.expect("reconcile succeeds");
     verifier.await.unwrap();
@@ -1029,15 +1019,7 @@ async fn children_of_the_v1alpha1_release_are_taken_over_once() {
         let note = event["note"].as_str().unwrap();
         assert!(note.starts_with("updated Service example-balancer-v1-backend, "), "{note}");
         assert!(note.ends_with("Deployment example-balancer-proxy, Service example-balancer"), "{note}");
-        let status = expect_status(&mut server, &sample()).await;
-        assert_status(
-            &status,
-            (1, 1),
-            (3, 0),
-            json!({"status": "True", "reason": "ProxyAvailable",
-                   "message": "proxy Deployment example-balancer-proxy is available (1/1); 3 backends active"}),
-        );
-        expect_event(&mut server, "ProxyAvailable").await;
+        expect_ready(&mut server).await;
     });
     reconcile(Arc::new(balancer.into()), ctx).await.expect("reconcile succeeds");
     verifier.await.unwrap();
@@ -1108,8 +1090,7 @@ async fn scaling_down_to_one_pod_deletes_the_disruption_budget() {
         ok(respond, &json!({"kind": "Status", "apiVersion": "v1", "status": "Success"}));
         let event = expect_event(&mut server, "Deleted").await;
         assert_eq!(event["note"], "deleted PodDisruptionBudget example-balancer-proxy: the proxy has one pod at most");
-        expect_status(&mut server, &sample()).await;
-        expect_event(&mut server, "ProxyAvailable").await;
+        expect_ready(&mut server).await;
         expect_done(&mut server).await;
     });
     reconcile(Arc::new(balancer.into()), ctx).await.expect("reconcile succeeds");
