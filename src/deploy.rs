@@ -30,7 +30,8 @@ pub const CLUSTER_PERMISSIONS: &[Permission] = &[
     ("", "configmaps", &["get", "list", "watch", "create", "patch"]),
     // The backend Services' ready endpoints, from their EndpointSlices, for the status (read only).
     ("discovery.k8s.io", "endpointslices", &["list", "watch"]),
-    // delete: the Go operator's proxy Deployment, once this operator's serves (see `migration`).
+    // delete: for the Go operator's proxy Deployment, once this operator's proxy serves (see
+    // `migration`).
     ("apps", "deployments", &["get", "list", "watch", "create", "patch", "delete"]),
     ("policy", "poddisruptionbudgets", &["get", "list", "watch", "create", "patch", "delete"]),
     ("events.k8s.io", "events", &["create", "patch"]),

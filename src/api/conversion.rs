@@ -19,9 +19,8 @@
 //! large object costs about its own size in memory. The levels that are read are bounded
 //! (fields, annotations, list items), so many tiny keys cannot cost more.
 //!
-//! One file past 400 lines on purpose: the two directions of one mapping, and the annotation
-//! that carries what v1alpha1 cannot say, are read and changed together; its tests are a
-//! fifth of it.
+//! Both directions of the mapping, and the annotation that carries what v1alpha1 cannot
+//! express, live in this one module because they must change together.
 
 use std::collections::BTreeMap;
 
@@ -39,14 +38,15 @@ const SHARED_SPEC_FIELDS: [&str; 3] = ["ports", "selector", "backends"];
 /// Status fields renamed between the versions, as (v1alpha1, v1beta1).
 const RENAMED_STATUS_FIELDS: [(&str, &str); 2] =
     [("activeBackendsNum", "activeBackends"), ("obsoleteBackendsNum", "obsoleteBackends")];
-/// The list items whose v1beta1-only fields ride in the annotation, keyed as the list-map keys
-/// them: (list, the fields v1alpha1's items have, the item's key).
+/// The lists whose items' v1beta1-only fields travel in the annotation, each item found by its
+/// list-map key: (list, the fields its items have in v1alpha1, the function giving an item's key).
 const ITEM_LISTS: [ItemList; 2] = [
     ("ports", &["name", "protocol", "port", "targetPort"], port_key),
     ("backends", &["name", "weight", "selector"], backend_key),
 ];
 
-/// A list of `spec` whose items are keyed: its name, its items' v1alpha1 fields, its key.
+/// A keyed list in `spec`: its name, the fields its items have in v1alpha1, and the function
+/// giving an item's key.
 type ItemList = (&'static str, &'static [&'static str], fn(&Fields<'_>) -> Option<String>);
 
 /// `<port>/<protocol>` (protocol defaulted to TCP, as the v1beta1 schema does).
@@ -208,7 +208,8 @@ fn to_v1alpha1(object: &mut Fields<'_>) -> Result<(), ConversionError> {
         split_off(status, |name| SHARED_STATUS_FIELDS.contains(&name))
     });
     let (moved_spec, moved_status) = (moved_spec.unwrap_or_default(), moved_status.unwrap_or_default());
-    // Emptied by the move: the object had it only for v1beta1's fields.
+    // A spec or status that the move left empty held only v1beta1 fields: it is removed, not
+    // written as `{}`.
     let emptied = |map: &Option<Fields<'_>>, moved: &Fields<'_>| {
         map.as_ref().is_some_and(BTreeMap::is_empty) && !moved.is_empty()
     };
@@ -224,8 +225,8 @@ fn to_v1alpha1(object: &mut Fields<'_>) -> Result<(), ConversionError> {
     if renamed || !moved_status.is_empty() {
         put_back(object, "status", status)?;
     }
-    // Whatever a v1beta1 object carried under the annotation's name meant nothing there: the
-    // annotation says exactly what this conversion moved, or is absent.
+    // An annotation of this name on a v1beta1 object has no meaning, so it is overwritten: the
+    // result holds exactly the fields this conversion moved, or no annotation at all.
     let text = match moved_spec.is_empty() && moved_items.is_empty() {
         true => None,
         false => {
@@ -447,7 +448,7 @@ fn merge_missing(
     Ok(())
 }
 
-/// Renames fields; whether any was there.
+/// Renames fields; returns whether any of them was present.
 fn rename<const N: usize>(map: &mut Fields<'_>, pairs: [(&str, &str); N]) -> bool {
     let mut renamed = false;
     for (from, to) in pairs {
@@ -514,7 +515,8 @@ mod tests {
         assert_eq!(alpha["status"].get("selector"), None);
         let annotation = alpha["metadata"]["annotations"][PRESERVED_ANNOTATION].as_str().expect("annotated");
         assert_eq!(serde_json::from_str::<Value>(annotation).expect("JSON"), json!({"spec": {"replicas": 3}}));
-        // The derived status field is the controller's to write again, never the annotation's.
+        // The controller writes the derived status field again; it is never restored from the
+        // annotation, so the round trip drops it.
         beta["status"].as_object_mut().unwrap().remove("selector");
         assert_eq!(convert_value(alpha, Version::V1beta1), beta);
     }

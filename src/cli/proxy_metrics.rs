@@ -1,5 +1,5 @@
-//! `balancer proxy-metrics`: the proxy pods' metrics sidecar, until SIGTERM and the drain after
-//! it. It never exits before its stop, even when it cannot count: see below.
+//! `balancer proxy-metrics`: the proxy pods' metrics sidecar. It runs until SIGTERM and the
+//! drain that follows. It does not exit earlier even when it cannot count sessions (see below).
 
 use std::process::ExitCode;
 
@@ -35,7 +35,7 @@ pub(super) fn command(args: ProxyMetricsArgs) -> ExitCode {
         let result = exporter::run(options, stop.clone()).await.map_err(|e| e.to_string());
         if let Err(message) = &result {
             // Exiting would restart the container, and a proxy pod with a container down is not
-            // Ready: its Service would stop sending it traffic. The sidecar waits for its stop.
+            // Ready: its Service would stop sending it traffic. So the sidecar waits for SIGTERM.
             tracing::error!(error = %message, "cannot count the proxy's sessions; waiting for the pod to stop");
             stop.cancelled().await;
         }

@@ -32,7 +32,8 @@ pub(super) fn is_list(kind: &str) -> bool {
 }
 
 /// The Balancer documents of a (multi-document) YAML text, with their 1-based positions.
-/// The items of a `List` (what `kubectl get -o yaml` prints) count as its document's.
+/// The Balancers among the items of a `List` (what `kubectl get -o yaml` prints) are returned
+/// too, each with the position of the `List`'s document.
 pub(super) fn balancer_documents(source_name: &str, text: &str) -> Result<Vec<(usize, Value)>, YamlError> {
     let mut balancers = Vec::new();
     for (i, mut doc) in yaml_documents(source_name, text)?.into_iter().enumerate() {

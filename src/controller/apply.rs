@@ -60,7 +60,7 @@ where
         }
         None => match create(&api, desired).await.map_err(|e| api_error("create", e))? {
             Some(created) => return Ok(written.add(ctx, Verb::Created, created)),
-            // The name is taken: by what?
+            // The name is taken: read the object to learn whether it is this Balancer's child.
             None => {
                 let found = api.get(&name).await.map_err(|e| api_error("get", e))?;
                 let entries = found.meta().managed_fields.as_deref().unwrap_or_default();
@@ -198,7 +198,8 @@ pub(super) async fn delete_obsolete_backends(
     let api: Api<Service> = Api::namespaced(ctx.client.clone(), &owner.namespace);
     for service in obsolete_backends(&ctx.children.services, owner, wanted) {
         let name = service.name_any();
-        // Counted and reported even if someone else deleted it first: either way it is gone.
+        // Counted and reported even when someone else deleted it first: the Service is gone
+        // either way, which is what the spec asks for.
         delete_if_ours(&api, service.as_ref(), owner, DeleteParams::default()).await?;
         ctx.metrics.child_deleted("Service");
         let note = format!("deleted obsolete backend Service {name}");

@@ -1,4 +1,4 @@
-//! Each backend as the traffic sees it, decided purely: its ready endpoints, the share of new
+//! Each backend as the traffic sees it, as pure functions: its ready endpoints, the share of new
 //! connections the proxy aims to give it, and the `BackendsAvailable` condition.
 //!
 //! The proxy connects to each backend's Service; a Service without a ready endpoint refuses

@@ -35,7 +35,7 @@ pub struct Cached<K> {
     body: Box<str>,
     /// Whether balancer's field manager owns fields through an `Update` (the POST that created
     /// the child) rather than an `Apply`: an apply cannot remove those fields until they are
-    /// made its own (see `controller::own_created_fields`).
+    /// made its own (see `apply::own_created_fields`).
     created_by_post: bool,
     kind: PhantomData<fn() -> K>,
 }
@@ -68,7 +68,8 @@ impl<K: Serialize + DeserializeOwned> Cached<K> {
         };
         object.remove("apiVersion");
         object.remove("kind");
-        // A Deployment's conditions: long messages nothing reads (its rollout is judged by counts).
+        // A Deployment's conditions have long messages that nothing reads (its rollout is judged
+        // by the replica counts), so they are dropped.
         if let Some(Value::Object(status)) = object.get_mut("status") {
             status.remove("conditions");
         }

@@ -170,7 +170,8 @@ impl<'de> Deserialize<'de> for ReadySlice {
         let mut label = |key: &str| labels.remove(key).filter(|v| !v.is_empty()).map(String::into_boxed_str);
         let (service, balancer) = (label(SERVICE_NAME_LABEL), label(BALANCER_NAME_LABEL));
         Ok(ReadySlice {
-            // Where the watch resumes from, and what names the slice.
+            // Only the name and namespace (which identify the slice) and the resource version
+            // (where the watch resumes) are kept.
             metadata: ObjectMeta {
                 name: metadata.name,
                 namespace: metadata.namespace,
@@ -410,7 +411,7 @@ mod tests {
         table.apply(&watcher::Event::Apply(slice("b-1", "b", vec![pod("q", "10.0.0.2", ready())])));
         table.apply(&watcher::Event::Apply(slice("a-1", "a", vec![pod("p", "10.0.0.1", json!({"ready": false}))])));
         assert_eq!((table.get("ns", "a"), table.get("ns", "b")), (0, 1));
-        // A slice moved to another Service (by hand) leaves the first.
+        // A slice moved to another Service (by hand) no longer counts for the first one.
         table.apply(&watcher::Event::Apply(slice("b-1", "c", vec![pod("q", "10.0.0.2", ready())])));
         assert_eq!((table.get("ns", "b"), table.get("ns", "c")), (0, 1));
         table.apply(&watcher::Event::Init);

@@ -53,7 +53,7 @@ pub(super) enum Stage {
     Serving,
     /// The front Service left the Go proxy pods at `since`.
     Draining { since: Timestamp },
-    /// Nothing (more) to do.
+    /// Nothing to do, or nothing left to do.
     Done,
 }
 
@@ -67,17 +67,18 @@ pub(super) enum Found {
     NotControlled,
 }
 
-/// Reads the stage. A new Balancer (no status yet) is never looked at: the Go operator wrote a
-/// status on every Balancer it reconciled. One whose reconciles here have not yet reached the
-/// proxy is looked at (again): that costs a read per retry, and only until one gets there.
+/// Reads the stage. For a new Balancer (no status yet) the Go proxy is never looked for: the Go
+/// operator wrote a status on every Balancer it reconciled. For one whose reconciles here have
+/// not yet reached the proxy, it is looked for on every attempt: that costs a read per retry,
+/// and only until a reconcile gets that far.
 pub(super) fn stage(balancer: &StoredBalancer) -> Stage {
     let Some(status) = balancer.status.as_ref() else { return Stage::Done };
     match find(Some(status), ConditionType::GoOperatorProxy) {
         Some(c) if c.reason == SERVING => Stage::Serving,
         Some(c) if c.reason == DRAINING => Stage::Draining { since: c.last_transition_time.0 },
         Some(_) => Stage::Done,
-        // Only a reconcile that got as far as the proxy writes these: one that failed or
-        // refused the spec earlier never looked.
+        // Only a reconcile that got as far as the proxy writes these reasons. One that failed or
+        // refused the spec before that point never looked for the Go proxy.
         None => match find(Some(status), ConditionType::Ready) {
             Some(ready) if PROXY_REASONS.contains(&ready.reason.as_str()) => Stage::Done,
             _ => Stage::Unchecked,

@@ -182,7 +182,8 @@ async fn apply_proxy(
     ensure(ctx, owner, &caches.config_maps, &proxy.config_map, written).await?;
     let deployment = ensure(ctx, owner, &caches.deployments, &proxy.deployment, written).await?;
     let budget = proxy::proxy_disruption_budget(owner);
-    // A budget protects only a proxy of more than one pod from drains.
+    // A PodDisruptionBudget is kept only for a proxy of more than one pod: with one pod, it
+    // would block every drain of the node.
     let budgeted = match spec.replicas() > 1 {
         true => ensure(ctx, owner, &caches.budgets, &budget, written).await.map(drop),
         false => delete_budget(balancer, ctx, owner, &budget.name_any()).await,
@@ -232,7 +233,7 @@ async fn refuse(
     match write_status(balancer, ctx, observed, ready, None, now).await {
         Ok(_) => {}
         // The API server validates the whole object on a status write: one stored under a looser
-        // schema cannot get a status until its spec is fixed, so it is told through an event.
+        // schema cannot get a status until its spec is fixed, so the error goes into an event.
         Err(Error::Api { source: kube::Error::Api(status), .. }) if status.code == 422 && names_spec(&status) => {
             let note = Note { type_: EventType::Warning, reason: "InvalidSpec", note: &message, related: None };
             publish(balancer, ctx, note).await;

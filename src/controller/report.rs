@@ -28,7 +28,7 @@ pub(super) enum Verb {
     Updated,
 }
 
-/// The children one reconcile wrote, told in one event: a new Balancer gets one `Created`
+/// The children one reconcile wrote, reported in one event: a new Balancer gets one `Created`
 /// event for its children, not one per child.
 #[derive(Default)]
 pub(super) struct Written {
@@ -65,7 +65,8 @@ pub(super) async fn announce(balancer: &StoredBalancer, ctx: &Context, written: 
         .into_iter()
         .filter_map(|(verb, names)| names.map(|n| format!("{verb} {n}")))
         .collect();
-    // The first child keeps the recorder from folding different news into one series.
+    // The first child written becomes the event's `related` object: it is part of what
+    // identifies a series, so events about different children are not folded together.
     let note = parts.join("; ");
     publish(balancer, ctx, Note { type_: EventType::Normal, reason, note: &note, related: Some(first.clone()) }).await;
 }

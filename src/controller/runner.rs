@@ -63,11 +63,11 @@ pub async fn run(
             }
         }
     };
-    // Graceful shutdown drains in-flight reconciles, but kube-runtime's runner waits for the
-    // Balancer cache to sync before it can end, and that cache's writer lives in the stream the
-    // runner owns. Every reconcile waits for every cache before it writes, and a cache once
-    // synced stays so: with any of them unsynced at the stop (RBAC, a missing CRD), nothing is in
-    // flight and the controller is dropped instead.
+    // Graceful shutdown drains in-flight reconciles. But kube-runtime's runner cannot end before
+    // the Balancer cache has synced, and that cache's writer lives in the stream the runner owns.
+    // Every reconcile waits for every cache before it writes, and a synced cache stays synced.
+    // So when any cache is still unsynced at the stop (missing RBAC, a missing CRD), no reconcile
+    // is in flight, and the controller is dropped instead of drained.
     let stopped_unsynced = {
         let stop = stop.clone();
         async move {

@@ -1,4 +1,4 @@
-//! The status a reconcile arrives at, decided purely: counts, the `Ready` condition, which
+//! The status a reconcile arrives at, as pure functions: counts, the `Ready` condition, which
 //! change of it deserves an event, and when a write of it waits.
 
 use std::time::Duration;
@@ -76,8 +76,9 @@ pub(super) fn proxy_condition(
         let message = format!("proxy Deployment {name} is available ({available}/{want}); {active} backends active");
         ready_condition(balancer, ConditionStatus::True, PROXY_AVAILABLE, &message, now)
     } else {
-        // Only the available count: the updated count moves as the Deployment controller starts a
-        // rollout, and every change of the message is a status write.
+        // The message gives only the available count: the updated count changes as the
+        // Deployment controller starts a rollout, and every change of the message costs a status
+        // write.
         let message = format!("waiting for proxy Deployment {name} to roll out ({available}/{want} available)");
         ready_condition(balancer, ConditionStatus::False, PROXY_NOT_AVAILABLE, &message, now)
     }
@@ -124,7 +125,8 @@ pub(super) fn next_status(
     };
     let mut conditions: Vec<Condition> = previous.map(|s| s.conditions.clone()).unwrap_or_default();
     for new in [Some(ready), available, takeover].into_iter().flatten() {
-        // In place: the order of the list never changes, so an unchanged status is equal.
+        // Replaced in place, so the list keeps its order: a status that did not change then
+        // compares equal to the stored one and is not written again.
         match conditions.iter_mut().find(|c| c.type_ == new.type_) {
             Some(old) => *old = new,
             None => conditions.push(new),
@@ -183,7 +185,8 @@ pub(super) fn hold(
 /// in the cache may be comparing with the status before it, and would otherwise leave a write
 /// that a later change undid (2 ready, then 3 again) until the resync.
 pub(super) fn interval_left(last: Option<Timestamp>, now: Timestamp) -> Option<Duration> {
-    // A clock that went back does not hold a write for as long as it went back.
+    // When the clock went back, `last` is in the future and nothing is held: otherwise a write
+    // would wait for as long as the clock jumped.
     let elapsed = Duration::try_from(now.duration_since(last?)).ok()?;
     let left = READINESS_WRITE_INTERVAL.checked_sub(elapsed).filter(|left| !left.is_zero())?;
     // In whole milliseconds, rounded up: a wake-up before the interval is over would wait again.

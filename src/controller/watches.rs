@@ -36,7 +36,8 @@ where
     let contact = contact.clone();
     relist_at_once(watcher(api, config)).backoff(RetryDelay::default()).filter(move |event| {
         if let Err(e) = event {
-            // While the API server is lost, every retry fails: the loss is logged once.
+            // While the API server is lost, every retry fails. `Contact` logs the loss once, so
+            // each failed retry is logged at debug level only.
             if contact.is_lost() {
                 tracing::debug!(kind = %K::kind(&()), error = %e, "watch error");
             } else {

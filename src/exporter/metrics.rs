@@ -1,4 +1,5 @@
-//! The proxy's series, per Balancer, port and backend: what each session's log line counts.
+//! The proxy's Prometheus series, per Balancer, port and backend, and how each session's log
+//! line adds to them.
 //!
 //! Every label value comes from the `nginx.conf` the proxy runs (the Balancer's own spec): a
 //! line naming a port or a server the file does not have is skipped and counted as such, so
@@ -87,7 +88,8 @@ struct SeriesByBackend(HashMap<String, Vec<(Port, Arc<Series>)>>);
 /// A port and its protocol.
 type Port = (u16, Protocol);
 
-/// One backend's series at one port: handles sharing the registered families' values.
+/// One backend's series at one port: handles to the same values the registered families hold,
+/// so counting a session needs no label lookup.
 struct Series {
     /// By [`Outcome`], in its order.
     sessions: [Counter; Outcome::ALL.len()],
@@ -203,7 +205,8 @@ impl ProxyMetrics {
                 at(backend).connect_failures.inc();
             }
         }
-        // The session is the last server's only if it connected to it: else none served it.
+        // The last server tried served the session only if nginx connected to it; otherwise no
+        // backend served it.
         let served = servers.last().and_then(|(backend, connected)| connected.map(|seconds| (*backend, seconds)));
         if let Some((backend, seconds)) = served {
             at(backend).connect.observe(seconds);

@@ -57,7 +57,7 @@ pub enum Error {
     Listen { addr: SocketAddr, source: std::io::Error },
 }
 
-/// The most of `nginx.conf` read: 64 backends × 32 ports of lines stay far below it.
+/// The most of `nginx.conf` that is read; the lines for 64 backends × 32 ports stay far below it.
 const MAX_CONFIG_BYTES: u64 = 4 << 20;
 
 /// Runs until `stop`, then for `options.drain` more while lines still arrive.

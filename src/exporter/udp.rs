@@ -20,15 +20,17 @@ const MAX_DATAGRAM: usize = 4096;
 /// default buffer holds.
 const GATHER: Duration = Duration::from_millis(5);
 
-/// The sidecar is a native one: its SIGTERM comes once nginx has exited, and with it the last
-/// session's line. It serves on at least this long, so that a scrape can read the last count…
+/// The sidecar is a native sidecar: its SIGTERM comes once nginx has exited, so the last
+/// session's line has already been sent. After SIGTERM it keeps serving for at least this long,
+/// so that a scrape can read the last count; then it waits for [`QUIET`].
 const LAST_SCRAPE: Duration = Duration::from_secs(5);
 
-/// …and then stops once no line came for this long (or when its drain time is over). Also how
-/// long a wait for a line lasts before the stop is looked at (the socket's read timeout).
+/// After [`LAST_SCRAPE`], the sidecar stops once no line has come for this long (or when its
+/// drain time is over). Also the socket's read timeout: how long a wait for a line lasts before
+/// the stop is checked.
 pub(super) const QUIET: Duration = Duration::from_secs(2);
 
-/// The most lines read in a row before the stop is looked at again.
+/// The most lines read in a row before the stop is checked again.
 const BATCH: usize = 4096;
 
 /// Counts every datagram until `stop`, then until [`drained`]; blocks its thread.
@@ -50,7 +52,7 @@ pub(super) fn receive(socket: UdpSocket, metrics: &ProxyMetrics, stop: &Cancella
                     last_line = Instant::now();
                 }
             }
-            // The read timeout; or a socket left non-blocking, which must not spin.
+            // The read timed out, or the socket was left non-blocking: sleep rather than spin.
             Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
                 std::thread::sleep(GATHER);
             }

@@ -43,7 +43,7 @@ pub struct ClusterConfig {
     pub required: bool,
     pub kubeconfig: Option<PathBuf>,
     pub context: Option<String>,
-    /// The controller's requests to the API server, at most.
+    /// The most requests the controller sends to the API server: a steady rate and a burst.
     pub rate: Rate,
     pub controller: controller::Options,
     /// Reconcile only while holding this Lease; `None` always reconciles.

@@ -93,8 +93,9 @@ pub async fn start(
         let cluster = config.cluster.clone();
         tokio::spawn(supervise(clients, cluster, metrics.controller.clone(), synced, shutdown.clone()))
     });
-    // A single review body may always be read, however the budget is set. Conversions have a
-    // budget of their own, one largest body: many small ones or one large one at a time.
+    // The budget is never smaller than one review body, so a single review can always be read.
+    // Conversions have a budget of their own, the size of one largest body: it admits many small
+    // conversions, or one large one, at a time.
     let budget = limits.max_body_bytes_in_flight.max(limits.max_body_bytes);
     let body_budget = Arc::new(Semaphore::new(budget.min(Semaphore::MAX_PERMITS)));
     let conversion_budget = Arc::new(Semaphore::new(limits.max_conversion_body_bytes.min(Semaphore::MAX_PERMITS)));
@@ -158,7 +159,7 @@ pub async fn start(
 }
 
 /// Once shutdown starts, the controller gets this long to finish its reconciles (and release
-/// its Lease) before it is stopped where it stands: nothing it waits on may keep the process alive.
+/// its Lease) before it is aborted: nothing it waits on may keep the process alive.
 pub const CONTROLLER_DRAIN: Duration = Duration::from_secs(10);
 
 /// Waits for the controller to stop after `shutdown`, aborting it past [`CONTROLLER_DRAIN`].

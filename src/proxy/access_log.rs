@@ -8,7 +8,7 @@
 //! queues only `net.unix.max_dgram_qlen` lines (10 on many hosts).
 //!
 //! Both ends live here: the directives [`nginx::render`](super::nginx::render) writes, and the
-//! reading of what they produce ([`parse`]). Which backend each logged address is comes from
+//! reading of what they produce ([`parse`]). The backend behind each logged address comes from
 //! [`upstreams`](super::upstreams).
 
 use std::fmt::Write as _;
@@ -18,7 +18,7 @@ use crate::api::{BalancerSpec, Protocol};
 /// The syslog tag nginx puts before each line.
 const TAG: &str = "balancer";
 
-/// What ends the syslog header: the tag, then `: ` (see the test that it is).
+/// The end of the syslog header: the tag, then `: ` (a test checks that it matches [`TAG`]).
 const MARKER: &str = " balancer: ";
 
 /// The fields of a line, in order. Upstream lists are quoted: one entry per server tried.
@@ -176,7 +176,8 @@ pub fn parse(datagram: &str) -> Result<Session<'_>, LineError> {
     Ok(Session { port, protocol, outcome, bytes_received, bytes_sent, seconds, attempts })
 }
 
-/// The servers tried and their connect times, two lists of one length (`-` alone: none tried).
+/// The servers tried and their connect times, two lists of the same length (a lone `-` means
+/// no server was tried).
 fn attempts<'a>(addresses: &'a str, times: &'a str) -> Result<Vec<Attempt<'a>>, LineError> {
     if addresses == "-" {
         return Ok(Vec::new());

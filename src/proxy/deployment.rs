@@ -35,7 +35,8 @@ pub struct ProxySettings {
     pub load_modules: Vec<String>,
     /// The metrics sidecar's image (balancer's own); `None`: no sidecar, no access log.
     pub metrics_image: Option<String>,
-    /// What a Balancer that does not say gets (`spec.replicas`).
+    /// The operator's spec policy: the `spec.replicas` of a Balancer that sets none, and the
+    /// proxy images a Balancer may choose.
     pub policy: SpecPolicy,
 }
 
@@ -97,7 +98,8 @@ fn proxy_pod_spec(owner: &Owner, spec: &Admitted, settings: &ProxySettings, conf
         read_only: Some(true),
         ..VolumeMount::default()
     };
-    // Both containers read the mounted file once: they wait for the one this pod was made for.
+    // Both containers read the mounted file only once, so each waits until the file's hash is
+    // the one this pod was made for (the kubelet may still show the previous ConfigMap).
     let config_hash_env =
         vec![EnvVar { name: CONFIG_HASH_ENV.into(), value: Some(config_hash.into()), value_from: None }];
     let container = Container {
@@ -169,8 +171,9 @@ fn proxy_pod_spec(owner: &Owner, spec: &Admitted, settings: &ProxySettings, conf
 
 /// The metrics sidecar: balancer's own image counting the sessions nginx logs to it (see
 /// [`access_log`](super::access_log)), serving `/metrics` in plain HTTP on the pod network,
-/// as nginx-prometheus-exporter does (proxy pods mount no service-account token to review a
-/// scraper's with). No probes: a sidecar in trouble must not take the proxy out of its Service.
+/// as nginx-prometheus-exporter does (proxy pods mount no service-account token, so the sidecar
+/// could not review a scraper's token). No probes: a sidecar in trouble must not take the
+/// proxy out of its Service.
 ///
 /// A native sidecar (an init container that restarts `Always`): the kubelet starts it before
 /// nginx and stops it only once nginx has exited, so it counts every session nginx drains, and
@@ -242,9 +245,10 @@ fn spread_across_nodes(owner: &Owner) -> TopologySpreadConstraint {
     }
 }
 
-/// Ready when the first plain TCP port accepts connections; otherwise (UDP only, or every TCP
-/// port requiring a PROXY protocol header, which a probe's bare connection would be logged and
-/// counted as a bad request for) when nginx runs and accepts its configuration.
+/// Ready when the first plain TCP port accepts connections. A proxy without such a port (UDP
+/// only, or every TCP port requiring a PROXY protocol header, where a probe's bare connection
+/// would be logged and counted as a bad request) is ready when nginx runs and accepts its
+/// configuration.
 fn readiness_probe(spec: &Admitted) -> Probe {
     let tcp_port = spec.ports().find(|p| p.protocol == Protocol::Tcp && !p.accepts_proxy_protocol()).map(|p| p.port);
     let mut probe = Probe { period_seconds: Some(5), failure_threshold: Some(3), ..Probe::default() };

@@ -140,7 +140,8 @@ fn write_server(conf: &mut String, port: AdmittedPort<'_>) {
     let _ = writeln!(conf, "        listen {}{flags};", port.port);
     let _ = writeln!(conf, "        {IPV6_LISTEN}{}{flags};", port.port);
     if port.accepts_proxy_protocol() {
-        // The client's address is the header's: for the hash, the log, and the header sent on.
+        // The client's address is taken from the PROXY header: the hash, the log and the header
+        // sent on to the backend all use it.
         // Whoever can reach the port can write that header, as with any PROXY listener.
         conf.push_str("        set_real_ip_from 0.0.0.0/0;\n        set_real_ip_from ::/0;\n");
     }
@@ -181,7 +182,8 @@ fn passive_health(backend: &BackendSpec) -> String {
     health
 }
 
-/// `(port, protocol)` pairs are unique, so they name upstreams uniquely.
+/// The upstream's name, from its port and protocol (`port_80_tcp`): the `(port, protocol)`
+/// pairs of a spec are unique, so the names are too.
 fn upstream_name(port: AdmittedPort<'_>) -> String {
     format!("port_{}_{}", port.port, port.protocol.as_str().to_ascii_lowercase())
 }
@@ -230,8 +232,8 @@ pub const CONFIG_HASH_ENV: &str = "BALANCER_CONFIG_HASH";
 /// - it copies the mounted file to the one nginx runs once the copy's SHA-256 is the pod's
 ///   [`CONFIG_HASH_ENV`]. The kubelet fills ConfigMap volumes from its own watch cache, which
 ///   lags behind while its watch reconnects (after an API server restart, up to a minute): a
-///   pod of a new rollout would start on the previous `nginx.conf`, and nginx never reads it
-///   again. The waiting pod is not Ready, so the rollout keeps the old pods serving meanwhile.
+///   pod of a new rollout would start on the previous `nginx.conf`, and nginx never reads the
+///   file again. The waiting pod is not Ready, so the rollout keeps the old pods serving meanwhile.
 ///   An image without `sha256sum` starts at once, with a warning;
 /// - on a node without IPv6 (booted with `ipv6.disable=1`, where `listen [::]` fails) it
 ///   leaves the IPv6 `listen` lines out of the copy;

@@ -1,4 +1,4 @@
-//! The Services of a Balancer: one per backend, and the front Service before the proxy pods.
+//! The Services of a Balancer: one per backend, and the front Service in front of the proxy pods.
 
 use k8s_openapi::api::core::v1::{Service, ServicePort, ServiceSpec};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;

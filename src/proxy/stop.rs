@@ -20,7 +20,7 @@ use super::nginx::DRAIN_SECONDS;
 pub struct StopWait {
     /// Always this long: the time kube-proxy normally needs to drop the pod.
     pub min: u32,
-    /// Then until this many seconds in a row each saw at most one new connection (the kubelet's
+    /// Then until this many consecutive seconds each saw at most one new connection (the kubelet's
     /// readiness probe, which goes on during termination, opens one every five seconds). Every
     /// TCP connection the pod accepts counts: clients, but also scrapes of the metrics sidecar
     /// and the health checks of a load balancer that targets pods, which can keep a pod waiting

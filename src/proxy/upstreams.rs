@@ -1,12 +1,12 @@
-//! Which backend each server address of the `nginx.conf` a proxy runs is, read back from the
-//! file: the metrics sidecar needs it to label what the access log tells.
+//! Maps each server address in the `nginx.conf` a proxy runs back to its backend, reading the
+//! file itself. The metrics sidecar needs this to label the sessions the access log reports.
 
 use std::collections::HashMap;
 
 use super::nginx::HEADER;
 use crate::api::{BACKEND_SERVICE_SUFFIX, Protocol};
 
-/// Which backend each server address of a rendered `nginx.conf` is, read from the file the
+/// The backend behind each server address of a rendered `nginx.conf`, read from the file the
 /// proxy runs: its `server <address> …;  # <backend Service>` lines.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Upstreams {
@@ -72,7 +72,7 @@ impl Upstreams {
             let Some(backend) = backend else { continue };
             backends.insert(address.to_string(), backend.to_string());
             if let Some((port, protocol)) = upstream {
-                // A backup is meant to take nothing while the others serve.
+                // A backup takes no traffic while the other backends serve: its weight counts as 0.
                 let backup = directive.split(' ').any(|word| word == "backup");
                 let weight = directive
                     .split(' ')

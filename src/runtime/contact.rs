@@ -4,7 +4,7 @@
 //! is answered 503 or 504, or gets no answer: none within [`SLOW_ANSWER`], or none before its
 //! caller gave up on it after [`GIVEN_UP`] (an API server without etcd holds requests for up
 //! to a minute, and the leader's Lease requests do not wait that long). It is *back* at its
-//! next other answer. Each change is logged once, and
+//! next answer of any other kind. Each change is logged once, and
 //! `balancer_api_unreachable_since_timestamp_seconds` says since when it is lost (0 while it
 //! answers). A 429 is an API server at work asking for patience, not a lost one.
 
@@ -149,7 +149,8 @@ where
     }
 }
 
-/// A request on its way; dropped unanswered after [`GIVEN_UP`], it says the API server is lost.
+/// A request in flight. Dropped without an answer after [`GIVEN_UP`] or more, it marks the API
+/// server as lost.
 struct Pending {
     contact: Contact,
     sent: Instant,

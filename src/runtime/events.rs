@@ -107,7 +107,7 @@ impl Events {
                     self.remember(digest, name, count);
                     return Ok(Published::Sent);
                 }
-                // Expired on the server since: publish it afresh.
+                // The event has expired on the server since: create a new one.
                 Err(kube::Error::Api(status)) if status.code == 404 => {}
                 Err(e) => return Err(e),
             }
@@ -155,7 +155,8 @@ impl State {
         if self.pruned.is_some_and(|at| now.duration_since(at) < REFILL) {
             return;
         }
-        // A budget untouched for this long is full again, as good as absent.
+        // A budget untouched for this long has refilled completely, which is the same as
+        // having none: a new one starts full.
         let full_after = REFILL.mul_f64(BURST);
         self.budgets.retain(|_, budget| now.duration_since(budget.refilled_at()) < full_after);
         self.series.retain(|_, s| now.duration_since(s.at) < REMEMBER);

@@ -4,9 +4,9 @@
 //! - Every write of the Lease replaces it at the resourceVersion last read, so of two replicas
 //!   writing at once, one gets a conflict and neither is mistaken about who holds it.
 //! - A replica takes a Lease another holds only once that Lease has not changed for its
-//!   duration *since this replica first saw it so*, by its own clock: clock offsets between
-//!   machines do not matter, and every Lease does not look expired the moment the API server is
-//!   back from an outage.
+//!   duration *since this replica first saw it in that state*, by its own clock: clock offsets
+//!   between machines do not matter, and Leases do not all look expired the moment the API
+//!   server is back from an outage.
 //! - The leader renews every retry period, and stops reconciling at once when it sees another
 //!   holder or has not renewed for the renew deadline (two thirds of the duration), which is
 //!   before any other replica may take over.
@@ -70,9 +70,9 @@ pub(crate) fn identity() -> String {
 }
 
 /// Joins the election and runs `reconcile` whenever this replica leads, until `shutdown`;
-/// then releases the Lease. `leading` hears each change of leadership. `reconcile` stops when
-/// its token is cancelled (shutdown: drained) or is dropped where it stands (leadership lost:
-/// another replica may already be writing).
+/// then releases the Lease. `leading` hears each change of leadership. `reconcile` stops in one
+/// of two ways: on shutdown its token is cancelled and it drains; when leadership is lost its
+/// future is dropped at once, since another replica may already be writing.
 pub(crate) async fn run_while_leading<F, Fut>(
     client: &Client,
     options: Options,
@@ -137,7 +137,7 @@ enum Attempt {
     Conflict,
 }
 
-/// The Lease as this replica last read or wrote it, and since when it has looked so.
+/// The Lease as this replica last read or wrote it, and since when it has looked that way.
 struct Observed {
     lease: Lease,
     since: Instant,

@@ -1,4 +1,4 @@
-//! Serving HTTP/1.1 (over TLS or plain) on a listener whose every cost a client controls is bounded.
+//! Serving HTTP/1.1 (over TLS or plain) on a listener that bounds every cost a client controls.
 //!
 //! - A new connection must send its first byte within [`ConnectionLimits::first_byte_timeout`]
 //!   and finish the TLS handshake within [`ConnectionLimits::handshake_timeout`].
@@ -76,7 +76,8 @@ const READ_BUFFER_BYTES: usize = 64 * 1024;
 /// What answers the requests of one listener: an axum [`Router`], or a service that routes its
 /// hot paths itself (the webhook server does).
 pub trait Serve: Clone + Send + Sync + 'static {
-    /// Answers one request; owns what it needs, as hyper holds the future past `&self`.
+    /// Answers one request. The future owns what it needs, because hyper keeps it beyond the
+    /// borrow of `&self`.
     fn call(&self, request: hyper::Request<Incoming>) -> impl Future<Output = Response> + Send + 'static + use<Self>;
 }
 

@@ -18,8 +18,8 @@
 //! reviewed in slots of their own, outside the bucket, so the flood cannot starve them.
 //! Concurrent callers with the same token share one review.
 //!
-//! One file past 400 lines on purpose: the verdict cache, its two review lanes and the
-//! in-flight reviews share one lock and one set of invariants, which split files would hide.
+//! The verdict cache, its two review lanes and the in-flight reviews share one lock and one
+//! set of invariants, so they stay in one module where the invariants can be read together.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -48,7 +48,7 @@ pub const CACHE_CAPACITY: usize = 1024;
 pub const MAX_NEW_TOKEN_REVIEWS_IN_FLIGHT: usize = 4;
 /// Reviews of known tokens (mostly refreshes) sent at once, apart from those of new
 /// tokens so that a flood of new tokens cannot starve them. Each known token has at most
-/// one under way and needs one a TTL, so two serve a Prometheus HA pair and more; a
+/// one under way and needs one per TTL, so two serve a Prometheus HA pair and more; a
 /// stale verdict that finds no free slot is still served and retried on the next scrape.
 pub const MAX_KNOWN_TOKEN_REVIEWS_IN_FLIGHT: usize = 2;
 /// Sustained rate at which reviews of new tokens may start: enough for scrapers
@@ -206,9 +206,9 @@ struct Cached {
     reviewed_at: Instant,
 }
 
-/// What [`Shared::look_up`] found, and the review it admitted, if any, to be spawned
-/// once the state is unlocked (a task dropped at spawn, as when the runtime shuts down,
-/// takes the lock to leave [`State::in_flight`]).
+/// What [`Shared::look_up`] found, and the review it admitted, if any. The review is spawned
+/// only once the state is unlocked: a task dropped at spawn (as when the runtime shuts down)
+/// takes the lock to remove itself from [`State::in_flight`], and would wait for it forever.
 struct Lookup {
     answer: Answer,
     admitted: Option<Admitted>,
@@ -326,7 +326,8 @@ impl Shared {
             Lane::NewToken => &self.new_token_slots,
             Lane::KnownToken => &self.known_token_slots,
         };
-        // The slot first, so a busy moment does not also spend the bucket.
+        // The slot is taken first, so a review turned away for lack of a slot does not also
+        // spend a token from the bucket.
         let slot = Arc::clone(slots).try_acquire_owned().map_err(|_| ReviewError::Busy)?;
         if lane == Lane::NewToken && !state.new_token_bucket.try_take(now) {
             return Err(ReviewError::Busy);

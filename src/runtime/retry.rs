@@ -72,8 +72,9 @@ pub(crate) fn is_expired(error: &watcher::Error) -> bool {
 }
 
 /// A watch stream without its expired-resource-version errors, so that the backoff after it
-/// never sleeps before the re-list those errors lead to. One each [`RELIST_AT_ONCE_EVERY`]:
-/// a second within that time is passed on, and backed off like any other error.
+/// never sleeps before the re-list those errors lead to. At most one is dropped per
+/// [`RELIST_AT_ONCE_EVERY`]: a second one within that time is passed on, and backed off like
+/// any other error.
 pub(crate) fn relist_at_once<K, S>(watch: S) -> impl Stream<Item = S::Item>
 where
     K: Resource<DynamicType = ()>,

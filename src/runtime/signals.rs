@@ -13,7 +13,7 @@ impl Signals {
         Ok(Signals { term: signal(SignalKind::terminate())?, interrupt: signal(SignalKind::interrupt())? })
     }
 
-    /// Until the first of them.
+    /// Waits for the first SIGTERM or SIGINT.
     pub(crate) async fn wait(mut self) {
         tokio::select! {
             _ = self.term.recv() => {}

@@ -1,5 +1,5 @@
-//! The controller's manners towards the API server: a client-side rate limit on every
-//! request, and a brake on all of them when the API server says it is overloaded.
+//! How the controller limits its load on the API server: a client-side rate limit on every
+//! request, and a pause of all of them when the API server says it is overloaded.
 //!
 //! kube's own retry answers a `429 Too Many Requests` by retrying that one request later
 //! while every other request carries on at full speed, so a burst keeps the server
@@ -62,7 +62,8 @@ struct CodeLabels {
     code: String,
 }
 
-/// The client's manners towards the API server: answers that it is overloaded, and time waited.
+/// How the client treats the API server: the answers saying it is overloaded, and the time
+/// requests waited.
 #[derive(Clone)]
 pub struct ThrottleMetrics {
     refusals: Family<CodeLabels, Counter>,
@@ -95,7 +96,7 @@ impl ThrottleMetrics {
     }
 }
 
-/// A [`Layer`] whose services share one rate limit and one brake.
+/// A [`Layer`] whose services share one rate limit and one overload pause.
 #[derive(Clone)]
 pub struct ThrottleLayer {
     shared: Arc<Shared>,
@@ -202,8 +203,8 @@ impl Shared {
                     limiter.paused_until - now
                 } else {
                     if limiter.bucket.try_take(now) {
-                        // The epoch under the same lock: a pause starting right after belongs
-                        // to requests admitted before it.
+                        // The epoch is read under the lock the token was taken under: a pause
+                        // that starts right after this counts the request as admitted before it.
                         let epoch = limiter.epoch;
                         drop(limiter);
                         let waited = asked.elapsed();
@@ -291,7 +292,7 @@ where
     // timed out): only requests that mean the same when sent twice are sent again then.
     let idempotent = request.method() != http::Method::POST;
     let mut attempt = 0;
-    // The refusal a retry answers, returned as it is if shutdown ends the wait for the retry.
+    // The refusal being retried; returned unchanged if shutdown ends the wait before the retry.
     let mut refused = None;
     loop {
         let epoch = match (shared.admit().await, refused.take()) {
@@ -311,7 +312,8 @@ where
                 let status = response.status();
                 shared.overloaded(epoch, retry_after, status);
                 let unprocessed = status == StatusCode::TOO_MANY_REQUESTS || retry_after.is_some();
-                // Shutting down: the refusal goes to the reconcile, which ends.
+                // When shutting down there is no retry: the refusal goes back to the reconcile,
+                // which then ends.
                 let stopping = shared.shutdown.is_cancelled();
                 match again.filter(|_| retry && (unprocessed || idempotent) && !stopping) {
                     Some(next) => {

@@ -40,7 +40,7 @@ pub fn fill_defaults(spec: &mut BalancerSpec, defaults: &SpecPolicy) {
     fill(&mut spec.service.get_or_insert_default().type_, ServiceType::default().as_str());
     for port in &mut spec.ports {
         fill(&mut port.protocol, Protocol::default().as_str());
-        // An empty named port is as good as none.
+        // An empty port name counts as unset.
         let missing = match &port.target_port {
             None => true,
             Some(IntOrString::String(name)) => name.is_empty(),

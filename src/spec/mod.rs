@@ -1,4 +1,4 @@
-//! What a Balancer means, pure: the one spec pipeline. A spec is read ([`read_spec`],
+//! What a Balancer means, as pure functions: the one spec pipeline. A spec is read ([`read_spec`],
 //! [`parse_spec`]), defaulted ([`fill_defaults`]) and validated ([`validation`]) here, and only what passes becomes an
 //! [`Admitted`] spec, the type every builder of children requires.
 //!

@@ -6,7 +6,7 @@ use std::fmt;
 use crate::api::KIND;
 use crate::util::echo::cut;
 
-/// Characters `generateName` gets appended by the API server.
+/// How many random characters the API server appends to a `generateName`.
 const GENERATED_SUFFIX_LEN: usize = 5;
 
 /// One rule violation at one field.
@@ -84,12 +84,12 @@ impl<'a> ObjectName<'a> {
     }
 }
 
-/// Field errors listed in a denial; the rest are counted ("and N more").
+/// Most field errors listed in a denial; the rest are counted ("and N more").
 pub(crate) const MAX_LISTED_ERRORS: usize = 16;
 
-/// Encoded size at most of an echoed field path or name.
+/// Largest encoded size of an echoed field path or name.
 pub(crate) const MAX_FIELD_BYTES: usize = 256;
-/// Encoded size at most of one problem or warning.
+/// Largest encoded size of one problem or warning.
 pub(crate) const MAX_DETAIL_BYTES: usize = 512;
 
 /// `Balancer "x" is invalid: a` for one error, `... is invalid: [a, b]` for several,

@@ -165,7 +165,8 @@ where
         }
         fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
             let mut entries = BTreeMap::new();
-            // Keys read, repeated ones too: each costs the reading.
+            // Every key read counts towards `max`, repeated keys too: a repeated key adds no
+            // entry, but reading it still costs time.
             let mut seen = 0usize;
             while let Some(key) = map.next_key::<String>()? {
                 if seen == self.max {
@@ -220,9 +221,10 @@ pub(crate) fn raw_items(
 
 /// An optional `T` (a Kubernetes type such as `Affinity`) read from at most `max` JSON values
 /// in all (each object, list, key, string, number…), named `what` in the error; `null` and a
-/// missing field are `None`. A small type cannot then be inflated with many tiny objects: the
-/// JSON is counted as it is read, and only what is kept is turned into `T`, whose own errors
-/// name the field inside (`nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution: …`).
+/// missing field are `None`. The JSON values are counted as they are read, so a client cannot
+/// inflate a small type with many tiny objects. Only a value within the count is turned into
+/// `T`, whose own errors name the field inside
+/// (`nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution: …`).
 pub(crate) fn optional_capped<'de, D, T>(deserializer: D, max: usize, what: &'static str) -> Result<Option<T>, D::Error>
 where
     D: Deserializer<'de>,

@@ -30,7 +30,7 @@ pub(crate) fn cut(text: &str, max: usize) -> Cow<'_, str> {
     Cow::Owned(format!("{}{CUT_MARKER}", &text[..end]))
 }
 
-/// `value` in double quotes with Rust's escapes (`"a\u{7f}"`), cut first to a few dozen bytes.
+/// `value` in double quotes with Rust's escapes (`"a\u{7f}"`), cut first to [`MAX_QUOTED_BYTES`].
 pub(crate) fn quoted(value: &str) -> String {
     format!("{:?}", cut(value, MAX_QUOTED_BYTES))
 }

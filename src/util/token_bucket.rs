@@ -54,12 +54,12 @@ impl TokenBucket {
         self.per_second = per_second;
     }
 
-    /// Spends every token: the bucket fills again from empty.
+    /// Removes every token; the bucket then refills from zero.
     pub(crate) fn empty(&mut self) {
         self.tokens = 0.0;
     }
 
-    /// Holds the refill until `at` (a pause that ends then).
+    /// Adds no tokens before `at`; refilling starts from then. Used to pause the bucket until `at`.
     pub(crate) fn refill_from(&mut self, at: Instant) {
         self.refilled_at = at;
     }

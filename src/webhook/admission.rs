@@ -26,7 +26,7 @@ use crate::spec::report::{MAX_DETAIL_BYTES, MAX_FIELD_BYTES, MAX_LISTED_ERRORS, 
 use crate::spec::{FieldError, ObjectName, SpecPolicy, admit, defaults_patch, denial_message, read_spec, unchangeable};
 use crate::util::echo::cut;
 
-/// Warnings returned at most.
+/// Most warnings returned in one answer.
 pub const MAX_WARNINGS: usize = 16;
 
 /// Which webhook serves a review.
@@ -180,8 +180,8 @@ pub fn review(webhook: Webhook, body: &[u8], defaults: &SpecPolicy) -> Result<An
     let allowed = allowed(&request.uid);
     let (response, outcome) = match balancer_write(&request) {
         None => (allowed, Outcome::Allowed),
-        // Neither judged nor defaulted again: a Balancer stored under looser rules can still
-        // be relabelled and deleted, and a label edit does not change its spec.
+        // The spec is neither validated nor defaulted again: a Balancer stored under looser
+        // rules can still be relabelled and deleted, since such an edit leaves its spec alone.
         Some(_) if spec_unchanged(&request) => (allowed, Outcome::Allowed),
         Some(None) => {
             let missing = FieldError::new("request.object", "is required for CREATE and UPDATE");
@@ -225,7 +225,8 @@ fn spec_unchanged(request: &RequestIn<'_>) -> bool {
         return false;
     }
     let (Some(new), Some(old)) = (&request.object, &request.old_object) else { return false };
-    // Only the API server sets deletionTimestamp (on a delete): finalizers may then be removed.
+    // Only the API server sets deletionTimestamp, when the object is deleted: an update of an
+    // object being deleted is let through, so that its finalizers can be removed.
     if new.metadata.deletion_timestamp.is_some() && old.metadata.deletion_timestamp.is_some() {
         return true;
     }

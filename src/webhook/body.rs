@@ -22,8 +22,9 @@ pub(super) struct BodyLimit {
     /// How long to wait for room in the budget before answering 503.
     pub wait: Duration,
     /// Pay for the declared length at once, when the first bytes arrive, rather than as the
-    /// buffer doubles. For conversions, whose budget holds one largest body: two large ones
-    /// paying as they grow would each hold half and wait for the other, both until 503.
+    /// buffer doubles. For conversions, whose budget holds only one body of the largest size:
+    /// two large bodies paying as they grow could each hold half the budget and wait for the
+    /// other until both get 503.
     pub whole_at_once: bool,
 }
 
@@ -55,8 +56,9 @@ where
         return Err(too_large_after_draining(&mut body, limit, deadline).await);
     }
     let budget = BodyBudget { pool, held: None, wait };
-    // The declared length sizes the first allocation (never past FIRST_ALLOCATION_MAX unless
-    // the whole body is paid at once), still paid for only when the first bytes arrive.
+    // The declared length sets the size of the first allocation (at most FIRST_ALLOCATION_MAX,
+    // unless the whole body is paid at once). It is still paid for only when the first bytes
+    // arrive.
     let declared = declared.map(|len| len as usize);
     let first = match (declared, limit_whole) {
         (Some(len), true) => len,
@@ -73,11 +75,11 @@ where
     }
 }
 
-/// Bytes of an oversized body read and thrown away before its 413, at most.
+/// Most bytes of an oversized body read and thrown away before its 413 is sent.
 ///
 /// Closing a connection with unread bytes in its socket resets it, and a client still sending
 /// then gets the reset instead of the 413 (nginx's lingering close exists for this). A client
-/// that sends more than this much too much, or sends it too slowly, still gets the reset.
+/// that sends more than this past the limit, or sends it too slowly, still gets the reset.
 const DRAIN_MAX_BYTES: usize = 1024 * 1024;
 
 /// Discards the rest of `body` (at most [`DRAIN_MAX_BYTES`], until `deadline`), then the 413.
@@ -189,7 +191,7 @@ fn expects_continue(headers: &HeaderMap) -> bool {
     headers.get(header::EXPECT).is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"))
 }
 
-/// `response`, after which the connection closes.
+/// `response` with `Connection: close`, so that the connection closes after it.
 fn closing(mut response: Response) -> Response {
     response.headers_mut().insert(header::CONNECTION, header::HeaderValue::from_static("close"));
     response

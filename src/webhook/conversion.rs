@@ -20,7 +20,7 @@ use crate::util::echo::cut;
 /// Most objects one review may carry: a list page of the API server is 500.
 pub const MAX_CONVERSION_OBJECTS: usize = 10_000;
 
-/// Encoded size at most of a failure message.
+/// Largest encoded size of a failure message.
 const MAX_MESSAGE_BYTES: usize = 1024;
 
 #[derive(Deserialize)]

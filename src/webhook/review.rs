@@ -15,7 +15,7 @@ pub const MAX_ANSWER_BYTES: usize = 64 * 1024;
 /// Longest `request.uid` accepted; the API server's are 36 characters.
 pub const MAX_UID_BYTES: usize = 256;
 
-/// Encoded size at most of the reason a body is not a usable review.
+/// Largest encoded size of the reason a body is not a usable review.
 const MAX_BAD_REQUEST_BYTES: usize = 1024;
 
 /// The only AdmissionReview version served (the webhook configurations ask for v1).

@@ -75,7 +75,8 @@ pub struct AppState {
     pub metrics: Arc<AdmissionMetrics>,
     pub readiness: Readiness,
     pub limits: Arc<Limits>,
-    /// What the mutating webhook fills in that the operator's flags decide.
+    /// What the operator's flags decide about every spec: the default `spec.replicas` the
+    /// mutating webhook fills in, and the proxy images the validating webhook allows.
     pub policy: SpecPolicy,
     /// Bytes of review bodies that may be held at once (see [`Limits::max_body_bytes_in_flight`]).
     pub body_budget: Arc<Semaphore>,
@@ -206,8 +207,9 @@ async fn convert(State(state): State<AppState>, request: Request) -> Response {
     let started = Instant::now();
     let (result, response) = match read_review_body(request, state.conversion_limit()).await {
         Err(rejection) => (ConversionResult::BadRequest, rejection),
-        // A large page is seconds of CPU: off the connection's worker thread, which also
-        // serves admission reviews. The budget is held until the answer is built.
+        // Converting a large page takes seconds of CPU, so it runs off the connection's worker
+        // thread, which also serves admission reviews. The budget is held until the answer is
+        // built.
         Ok((body, budget)) => match tokio::task::spawn_blocking(move || (conversion_review(&body), budget)).await {
             Err(e) => (ConversionResult::Failed, error(StatusCode::INTERNAL_SERVER_ERROR, &format!("conversion: {e}"))),
             Ok((Err(bad), _)) => (ConversionResult::BadRequest, bad_request(&bad)),

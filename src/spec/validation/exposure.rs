@@ -110,7 +110,8 @@ pub(super) fn validate_proxy(proxy: Option<&ProxySpec>, policy: &SpecPolicy, rep
     }
 }
 
-/// A per-Balancer image runs with the operator's authority: only with the installer's consent.
+/// A per-Balancer image runs with the operator's authority, so it is allowed only under a prefix
+/// the installer listed in `--allowed-proxy-images`.
 pub(super) fn validate_image(image: &str, allowed: &[String], report: &mut Report) {
     let at = "spec.proxy.image";
     if allowed.is_empty() {
