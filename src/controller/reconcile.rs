@@ -49,8 +49,9 @@ async fn reconcile_in_span(balancer: Arc<StoredBalancer>, ctx: Arc<Context>) -> 
     let mut written = Written::default();
     let result = converge(&balancer, &ctx, &mut written, now).await;
     let outcome = match &result {
-        Ok(_) => {
+        Ok(action) => {
             ctx.failures().remove(&balancer.uid().unwrap_or_default());
+            tracing::debug!(elapsed = ?started.elapsed(), next = ?action, "reconciled");
             ReconcileResult::Success
         }
         Err(e) => {
