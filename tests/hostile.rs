@@ -330,14 +330,7 @@ fn tiny_objects_review(at: PadAt) -> Vec<u8> {
     let text = serde_json::to_string(&review).expect("serialize");
     let quoted = format!("\"{MARK}\"");
     let room = BODY_BUDGET - 1_000 - (text.len() - quoted.len());
-    let count = room / 8;
-    let mut pad = String::with_capacity(count * 8 + 2);
-    pad.push('[');
-    for i in 0..count {
-        pad.push_str(if i == 0 { "{\"a\":0}" } else { ",{\"a\":0}" });
-    }
-    pad.push(']');
-    let body = text.replace(&quoted, &pad);
+    let body = text.replace(&quoted, &tiny_objects(room));
     assert!(body.len() < BODY_BUDGET, "the hostile body stays under the body limit");
     body.into_bytes()
 }
@@ -430,6 +423,38 @@ where
     }
 }
 
+/// Sends `count` POSTs of `body` to `path` at once, and tallies their outcomes: `name(status,
+/// answer)` for an answer, `cut off while sending` for a server that refused early (503, 408)
+/// and closed before the body was all sent, else the error.
+fn post_concurrently(
+    server: &Server,
+    path: &str,
+    body: &Bytes,
+    count: usize,
+    name: fn(u16, Bytes) -> String,
+) -> impl Future<Output = BTreeMap<String, usize>> + Send + 'static {
+    let client = server.client(Duration::from_secs(60));
+    let mut posts = JoinSet::new();
+    for _ in 0..count {
+        let request =
+            client.post(server.url(path)).header(reqwest::header::CONTENT_TYPE, "application/json").body(body.clone());
+        posts.spawn(async move {
+            match request.send().await {
+                Ok(response) => {
+                    let status = response.status().as_u16();
+                    match response.bytes().await {
+                        Ok(answer) => name(status, answer),
+                        Err(e) => format!("{status} with an unreadable body: {e}"),
+                    }
+                }
+                Err(e) if e.is_request() && !e.is_timeout() => "cut off while sending".to_string(),
+                Err(e) => format!("error: {e}"),
+            }
+        });
+    }
+    async move { tally(posts.join_all().await) }
+}
+
 /// Counts equal outcomes, for a compact figures line.
 fn tally<I: IntoIterator<Item = String>>(outcomes: I) -> BTreeMap<String, usize> {
     let mut counts = BTreeMap::new();
@@ -437,6 +462,37 @@ fn tally<I: IntoIterator<Item = String>>(outcomes: I) -> BTreeMap<String, usize>
         *counts.entry(outcome).or_insert(0) += 1;
     }
     counts
+}
+
+/// A fresh, warmed-up server for a row that measures memory, with the guard that keeps every
+/// other row off the machine meanwhile, and the server's memory before the attack.
+async fn alone_and_warm() -> (MutexGuard<'static, ()>, Server, Memory) {
+    let alone = one_at_a_time().await;
+    let server = Server::start().await;
+    let baseline = server.warm_up().await;
+    (alone, server, baseline)
+}
+
+/// What an attack cost the server's memory.
+struct Growth {
+    baseline: Memory,
+    after: Memory,
+    /// Bytes grown over the baseline.
+    bytes: u64,
+}
+
+impl std::fmt::Display for Growth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (baseline, peak, grew) = (mib(self.baseline.rss), mib(self.after.peak), mib(self.bytes));
+        write!(f, "RSS baseline {baseline:.1} MiB, peak {peak:.1} MiB, growth {grew:.1} MiB")
+    }
+}
+
+/// After an attack: the server must still run; what the attack cost its memory.
+fn after_attack(server: &mut Server, row: &str, baseline: Memory) -> Growth {
+    server.assert_alive(row);
+    let after = server.memory();
+    Growth { baseline, after, bytes: growth(baseline, after) }
 }
 
 // ---------------------------------------------------------------------------
@@ -448,69 +504,34 @@ fn tally<I: IntoIterator<Item = String>>(outcomes: I) -> BTreeMap<String, usize>
 async fn tiny_objects_row(at: PadAt) {
     const REVIEWS: usize = 32;
     const BOUND: u64 = 64 * 1024 * 1024;
-    let _serial = one_at_a_time().await;
-    let mut server = Server::start().await;
-    let baseline = server.warm_up().await;
+    let (_alone, mut server, baseline) = alone_and_warm().await;
     let body = Bytes::from(tiny_objects_review(at));
-    let client = server.client(Duration::from_secs(60));
     let started = Instant::now();
-    let mut reviews = JoinSet::new();
-    for _ in 0..REVIEWS {
-        let request = client
-            .post(server.url("/validate"))
-            .header(reqwest::header::CONTENT_TYPE, "application/json")
-            .body(body.clone());
-        reviews.spawn(async move {
-            match request.send().await {
-                Ok(response) => {
-                    let status = response.status().as_u16();
-                    match response.bytes().await {
-                        Ok(_) if status == 200 => status.to_string(),
-                        Ok(body) => format!("{status} {}", String::from_utf8_lossy(&body[..body.len().min(100)])),
-                        Err(e) => format!("{status} with an unreadable body: {e}"),
-                    }
-                }
-                Err(e) => format!("error: {e}"),
-            }
-        });
-    }
-    let outcomes = tally(reviews.join_all().await);
+    let outcomes = post_concurrently(&server, "/validate", &body, REVIEWS, |status, answer| match status {
+        200 => status.to_string(),
+        _ => format!("{status} {}", String::from_utf8_lossy(&answer[..answer.len().min(100)])),
+    })
+    .await;
     let took = started.elapsed();
-    server.assert_alive("row 1");
-    let after = server.memory();
-    let grew = growth(baseline, after);
+    let growth = after_attack(&mut server, "row 1", baseline);
     eprintln!(
-        "hostile: row 1 ({at:?}): {REVIEWS} reviews of {} bytes: outcomes {outcomes:?} in {} ms; \
-         RSS baseline {:.1} MiB, peak {:.1} MiB, growth {:.1} MiB (bound {} MiB)",
+        "hostile: row 1 ({at:?}): {REVIEWS} reviews of {} bytes: outcomes {outcomes:?} in {} ms; {growth} (bound {} MiB)",
         body.len(),
         took.as_millis(),
-        mib(baseline.rss),
-        mib(after.peak),
-        mib(grew),
-        BOUND / 1024 / 1024
+        BOUND >> 20
     );
+    let grew = growth.bytes;
     assert_eq!(outcomes.get("200"), Some(&REVIEWS), "row 1 ({at:?}): every review must be answered 200: {outcomes:?}");
     assert!(grew <= BOUND, "row 1 ({at:?}): the server grew by {:.1} MiB, over the 64 MiB bound", mib(grew));
 }
 
+/// Wherever in the review the tiny objects are: in the spec, the metadata, the request around
+/// the object, or a Kubernetes type inside the spec (an affinity).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn row1_tiny_objects_in_spec_cost_bounded_memory() {
-    tiny_objects_row(PadAt::Spec).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn row1_tiny_objects_in_metadata_cost_bounded_memory() {
-    tiny_objects_row(PadAt::Metadata).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn row1_tiny_objects_in_request_cost_bounded_memory() {
-    tiny_objects_row(PadAt::Request).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn row1_tiny_objects_in_an_affinity_cost_bounded_memory() {
-    tiny_objects_row(PadAt::Affinity).await;
+async fn row1_tiny_objects_anywhere_cost_bounded_memory() {
+    for at in [PadAt::Spec, PadAt::Metadata, PadAt::Request, PadAt::Affinity] {
+        tiny_objects_row(at).await;
+    }
 }
 
 // ---------------------------------------------------------------------------
@@ -522,9 +543,7 @@ async fn row1_tiny_objects_in_an_affinity_cost_bounded_memory() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn row2_a_huge_invalid_name_gets_a_bounded_denial() {
     const BOUND: usize = 64 * 1024;
-    let _serial = one_at_a_time().await;
-    let mut server = Server::start().await;
-    let baseline = server.warm_up().await;
+    let (_alone, mut server, baseline) = alone_and_warm().await;
     let body = del_name_review();
     let client = server.client(Duration::from_secs(60));
     let started = Instant::now();
@@ -538,8 +557,7 @@ async fn row2_a_huge_invalid_name_gets_a_bounded_denial() {
     let status = response.status().as_u16();
     let answer = response.bytes().await.expect("row 2: the answer is read");
     let took = started.elapsed();
-    server.assert_alive("row 2");
-    let grew = growth(baseline, server.memory());
+    let grew = after_attack(&mut server, "row 2", baseline).bytes;
     let parsed: Value = serde_json::from_slice(&answer).unwrap_or(Value::Null);
     let allowed = parsed.pointer("/response/allowed").cloned().unwrap_or(Value::Null);
     let message = parsed.pointer("/response/status/message").and_then(Value::as_str).unwrap_or_default();
@@ -583,6 +601,21 @@ fn require_open_files(needed: u64) {
     assert!(soft >= needed, "this row needs at least {needed} open files (ulimit -n); the soft limit is {soft}");
 }
 
+/// Opens [`IDLE_CONNECTIONS`] idle connections to `port`, then times `request` (at most
+/// [`MEASURE_CAP`]) while they stay open.
+async fn among_idle_connections<T>(
+    port: SocketAddr,
+    row: &str,
+    request: impl Future<Output = T>,
+) -> (Option<T>, Duration) {
+    let idle = idle_connections(port, IDLE_CONNECTIONS).await;
+    assert_eq!(idle.len(), IDLE_CONNECTIONS, "{row}: every idle connection must connect");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let measured = timed(MEASURE_CAP, request).await;
+    drop(idle);
+    measured
+}
+
 /// 1,100 idle connections to the probe port: a kubelet probe on a fresh
 /// connection is still answered within 1 s.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -591,14 +624,12 @@ async fn row3_idle_connections_do_not_starve_the_probe_port() {
     let _serial = one_at_a_time().await;
     require_open_files(2 * IDLE_CONNECTIONS as u64 + 200);
     let mut server = Server::start().await;
-    let idle = idle_connections(server.probe, IDLE_CONNECTIONS).await;
-    let opened = idle.len();
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let (result, took) = timed(MEASURE_CAP, http_get(server.probe, "/healthz")).await;
-    drop(idle);
+    let (result, took) = among_idle_connections(server.probe, "row 3", http_get(server.probe, "/healthz")).await;
     server.assert_alive("row 3");
-    eprintln!("hostile: row 3: {opened} idle connections to the probe port; GET /healthz: {}", describe(&result, took));
-    assert_eq!(opened, IDLE_CONNECTIONS, "row 3: every idle connection must connect");
+    eprintln!(
+        "hostile: row 3: {IDLE_CONNECTIONS} idle connections to the probe port; GET /healthz: {}",
+        describe(&result, took)
+    );
     let line = match result {
         Some(Ok(line)) => line,
         other => panic!("row 3: GET /healthz was not answered: {}", describe(&other, took)),
@@ -615,14 +646,12 @@ async fn row4_idle_connections_do_not_starve_the_webhook_port() {
     let _serial = one_at_a_time().await;
     require_open_files(2 * IDLE_CONNECTIONS as u64 + 200);
     let mut server = Server::start().await;
-    let idle = idle_connections(server.webhook, IDLE_CONNECTIONS).await;
-    let opened = idle.len();
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let (result, took) = timed(MEASURE_CAP, review_on_fresh_connection(&server)).await;
-    drop(idle);
+    let (result, took) = among_idle_connections(server.webhook, "row 4", review_on_fresh_connection(&server)).await;
     server.assert_alive("row 4");
-    eprintln!("hostile: row 4: {opened} idle connections to the webhook port; a review: {}", describe(&result, took));
-    assert_eq!(opened, IDLE_CONNECTIONS, "row 4: every idle connection must connect");
+    eprintln!(
+        "hostile: row 4: {IDLE_CONNECTIONS} idle connections to the webhook port; a review: {}",
+        describe(&result, took)
+    );
     match result {
         Some(Ok(200)) => {}
         other => panic!("row 4: the review was not answered 200: {}", describe(&other, took)),
@@ -710,9 +739,7 @@ async fn row6_huge_headers_cost_bounded_memory_and_get_431() {
     const PER_PORT: usize = 100;
     const HEADER_BYTES: usize = 360 * 1024;
     const BOUND: u64 = 96 * 1024 * 1024;
-    let _serial = one_at_a_time().await;
-    let mut server = Server::start().await;
-    let baseline = server.warm_up().await;
+    let (_alone, mut server, baseline) = alone_and_warm().await;
     let block = Arc::new(padded_headers(HEADER_BYTES));
     let mut senders = JoinSet::new();
     for _ in 0..PER_PORT {
@@ -726,24 +753,19 @@ async fn row6_huge_headers_cost_bounded_memory_and_get_431() {
     }
     let sent = senders.join_all().await;
     tokio::time::sleep(Duration::from_millis(500)).await;
-    server.assert_alive("row 6");
-    let after = server.memory();
-    let grew = growth(baseline, after);
+    let growth = after_attack(&mut server, "row 6", baseline);
     let outcomes = tally(sent.iter().map(|(_, outcome)| outcome.to_string()));
     let probe_status =
         status_for_headers(TcpStream::connect(server.probe).await.expect("connect"), block.clone()).await;
     let webhook_status = status_for_headers(server.tls_connect().await.expect("connect"), block.clone()).await;
     drop(sent);
     eprintln!(
-        "hostile: row 6: {} connections x {} bytes of headers: {outcomes:?}; RSS baseline {:.1} MiB, \
-         peak {:.1} MiB, growth {:.1} MiB (bound 96 MiB); complete long headers answered: \
-         probe {probe_status:?}, webhook {webhook_status:?}",
+        "hostile: row 6: {} connections x {} bytes of headers: {outcomes:?}; {growth} (bound 96 MiB); \
+         complete long headers answered: probe {probe_status:?}, webhook {webhook_status:?}",
         2 * PER_PORT,
         block.len(),
-        mib(baseline.rss),
-        mib(after.peak),
-        mib(grew)
     );
+    let grew = growth.bytes;
     assert!(grew <= BOUND, "row 6: the server grew by {:.1} MiB, over the 96 MiB bound", mib(grew));
     for (port, status) in [("probe", &probe_status), ("webhook", &webhook_status)] {
         assert!(
@@ -761,6 +783,18 @@ async fn row6_huge_headers_cost_bounded_memory_and_get_431() {
 /// Largest ConversionReview the server accepts by default (16 MiB): a whole list page.
 const CONVERSION_BODY_LIMIT: usize = 16 * 1024 * 1024;
 
+/// A JSON array of `{"a":0}` objects, `bytes` long at most.
+fn tiny_objects(bytes: usize) -> String {
+    let count = bytes / 8;
+    let mut pad = String::with_capacity(count * 8 + 2);
+    pad.push('[');
+    for i in 0..count {
+        pad.push_str(if i == 0 { "{\"a\":0}" } else { ",{\"a\":0}" });
+    }
+    pad.push(']');
+    pad
+}
+
 /// A ConversionReview just under the conversion limit: `objects` copies of the Go sample,
 /// each padded in `spec.x` with `[{"a":0},…]`, to v1beta1.
 fn tiny_objects_conversion(objects: usize) -> Vec<u8> {
@@ -771,14 +805,7 @@ fn tiny_objects_conversion(objects: usize) -> Vec<u8> {
         .expect("serialize");
     let quoted = format!("\"{MARK}\"");
     let room = (CONVERSION_BODY_LIMIT - 64 * 1024 - text.len()) / objects;
-    let count = room / 8;
-    let mut pad = String::with_capacity(count * 8 + 2);
-    pad.push('[');
-    for i in 0..count {
-        pad.push_str(if i == 0 { "{\"a\":0}" } else { ",{\"a\":0}" });
-    }
-    pad.push(']');
-    let body = text.replace(&quoted, &pad);
+    let body = text.replace(&quoted, &tiny_objects(room));
     assert!(body.len() < CONVERSION_BODY_LIMIT, "the hostile body stays under the conversion limit");
     body.into_bytes()
 }
@@ -794,59 +821,31 @@ fn tiny_objects_conversion(objects: usize) -> Vec<u8> {
 async fn tiny_objects_conversion_row(objects: usize) {
     const REVIEWS: usize = 2;
     const BOUND: u64 = 96 * 1024 * 1024;
-    let _serial = one_at_a_time().await;
-    let mut server = Server::start().await;
-    let baseline = server.warm_up().await;
+    let (_alone, mut server, baseline) = alone_and_warm().await;
     let body = Bytes::from(tiny_objects_conversion(objects));
-    let client = server.client(Duration::from_secs(60));
     let started = Instant::now();
-    let mut reviews = JoinSet::new();
-    for _ in 0..REVIEWS {
-        let request = client
-            .post(server.url("/convert"))
-            .header(reqwest::header::CONTENT_TYPE, "application/json")
-            .body(body.clone());
-        reviews.spawn(async move {
-            match request.send().await {
-                Ok(response) => {
-                    let status = response.status().as_u16();
-                    match response.bytes().await {
-                        Ok(answer) if status == 200 => {
-                            let parsed: Value = serde_json::from_slice(&answer).unwrap_or(Value::Null);
-                            let result = parsed.pointer("/response/result/status").cloned().unwrap_or(Value::Null);
-                            let converted = parsed
-                                .pointer("/response/convertedObjects")
-                                .and_then(Value::as_array)
-                                .map_or(0, Vec::len);
-                            format!("200 {result} {converted} objects")
-                        }
-                        Ok(_) => status.to_string(),
-                        Err(e) => format!("{status} with an unreadable body: {e}"),
-                    }
-                }
-                // A server that refuses early (503, 408) may close before the body is all sent.
-                Err(e) if e.is_request() && !e.is_timeout() => "cut off while sending".to_string(),
-                Err(e) => format!("error: {e}"),
-            }
-        });
-    }
+    let conversions = post_concurrently(&server, "/convert", &body, REVIEWS, |status, answer| {
+        if status != 200 {
+            return status.to_string();
+        }
+        let parsed: Value = serde_json::from_slice(&answer).unwrap_or(Value::Null);
+        let result = parsed.pointer("/response/result/status").cloned().unwrap_or(Value::Null);
+        let converted = parsed.pointer("/response/convertedObjects").and_then(Value::as_array).map_or(0, Vec::len);
+        format!("200 {result} {converted} objects")
+    });
     let (normal, took) = timed(MEASURE_CAP, review_on_fresh_connection(&server)).await;
-    let outcomes = tally(reviews.join_all().await);
+    let outcomes = conversions.await;
     let elapsed = started.elapsed();
-    server.assert_alive("row 7");
-    let after = server.memory();
-    let grew = growth(baseline, after);
+    let growth = after_attack(&mut server, "row 7", baseline);
     eprintln!(
         "hostile: row 7 ({objects} objects): {REVIEWS} conversions of {} bytes: outcomes {outcomes:?} in {} ms; \
-         a review meanwhile: {}; RSS baseline {:.1} MiB, peak {:.1} MiB, growth {:.1} MiB (bound {} MiB)",
+         a review meanwhile: {}; {growth} (bound {} MiB)",
         body.len(),
         elapsed.as_millis(),
         describe(&normal, took),
-        mib(baseline.rss),
-        mib(after.peak),
-        mib(grew),
-        BOUND / 1024 / 1024
+        BOUND >> 20
     );
+    let grew = growth.bytes;
     let converted = format!("200 \"Success\" {objects} objects");
     assert!(outcomes.contains_key(&converted), "row 7: at least one conversion must succeed: {outcomes:?}");
     assert!(
