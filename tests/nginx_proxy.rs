@@ -39,6 +39,7 @@ use balancer::spec::ObjectName;
 use balancer::spec::SpecPolicy;
 use balancer::spec::{Admitted, admit};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use support::fixtures::{backend, port};
 use tempfile::TempDir;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::{TcpListener, TcpSocket, TcpStream, UdpSocket};
@@ -485,25 +486,6 @@ fn sample_spec(port: u16) -> BalancerSpec {
 /// A spec through the pipeline the controller renders from: defaulted and validated.
 fn admitted(spec: BalancerSpec) -> Admitted {
     support::fixtures::admitted("test", spec, &SpecPolicy::default())
-}
-
-fn port(name: Option<&str>, protocol: &str, number: i32) -> BalancerPort {
-    BalancerPort {
-        name: name.map(str::to_string),
-        protocol: Some(protocol.to_string()),
-        port: number,
-        target_port: Some(IntOrString::Int(number)),
-        ..Default::default()
-    }
-}
-
-fn backend(name: &str, weight: i32) -> BackendSpec {
-    BackendSpec {
-        name: name.to_string(),
-        weight: Some(weight),
-        selector: Some(BTreeMap::from([("version".to_string(), name.to_string())])),
-        ..Default::default()
-    }
 }
 
 fn weights(spec: &BalancerSpec) -> Vec<i32> {

@@ -42,12 +42,7 @@ fn balancer_crd_serves_both_versions_and_converts_through_the_webhook() {
         crd["metadata"]["annotations"],
         json!({"cert-manager.io/inject-ca-from": "balancer-system/balancer-serving-cert"})
     );
-    let versions: Vec<(&str, bool, bool)> = crd["spec"]["versions"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| (v["name"].as_str().unwrap(), v["served"].as_bool().unwrap(), v["storage"].as_bool().unwrap()))
-        .collect();
+    let versions = crate::support::crd_versions(&crd);
     assert_eq!(versions, [("v1beta1", true, true), ("v1alpha1", true, false)]);
     let beta = &crd["spec"]["versions"][0];
     let alpha = &crd["spec"]["versions"][1];

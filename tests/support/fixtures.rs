@@ -2,7 +2,10 @@
 //! `deploy/samples/balancer.yaml` (one HTTP port split 40/20/40 over three backends), and
 //! builder-style variants of it, as controller-rs's `Document::test().finalized()`.
 
-use balancer::api::{Balancer, BalancerSpec};
+use std::collections::BTreeMap;
+
+use balancer::api::{BackendSpec, Balancer, BalancerPort, BalancerSpec};
+use balancer::proxy::ProxySettings;
 use balancer::spec::{Admitted, ObjectName, SpecPolicy, admit, with_defaults};
 use serde_json::{Value, json};
 
@@ -70,4 +73,30 @@ impl BalancerVariants for Balancer {
 /// `spec` through the one spec pipeline, named `name`; fixtures are valid, so a report panics.
 pub fn admitted(name: &str, spec: BalancerSpec, policy: &SpecPolicy) -> Admitted {
     admit(ObjectName::Name(name), spec, policy).unwrap_or_else(|report| panic!("a valid fixture: {:?}", report.errors))
+}
+
+/// A port of `protocol` at `number`, named `name`; its target port left to the defaults.
+pub fn port(name: Option<&str>, protocol: &str, number: i32) -> BalancerPort {
+    BalancerPort { name: name.map(str::to_string), protocol: Some(protocol.into()), port: number, ..Default::default() }
+}
+
+/// A backend `name` of weight `weight`, selecting the pods labelled `version: <name>`.
+pub fn backend(name: &str, weight: i32) -> BackendSpec {
+    BackendSpec {
+        name: name.into(),
+        weight: Some(weight),
+        selector: Some(BTreeMap::from([("version".into(), name.into())])),
+        ..Default::default()
+    }
+}
+
+/// The proxy settings of `balancer run` with its default image, and `replicas` proxy pods for
+/// a Balancer that does not say.
+pub fn proxy_settings(replicas: i32) -> ProxySettings {
+    ProxySettings {
+        image: "nginxinc/nginx-unprivileged:1.28.0-alpine".into(),
+        load_modules: Vec::new(),
+        metrics_image: None,
+        policy: SpecPolicy { replicas, ..SpecPolicy::default() },
+    }
 }

@@ -249,3 +249,19 @@ pub fn find<'a>(docs: &'a [Value], kind: &str, name: &str) -> &'a Value {
         .find(|d| d["kind"] == kind && d["metadata"]["name"] == name)
         .unwrap_or_else(|| panic!("no {kind} {name} rendered"))
 }
+
+/// The webhook's Service and its serving Certificate, as `deploy/` renders them.
+pub fn webhook_service_and_certificate(docs: &[Value]) -> (&Value, &Value) {
+    let service = find(docs, "Service", balancer::deploy::WEBHOOK_SERVICE);
+    (service, find(docs, "Certificate", balancer::deploy::SERVING_CERTIFICATE))
+}
+
+/// A CRD's versions: `(name, served, storage)` each, in order.
+pub fn crd_versions(crd: &Value) -> Vec<(&str, bool, bool)> {
+    let versions = crd["spec"]["versions"].as_array().expect("a CRD has versions");
+    let flag = |version: &Value, name: &str| version[name].as_bool().unwrap_or_else(|| panic!("{name}: {version}"));
+    versions
+        .iter()
+        .map(|v| (v["name"].as_str().expect("a version name"), flag(v, "served"), flag(v, "storage")))
+        .collect()
+}

@@ -45,13 +45,9 @@ type ApiServer = MockApi;
 /// The cluster IP the mock API server gives every Service.
 const CLUSTER_IP: &str = "10.96.0.10";
 
+/// The reconcile tests' settings: one proxy pod by default, and an image of their own.
 fn settings() -> ProxySettings {
-    ProxySettings {
-        image: "nginx-test:1".into(),
-        load_modules: Vec::new(),
-        metrics_image: None,
-        policy: SpecPolicy { replicas: 1, ..SpecPolicy::default() },
-    }
+    ProxySettings { image: "nginx-test:1".into(), ..fixtures::proxy_settings(1) }
 }
 
 /// A spec through the pipeline the controller uses.

@@ -61,12 +61,7 @@ fn everything_is_namespaced_in_balancer_system_and_labelled() {
     // itself is checked against `balancer crd` in tests/integration/cli.rs.
     let crd = find(&docs, "CustomResourceDefinition", "balancers.exposer.hliangzhao.io");
     assert_eq!(crd["spec"]["names"]["shortNames"], json!(["bal"]));
-    let versions: Vec<(&str, bool, bool)> = crd["spec"]["versions"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| (v["name"].as_str().unwrap(), v["served"].as_bool().unwrap(), v["storage"].as_bool().unwrap()))
-        .collect();
+    let versions = crate::support::crd_versions(crd);
     assert_eq!(versions, [("v1beta1", true, true), ("v1alpha1", true, false)], "v1beta1 stored, both served");
     assert_eq!(
         crd["spec"]["versions"][0]["subresources"],
@@ -79,8 +74,7 @@ fn everything_is_namespaced_in_balancer_system_and_labelled() {
 #[test]
 fn webhooks_service_certificate_and_deployment_agree() {
     let Some(docs) = rendered() else { return };
-    let service = find(&docs, "Service", "balancer-webhook");
-    let certificate = find(&docs, "Certificate", "balancer-serving-cert");
+    let (service, certificate) = support::webhook_service_and_certificate(&docs);
     let deployment = find(&docs, "Deployment", "balancer");
     let pod = &deployment["spec"]["template"]["spec"];
 

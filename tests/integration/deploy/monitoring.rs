@@ -218,8 +218,7 @@ async fn dashboard_and_alerts_query_only_exported_metrics() {
 fn the_service_monitor_scrapes_the_protected_endpoint() {
     let Some(docs) = rendered() else { return };
     let monitor = find(&docs, "ServiceMonitor", "balancer");
-    let service = find(&docs, "Service", "balancer-webhook");
-    let certificate = find(&docs, "Certificate", "balancer-serving-cert");
+    let (service, certificate) = support::webhook_service_and_certificate(&docs);
     let endpoint = &monitor["spec"]["endpoints"][0];
     for (key, value) in monitor["spec"]["selector"]["matchLabels"].as_object().unwrap() {
         assert_eq!(&service["metadata"]["labels"][key], value, "the ServiceMonitor selects the webhook Service");

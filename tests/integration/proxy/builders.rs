@@ -18,7 +18,7 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Container, PodSpec, Service, ServicePort};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
-use crate::support::fixtures::{self, BalancerVariants};
+use crate::support::fixtures::{self, BalancerVariants, backend, port};
 
 const UID: &str = "6a1c3b3e-1f0e-4d2a-9b7c-0123456789ab";
 
@@ -32,12 +32,7 @@ fn sample() -> Balancer {
 }
 
 fn settings() -> ProxySettings {
-    ProxySettings {
-        image: "nginxinc/nginx-unprivileged:1.28.0-alpine".into(),
-        load_modules: Vec::new(),
-        metrics_image: None,
-        policy: SpecPolicy { replicas: 2, ..SpecPolicy::default() },
-    }
+    fixtures::proxy_settings(2)
 }
 
 /// A Balancer's spec through the pipeline the controller uses.
@@ -82,25 +77,6 @@ fn owner(balancer: &Balancer) -> Owner {
 fn desired_for(balancer: &Balancer) -> Desired {
     let settings = settings();
     desired(&owner(balancer), &admitted(balancer, &settings), &settings)
-}
-
-fn port(name: Option<&str>, protocol: &str, number: i32) -> BalancerPort {
-    BalancerPort {
-        name: name.map(str::to_string),
-        protocol: Some(protocol.into()),
-        port: number,
-        target_port: None,
-        ..Default::default()
-    }
-}
-
-fn backend(name: &str, weight: i32) -> BackendSpec {
-    BackendSpec {
-        name: name.into(),
-        weight: Some(weight),
-        selector: Some(BTreeMap::from([("version".into(), name.into())])),
-        ..Default::default()
-    }
 }
 
 /// The sample with other ports.
