@@ -100,6 +100,18 @@ async fn expect_access_review(server: &mut ApiServer) -> Respond {
 }
 
 /// No request arrives once every task has run as far as it can.
+/// The scraper is allowed at once, and no request goes to the API server for it.
+async fn allowed_from_the_cache(auth: &MetricsAuth, server: &mut ApiServer) {
+    assert!(matches!(at_once(auth, SCRAPER), Ok(Verdict::Allowed)));
+    assert_no_request(server).await;
+}
+
+/// A verdict refreshed now is still served from the cache just before one more TTL is over.
+async fn still_fresh_just_before_another_ttl(auth: &MetricsAuth, server: &mut ApiServer) {
+    tokio::time::advance(VERDICT_TTL - Duration::from_secs(1)).await;
+    allowed_from_the_cache(auth, server).await;
+}
+
 async fn assert_no_request(server: &mut ApiServer) {
     // On the paused clock the timeout only fires when every task is idle.
     server.assert_none_within(Duration::from_millis(1)).await;
@@ -134,6 +146,13 @@ fn server_error(respond: Respond) {
 async fn answer_scraper(server: &mut ApiServer) {
     authenticated(expect_token_review(server, SCRAPER).await, SCRAPER);
     access(expect_access_review(server).await, true);
+}
+
+/// A fresh authorizer whose cache holds the scraper's verdict, and its API server.
+async fn auth_with_the_scraper_cached() -> (Arc<MetricsAuth>, ApiServer) {
+    let (auth, mut server) = auth();
+    cache_scraper(&auth, &mut server).await;
+    (auth, server)
 }
 
 /// Reviews the scraper's token for the first time: its verdict is then cached.
@@ -229,13 +248,10 @@ impl FakeApiServer {
 
 #[tokio::test(start_paused = true)]
 async fn a_valid_token_is_reviewed_once_then_served_from_the_cache() {
-    let (auth, mut server) = auth();
-    cache_scraper(&auth, &mut server).await;
+    let (auth, mut server) = auth_with_the_scraper_cached().await;
 
     assert!(matches!(at_once(&auth, SCRAPER), Ok(Verdict::Allowed)));
-    tokio::time::advance(VERDICT_TTL - Duration::from_secs(1)).await;
-    assert!(matches!(at_once(&auth, SCRAPER), Ok(Verdict::Allowed)));
-    assert_no_request(&mut server).await;
+    still_fresh_just_before_another_ttl(&auth, &mut server).await;
 }
 
 #[tokio::test(start_paused = true)]
@@ -263,8 +279,7 @@ async fn concurrent_callers_with_one_token_share_one_review() {
 
 #[tokio::test(start_paused = true)]
 async fn a_stale_verdict_is_served_at_once_while_exactly_one_refresh_goes_out() {
-    let (auth, mut server) = auth();
-    cache_scraper(&auth, &mut server).await;
+    let (auth, mut server) = auth_with_the_scraper_cached().await;
     tokio::time::advance(VERDICT_TTL).await;
 
     for _ in 0..3 {
@@ -272,22 +287,18 @@ async fn a_stale_verdict_is_served_at_once_while_exactly_one_refresh_goes_out() 
     }
     let refresh = expect_token_review(&mut server, SCRAPER).await;
     // While the refresh is under way, scrapes are still served and start no other one.
-    assert!(matches!(at_once(&auth, SCRAPER), Ok(Verdict::Allowed)));
-    assert_no_request(&mut server).await;
+    allowed_from_the_cache(&auth, &mut server).await;
     authenticated(refresh, SCRAPER);
     access(expect_access_review(&mut server).await, true);
     assert_no_request(&mut server).await;
 
     // The refreshed verdict is fresh for another TTL.
-    tokio::time::advance(VERDICT_TTL - Duration::from_secs(1)).await;
-    assert!(matches!(at_once(&auth, SCRAPER), Ok(Verdict::Allowed)));
-    assert_no_request(&mut server).await;
+    still_fresh_just_before_another_ttl(&auth, &mut server).await;
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_failed_refresh_keeps_the_verdict_until_max_staleness_then_callers_wait() {
-    let (auth, mut server) = auth();
-    cache_scraper(&auth, &mut server).await;
+    let (auth, mut server) = auth_with_the_scraper_cached().await;
     tokio::time::advance(VERDICT_TTL).await;
 
     assert!(matches!(at_once(&auth, SCRAPER), Ok(Verdict::Allowed)));
@@ -313,8 +324,7 @@ async fn a_failed_refresh_keeps_the_verdict_until_max_staleness_then_callers_wai
 
 #[tokio::test(start_paused = true)]
 async fn a_refresh_that_says_unauthenticated_drops_the_verdict() {
-    let (auth, mut server) = auth();
-    cache_scraper(&auth, &mut server).await;
+    let (auth, mut server) = auth_with_the_scraper_cached().await;
     tokio::time::advance(VERDICT_TTL).await;
 
     assert!(matches!(at_once(&auth, SCRAPER), Ok(Verdict::Allowed)));
@@ -420,8 +430,7 @@ async fn the_new_token_bucket_refills_at_its_rate() {
 
 #[tokio::test(start_paused = true)]
 async fn a_stale_scraper_is_allowed_at_once_and_refreshed_while_a_flood_holds_every_review_slot() {
-    let (auth, mut server) = auth();
-    cache_scraper(&auth, &mut server).await;
+    let (auth, mut server) = auth_with_the_scraper_cached().await;
     tokio::time::advance(VERDICT_TTL).await;
     let (flood, held) = hold_flood(&auth, &mut server).await;
 
@@ -431,15 +440,12 @@ async fn a_stale_scraper_is_allowed_at_once_and_refreshed_while_a_flood_holds_ev
     end_flood(flood, held).await;
 
     // Refreshed during the flood: fresh for another TTL.
-    tokio::time::advance(VERDICT_TTL - Duration::from_secs(1)).await;
-    assert!(matches!(at_once(&auth, SCRAPER), Ok(Verdict::Allowed)));
-    assert_no_request(&mut server).await;
+    still_fresh_just_before_another_ttl(&auth, &mut server).await;
 }
 
 #[tokio::test(start_paused = true)]
 async fn an_expired_scraper_is_reviewed_while_a_flood_holds_every_slot_and_the_bucket_is_empty() {
-    let (auth, mut server) = auth();
-    cache_scraper(&auth, &mut server).await;
+    let (auth, mut server) = auth_with_the_scraper_cached().await;
     tokio::time::advance(MAX_STALENESS).await;
     // Spend the bucket but for what the flood will take, so that it ends empty.
     let spare = NEW_TOKEN_REVIEW_BURST as usize - MAX_NEW_TOKEN_REVIEWS_IN_FLIGHT;
