@@ -15,16 +15,19 @@ use k8s_openapi::jiff::Timestamp;
 use kube::Api;
 use kube::api::ListParams;
 
-use crate::cluster::OPERATOR_USER;
 use crate::operator::Operator;
-use crate::runner::eventually;
+use crate::toolkit::cluster::OPERATOR_USER;
+use crate::toolkit::runner::eventually;
 use crate::{World, apply, register_webhooks, unregister_webhooks, webhook_answers};
 
+/// The namespaces of the two operators the fault scenarios run: one alone, one elected leader.
 const PLAIN: &str = "faults-plain";
 const ELECTED: &str = "faults-elected";
 /// The Balancer changed after each fault, and the one left alone, in both namespaces.
 const MOVING: &str = "moving";
 const STEADY: &str = "steady";
+/// The operator's metrics the scenarios read: since when the API server is unreachable, and
+/// whether it leads.
 const UNREACHABLE: &str = "balancer_api_unreachable_since_timestamp_seconds";
 const LEADER: &str = "balancer_controller_leader";
 
@@ -62,7 +65,7 @@ pub async fn start_operators(world: &mut World) {
         op.stop();
     }
     for namespace in [PLAIN, ELECTED] {
-        let (ok, out, err) = world.plane.kubectl("admin", &["create", "namespace", namespace], None);
+        let (ok, out, err) = world.plane.kubectl("admin").run(&["create", "namespace", namespace], None);
         assert!(ok || err.contains("AlreadyExists"), "{out}{err}");
     }
     let plain = Operator::start(&world.plane, PLAIN, &[&format!("--namespace={PLAIN}"), "--insecure-metrics"]).await;
@@ -125,7 +128,7 @@ pub async fn survive(world: &mut World, fault: Fault, weight: u32) {
         let patch = format!(r#"[{{"op": "replace", "path": "/spec/backends/0/weight", "value": {weight}}}]"#);
         let args = ["-n", namespace, "patch", "balancer", MOVING, "--type=json", "-p", &patch];
         eventually(&format!("the change to {namespace}/{MOVING} accepted"), Duration::from_secs(20), || async {
-            world.plane.kubectl("admin", &args, None).0.then_some(())
+            world.plane.kubectl("admin").run(&args, None).0.then_some(())
         })
         .await;
     }
@@ -282,7 +285,8 @@ pub fn clean_up(world: &mut World) {
     }
     unregister_webhooks(world);
     for namespace in [PLAIN, ELECTED] {
-        let (ok, out, err) = world.plane.kubectl("admin", &["delete", "namespace", namespace, "--wait=false"], None);
+        let (ok, out, err) =
+            world.plane.kubectl("admin").run(&["delete", "namespace", namespace, "--wait=false"], None);
         assert!(ok, "{out}{err}");
     }
 }
