@@ -26,10 +26,6 @@ const ELECTED: &str = "faults-elected";
 /// The Balancer changed after each fault, and the one left alone, in both namespaces.
 const MOVING: &str = "moving";
 const STEADY: &str = "steady";
-/// The operator's metrics the scenarios read: since when the API server is unreachable, and
-/// whether it leads.
-const UNREACHABLE: &str = "balancer_api_unreachable_since_timestamp_seconds";
-const LEADER: &str = "balancer_controller_leader";
 
 /// With `BALANCER_E2E_MEASURE=1` the fault scenarios only report what they find, and wait up to
 /// 3 minutes for a change: to measure another build (`BALANCER_E2E_BINARY`, with its
@@ -186,6 +182,8 @@ async fn while_down(world: &World, fault: Fault, killed: Instant) -> Option<Stri
     }
     let noticing = if fault.process == "kube-apiserver" { &world.operators[..] } else { &world.operators[1..] };
     let deadline = killed + fault.down.saturating_sub(Duration::from_millis(500));
+    // Since when the operator has not reached the API server (0 while it does).
+    const UNREACHABLE: &str = "balancer_api_unreachable_since_timestamp_seconds";
     for op in noticing {
         loop {
             if op.metric(&world.plane, UNREACHABLE).await.is_some_and(|since| since > 0.0) {
@@ -229,7 +227,7 @@ async fn recover(world: &World, weight: u32, back: Instant) -> Recovery {
         }
         let mut leading = 0;
         for op in &world.operators[1..] {
-            leading += usize::from(op.metric(&world.plane, LEADER).await == Some(1.0));
+            leading += usize::from(op.metric(&world.plane, "balancer_controller_leader").await == Some(1.0));
         }
         if leading > 1 {
             both_led.push(back.elapsed());

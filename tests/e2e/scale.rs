@@ -208,19 +208,13 @@ async fn wait_converged(admin: &Client, n: usize, started: Instant, timeout: Dur
     // From the API server's watch cache: cheap enough to poll every second.
     let cached = ListParams::default().match_any();
     let period = Duration::from_secs(1);
+    let converged = |b: &Balancer| {
+        b.status.as_ref().is_some_and(|s| {
+            s.active_backends == 3 && s.observed_generation.is_some() && s.observed_generation == b.metadata.generation
+        })
+    };
     count_until_done(n, "converged", started, timeout, period, || async {
-        let list = balancers.list(&cached).await.ok()?;
-        let done = list
-            .items
-            .iter()
-            .filter(|b| {
-                b.status.as_ref().is_some_and(|s| {
-                    s.active_backends == 3
-                        && s.observed_generation.is_some()
-                        && s.observed_generation == b.metadata.generation
-                })
-            })
-            .count();
+        let done = count_listed(&balancers, &cached, converged).await?;
         Some((done, done >= n && children_complete(admin, n).await))
     })
     .await
@@ -232,21 +226,24 @@ async fn wait_deployments_settled(admin: &Client, n: usize, started: Instant, ti
     let deployments: Api<Deployment> = Api::namespaced(admin.clone(), NS);
     let lp = ListParams::default().labels("app.kubernetes.io/managed-by=balancer").match_any();
     let period = Duration::from_secs(2);
+    let has_its_pods = |d: &Deployment| {
+        let want = d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
+        let status = d.status.as_ref();
+        status.is_some_and(|s| s.observed_generation == d.metadata.generation && s.replicas.unwrap_or(0) == want)
+    };
     count_until_done(n, "Deployments have their pods", started, timeout, period, || async {
-        let list = deployments.list(&lp).await.ok()?;
-        let settled = list
-            .items
-            .iter()
-            .filter(|d| {
-                let want = d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
-                d.status
-                    .as_ref()
-                    .is_some_and(|s| s.observed_generation == d.metadata.generation && s.replicas.unwrap_or(0) == want)
-            })
-            .count();
+        let settled = count_listed(&deployments, &lp, has_its_pods).await?;
         Some((settled, settled >= n))
     })
     .await
+}
+
+/// How many of the objects `api` lists with `params` are `counted`; `None` if the list fails.
+async fn count_listed<K>(api: &Api<K>, params: &ListParams, counted: impl Fn(&K) -> bool) -> Option<usize>
+where
+    K: Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    Some(api.list(params).await.ok()?.items.iter().filter(|k| counted(k)).count())
 }
 
 /// Every `period`, `count` says how many of `n` are done and whether that is all it waits
