@@ -439,7 +439,7 @@ pub async fn operator_pods(world: &World) -> Vec<String> {
 }
 
 /// Each running operator pod's name and container restarts (a pod still terminating, such as
-/// the leader deleted in scenario 5, is left out).
+/// the leader the failover scenario deletes, is left out).
 pub async fn operator_pod_restarts(world: &World) -> BTreeMap<String, i32> {
     let pods: Api<Pod> = Api::namespaced(world.admin.clone(), OPERATOR_NS);
     let params = ListParams::default().labels("app.kubernetes.io/name=balancer");
