@@ -16,7 +16,7 @@ use kube::Api;
 use kube::api::ListParams;
 
 use crate::operator::Operator;
-use crate::toolkit::cluster::OPERATOR_USER;
+use crate::toolkit::cluster::OPERATOR;
 use crate::toolkit::runner::eventually;
 use crate::{World, apply, register_webhooks, unregister_webhooks, webhook_answers};
 
@@ -245,7 +245,7 @@ fn replayed_writes(world: &World, mark: usize) -> Vec<String> {
     let events = world.plane.audit_events();
     events[mark.min(events.len())..]
         .iter()
-        .filter(|e| e["user"]["username"] == OPERATOR_USER)
+        .filter(|e| e["user"]["username"] == OPERATOR.name)
         .filter(|e| ["create", "update", "patch", "delete"].contains(&e["verb"].as_str().unwrap_or("")))
         .filter(|e| {
             let name = e["objectRef"]["name"].as_str().unwrap_or("");

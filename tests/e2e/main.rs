@@ -30,9 +30,7 @@ use kube::{Api, Client, ResourceExt};
 use serde_json::{Value, json};
 
 use operator::Operator;
-use toolkit::cluster::{
-    ControlPlane, NOBODY_TOKEN, NOBODY_USER, OPERATOR_USER, SCRAPER_TOKEN, SCRAPER_USER, http_client,
-};
+use toolkit::cluster::{ControlPlane, NOBODY, OPERATOR, SCRAPER, http_client};
 use toolkit::runner::{self, Filter, eventually, scenarios};
 use toolkit::wait::{self, balancer_until};
 
@@ -144,7 +142,7 @@ fn main() -> ExitCode {
 /// request to a deprecated API (core/v1 Endpoints, say, since v1.33), and the operator made none.
 async fn the_operator_calls_no_deprecated_api(world: &mut World) {
     let events = world.plane.audit_events();
-    let operators: Vec<&Value> = events.iter().filter(|e| e["user"]["username"] == OPERATOR_USER).collect();
+    let operators: Vec<&Value> = events.iter().filter(|e| e["user"]["username"] == OPERATOR.name).collect();
     assert!(operators.len() > 100, "the audit log holds {} events of the operator: is it written?", operators.len());
     // "VERB URI" of each request to an API the server marks deprecated.
     let deprecated: Vec<String> = operators
@@ -313,7 +311,7 @@ fn apply_shipped_rbac(world: &World) {
             doc["metadata"]["namespace"] = json!("balancer-system");
         }
         if kind.ends_with("Binding") {
-            doc["subjects"] = json!([{"kind": "User", "name": OPERATOR_USER, "apiGroup": "rbac.authorization.k8s.io"}]);
+            doc["subjects"] = json!([{"kind": "User", "name": OPERATOR.name, "apiGroup": "rbac.authorization.k8s.io"}]);
         }
         items.push(doc);
     }
@@ -341,7 +339,7 @@ async fn operator_runs_with_only_the_shipped_rbac(world: &mut World) {
     assert_eq!(legacy.spec.backends.len(), 3);
     balancers(world).delete(LEGACY, &DeleteParams::default()).await.expect("delete the legacy Balancer");
     let (ok, out, _) =
-        world.plane.kubectl("admin").run(&["auth", "can-i", "get", "secrets", "--as", OPERATOR_USER], None);
+        world.plane.kubectl("admin").run(&["auth", "can-i", "get", "secrets", "--as", OPERATOR.name], None);
     assert!(!ok && out.trim() == "no", "the operator must not read Secrets");
 }
 
@@ -965,7 +963,7 @@ async fn steady_state_makes_no_writes(world: &mut World) {
     tokio::time::sleep(Duration::from_secs(30)).await;
     let events = world.plane.audit_events();
     let window = &events[before..];
-    let operator: Vec<&Value> = window.iter().filter(|e| e["user"]["username"] == OPERATOR_USER).collect();
+    let operator: Vec<&Value> = window.iter().filter(|e| e["user"]["username"] == OPERATOR.name).collect();
     let writes: Vec<String> = operator
         .iter()
         .filter(|e| ["create", "update", "patch", "delete"].contains(&e["verb"].as_str().unwrap_or("")))
@@ -974,11 +972,11 @@ async fn steady_state_makes_no_writes(world: &mut World) {
     assert!(writes.is_empty(), "the operator wrote during a quiet 30 s window: {writes:#?}");
     // The filter does see the operator: it wrote plenty before the window.
     let earlier_writes =
-        events[..before].iter().filter(|e| e["user"]["username"] == OPERATOR_USER && e["verb"] == "patch").count();
+        events[..before].iter().filter(|e| e["user"]["username"] == OPERATOR.name && e["verb"] == "patch").count();
     assert!(earlier_writes > 0, "no operator requests in the audit log at all: is the user name right?");
     let forbidden: Vec<String> = events
         .iter()
-        .filter(|e| e["user"]["username"] == OPERATOR_USER && e["responseStatus"]["code"] == 403)
+        .filter(|e| e["user"]["username"] == OPERATOR.name && e["responseStatus"]["code"] == 403)
         .map(|e| format!("{} {}", e["verb"], e["requestURI"]))
         .collect();
     assert!(forbidden.is_empty(), "the shipped RBAC forbade: {forbidden:#?}");
@@ -1276,14 +1274,14 @@ async fn metrics_need_a_token_allowed_to_get_them(world: &mut World) {
     let operator = &world.operators[0];
     assert_eq!(operator.scrape(&world.plane, None).await.0, 401, "no token");
     assert_eq!(operator.scrape(&world.plane, Some("not-a-token")).await.0, 401, "an invalid token");
-    assert_eq!(operator.scrape(&world.plane, Some(NOBODY_TOKEN)).await.0, 403, "a token without the RBAC");
+    assert_eq!(operator.scrape(&world.plane, Some(NOBODY.token)).await.0, 403, "a token without the RBAC");
     let binding = json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
         "metadata": {"name": "e2e-metrics-scraper"},
         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "balancer-metrics-reader"},
-        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": SCRAPER_USER}]});
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": SCRAPER.name}]});
     let (ok, out) = apply(world, "admin", &binding.to_string());
     assert!(ok, "{out}");
-    let (status, body) = operator.scrape(&world.plane, Some(SCRAPER_TOKEN)).await;
+    let (status, body) = operator.scrape(&world.plane, Some(SCRAPER.token)).await;
     assert_eq!(status, 200, "a token bound to balancer-metrics-reader: {body}");
     assert!(body.contains("balancer_admission_requests_total"), "{body}");
 }
@@ -1414,11 +1412,11 @@ async fn an_unreadable_stored_balancer_is_reported_on_itself(world: &mut World) 
     assert_exits_on_sigterm(&world.plane, &mut world.operators[0], limit);
 
     // ... and with a controller that cannot even list Balancers (a user without RBAC).
-    let blind = Operator::start_alive(&world.plane, "operator-f", NOBODY_USER, &[&shutdown_delay]).await;
+    let blind = Operator::start_alive(&world.plane, "operator-f", NOBODY.name, &[&shutdown_delay]).await;
     world.operators.push(blind);
     eventually("the list as nobody to be forbidden", Duration::from_secs(20), || async {
         let forbidden = world.plane.audit_events().iter().any(|e| {
-            e["user"]["username"] == NOBODY_USER
+            e["user"]["username"] == NOBODY.name
                 && e["objectRef"]["resource"] == "balancers"
                 && e["responseStatus"]["code"] == 403
         });

@@ -135,7 +135,7 @@ impl Operator {
                 Err(_) => String::new(),
             };
         }
-        self.scrape(plane, Some(crate::toolkit::cluster::ADMIN_TOKEN)).await.1
+        self.scrape(plane, Some(crate::toolkit::cluster::ADMIN.token)).await.1
     }
 
     /// The value of one sample, e.g. `balancer_controller_leader` or `x_total{result="success"}`.

@@ -44,7 +44,7 @@ use serde::Deserialize;
 use serde_json::json;
 
 use crate::operator::Operator;
-use crate::toolkit::cluster::{ControlPlane, OPERATOR_USER, PlaneOptions};
+use crate::toolkit::cluster::{ControlPlane, OPERATOR, PlaneOptions};
 use crate::toolkit::kubectl::Kubectl;
 use crate::{NS, World, apply_shipped_rbac, as_list, install_shipped_crd, register_webhooks};
 
@@ -363,7 +363,7 @@ fn audit_summary(path: &Path, from: u64, to: u64) -> AuditSummary {
     while reader.read_line(&mut line).unwrap_or(0) > 0 {
         let event: Option<AuditEvent> = serde_json::from_str(&line).ok();
         line.clear();
-        let Some(event) = event.filter(|e| e.user.username == OPERATOR_USER) else { continue };
+        let Some(event) = event.filter(|e| e.user.username == OPERATOR.name) else { continue };
         if !seen.insert(event.audit_id.clone()) {
             continue;
         }

@@ -15,16 +15,20 @@ use tempfile::TempDir;
 
 use super::kubectl::Kubectl;
 
-/// Token users the API server knows (`--token-auth-file`).
-pub const ADMIN_TOKEN: &str = "e2e-admin-token";
-pub const OPERATOR_TOKEN: &str = "e2e-operator-token";
-pub const OPERATOR_USER: &str = "balancer-operator";
-/// A user with no RBAC grants at all.
-pub const NOBODY_TOKEN: &str = "e2e-nobody-token";
-pub const NOBODY_USER: &str = "nobody";
-/// A user the metrics scenario binds to `balancer-metrics-reader`.
-pub const SCRAPER_TOKEN: &str = "e2e-scraper-token";
-pub const SCRAPER_USER: &str = "metrics-scraper";
+/// A user the API server knows by a bearer token (`--token-auth-file`).
+pub struct TokenUser {
+    pub token: &'static str,
+    pub name: &'static str,
+}
+
+/// In `system:masters`: may do anything.
+pub const ADMIN: TokenUser = TokenUser { token: "e2e-admin-token", name: "e2e-admin" };
+/// The operator, as deploy/rbac.yaml binds it.
+pub const OPERATOR: TokenUser = TokenUser { token: "e2e-operator-token", name: "balancer-operator" };
+/// No RBAC grants at all.
+pub const NOBODY: TokenUser = TokenUser { token: "e2e-nobody-token", name: "nobody" };
+/// Bound by the metrics scenario to `balancer-metrics-reader`.
+pub const SCRAPER: TokenUser = TokenUser { token: "e2e-scraper-token", name: "metrics-scraper" };
 
 /// A child process killed (and reaped) on drop.
 pub struct Proc {
@@ -245,16 +249,11 @@ impl ControlPlane {
         let sa_key = rcgen::KeyPair::generate().expect("service account key");
         std::fs::write(d.join("pki/sa.key"), sa_key.serialize_pem()).unwrap();
         std::fs::write(d.join("pki/sa.pub"), sa_key.public_key_pem()).unwrap();
-        std::fs::write(
-            d.join("tokens.csv"),
-            format!(
-                "{ADMIN_TOKEN},e2e-admin,1,\"system:masters\"\n\
-                 {OPERATOR_TOKEN},{OPERATOR_USER},2\n\
-                 {NOBODY_TOKEN},{NOBODY_USER},3\n\
-                 {SCRAPER_TOKEN},{SCRAPER_USER},4\n"
-            ),
-        )
-        .unwrap();
+        // token,user,uid[,"groups"]
+        let users = [(&ADMIN, "1,\"system:masters\""), (&OPERATOR, "2"), (&NOBODY, "3"), (&SCRAPER, "4")];
+        let tokens: String =
+            users.iter().map(|(user, rest)| format!("{},{},{rest}\n", user.token, user.name)).collect();
+        std::fs::write(d.join("tokens.csv"), tokens).unwrap();
         std::fs::write(
             d.join("audit-policy.yaml"),
             "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [RequestReceived]\nrules:\n  - level: Metadata\n",
@@ -316,9 +315,9 @@ impl ControlPlane {
         ));
         let url = format!("https://{}:{port}", options.address);
         let plane = ControlPlane { dir, url, ca_pem: certs.ca_pem, audit_log, processes };
-        plane.write_kubeconfig("admin", ADMIN_TOKEN);
-        plane.write_kubeconfig("operator", OPERATOR_TOKEN);
-        plane.write_kubeconfig(NOBODY_USER, NOBODY_TOKEN);
+        plane.write_kubeconfig("admin", ADMIN.token);
+        plane.write_kubeconfig("operator", OPERATOR.token);
+        plane.write_kubeconfig(NOBODY.name, NOBODY.token);
         plane.wait_ready().await;
 
         let kcm = assets.join("kube-controller-manager");
@@ -448,7 +447,7 @@ impl ControlPlane {
     /// Whether the API server answers `/readyz` (with etcd behind it) within a second.
     pub async fn is_ready(&self) -> bool {
         let client = http_client(&self.ca_pem);
-        let request = client.get(format!("{}/readyz", self.url)).bearer_auth(ADMIN_TOKEN);
+        let request = client.get(format!("{}/readyz", self.url)).bearer_auth(ADMIN.token);
         let answer = tokio::time::timeout(Duration::from_secs(1), request.send()).await;
         matches!(answer, Ok(Ok(r)) if r.status().is_success())
     }
