@@ -156,9 +156,15 @@ impl World {
             let sample = wait_ready_balancer(self, SAMPLE, Duration::from_secs(120)).await;
             let replicas = sample.spec.replicas.unwrap_or(1);
             wait_available(self, NS, &format!("{SAMPLE}-proxy"), replicas).await;
+            rolled_out(self, replicas).await;
             let versions = names(&sample);
             let versions: Vec<&str> = versions.iter().map(String::as_str).collect();
-            every_backend_answers(&front_ip(self, SAMPLE).await, &versions).await;
+            let front = front_ip(self, SAMPLE).await;
+            every_backend_answers(&front, &versions).await;
+            eventually("a batch through the sample without a failed request", Duration::from_secs(60), || async {
+                (!split(&front, 80, 30).await.contains_key("failed")).then_some(())
+            })
+            .await;
         }
     }
 
@@ -175,6 +181,22 @@ impl World {
         self.ensure_echo_backends().await;
         nodes::drain_ready_backends(self).await;
     }
+}
+
+/// Waits until the sample's proxy has `replicas` ready pods on its current configuration and
+/// no other pod, not even a terminating one: a scenario that starts while pods of a rollout
+/// still drain would measure them, and one that stops the API server would leave kube-proxy
+/// sending to them once they are gone.
+async fn rolled_out(world: &World, replicas: i32) {
+    let selector = nodes::proxy_pods();
+    let count = usize::try_from(replicas).expect("a replica count");
+    nodes::settled(world, NS, &selector, count).await;
+    let pods: Api<Pod> = Api::namespaced(world.admin.clone(), NS);
+    eventually("the sample's old proxy pods gone", Duration::from_secs(120), || async {
+        let listed = pods.list(&ListParams::default().labels(&selector)).await.ok()?;
+        (listed.items.len() == count).then_some(())
+    })
+    .await;
 }
 
 /// `deploy/samples/balancer.yaml` applied in [`NS`], as the walkthrough applies it.
