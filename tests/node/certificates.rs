@@ -17,7 +17,7 @@ use kube::api::ListParams;
 use rustls::pki_types::{CertificateDer, pem::PemObject as _};
 use serde_json::{Value, json};
 
-use crate::fixtures::{apply_sample_as, operator_pod_restarts};
+use crate::fixtures::{Sample, apply_sample_as, operator_pod_restarts};
 use crate::install::{new_certificates, patch_ca_bundle, webhook_secret, write_kustomization};
 use crate::toolkit::cluster;
 use crate::toolkit::runner::eventually;
@@ -146,7 +146,8 @@ fn request_renewal(world: &World) {
 /// webhook configurations and the CRD's conversion webhook, the API server validates and
 /// converts through them, and a renewed certificate is served without a restart.
 pub async fn cert_manager_issues_the_webhook_certificate_and_injects_its_ca(world: &mut World) {
-    world.ensure_namespace().await;
+    // The sample is read as v1alpha1 through the conversion webhook.
+    world.ensure_sample(Sample::ANY).await;
     install_cert_manager(world);
     let restarts = operator_pod_restarts(world).await;
 
