@@ -15,18 +15,17 @@ use k8s_openapi::jiff::Timestamp;
 use kube::Api;
 use kube::api::ListParams;
 
-use crate::cluster::OPERATOR_USER;
 use crate::operator::Operator;
-use crate::runner::eventually;
+use crate::toolkit::cluster::OPERATOR;
+use crate::toolkit::runner::eventually;
 use crate::{World, apply, register_webhooks, unregister_webhooks, webhook_answers};
 
+/// The namespaces of the two operators the fault scenarios run: one alone, one elected leader.
 const PLAIN: &str = "faults-plain";
 const ELECTED: &str = "faults-elected";
 /// The Balancer changed after each fault, and the one left alone, in both namespaces.
 const MOVING: &str = "moving";
 const STEADY: &str = "steady";
-const UNREACHABLE: &str = "balancer_api_unreachable_since_timestamp_seconds";
-const LEADER: &str = "balancer_controller_leader";
 
 /// With `BALANCER_E2E_MEASURE=1` the fault scenarios only report what they find, and wait up to
 /// 3 minutes for a change: to measure another build (`BALANCER_E2E_BINARY`, with its
@@ -62,7 +61,7 @@ pub async fn start_operators(world: &mut World) {
         op.stop();
     }
     for namespace in [PLAIN, ELECTED] {
-        let (ok, out, err) = world.plane.kubectl("admin", &["create", "namespace", namespace], None);
+        let (ok, out, err) = world.plane.kubectl("admin").run(&["create", "namespace", namespace], None);
         assert!(ok || err.contains("AlreadyExists"), "{out}{err}");
     }
     let plain = Operator::start(&world.plane, PLAIN, &[&format!("--namespace={PLAIN}"), "--insecure-metrics"]).await;
@@ -125,7 +124,7 @@ pub async fn survive(world: &mut World, fault: Fault, weight: u32) {
         let patch = format!(r#"[{{"op": "replace", "path": "/spec/backends/0/weight", "value": {weight}}}]"#);
         let args = ["-n", namespace, "patch", "balancer", MOVING, "--type=json", "-p", &patch];
         eventually(&format!("the change to {namespace}/{MOVING} accepted"), Duration::from_secs(20), || async {
-            world.plane.kubectl("admin", &args, None).0.then_some(())
+            world.plane.kubectl("admin").run(&args, None).0.then_some(())
         })
         .await;
     }
@@ -183,6 +182,8 @@ async fn while_down(world: &World, fault: Fault, killed: Instant) -> Option<Stri
     }
     let noticing = if fault.process == "kube-apiserver" { &world.operators[..] } else { &world.operators[1..] };
     let deadline = killed + fault.down.saturating_sub(Duration::from_millis(500));
+    // Since when the operator has not reached the API server (0 while it does).
+    const UNREACHABLE: &str = "balancer_api_unreachable_since_timestamp_seconds";
     for op in noticing {
         loop {
             if op.metric(&world.plane, UNREACHABLE).await.is_some_and(|since| since > 0.0) {
@@ -226,7 +227,7 @@ async fn recover(world: &World, weight: u32, back: Instant) -> Recovery {
         }
         let mut leading = 0;
         for op in &world.operators[1..] {
-            leading += usize::from(op.metric(&world.plane, LEADER).await == Some(1.0));
+            leading += usize::from(op.metric(&world.plane, "balancer_controller_leader").await == Some(1.0));
         }
         if leading > 1 {
             both_led.push(back.elapsed());
@@ -244,7 +245,7 @@ fn replayed_writes(world: &World, mark: usize) -> Vec<String> {
     let events = world.plane.audit_events();
     events[mark.min(events.len())..]
         .iter()
-        .filter(|e| e["user"]["username"] == OPERATOR_USER)
+        .filter(|e| e["user"]["username"] == OPERATOR.name)
         .filter(|e| ["create", "update", "patch", "delete"].contains(&e["verb"].as_str().unwrap_or("")))
         .filter(|e| {
             let name = e["objectRef"]["name"].as_str().unwrap_or("");
@@ -282,7 +283,8 @@ pub fn clean_up(world: &mut World) {
     }
     unregister_webhooks(world);
     for namespace in [PLAIN, ELECTED] {
-        let (ok, out, err) = world.plane.kubectl("admin", &["delete", "namespace", namespace, "--wait=false"], None);
+        let (ok, out, err) =
+            world.plane.kubectl("admin").run(&["delete", "namespace", namespace, "--wait=false"], None);
         assert!(ok, "{out}{err}");
     }
 }

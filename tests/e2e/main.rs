@@ -6,10 +6,11 @@
 //! ~/.cache/balancer/kubernetes. Without them the suite is skipped with one
 //! line, unless BALANCER_E2E=1 (as in CI), which makes it mandatory and builds them.
 
-mod cluster;
+#[path = "../toolkit/mod.rs"]
+mod toolkit;
+
 mod faults;
 mod operator;
-mod runner;
 mod scale;
 
 use std::path::PathBuf;
@@ -28,9 +29,10 @@ use kube::api::{ApiResource, DeleteParams, DynamicObject, ListParams, Patch, Pat
 use kube::{Api, Client, ResourceExt};
 use serde_json::{Value, json};
 
-use cluster::{ControlPlane, NOBODY_TOKEN, NOBODY_USER, OPERATOR_USER, SCRAPER_TOKEN, SCRAPER_USER, http_client};
 use operator::Operator;
-use runner::{eventually, scenarios};
+use toolkit::cluster::{ControlPlane, NOBODY, OPERATOR, SCRAPER, http_client};
+use toolkit::runner::{self, Filter, eventually, scenarios};
+use toolkit::wait::{self, balancer_until};
 
 const NS: &str = "default";
 const SAMPLE: &str = "example-balancer";
@@ -76,7 +78,7 @@ fn main() -> ExitCode {
         );
         return ExitCode::SUCCESS;
     };
-    cluster::commands_first_on_path(&assets);
+    toolkit::cluster::commands_first_on_path(&assets);
     if std::process::Command::new("kubectl").arg("version").arg("--client").output().is_err() {
         println!("e2e: FAILED: kubectl is required");
         return ExitCode::FAILURE;
@@ -116,7 +118,7 @@ fn main() -> ExitCode {
             the_controller_catches_up_after_two_minutes_without_the_api_server,
             the_operator_calls_no_deprecated_api,
         ];
-        let (passed, failed) = runner::run_in_order(&mut world, all, |world| {
+        let (passed, failed) = runner::run(&mut world, all, Filter::RunsUpToTheNamed, |world| {
             let tail = |log: String| {
                 log.lines().rev().take(30).collect::<Vec<_>>().into_iter().rev().collect::<Vec<_>>().join("\n")
             };
@@ -140,7 +142,7 @@ fn main() -> ExitCode {
 /// request to a deprecated API (core/v1 Endpoints, say, since v1.33), and the operator made none.
 async fn the_operator_calls_no_deprecated_api(world: &mut World) {
     let events = world.plane.audit_events();
-    let operators: Vec<&Value> = events.iter().filter(|e| e["user"]["username"] == OPERATOR_USER).collect();
+    let operators: Vec<&Value> = events.iter().filter(|e| e["user"]["username"] == OPERATOR.name).collect();
     assert!(operators.len() > 100, "the audit log holds {} events of the operator: is it written?", operators.len());
     // "VERB URI" of each request to an API the server marks deprecated.
     let deprecated: Vec<String> = operators
@@ -164,7 +166,7 @@ fn as_list(items: Vec<Value>) -> String {
 }
 
 fn apply(world: &World, user: &str, json_or_yaml: &str) -> (bool, String) {
-    let (ok, out, err) = world.plane.kubectl(user, &["apply", "-f", "-"], Some(json_or_yaml));
+    let (ok, out, err) = world.plane.kubectl(user).run(&["apply", "-f", "-"], Some(json_or_yaml));
     (ok, format!("{out}{err}"))
 }
 
@@ -192,7 +194,7 @@ fn register_conversion(world: &World, operator: &Operator) {
     let client_config = json!({"url": operator.webhook_url("/convert"), "caBundle": bundle});
     let patch = json!([{"op": "replace", "path": "/spec/conversion/webhook/clientConfig", "value": client_config}]);
     let (ok, out, err) =
-        world.plane.kubectl("admin", &["patch", "crd", CRD, "--type=json", "-p", &patch.to_string()], None);
+        world.plane.kubectl("admin").run(&["patch", "crd", CRD, "--type=json", "-p", &patch.to_string()], None);
     assert!(ok, "pointing the conversion webhook at {}: {out}{err}", operator.name);
 }
 
@@ -218,7 +220,7 @@ async fn register_webhooks(world: &World, operator: &Operator) {
 fn unregister_webhooks(world: &World) {
     for doc in yaml_docs(&repo_file("deploy/webhook.yaml")) {
         let target = format!("{}/{}", doc["kind"].as_str().unwrap(), doc["metadata"]["name"].as_str().unwrap());
-        let (ok, out, err) = world.plane.kubectl("admin", &["delete", &target, "--ignore-not-found"], None);
+        let (ok, out, err) = world.plane.kubectl("admin").run(&["delete", &target, "--ignore-not-found"], None);
         assert!(ok, "deleting {target}: {out}{err}");
     }
 }
@@ -253,11 +255,10 @@ fn v1alpha1_only_crd() -> Value {
 fn wait_established(world: &World) {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        let (ok, out, err) = world.plane.kubectl(
-            "admin",
-            &["wait", "--for=condition=Established", "--timeout=30s", &format!("crd/{CRD}")],
-            None,
-        );
+        let (ok, out, err) = world
+            .plane
+            .kubectl("admin")
+            .run(&["wait", "--for=condition=Established", "--timeout=30s", &format!("crd/{CRD}")], None);
         // kubectl gives up at once on a CRD the API server has not given conditions yet.
         let too_early = err.contains(".status.conditions accessor error");
         if ok || !too_early || Instant::now() > deadline {
@@ -310,7 +311,7 @@ fn apply_shipped_rbac(world: &World) {
             doc["metadata"]["namespace"] = json!("balancer-system");
         }
         if kind.ends_with("Binding") {
-            doc["subjects"] = json!([{"kind": "User", "name": OPERATOR_USER, "apiGroup": "rbac.authorization.k8s.io"}]);
+            doc["subjects"] = json!([{"kind": "User", "name": OPERATOR.name, "apiGroup": "rbac.authorization.k8s.io"}]);
         }
         items.push(doc);
     }
@@ -337,7 +338,8 @@ async fn operator_runs_with_only_the_shipped_rbac(world: &mut World) {
     .await;
     assert_eq!(legacy.spec.backends.len(), 3);
     balancers(world).delete(LEGACY, &DeleteParams::default()).await.expect("delete the legacy Balancer");
-    let (ok, out, _) = world.plane.kubectl("admin", &["auth", "can-i", "get", "secrets", "--as", OPERATOR_USER], None);
+    let (ok, out, _) =
+        world.plane.kubectl("admin").run(&["auth", "can-i", "get", "secrets", "--as", OPERATOR.name], None);
     assert!(!ok && out.trim() == "no", "the operator must not read Secrets");
 }
 
@@ -510,7 +512,7 @@ async fn balancers_are_reconciled_into_children_and_status(world: &mut World) {
         })
         .await;
     }
-    let (ok, out, err) = world.plane.kubectl("admin", &["get", "bal", SAMPLE], None);
+    let (ok, out, err) = world.plane.kubectl("admin").run(&["get", "bal", SAMPLE], None);
     // Printer columns: a `[*]` path shows only its first value (v1, not v1,v2,v3).
     let row: Vec<&str> = out.lines().nth(1).unwrap_or_default().split_whitespace().collect();
     // v1beta1's columns: Active, Ready-Replicas and Obsolete only with `-o wide` (priority 1).
@@ -640,24 +642,17 @@ async fn each_backends_ready_endpoints_are_in_the_status(world: &mut World) {
         run_backend_pod(world, &pod, json!({"app": "seen", "version": version}), &format!("10.244.9.{}", i + 1)).await;
     }
     let api = balancers(world);
-    let seen = |want_ready: [i32; 3], want_share: [i32; 3], available: &'static str| {
+    let seen = |what: &'static str, timeout: u64, ready: [i32; 3], shares: [i32; 3], available: &'static str| {
+        let condition = wait::backends_show(&ready, &shares, available);
         let api = api.clone();
-        move || {
-            let api = api.clone();
-            async move {
-                let status = api.get(name).await.ok()?.status?;
-                let ready: Vec<i32> = status.backends.iter().map(|b| b.ready_endpoints).collect();
-                let share: Vec<i32> = status.backends.iter().map(|b| b.share).collect();
-                let condition = status.conditions.iter().find(|c| c.type_ == "BackendsAvailable")?;
-                (ready == want_ready && share == want_share && condition.status == available).then_some(status)
-            }
+        async move {
+            let balancer = balancer_until(&api, name, what, Duration::from_secs(timeout), condition).await;
+            balancer.status.expect("a status")
         }
     };
-    let status =
-        eventually("3 backends, 1 ready endpoint each", Duration::from_secs(30), seen([1, 1, 1], [40, 20, 40], "True"))
-            .await;
+    let status = seen("3 backends, 1 ready endpoint each", 30, [1, 1, 1], [40, 20, 40], "True").await;
     assert_eq!(status.backends_ready.as_deref(), Some("3/3"));
-    let (ok, out, err) = world.plane.kubectl("admin", &["get", "bal", name, "-o", "wide"], None);
+    let (ok, out, err) = world.plane.kubectl("admin").run(&["get", "bal", name, "-o", "wide"], None);
     let header: Vec<&str> = out.lines().next().unwrap_or_default().split_whitespace().collect();
     let row: Vec<&str> = out.lines().nth(1).unwrap_or_default().split_whitespace().collect();
     assert!(ok && header.contains(&"BACKENDS-READY") && header.contains(&"BACKENDS-AVAILABLE"), "{out}{err}");
@@ -667,8 +662,7 @@ async fn each_backends_ready_endpoints_are_in_the_status(world: &mut World) {
     let pods: Api<Pod> = Api::namespaced(world.admin.clone(), NS);
     pods.delete("seen-v2", &DeleteParams { grace_period_seconds: Some(0), ..DeleteParams::default() }).await.unwrap();
     let started = Instant::now();
-    let status =
-        eventually("v2 without endpoints", Duration::from_secs(15), seen([1, 0, 1], [50, 0, 50], "False")).await;
+    let status = seen("v2 without endpoints", 15, [1, 0, 1], [50, 0, 50], "False").await;
     println!("e2e: v2's lost endpoint in the status after {:?}", started.elapsed());
     assert_eq!(status.backends_ready.as_deref(), Some("2/3"));
     let condition = status.conditions.iter().find(|c| c.type_ == "BackendsAvailable").unwrap();
@@ -676,7 +670,7 @@ async fn each_backends_ready_endpoints_are_in_the_status(world: &mut World) {
     assert!(condition.message.contains("v2") && !condition.message.contains("v1"), "{}", condition.message);
 
     run_backend_pod(world, "seen-v2", json!({"app": "seen", "version": "v2"}), "10.244.9.2").await;
-    eventually("v2 back", Duration::from_secs(15), seen([1, 1, 1], [40, 20, 40], "True")).await;
+    seen("v2 back", 15, [1, 1, 1], [40, 20, 40], "True").await;
     balancers(world).delete(name, &DeleteParams::default()).await.unwrap();
     for version in ["v1", "v2", "v3"] {
         let _ = pods.delete(&format!("seen-{version}"), &DeleteParams::default()).await;
@@ -815,7 +809,7 @@ async fn a_balancer_is_exposed_by_node_ports_and_a_load_balancer(world: &mut Wor
         (status.addresses.len() == 1 && status.addresses[0].value == "192.0.2.10").then_some(())
     })
     .await;
-    let out = kubectl_ok(world, &["get", "bal", NAME]);
+    let out = world.plane.kubectl("admin").ok(&["get", "bal", NAME]);
     let header: Vec<&str> = out.lines().next().unwrap_or_default().split_whitespace().collect();
     let row: Vec<&str> = out.lines().nth(1).unwrap_or_default().split_whitespace().collect();
     let address = header.iter().position(|h| *h == "ADDRESS").expect("an ADDRESS column");
@@ -865,12 +859,6 @@ async fn a_balancer_is_exposed_by_node_ports_and_a_load_balancer(world: &mut Wor
 
 const SCALED: &str = "scaled";
 
-fn kubectl_ok(world: &World, args: &[&str]) -> String {
-    let (ok, out, err) = world.plane.kubectl("admin", args, None);
-    assert!(ok, "kubectl {}: {out}{err}", args.join(" "));
-    out
-}
-
 async fn versions_convert_and_the_proxy_scales(world: &mut World) {
     // Written as v1alpha1 (the Go project's manifest), read as v1beta1 with replicas defaulted.
     let manifest = balancer_yaml_at("v1alpha1", SCALED, &sample_spec_yaml());
@@ -878,10 +866,15 @@ async fn versions_convert_and_the_proxy_scales(world: &mut World) {
     assert!(ok, "{out}");
     let stored = balancers(world).get(SCALED).await.expect("readable as v1beta1");
     assert_eq!(stored.spec.replicas, Some(1), "defaulted from --proxy-replicas");
-    let alpha: Value = serde_json::from_str(&kubectl_ok(
-        world,
-        &["get", "balancers.v1alpha1.exposer.hliangzhao.io", SCALED, "-n", NS, "-o", "json"],
-    ))
+    let alpha: Value = serde_json::from_str(&world.plane.kubectl("admin").ok(&[
+        "get",
+        "balancers.v1alpha1.exposer.hliangzhao.io",
+        SCALED,
+        "-n",
+        NS,
+        "-o",
+        "json",
+    ]))
     .unwrap();
     assert_eq!(alpha["apiVersion"], "exposer.hliangzhao.io/v1alpha1");
     assert_eq!(alpha["spec"].get("replicas"), None, "v1alpha1 has no replicas: {alpha:#}");
@@ -894,7 +887,7 @@ async fn versions_convert_and_the_proxy_scales(world: &mut World) {
     assert_eq!(balancers(world).get(SCALED).await.unwrap().spec.replicas, Some(2), "replicas lost through v1alpha1");
 
     // `kubectl scale` reaches the proxy Deployment; the scale subresource tells the selector.
-    kubectl_ok(world, &["scale", &format!("balancer/{SCALED}"), "-n", NS, "--replicas=3"]);
+    world.plane.kubectl("admin").ok(&["scale", &format!("balancer/{SCALED}"), "-n", NS, "--replicas=3"]);
     let deployments: Api<Deployment> = Api::namespaced(world.admin.clone(), NS);
     let proxy = format!("{SCALED}-proxy");
     eventually("the proxy Deployment at 3 replicas", Duration::from_secs(30), || async {
@@ -905,14 +898,15 @@ async fn versions_convert_and_the_proxy_scales(world: &mut World) {
     let scale_path = format!("/apis/exposer.hliangzhao.io/v1beta1/namespaces/{NS}/balancers/{SCALED}/scale");
     let selector = format!("app.kubernetes.io/component=proxy,balancer.exposer.hliangzhao.io/balancer-name={SCALED}");
     let scale = eventually("the scale subresource with the selector", Duration::from_secs(30), || async {
-        let scale: Value = serde_json::from_str(&kubectl_ok(world, &["get", "--raw", &scale_path])).ok()?;
+        let scale: Value =
+            serde_json::from_str(&world.plane.kubectl("admin").ok(&["get", "--raw", &scale_path])).ok()?;
         (scale["status"]["selector"] == selector.as_str()).then_some(scale)
     })
     .await;
     assert_eq!(scale["spec"]["replicas"], 3, "{scale:#}");
     // More than one proxy pod: a PodDisruptionBudget (policy/v1).
     let budget = eventually("the proxy's PodDisruptionBudget", Duration::from_secs(30), || async {
-        let (ok, out, _) = world.plane.kubectl("admin", &["get", "pdb", &proxy, "-n", NS, "-o", "json"], None);
+        let (ok, out, _) = world.plane.kubectl("admin").run(&["get", "pdb", &proxy, "-n", NS, "-o", "json"], None);
         ok.then(|| serde_json::from_str::<Value>(&out).ok()).flatten()
     })
     .await;
@@ -929,10 +923,15 @@ async fn versions_convert_and_the_proxy_scales(world: &mut World) {
     assert!(ok, "an HPA targeting a Balancer: {out}");
     if world.plane.has_controller_manager() {
         eventually("the HPA to get the Balancer's scale", Duration::from_secs(60), || async {
-            let hpa: Value = serde_json::from_str(&kubectl_ok(
-                world,
-                &["get", "horizontalpodautoscalers.v2.autoscaling", SCALED, "-n", NS, "-o", "json"],
-            ))
+            let hpa: Value = serde_json::from_str(&world.plane.kubectl("admin").ok(&[
+                "get",
+                "horizontalpodautoscalers.v2.autoscaling",
+                SCALED,
+                "-n",
+                NS,
+                "-o",
+                "json",
+            ]))
             .ok()?;
             let conditions = hpa["status"]["conditions"].as_array()?;
             conditions
@@ -942,11 +941,11 @@ async fn versions_convert_and_the_proxy_scales(world: &mut World) {
         })
         .await;
     }
-    kubectl_ok(world, &["delete", "horizontalpodautoscalers.v2.autoscaling", SCALED, "-n", NS]);
+    world.plane.kubectl("admin").ok(&["delete", "horizontalpodautoscalers.v2.autoscaling", SCALED, "-n", NS]);
     // Back to one pod: the budget goes.
-    kubectl_ok(world, &["scale", &format!("balancer/{SCALED}"), "-n", NS, "--replicas=1"]);
+    world.plane.kubectl("admin").ok(&["scale", &format!("balancer/{SCALED}"), "-n", NS, "--replicas=1"]);
     eventually("the PodDisruptionBudget to go", Duration::from_secs(30), || async {
-        let (ok, _, err) = world.plane.kubectl("admin", &["get", "pdb", &proxy, "-n", NS], None);
+        let (ok, _, err) = world.plane.kubectl("admin").run(&["get", "pdb", &proxy, "-n", NS], None);
         (!ok && err.contains("NotFound")).then_some(())
     })
     .await;
@@ -964,7 +963,7 @@ async fn steady_state_makes_no_writes(world: &mut World) {
     tokio::time::sleep(Duration::from_secs(30)).await;
     let events = world.plane.audit_events();
     let window = &events[before..];
-    let operator: Vec<&Value> = window.iter().filter(|e| e["user"]["username"] == OPERATOR_USER).collect();
+    let operator: Vec<&Value> = window.iter().filter(|e| e["user"]["username"] == OPERATOR.name).collect();
     let writes: Vec<String> = operator
         .iter()
         .filter(|e| ["create", "update", "patch", "delete"].contains(&e["verb"].as_str().unwrap_or("")))
@@ -973,11 +972,11 @@ async fn steady_state_makes_no_writes(world: &mut World) {
     assert!(writes.is_empty(), "the operator wrote during a quiet 30 s window: {writes:#?}");
     // The filter does see the operator: it wrote plenty before the window.
     let earlier_writes =
-        events[..before].iter().filter(|e| e["user"]["username"] == OPERATOR_USER && e["verb"] == "patch").count();
+        events[..before].iter().filter(|e| e["user"]["username"] == OPERATOR.name && e["verb"] == "patch").count();
     assert!(earlier_writes > 0, "no operator requests in the audit log at all: is the user name right?");
     let forbidden: Vec<String> = events
         .iter()
-        .filter(|e| e["user"]["username"] == OPERATOR_USER && e["responseStatus"]["code"] == 403)
+        .filter(|e| e["user"]["username"] == OPERATOR.name && e["responseStatus"]["code"] == 403)
         .map(|e| format!("{} {}", e["verb"], e["requestURI"]))
         .collect();
     assert!(forbidden.is_empty(), "the shipped RBAC forbade: {forbidden:#?}");
@@ -1238,14 +1237,14 @@ async fn webhook_down_blocks_writes_until_it_is_back(world: &mut World) {
     assert!(!ok, "a Balancer write succeeded with the webhook down");
     assert!(out.contains("failed calling webhook"), "unclear error: {out}");
     // Reads that need conversion fail, naming the conversion webhook; those that do not, work.
-    let (ok, out, err) = world.plane.kubectl(
-        "admin",
-        &["get", "balancers.v1alpha1.exposer.hliangzhao.io", "stored", "-n", NS, "-o", "name"],
-        None,
-    );
+    let (ok, out, err) = world
+        .plane
+        .kubectl("admin")
+        .run(&["get", "balancers.v1alpha1.exposer.hliangzhao.io", "stored", "-n", NS, "-o", "name"], None);
     assert!(!ok && err.contains("conversion webhook"), "unclear error for a v1alpha1 read: {out}{err}");
     println!("e2e: a v1alpha1 read with the webhook down: {}", err.trim());
-    let (ok, out, err) = world.plane.kubectl("admin", &["get", "balancers", "stored", "-n", NS, "-o", "name"], None);
+    let (ok, out, err) =
+        world.plane.kubectl("admin").run(&["get", "balancers", "stored", "-n", NS, "-o", "name"], None);
     assert!(ok, "a v1beta1 read needs no conversion: {out}{err}");
     // Other resources are never blocked.
     let (ok, out) =
@@ -1275,14 +1274,14 @@ async fn metrics_need_a_token_allowed_to_get_them(world: &mut World) {
     let operator = &world.operators[0];
     assert_eq!(operator.scrape(&world.plane, None).await.0, 401, "no token");
     assert_eq!(operator.scrape(&world.plane, Some("not-a-token")).await.0, 401, "an invalid token");
-    assert_eq!(operator.scrape(&world.plane, Some(NOBODY_TOKEN)).await.0, 403, "a token without the RBAC");
+    assert_eq!(operator.scrape(&world.plane, Some(NOBODY.token)).await.0, 403, "a token without the RBAC");
     let binding = json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
         "metadata": {"name": "e2e-metrics-scraper"},
         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "balancer-metrics-reader"},
-        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": SCRAPER_USER}]});
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": SCRAPER.name}]});
     let (ok, out) = apply(world, "admin", &binding.to_string());
     assert!(ok, "{out}");
-    let (status, body) = operator.scrape(&world.plane, Some(SCRAPER_TOKEN)).await;
+    let (status, body) = operator.scrape(&world.plane, Some(SCRAPER.token)).await;
     assert_eq!(status, 200, "a token bound to balancer-metrics-reader: {body}");
     assert!(body.contains("balancer_admission_requests_total"), "{body}");
 }
@@ -1303,7 +1302,7 @@ fn target_port_pointer(crd: &Value, version: &str) -> String {
 }
 
 fn stored_crd(world: &World) -> Value {
-    let (ok, out, err) = world.plane.kubectl("admin", &["get", "crd", CRD, "-o", "json"], None);
+    let (ok, out, err) = world.plane.kubectl("admin").run(&["get", "crd", CRD, "-o", "json"], None);
     assert!(ok, "{err}");
     serde_json::from_str(&out).unwrap()
 }
@@ -1312,7 +1311,7 @@ fn stored_crd(world: &World) -> Value {
 fn set_target_port_schema(world: &World, schema: &Value) {
     let pointer = target_port_pointer(&stored_crd(world), balancer::api::STORAGE_VERSION);
     let patch = json!([{"op": "replace", "path": pointer, "value": schema}]).to_string();
-    let (ok, out, err) = world.plane.kubectl("admin", &["patch", "crd", CRD, "--type=json", "-p", &patch], None);
+    let (ok, out, err) = world.plane.kubectl("admin").run(&["patch", "crd", CRD, "--type=json", "-p", &patch], None);
     assert!(ok, "patching the CRD schema failed: {out}{err}");
     // Compared as schemas: the API server writes `1.0` back as `1`.
     let as_schema = |v: &Value| serde_json::from_value::<JSONSchemaProps>(v.clone()).expect("a schema");
@@ -1413,11 +1412,11 @@ async fn an_unreadable_stored_balancer_is_reported_on_itself(world: &mut World) 
     assert_exits_on_sigterm(&world.plane, &mut world.operators[0], limit);
 
     // ... and with a controller that cannot even list Balancers (a user without RBAC).
-    let blind = Operator::start_alive(&world.plane, "operator-f", NOBODY_USER, &[&shutdown_delay]).await;
+    let blind = Operator::start_alive(&world.plane, "operator-f", NOBODY.name, &[&shutdown_delay]).await;
     world.operators.push(blind);
     eventually("the list as nobody to be forbidden", Duration::from_secs(20), || async {
         let forbidden = world.plane.audit_events().iter().any(|e| {
-            e["user"]["username"] == NOBODY_USER
+            e["user"]["username"] == NOBODY.name
                 && e["objectRef"]["resource"] == "balancers"
                 && e["responseStatus"]["code"] == 403
         });

@@ -4,7 +4,7 @@
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use crate::cluster::{ControlPlane, Proc, free_ports};
+use crate::toolkit::cluster::{ControlPlane, Proc, free_ports};
 
 /// The binary under test: this build's, or `BALANCER_E2E_BINARY` (to compare two builds on one harness).
 fn binary() -> std::path::PathBuf {
@@ -114,7 +114,7 @@ impl Operator {
 
     /// Scrapes the protected `/metrics` with `token`; (HTTP status, body).
     pub async fn scrape(&self, plane: &ControlPlane, token: Option<&str>) -> (u16, String) {
-        let client = crate::cluster::http_client(&plane.ca_pem);
+        let client = crate::toolkit::cluster::http_client(&plane.ca_pem);
         let mut request = client.get(format!("https://127.0.0.1:{}/metrics", self.metrics_port));
         if let Some(token) = token {
             request = request.bearer_auth(token);
@@ -135,7 +135,7 @@ impl Operator {
                 Err(_) => String::new(),
             };
         }
-        self.scrape(plane, Some(crate::cluster::ADMIN_TOKEN)).await.1
+        self.scrape(plane, Some(crate::toolkit::cluster::ADMIN.token)).await.1
     }
 
     /// The value of one sample, e.g. `balancer_controller_leader` or `x_total{result="success"}`.

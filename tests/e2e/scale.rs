@@ -31,8 +31,8 @@
 
 use std::collections::{BTreeMap, HashSet};
 use std::io::{BufRead, BufReader, Read, Seek, SeekFrom};
-use std::path::{Path, PathBuf};
-use std::process::{Command, ExitCode, Stdio};
+use std::path::Path;
+use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use balancer::api::Balancer;
@@ -43,8 +43,9 @@ use kube::{Api, Client};
 use serde::Deserialize;
 use serde_json::json;
 
-use crate::cluster::{ControlPlane, OPERATOR_USER, PlaneOptions};
 use crate::operator::Operator;
+use crate::toolkit::cluster::{ControlPlane, OPERATOR, PlaneOptions};
+use crate::toolkit::kubectl::Kubectl;
 use crate::{NS, World, apply_shipped_rbac, as_list, install_shipped_crd, register_webhooks};
 
 fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
@@ -92,7 +93,7 @@ pub async fn run(assets: &Path) -> ExitCode {
 
     let audit_start = audit_len(&world.plane.audit_log);
     let started = Instant::now();
-    let applies = apply_in_batches(world.plane.kubeconfig("admin"), n, batch, started);
+    let applies = apply_in_batches(world.plane.kubectl("admin"), n, batch, started);
     let converged = wait_converged(&world.admin, n, started, timeout);
     let (applied_in, converged_in) = tokio::join!(applies, converged);
     let rss = memory(pid);
@@ -112,33 +113,14 @@ pub async fn run(assets: &Path) -> ExitCode {
 
     println!("scale: ---- {n} Balancers ----");
     println!("scale: kubectl apply of all batches       {:.1} s", applied_in.as_secs_f64());
-    match converged_in {
-        Some(took) => println!("scale: first apply -> all converged        {:.1} s", took.as_secs_f64()),
-        None => println!("scale: first apply -> all converged        NOT within {timeout:?}"),
-    }
-    println!(
-        "scale: requests by the operator            {} ({:.1} per Balancer)",
-        during.requests,
-        during.requests as f64 / n as f64
-    );
+    println!("scale: first apply -> all converged        {}", took(converged_in, timeout));
+    println!("scale: requests by the operator            {}", per_balancer(during.requests, n));
     println!("scale:   by verb and resource             {:?}", during.by_kind);
     println!("scale: 429 answers to the operator        {} {:?}", during.throttled, during.throttled_by_kind);
-    println!(
-        "scale: events created/patched             {} ({:.1} per Balancer)",
-        during.events,
-        during.events as f64 / n as f64
-    );
+    println!("scale: events created/patched             {}", per_balancer(during.events, n));
     println!("scale: operator RSS when converged        {:.1} MiB (peak {:.1} MiB)", rss.0, rss.1);
-    match pods_in {
-        Some(took) => println!("scale: first apply -> every Deployment's pod {:.1} s", took.as_secs_f64()),
-        None => println!("scale: first apply -> every Deployment's pod NOT within {timeout:?}"),
-    }
-    println!(
-        "scale: requests by the operator up to then {} ({:.1} per Balancer) {:?}",
-        to_pods.requests,
-        to_pods.requests as f64 / n as f64,
-        to_pods.by_kind
-    );
+    println!("scale: first apply -> every Deployment's pod {}", took(pods_in, timeout));
+    println!("scale: requests by the operator up to then {} {:?}", per_balancer(to_pods.requests, n), to_pods.by_kind);
     println!(
         "scale: settling {:>3} s after: operator writes {} (of {} requests) {:?}",
         settle.as_secs(),
@@ -158,6 +140,16 @@ pub async fn run(assets: &Path) -> ExitCode {
     }
     drop(world);
     if converged_in.is_some() { ExitCode::SUCCESS } else { ExitCode::FAILURE }
+}
+
+/// `12.3 s`, or `NOT within …` for what did not happen before `timeout`.
+fn took(elapsed: Option<Duration>, timeout: Duration) -> String {
+    elapsed.map_or_else(|| format!("NOT within {timeout:?}"), |took| format!("{:.1} s", took.as_secs_f64()))
+}
+
+/// `count (x.y per Balancer)` for `n` Balancers.
+fn per_balancer(count: usize, n: usize) -> String {
+    format!("{count} ({:.1} per Balancer)", count as f64 / n as f64)
 }
 
 async fn wait_for_webhooks(world: &World) {
@@ -185,19 +177,22 @@ fn sample(i: usize) -> serde_json::Value {
 }
 
 /// `kubectl apply` of `n` Balancers, `batch` per call, as the user would; returns how long it took.
-async fn apply_in_batches(kubeconfig: PathBuf, n: usize, batch: usize, started: Instant) -> Duration {
+async fn apply_in_batches(kubectl: Kubectl, n: usize, batch: usize, started: Instant) -> Duration {
     tokio::task::spawn_blocking(move || {
         let docs: Vec<serde_json::Value> = (0..n).map(sample).collect();
         for (i, chunk) in docs.chunks(batch).enumerate() {
             let list = as_list(chunk.to_vec());
             let t = Instant::now();
-            let ok = kubectl_apply(&kubeconfig, &list);
+            let applied = kubectl.try_apply(&list);
+            if let Err(err) = &applied {
+                println!("scale: kubectl apply: {}", err.lines().take(3).collect::<Vec<_>>().join(" | "));
+            }
             println!(
                 "scale: batch {} applied in {:.1} s (at {:.1} s){}",
                 i + 1,
                 t.elapsed().as_secs_f64(),
                 started.elapsed().as_secs_f64(),
-                if ok { "" } else { " with errors" }
+                if applied.is_ok() { "" } else { " with errors" }
             );
         }
         started.elapsed()
@@ -206,57 +201,23 @@ async fn apply_in_batches(kubeconfig: PathBuf, n: usize, batch: usize, started: 
     .expect("the apply task")
 }
 
-fn kubectl_apply(kubeconfig: &Path, input: &str) -> bool {
-    use std::io::Write;
-    let mut child = Command::new("kubectl")
-        .arg(format!("--kubeconfig={}", kubeconfig.display()))
-        .args(["apply", "-f", "-"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("kubectl runs");
-    child.stdin.take().expect("stdin").write_all(input.as_bytes()).expect("write to kubectl");
-    let out = child.wait_with_output().expect("kubectl ends");
-    if !out.status.success() {
-        let err = String::from_utf8_lossy(&out.stderr);
-        println!("scale: kubectl apply: {}", err.lines().take(3).collect::<Vec<_>>().join(" | "));
-    }
-    out.status.success()
-}
-
 /// Waits until `n` Balancers report `activeBackends: 3` for their generation and every child
 /// exists; `None` past `timeout`.
 async fn wait_converged(admin: &Client, n: usize, started: Instant, timeout: Duration) -> Option<Duration> {
     let balancers: Api<Balancer> = Api::namespaced(admin.clone(), NS);
     // From the API server's watch cache: cheap enough to poll every second.
     let cached = ListParams::default().match_any();
-    let mut last_report = Instant::now();
-    loop {
-        if started.elapsed() > timeout {
-            return None;
-        }
-        tokio::time::sleep(Duration::from_secs(1)).await;
-        let Ok(list) = balancers.list(&cached).await else { continue };
-        let done = list
-            .items
-            .iter()
-            .filter(|b| {
-                b.status.as_ref().is_some_and(|s| {
-                    s.active_backends == 3
-                        && s.observed_generation.is_some()
-                        && s.observed_generation == b.metadata.generation
-                })
-            })
-            .count();
-        if last_report.elapsed() > Duration::from_secs(15) {
-            println!("scale: {done}/{n} converged at {:.0} s", started.elapsed().as_secs_f64());
-            last_report = Instant::now();
-        }
-        if done >= n && children_complete(admin, n).await {
-            return Some(started.elapsed());
-        }
-    }
+    let period = Duration::from_secs(1);
+    let converged = |b: &Balancer| {
+        b.status.as_ref().is_some_and(|s| {
+            s.active_backends == 3 && s.observed_generation.is_some() && s.observed_generation == b.metadata.generation
+        })
+    };
+    count_until_done(n, "converged", started, timeout, period, || async {
+        let done = count_listed(&balancers, &cached, converged).await?;
+        Some((done, done >= n && children_complete(admin, n).await))
+    })
+    .await
 }
 
 /// Waits until kube-controller-manager has given every proxy Deployment the pods it asks for
@@ -264,28 +225,54 @@ async fn wait_converged(admin: &Client, n: usize, started: Instant, timeout: Dur
 async fn wait_deployments_settled(admin: &Client, n: usize, started: Instant, timeout: Duration) -> Option<Duration> {
     let deployments: Api<Deployment> = Api::namespaced(admin.clone(), NS);
     let lp = ListParams::default().labels("app.kubernetes.io/managed-by=balancer").match_any();
+    let period = Duration::from_secs(2);
+    let has_its_pods = |d: &Deployment| {
+        let want = d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
+        let status = d.status.as_ref();
+        status.is_some_and(|s| s.observed_generation == d.metadata.generation && s.replicas.unwrap_or(0) == want)
+    };
+    count_until_done(n, "Deployments have their pods", started, timeout, period, || async {
+        let settled = count_listed(&deployments, &lp, has_its_pods).await?;
+        Some((settled, settled >= n))
+    })
+    .await
+}
+
+/// How many of the objects `api` lists with `params` are `counted`; `None` if the list fails.
+async fn count_listed<K>(api: &Api<K>, params: &ListParams, counted: impl Fn(&K) -> bool) -> Option<usize>
+where
+    K: Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    Some(api.list(params).await.ok()?.items.iter().filter(|k| counted(k)).count())
+}
+
+/// Every `period`, `count` says how many of `n` are done and whether that is all it waits
+/// for (`None`: no answer this time). Prints the count every 15 s as `{done}/{n} {what}`.
+/// Returns the time since `started` once done, or `None` past `timeout`.
+async fn count_until_done<F, Fut>(
+    n: usize,
+    what: &str,
+    started: Instant,
+    timeout: Duration,
+    period: Duration,
+    mut count: F,
+) -> Option<Duration>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<(usize, bool)>>,
+{
     let mut last_report = Instant::now();
     loop {
         if started.elapsed() > timeout {
             return None;
         }
-        tokio::time::sleep(Duration::from_secs(2)).await;
-        let Ok(list) = deployments.list(&lp).await else { continue };
-        let settled = list
-            .items
-            .iter()
-            .filter(|d| {
-                let want = d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
-                d.status
-                    .as_ref()
-                    .is_some_and(|s| s.observed_generation == d.metadata.generation && s.replicas.unwrap_or(0) == want)
-            })
-            .count();
+        tokio::time::sleep(period).await;
+        let Some((done, finished)) = count().await else { continue };
         if last_report.elapsed() > Duration::from_secs(15) {
-            println!("scale: {settled}/{n} Deployments have their pods at {:.0} s", started.elapsed().as_secs_f64());
+            println!("scale: {done}/{n} {what} at {:.0} s", started.elapsed().as_secs_f64());
             last_report = Instant::now();
         }
-        if settled >= n {
+        if finished {
             return Some(started.elapsed());
         }
     }
@@ -376,7 +363,7 @@ fn audit_summary(path: &Path, from: u64, to: u64) -> AuditSummary {
     while reader.read_line(&mut line).unwrap_or(0) > 0 {
         let event: Option<AuditEvent> = serde_json::from_str(&line).ok();
         line.clear();
-        let Some(event) = event.filter(|e| e.user.username == OPERATOR_USER) else { continue };
+        let Some(event) = event.filter(|e| e.user.username == OPERATOR.name) else { continue };
         if !seen.insert(event.audit_id.clone()) {
             continue;
         }

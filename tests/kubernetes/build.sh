@@ -21,6 +21,8 @@
 # for v1.35's three commands and etcd, then about 6 for v1.37 with --node (Go's caches
 # share what the two releases have in common).
 set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/go-build.sh"
+script=build.sh
 
 version=v1.37.2
 node=false
@@ -57,24 +59,13 @@ holds() {
   [ "$(cat "$cache/.stamp" 2>/dev/null)" = "$stamp" ] || return 1
   for name in "${files[@]}"; do [ -x "$cache/$name" ] || return 1; done
 }
-if holds; then
-  echo "$cache"
-  exit 0
-fi
-$cached_only && { echo "build.sh: $version is not built yet in $cache" >&2; exit 1; }
-
-command -v go >/dev/null || { echo "build.sh: needs Go (1.26 or newer) on the PATH" >&2; exit 1; }
+use_cache_if_built
+start_go_build
 $node && ! command -v gcc >/dev/null && { echo "build.sh: --node needs gcc (and libc6-dev) for pause" >&2; exit 1; }
-work="$(mktemp -d)"
-trap 'rm -rf "$work"' EXIT
-export CGO_ENABLED=0 GOFLAGS=-mod=mod
-mkdir -p "$work/out"
 
 # --- Kubernetes: a wrapper module with the staging modules at their published versions.
 log "resolving k8s.io/kubernetes and its staging modules"
-mkdir "$work/kubernetes"
-cd "$work/kubernetes"
-go mod init balancer.test/kubernetes >/dev/null 2>&1
+wrapper_module kubernetes
 upstream_mod="$(go mod download -json "k8s.io/kubernetes@$version" | sed -n 's/^\s*"GoMod": "\(.*\)",$/\1/p')"
 staging="v0.${version#v1.}"
 {
@@ -86,7 +77,7 @@ staging="v0.${version#v1.}"
 } >>go.mod
 # Each package at the release's version: without it `go get` would move to the newest release.
 packages=("${commands[@]/#/k8s.io/kubernetes/cmd/}")
-go get "${packages[@]/%/@$version}" >/dev/null 2>&1 || go get "${packages[@]/%/@$version}"
+go_get "${packages[@]/%/@$version}"
 
 # Version stamping as hack/lib/version.sh does, so `kubectl version` and the operator's
 # discovery see the real release rather than v0.0.0-master.
@@ -109,21 +100,16 @@ fi
 # --- etcd: its server module's relative replaces are ignored in a wrapper, so its
 # requirements resolve to the published api, client and pkg modules of the same tag.
 log "building etcd $etcd_version"
-mkdir "$work/etcd"
-cd "$work/etcd"
-go mod init balancer.test/etcd >/dev/null 2>&1
-go get "go.etcd.io/etcd/server/v3@$etcd_version" >/dev/null 2>&1 || go get "go.etcd.io/etcd/server/v3@$etcd_version"
+wrapper_module etcd
+go_get "go.etcd.io/etcd/server/v3@$etcd_version"
 go build -trimpath -ldflags "-s -w" -o "$work/out/etcd" go.etcd.io/etcd/server/v3
 
 if $node; then
   log "building containerd $containerd_version"
-  mkdir "$work/containerd"
-  cd "$work/containerd"
-  go mod init balancer.test/containerd >/dev/null 2>&1
+  wrapper_module containerd
   module=github.com/containerd/containerd/v2
   containerd_commands=(containerd ctr containerd-shim-runc-v2)
-  go get "${containerd_commands[@]/#/$module/cmd/}@$containerd_version" >/dev/null 2>&1 ||
-    go get "${containerd_commands[@]/#/$module/cmd/}@$containerd_version"
+  go_get "${containerd_commands[@]/#/$module/cmd/}@$containerd_version"
   # Its Makefile's tags for a static build with no cgo storage drivers.
   go build -trimpath -tags "no_btrfs no_devmapper no_zfs urfave_cli_no_docs" \
     -ldflags "-s -w -X $module/version.Version=$containerd_version" \

@@ -18,6 +18,8 @@
 # Cache: ~/.cache/balancer/cert-manager/CERT_MANAGER_VERSION (BALANCER_CERT_MANAGER_CACHE
 # overrides the parent), stamped with both versions. Cold on 2 cores: about 5 minutes.
 set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/go-build.sh"
+script=cert-manager.sh
 
 cert_manager_version=v1.11.5
 helm_version=v4.3.1
@@ -39,34 +41,20 @@ holds() {
   for name in helm "${commands[@]}"; do [ -x "$cache/$name" ] || return 1; done
   [ -s "$cache/chart/Chart.yaml" ] && [ -s "$cache/chart/templates/crds.yaml" ]
 }
-if holds; then
-  echo "$cache"
-  exit 0
-fi
-$cached_only && { echo "cert-manager.sh: not built yet in $cache" >&2; exit 1; }
-
-command -v go >/dev/null || { echo "cert-manager.sh: needs Go (1.26 or newer) on the PATH" >&2; exit 1; }
-work="$(mktemp -d)"
-trap 'rm -rf "$work"' EXIT
-export CGO_ENABLED=0 GOFLAGS=-mod=mod
-mkdir -p "$work/out"
+use_cache_if_built
+start_go_build
 
 log "building helm $helm_version"
-mkdir "$work/helm"
-cd "$work/helm"
-go mod init balancer.test/helm >/dev/null 2>&1
-# Quiet when it works; when it fails, once more with its error shown.
-go get "helm.sh/helm/v4/cmd/helm@$helm_version" >/dev/null 2>&1 || go get "helm.sh/helm/v4/cmd/helm@$helm_version"
+wrapper_module helm
+go_get "helm.sh/helm/v4/cmd/helm@$helm_version"
 go build -trimpath -ldflags "-s -w -X helm.sh/helm/v4/internal/version.version=$helm_version" \
   -o "$work/out/helm" helm.sh/helm/v4/cmd/helm
 
 log "building ${commands[*]}"
-mkdir "$work/cert-manager"
-cd "$work/cert-manager"
-go mod init balancer.test/cert-manager >/dev/null 2>&1
+wrapper_module cert-manager
 module=github.com/cert-manager/cert-manager
 packages=("${commands[@]/#/$module/cmd/}")
-go get "${packages[@]/%/@$cert_manager_version}" >/dev/null 2>&1 || go get "${packages[@]/%/@$cert_manager_version}"
+go_get "${packages[@]/%/@$cert_manager_version}"
 go build -trimpath -ldflags "-s -w -X $module/pkg/util.AppVersion=$cert_manager_version" \
   -o "$work/out/" "${packages[@]}"
 

@@ -6,8 +6,11 @@ use std::collections::BTreeMap;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use super::runner::eventually;
-use super::{NS, SAMPLE, World, front_ip, kubectl, one_request, proxy_conf, sidecar_counts, wait_available};
+use crate::fixtures::{Sample, front_ip, proxy_conf, wait_available};
+use crate::sidecar::sidecar_counts;
+use crate::toolkit::load::one_request;
+use crate::toolkit::runner::eventually;
+use crate::{NS, SAMPLE, World};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
@@ -72,7 +75,7 @@ fn proxy_copy(template: &Value, name: &str, conf: &str, sidecar: bool) -> [Value
 /// Applies `objects` (a List) and waits until each of `names` answers at its Service: their
 /// addresses, in order.
 async fn deploy(world: &World, objects: &str, names: &[&str]) -> Vec<String> {
-    kubectl(world, &["apply", "-f", "-"], Some(objects));
+    world.kubectl.apply(objects);
     let mut addresses = Vec::new();
     for name in names {
         wait_available(world, NS, name, 1).await;
@@ -90,10 +93,11 @@ async fn deploy(world: &World, objects: &str, names: &[&str]) -> Vec<String> {
 /// builds it (the metrics sidecar, nginx's access log) and one without either: same image,
 /// node, backends and rounds, a new connection per request, interleaved rounds. Prints the
 /// figures; asserts nothing.
-pub(super) async fn the_metrics_sidecar_costs_little(world: &mut World) {
+pub async fn the_metrics_sidecar_costs_little(world: &mut World) {
     if !enabled("the sidecar's cost") {
         return;
     }
+    world.ensure_sample(Sample::ANY).await;
     let (conf, template) = sample_proxy(world).await;
     let without_log = without_access_log(&conf);
     // Both copies are new pods: each new connection takes a port of its proxy pod towards a
@@ -137,7 +141,7 @@ pub(super) async fn the_metrics_sidecar_costs_little(world: &mut World) {
          sessions counted {counted:?}, log lines lost {lost:?}",
         median(ratios)
     );
-    kubectl(world, &["delete", "-f", "-", "--wait=false"], Some(&objects));
+    world.kubectl.ok_with(&["delete", "-f", "-", "--wait=false"], &objects);
 }
 
 /// New connection per request, 32 clients, for `duration`: answered requests per second.
@@ -333,10 +337,11 @@ fn millis(text: &str) -> Option<f64> {
 /// (reuseport, one worker, 500m CPU requested, workers pinned to CPUs, 64k buffers). Prints
 /// each path's medians and, for the comparisons, the median of the ratios taken within each
 /// round, for docs/performance.md.
-pub(super) async fn the_data_plane_keeps_up_with_haproxy(world: &mut World) {
+pub async fn the_data_plane_keeps_up_with_haproxy(world: &mut World) {
     if !enabled("the data plane's speed") {
         return;
     }
+    world.ensure_sample(Sample::ANY).await;
     if Command::new("wrk").arg("--version").output().is_err() {
         println!("node: the data-plane benchmark needs wrk (apt-get install wrk)");
         return;
@@ -401,7 +406,7 @@ pub(super) async fn the_data_plane_keeps_up_with_haproxy(world: &mut World) {
         medians_table(&targets, &runs),
         ratios_table(&runs),
     );
-    kubectl(world, &["delete", "-f", "-", "--wait=false"], Some(&objects));
+    world.kubectl.ok_with(&["delete", "-f", "-", "--wait=false"], &objects);
 }
 
 /// nginx without the access log and sidecar (`plain`), with one knob changed each.

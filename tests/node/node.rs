@@ -14,7 +14,7 @@ use k8s_openapi::api::core::v1::Node as NodeObject;
 use kube::Api;
 use kube::api::{Patch, PatchParams};
 
-use crate::cluster::{ControlPlane, Proc, free_ports};
+use crate::toolkit::cluster::{ControlPlane, Proc, Processes, free_ports};
 
 /// One node on this machine: its name, its address (the host's on its pod bridge, which is
 /// the node's InternalIP and the kubelet's), its pod CIDR and its bridge. `host.sh` sets up
@@ -273,15 +273,7 @@ impl Node {
 /// (speaking for node A: `externalTrafficPolicy: Local` means node A's pods here) and the
 /// scheduler.
 pub struct ClusterServices {
-    processes: Vec<Proc>,
-}
-
-impl Drop for ClusterServices {
-    fn drop(&mut self) {
-        while let Some(mut process) = self.processes.pop() {
-            process.stop(Duration::from_secs(5));
-        }
-    }
+    _processes: Processes,
 }
 
 impl ClusterServices {
@@ -313,7 +305,10 @@ impl ClusterServices {
                 .arg("--secure-port=0"),
             &state.join("kube-scheduler.log"),
         );
-        ClusterServices { processes: vec![kube_proxy, scheduler] }
+        let mut processes = Processes::default();
+        processes.push(kube_proxy);
+        processes.push(scheduler);
+        ClusterServices { _processes: processes }
     }
 }
 

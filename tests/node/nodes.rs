@@ -15,19 +15,22 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, ResourceExt};
 use serde_json::json;
 
-use super::node::{NODE_A, NODE_B};
-use super::runner::eventually;
-use super::{
-    Applies, Load, NODE_MONITOR_GRACE, NS, OPERATOR_NS, SAMPLE, World, configured_weights, front_ip, kubectl,
-    lease_holder, probe_balancer, proxy_conf, set_weights, wait_available, weights_on_the_wire,
+use crate::faults::{Applies, probe_balancer};
+use crate::fixtures::{
+    Sample, configured_weights, cordoned_nodes, front_ip, lease_holder, proxy_conf, set_weights, wait_available,
 };
+use crate::node::{NODE_A, NODE_B};
+use crate::toolkit::load::{Load, assert_no_failures};
+use crate::toolkit::runner::eventually;
+use crate::weights::weights_on_the_wire;
+use crate::{NODE_MONITOR_GRACE, NS, OPERATOR_NS, SAMPLE, World};
 
 const PROXY: &str = "example-balancer-proxy";
 const OPERATOR_PODS: &str = "app.kubernetes.io/name=balancer";
 /// The Balancer changed while node B is lost.
 const LOSS_BALANCER: &str = "loss-change";
 
-pub(crate) fn proxy_pods() -> String {
+pub fn proxy_pods() -> String {
     balancer::proxy::proxy_selector_string(SAMPLE)
 }
 
@@ -53,7 +56,7 @@ fn the_other(node: &str) -> &'static str {
 
 /// Waits until `selector` matches exactly `count` live pods, all ready and, for the sample's
 /// proxy, all started with the proxy ConfigMap's current `nginx.conf`: their placement.
-pub(crate) async fn settled(world: &World, namespace: &str, selector: &str, count: usize) -> BTreeMap<String, String> {
+pub async fn settled(world: &World, namespace: &str, selector: &str, count: usize) -> BTreeMap<String, String> {
     let pods: Api<Pod> = Api::namespaced(world.admin.clone(), namespace);
     let proxy = selector == proxy_pods();
     eventually(&format!("{count} ready pods of {selector}"), Duration::from_secs(120), || async {
@@ -144,15 +147,15 @@ fn is_available(pod: &Pod) -> bool {
 /// Two echo replicas per backend and a budget each, as a user's backends would have to
 /// survive a drain (one replica, evicted, leaves its backend without endpoints until the
 /// replacement is ready).
-async fn drain_ready_backends(world: &World) {
+pub async fn drain_ready_backends(world: &World) {
     for version in ["v1", "v2"] {
-        kubectl(world, &["-n", NS, "scale", &format!("deployment/echo-{version}"), "--replicas=2"], None);
+        world.kubectl.ok(&["-n", NS, "scale", &format!("deployment/echo-{version}"), "--replicas=2"]);
         let budget = json!({
             "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
             "metadata": {"name": format!("echo-{version}"), "namespace": NS},
             "spec": {"maxUnavailable": 1, "selector": {"matchLabels": {"app": "test", "version": version}}},
         });
-        kubectl(world, &["apply", "-f", "-"], Some(&budget.to_string()));
+        world.kubectl.apply(&budget.to_string());
     }
     for version in ["v1", "v2"] {
         wait_available(world, NS, &format!("echo-{version}"), 2).await;
@@ -162,11 +165,11 @@ async fn drain_ready_backends(world: &World) {
 /// The operator's two replicas (from deploy/) and a Balancer's two proxy pods land on both
 /// nodes: their `topologySpreadConstraints` (max skew 1 by hostname, `ScheduleAnyway`). Node
 /// lifecycle runs from here on (see [`NODE_MONITOR_GRACE`]).
-pub(super) async fn proxies_and_operator_replicas_spread_across_the_nodes(world: &mut World) {
-    let assets = world.assets.clone();
-    world.plane.start_node_lifecycle(&assets, NODE_MONITOR_GRACE);
+pub async fn proxies_and_operator_replicas_spread_across_the_nodes(world: &mut World) {
+    world.ensure_sample(Sample::ANY).await;
+    world.ensure_node_lifecycle();
     let operators = settled(world, OPERATOR_NS, OPERATOR_PODS, 2).await;
-    kubectl(world, &["-n", NS, "scale", &format!("balancer/{SAMPLE}"), "--replicas=2"], None);
+    world.kubectl.ok(&["-n", NS, "scale", &format!("balancer/{SAMPLE}"), "--replicas=2"]);
     let proxies = settled(world, NS, &proxy_pods(), 2).await;
     println!("node: operator pods on {operators:?}; the sample's 2 proxy pods on {proxies:?}");
     assert_eq!(nodes_used(&operators), 2, "the operator's replicas on both nodes: {operators:?}");
@@ -177,7 +180,9 @@ pub(super) async fn proxies_and_operator_replicas_spread_across_the_nodes(world:
 /// pods (the other node cordoned while they roll onto it, then uncordoned once the budget has
 /// refused an eviction). Clients send all along, a Balancer is applied through the webhooks
 /// every 200 ms, and a change is made during the drain.
-pub(super) async fn a_drain_respects_the_budgets_and_fails_no_request(world: &mut World) {
+pub async fn a_drain_respects_the_budgets_and_fails_no_request(world: &mut World) {
+    world.ensure_sample(Sample::ANY.backends(&["v1", "v2"]).replicas(2)).await;
+    world.ensure_node_lifecycle();
     let leader = eventually("a leader", Duration::from_secs(30), || lease_holder(world)).await;
     let operators = placement(world, OPERATOR_NS, OPERATOR_PODS).await;
     let target = operators.get(&leader).expect("the leader pod's node").clone();
@@ -187,7 +192,7 @@ pub(super) async fn a_drain_respects_the_budgets_and_fails_no_request(world: &mu
     let load = Load::start(format!("{}:80", front_ip(world, SAMPLE).await), 4);
     let applies = Applies::start(world, "drain-probe");
     let availability = Availability::watch(world);
-    kubectl(world, &["cordon", other], None);
+    world.kubectl.ok(&["cordon", other]);
     set_weights(world, 30, 70).await;
     configured_weights(world, 30, 70, Duration::from_secs(60)).await;
     let before = settled(world, NS, &proxy_pods(), 2).await;
@@ -215,7 +220,7 @@ pub(super) async fn a_drain_respects_the_budgets_and_fails_no_request(world: &mu
     let blocked = started.elapsed();
     println!("node: {:.1} s into the drain of {target}: {refused}", blocked.as_secs_f64());
     set_weights(world, 60, 40).await;
-    kubectl(world, &["uncordon", other], None);
+    world.kubectl.ok(&["uncordon", other]);
     let uncordoned = started.elapsed();
     let status = drain.await.expect("the drain task").expect("kubectl runs");
     let drained = started.elapsed();
@@ -242,25 +247,19 @@ pub(super) async fn a_drain_respects_the_budgets_and_fails_no_request(world: &mu
     assert!(!counts.is_empty(), "the watch on the proxy pods saw nothing");
     assert!(counts.iter().all(|n| *n >= 1), "fewer than replicas − 1 = 1 proxy pods available: {counts:?}");
     assert!(proxies.values().chain(operators.values()).all(|n| n == other), "evicted pods back on {other}");
-    assert!(failures.is_empty(), "{} of {sent} failed: {:?}", failures.len(), &failures[..failures.len().min(10)]);
+    assert_no_failures("during the drain", sent, &failures);
     assert!(apply_failures.is_empty(), "applies failed during the drain: {apply_failures:?}");
 }
 
 /// The drained node, uncordoned, takes pods again: the next proxy rollout may use it. Reports
 /// where the scheduler put them (a spread preference, not a rule) rather than asserting it.
-pub(super) async fn an_uncordoned_node_is_used_by_the_next_rollout(world: &mut World) {
-    let nodes: Api<NodeObject> = Api::all(world.admin.clone());
-    let cordoned: Vec<String> = nodes
-        .list(&ListParams::default())
-        .await
-        .expect("nodes")
-        .items
-        .into_iter()
-        .filter(|n| n.spec.as_ref().and_then(|s| s.unschedulable) == Some(true))
-        .map(|n| n.name_any())
-        .collect();
+pub async fn an_uncordoned_node_is_used_by_the_next_rollout(world: &mut World) {
+    world.ensure_sample(Sample::ANY.backends(&["v1", "v2"]).replicas(2)).await;
+    world.ensure_node_lifecycle();
+    world.ensure_a_cordoned_node().await;
+    let cordoned = cordoned_nodes(world).await;
     assert_eq!(cordoned.len(), 1, "the drained node is still cordoned: {cordoned:?}");
-    kubectl(world, &["uncordon", &cordoned[0]], None);
+    world.kubectl.ok(&["uncordon", &cordoned[0]]);
     set_weights(world, 50, 50).await;
     configured_weights(world, 50, 50, Duration::from_secs(60)).await;
     let proxies = settled(world, NS, &proxy_pods(), 2).await;
@@ -272,7 +271,7 @@ pub(super) async fn an_uncordoned_node_is_used_by_the_next_rollout(world: &mut W
 async fn change_weight(world: &World, weight: u32) {
     let yaml = probe_balancer(LOSS_BALANCER, weight, 0);
     eventually(&format!("{LOSS_BALANCER} applied"), Duration::from_secs(30), || async {
-        world.plane.kubectl("admin", &["apply", "-f", "-"], Some(&yaml)).0.then_some(())
+        world.kubectl.run(&["apply", "-f", "-"], Some(&yaml)).0.then_some(())
     })
     .await;
 }
@@ -325,7 +324,7 @@ async fn leader_onto_node_b(world: &World) {
         if placement(world, OPERATOR_NS, OPERATOR_PODS).await.get(&leader).map(String::as_str) == Some(NODE_B.name) {
             return;
         }
-        kubectl(world, &["-n", OPERATOR_NS, "delete", "pod", &leader], None);
+        world.kubectl.ok(&["-n", OPERATOR_NS, "delete", "pod", &leader]);
         eventually("another leader", Duration::from_secs(40), || async {
             lease_holder(world).await.filter(|holder| *holder != leader)
         })
@@ -346,7 +345,7 @@ async fn spread_one_each(world: &World, namespace: &str, selector: &str, keep: O
             return;
         }
         let pod = pods.keys().find(|p| Some(p.as_str()) != keep).expect("a pod to move");
-        kubectl(world, &["-n", namespace, "delete", "pod", pod], None);
+        world.kubectl.ok(&["-n", namespace, "delete", "pod", pod]);
     }
     let pods = settled(world, namespace, selector, 2).await;
     assert_eq!(nodes_used(&pods), 2, "{selector}'s pods still on one node after 3 replacements: {pods:?}");
@@ -357,13 +356,16 @@ async fn spread_one_each(world: &World, namespace: &str, selector: &str, keep: O
 /// until node lifecycle marks its pods not ready: failed requests, the time until requests stop
 /// failing, until the Lease moves, until a change is reconciled, and until the proxy has two
 /// pods again (the proxy pods tolerate an unreachable node for 10 s, `spec.proxy.tolerations`).
-pub(super) async fn a_lost_node_costs_a_bounded_failure(world: &mut World) {
+pub async fn a_lost_node_costs_a_bounded_failure(world: &mut World) {
+    world.ensure_sample(Sample::ANY.replicas(2)).await;
+    world.ensure_node_lifecycle();
+    world.ensure_two_pods_per_backend().await;
     let tolerations = json!({"spec": {"proxy": {"tolerations": [
         {"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 10},
         {"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 10},
     ]}}});
     let patch = tolerations.to_string();
-    kubectl(world, &["-n", NS, "patch", "balancer", SAMPLE, "--type=merge", "-p", &patch], None);
+    world.kubectl.ok(&["-n", NS, "patch", "balancer", SAMPLE, "--type=merge", "-p", &patch]);
     let deployments: Api<Deployment> = Api::namespaced(world.admin.clone(), NS);
     eventually("the proxy's pods tolerating 10 s", Duration::from_secs(60), || async {
         let template = deployments.get(PROXY).await.ok()?.spec?.template.spec?;
@@ -457,9 +459,9 @@ pub(super) async fn a_lost_node_costs_a_bounded_failure(world: &mut World) {
 
     // What an administrator does for a node that will not come back: its pods deleted at once
     // (no kubelet will confirm their end) and the node removed.
-    kubectl(world, &["-n", NS, "delete", "balancer", LOSS_BALANCER], None);
+    world.kubectl.ok(&["-n", NS, "delete", "balancer", LOSS_BALANCER]);
     let on_b = format!("spec.nodeName={}", NODE_B.name);
-    kubectl(world, &["delete", "pods", "-A", "--field-selector", &on_b, "--force", "--grace-period=0"], None);
-    kubectl(world, &["delete", "node", NODE_B.name], None);
+    world.kubectl.ok(&["delete", "pods", "-A", "--field-selector", &on_b, "--force", "--grace-period=0"]);
+    world.kubectl.ok(&["delete", "node", NODE_B.name]);
     settled(world, OPERATOR_NS, OPERATOR_PODS, 2).await;
 }

@@ -1,3 +1,5 @@
+//! The webhook's certificate replaced: by hand, and by cert-manager.
+//!
 //! The README's default install, for real: cert-manager v1.11.5 installed from its own chart
 //! with Helm (the images built from the module proxy, `tests/kubernetes/cert-manager.sh`), then
 //! `deploy/` as it is, with its Issuers, Certificates and CA-injection annotations.
@@ -15,9 +17,11 @@ use kube::api::ListParams;
 use rustls::pki_types::{CertificateDer, pem::PemObject as _};
 use serde_json::{Value, json};
 
-use super::{
-    NS, OPERATOR_NS, SAMPLE, World, cluster, eventually, kubectl, operator_pod_restarts, repo, write_kustomization,
-};
+use crate::fixtures::{Sample, apply_sample_as, operator_pod_restarts};
+use crate::install::{new_certificates, patch_ca_bundle, webhook_secret, write_kustomization};
+use crate::toolkit::cluster;
+use crate::toolkit::runner::eventually;
+use crate::{NS, OPERATOR_NS, SAMPLE, World, repo};
 
 const NAMESPACE: &str = "cert-manager";
 const WEBHOOK_HOST: &str = "balancer-webhook.balancer-system.svc";
@@ -69,9 +73,9 @@ fn ca_bundles(world: &World) -> [String; 3] {
     let path = "jsonpath={.webhooks[0].clientConfig.caBundle}";
     let conversion = "jsonpath={.spec.conversion.webhook.clientConfig.caBundle}";
     [
-        kubectl(world, &["get", "validatingwebhookconfiguration", "balancer-validating", "-o", path], None),
-        kubectl(world, &["get", "mutatingwebhookconfiguration", "balancer-mutating", "-o", path], None),
-        kubectl(world, &["get", "crd", "balancers.exposer.hliangzhao.io", "-o", conversion], None),
+        world.kubectl.ok(&["get", "validatingwebhookconfiguration", "balancer-validating", "-o", path]),
+        world.kubectl.ok(&["get", "mutatingwebhookconfiguration", "balancer-mutating", "-o", path]),
+        world.kubectl.ok(&["get", "crd", "balancers.exposer.hliangzhao.io", "-o", conversion]),
     ]
 }
 
@@ -98,7 +102,7 @@ async fn presented_certificate(address: &str, ca_pem: &str) -> Option<Vec<u8>> {
 /// Whether each running operator pod, reached at its own address (the Service may pick the
 /// same one every time), presents a certificate that `ca_pem` verifies: `leaf_pem` itself
 /// when given.
-pub(super) async fn every_replica_presents(world: &World, ca_pem: &str, leaf_pem: Option<&str>) -> bool {
+pub async fn every_replica_presents(world: &World, ca_pem: &str, leaf_pem: Option<&str>) -> bool {
     let pods: Api<Pod> = Api::namespaced(world.admin.clone(), OPERATOR_NS);
     let params = ListParams::default().labels("app.kubernetes.io/name=balancer");
     let Ok(list) = pods.list(&params).await else { return false };
@@ -125,7 +129,7 @@ pub(super) async fn every_replica_presents(world: &World, ca_pem: &str, leaf_pem
 /// Requests a renewal as `cmctl renew` does: the Certificate's `Issuing` condition set.
 fn request_renewal(world: &World) {
     let certificate =
-        kubectl(world, &["-n", OPERATOR_NS, "get", "certificate", "balancer-serving-cert", "-o", "json"], None);
+        world.kubectl.ok(&["-n", OPERATOR_NS, "get", "certificate", "balancer-serving-cert", "-o", "json"]);
     let certificate: Value = serde_json::from_str(&certificate).expect("json");
     let mut conditions = certificate["status"]["conditions"].as_array().cloned().unwrap_or_default();
     conditions.retain(|c| c["type"] != "Issuing");
@@ -135,13 +139,15 @@ fn request_renewal(world: &World) {
     let patch = json!({"status": {"conditions": conditions}}).to_string();
     let args =
         ["-n", OPERATOR_NS, "patch", "certificate", "balancer-serving-cert", "--subresource=status", "--type=merge"];
-    kubectl(world, &[&args[..], &["-p", &patch]].concat(), None);
+    world.kubectl.ok(&[&args[..], &["-p", &patch]].concat());
 }
 
 /// cert-manager issues the webhook's certificate, its CA injector puts the CA into both
 /// webhook configurations and the CRD's conversion webhook, the API server validates and
 /// converts through them, and a renewed certificate is served without a restart.
-pub(super) async fn cert_manager_issues_the_webhook_certificate_and_injects_its_ca(world: &mut World) {
+pub async fn cert_manager_issues_the_webhook_certificate_and_injects_its_ca(world: &mut World) {
+    // The sample is read as v1alpha1 through the conversion webhook.
+    world.ensure_sample(Sample::ANY).await;
     install_cert_manager(world);
     let restarts = operator_pod_restarts(world).await;
 
@@ -149,18 +155,18 @@ pub(super) async fn cert_manager_issues_the_webhook_certificate_and_injects_its_
     // deleted first (cert-manager would otherwise take a valid certificate it finds for its
     // own; the replicas go on serving the files they have). cert-manager's own webhook
     // validates the Certificates: retried until kube-proxy routes to it.
-    kubectl(world, &["-n", OPERATOR_NS, "delete", "secret", "balancer-webhook-tls"], None);
+    world.kubectl.ok(&["-n", OPERATOR_NS, "delete", "secret", "balancer-webhook-tls"]);
     let dir = tempfile::TempDir::new().expect("temp dir");
     write_kustomization(dir.path(), false);
     let overlay = dir.path().display().to_string();
     let applied = Instant::now();
     eventually("deploy/ applied with its cert-manager objects", Duration::from_secs(60), || async {
-        world.plane.kubectl("admin", &["apply", "-k", &overlay], None).0.then_some(())
+        world.kubectl.run(&["apply", "-k", &overlay], None).0.then_some(())
     })
     .await;
     let issued = eventually("the serving certificate issued", Duration::from_secs(60), || async {
         let args = ["-n", OPERATOR_NS, "get", "certificate", "balancer-serving-cert", "-o", "json"];
-        let certificate: Value = serde_json::from_str(&world.plane.kubectl("admin", &args, None).1).ok()?;
+        let certificate: Value = serde_json::from_str(&world.kubectl.run(&args, None).1).ok()?;
         let conditions = certificate["status"]["conditions"].as_array()?.clone();
         let ready = conditions.iter().any(|c| c["type"] == "Ready" && c["status"] == "True");
         ready.then(|| applied.elapsed())
@@ -198,12 +204,12 @@ pub(super) async fn cert_manager_issues_the_webhook_certificate_and_injects_its_
     println!("node: the issued certificate served {:.1} s after the apply", applied.elapsed().as_secs_f64());
     let invalid = std::fs::read_to_string(repo("deploy/samples/invalid-balancer.yaml")).expect("sample");
     eventually("the invalid sample refused by the webhook", Duration::from_secs(30), || async {
-        let (ok, _, err) = world.plane.kubectl("admin", &["apply", "-f", "-"], Some(&invalid));
+        let (ok, _, err) = world.kubectl.run(&["apply", "-f", "-"], Some(&invalid));
         (!ok && err.contains("duplicate port name \"http\"")).then_some(())
     })
     .await;
     let alpha = ["-n", NS, "get", "balancers.v1alpha1.exposer.hliangzhao.io", SAMPLE, "-o", "jsonpath={.apiVersion}"];
-    assert_eq!(kubectl(world, &alpha, None), "exposer.hliangzhao.io/v1alpha1", "converted by the webhook");
+    assert_eq!(world.kubectl.ok(&alpha), "exposer.hliangzhao.io/v1alpha1", "converted by the webhook");
 
     // A renewal: a new key and certificate from the same CA, served without a restart.
     request_renewal(world);
@@ -222,11 +228,44 @@ pub(super) async fn cert_manager_issues_the_webhook_certificate_and_injects_its_
         renewed.elapsed().as_secs_f64()
     );
     assert_eq!(operator_pod_restarts(world).await, restarts, "no replica restarted");
-    let yaml =
-        std::fs::read_to_string(repo("deploy/samples/balancer.yaml")).expect("sample").replace(SAMPLE, "renewed");
-    eventually("a Balancer write after the renewal", Duration::from_secs(30), || async {
-        world.plane.kubectl("admin", &["-n", NS, "apply", "-f", "-"], Some(&yaml)).0.then_some(())
+    apply_sample_as(world, NS, "renewed", "a Balancer write after the renewal").await;
+    world.kubectl.ok(&["-n", NS, "delete", "balancer", "renewed"]);
+}
+
+/// The webhook's certificate replaced by hand (its Secret applied again, the new CA trusted
+/// alongside the old one until every replica serves the new pair): served without a restart.
+pub async fn a_replaced_certificate_is_served_without_a_restart(world: &mut World) {
+    world.ensure_namespace().await;
+    use base64::Engine;
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let before = operator_pod_restarts(world).await;
+    let old_bundle = world.kubectl.ok(&[
+        "get",
+        "validatingwebhookconfiguration",
+        "balancer-validating",
+        "-o",
+        "jsonpath={.webhooks[0].clientConfig.caBundle}",
+    ]);
+    let dir = tempfile::TempDir::new().expect("temp dir");
+    let new_bundle = new_certificates(dir.path());
+    let new_ca = String::from_utf8(b64.decode(&new_bundle).expect("base64")).expect("PEM");
+    // Trust both CAs while the pods switch, as a rotation should.
+    let both = [b64.decode(old_bundle.trim()).expect("base64"), new_ca.clone().into_bytes()].concat();
+    patch_ca_bundle(world, &b64.encode(both));
+    let secret = webhook_secret(world, dir.path());
+    let replaced = Instant::now();
+    world.kubectl.apply(&secret);
+
+    // Every replica, each at its own address, serves a certificate the new CA alone verifies.
+    eventually("the new certificate on every replica", Duration::from_secs(120), || async {
+        every_replica_presents(world, &new_ca, None).await.then_some(())
     })
     .await;
-    kubectl(world, &["-n", NS, "delete", "balancer", "renewed"], None);
+    println!("node: new certificate served {:.1} s after the Secret was replaced", replaced.elapsed().as_secs_f64());
+    assert_eq!(operator_pod_restarts(world).await, before, "no replica restarted");
+
+    // The new CA alone, and writes go on.
+    patch_ca_bundle(world, &new_bundle);
+    apply_sample_as(world, NS, "rotated", "a Balancer write after the rotation").await;
+    world.kubectl.ok(&["-n", NS, "delete", "balancer", "rotated"]);
 }

@@ -3,7 +3,6 @@
 //! generated certificates and kubeconfigs. On loopback for the e2e suite; on the
 //! node's bridge, with service accounts for pods, for the node suite. Every
 //! process is killed when the `ControlPlane` is dropped, also when a scenario panics.
-//! Shared by both suites (`tests/node` includes this file).
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
@@ -14,16 +13,22 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config};
 use tempfile::TempDir;
 
-/// Token users the API server knows (`--token-auth-file`).
-pub const ADMIN_TOKEN: &str = "e2e-admin-token";
-pub const OPERATOR_TOKEN: &str = "e2e-operator-token";
-pub const OPERATOR_USER: &str = "balancer-operator";
-/// A user with no RBAC grants at all.
-pub const NOBODY_TOKEN: &str = "e2e-nobody-token";
-pub const NOBODY_USER: &str = "nobody";
-/// A user the metrics scenario binds to `balancer-metrics-reader`.
-pub const SCRAPER_TOKEN: &str = "e2e-scraper-token";
-pub const SCRAPER_USER: &str = "metrics-scraper";
+use super::kubectl::Kubectl;
+
+/// A user the API server knows by a bearer token (`--token-auth-file`).
+pub struct TokenUser {
+    pub token: &'static str,
+    pub name: &'static str,
+}
+
+/// In `system:masters`: may do anything.
+pub const ADMIN: TokenUser = TokenUser { token: "e2e-admin-token", name: "e2e-admin" };
+/// The operator, as deploy/rbac.yaml binds it.
+pub const OPERATOR: TokenUser = TokenUser { token: "e2e-operator-token", name: "balancer-operator" };
+/// No RBAC grants at all.
+pub const NOBODY: TokenUser = TokenUser { token: "e2e-nobody-token", name: "nobody" };
+/// Bound by the metrics scenario to `balancer-metrics-reader`.
+pub const SCRAPER: TokenUser = TokenUser { token: "e2e-scraper-token", name: "metrics-scraper" };
 
 /// A child process killed (and reaped) on drop.
 pub struct Proc {
@@ -101,6 +106,34 @@ impl Proc {
 impl Drop for Proc {
     fn drop(&mut self) {
         self.stop(Duration::from_secs(5));
+    }
+}
+
+/// Processes stopped in the reverse of the order they were started in, when dropped: what
+/// started later may depend on what started earlier (the API server on etcd, say).
+#[derive(Default)]
+pub struct Processes(Vec<Proc>);
+
+impl Processes {
+    pub fn push(&mut self, process: Proc) {
+        self.0.push(process);
+    }
+
+    /// The process `name`, if one was started under that name.
+    pub fn named(&mut self, name: &str) -> Option<&mut Proc> {
+        self.0.iter_mut().find(|p| p.name == name)
+    }
+
+    pub fn has(&self, name: &str) -> bool {
+        self.0.iter().any(|p| p.name == name)
+    }
+}
+
+impl Drop for Processes {
+    fn drop(&mut self) {
+        while let Some(mut process) = self.0.pop() {
+            process.stop(Duration::from_secs(5));
+        }
     }
 }
 
@@ -184,16 +217,15 @@ pub struct ControlPlane {
     pub url: String,
     pub ca_pem: String,
     pub audit_log: PathBuf,
-    // Declared after `dir` is dropped last (fields drop in order): processes go first.
-    processes: Vec<Proc>,
+    /// Stopped when dropped: controller managers, then the API server, then etcd. Declared
+    /// after `dir`, and `Drop for ControlPlane` empties it first, so the processes stop
+    /// before their directory goes.
+    processes: Processes,
 }
 
 impl Drop for ControlPlane {
     fn drop(&mut self) {
-        // Controller manager, then API server, then etcd.
-        while let Some(mut p) = self.processes.pop() {
-            p.stop(Duration::from_secs(5));
-        }
+        drop(std::mem::take(&mut self.processes));
     }
 }
 
@@ -217,23 +249,18 @@ impl ControlPlane {
         let sa_key = rcgen::KeyPair::generate().expect("service account key");
         std::fs::write(d.join("pki/sa.key"), sa_key.serialize_pem()).unwrap();
         std::fs::write(d.join("pki/sa.pub"), sa_key.public_key_pem()).unwrap();
-        std::fs::write(
-            d.join("tokens.csv"),
-            format!(
-                "{ADMIN_TOKEN},e2e-admin,1,\"system:masters\"\n\
-                 {OPERATOR_TOKEN},{OPERATOR_USER},2\n\
-                 {NOBODY_TOKEN},{NOBODY_USER},3\n\
-                 {SCRAPER_TOKEN},{SCRAPER_USER},4\n"
-            ),
-        )
-        .unwrap();
+        // token,user,uid[,"groups"]
+        let users = [(&ADMIN, "1,\"system:masters\""), (&OPERATOR, "2"), (&NOBODY, "3"), (&SCRAPER, "4")];
+        let tokens: String =
+            users.iter().map(|(user, rest)| format!("{},{},{rest}\n", user.token, user.name)).collect();
+        std::fs::write(d.join("tokens.csv"), tokens).unwrap();
         std::fs::write(
             d.join("audit-policy.yaml"),
             "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [RequestReceived]\nrules:\n  - level: Metadata\n",
         )
         .unwrap();
 
-        let mut processes = Vec::new();
+        let mut processes = Processes::default();
         let [etcd_port, peer_port, port] = free_ports();
         let etcd_url = format!("http://127.0.0.1:{etcd_port}");
         let peer_url = format!("http://127.0.0.1:{peer_port}");
@@ -288,9 +315,9 @@ impl ControlPlane {
         ));
         let url = format!("https://{}:{port}", options.address);
         let plane = ControlPlane { dir, url, ca_pem: certs.ca_pem, audit_log, processes };
-        plane.write_kubeconfig("admin", ADMIN_TOKEN);
-        plane.write_kubeconfig("operator", OPERATOR_TOKEN);
-        plane.write_kubeconfig(NOBODY_USER, NOBODY_TOKEN);
+        plane.write_kubeconfig("admin", ADMIN.token);
+        plane.write_kubeconfig("operator", OPERATOR.token);
+        plane.write_kubeconfig(NOBODY.name, NOBODY.token);
         plane.wait_ready().await;
 
         let kcm = assets.join("kube-controller-manager");
@@ -338,7 +365,6 @@ impl ControlPlane {
     /// Starts node lifecycle (in a controller manager of its own): a node silent for `grace`
     /// is marked not ready, with its pods, and they are evicted once their tolerations of an
     /// unreachable node run out. (The node suite's: the e2e suite has no nodes.)
-    #[allow(dead_code)]
     pub fn start_node_lifecycle(&mut self, assets: &Path, grace: Duration) {
         let log = self.dir.path().join("node-lifecycle.log");
         let process = Proc::spawn(
@@ -399,23 +425,9 @@ impl ControlPlane {
         }
     }
 
-    /// `kubectl` as `user`, with optional standard input; returns (success, stdout, stderr).
-    pub fn kubectl(&self, user: &str, args: &[&str], stdin: Option<&str>) -> (bool, String, String) {
-        use std::io::Write;
-        let mut child = Command::new("kubectl")
-            .arg(format!("--kubeconfig={}", self.kubeconfig(user).display()))
-            .args(args)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("kubectl runs");
-        if let Some(input) = stdin {
-            child.stdin.take().unwrap().write_all(input.as_bytes()).unwrap();
-        }
-        drop(child.stdin.take());
-        let out = child.wait_with_output().unwrap();
-        (out.status.success(), String::from_utf8_lossy(&out.stdout).into(), String::from_utf8_lossy(&out.stderr).into())
+    /// `kubectl` as `user`.
+    pub fn kubectl(&self, user: &str) -> Kubectl {
+        Kubectl::new(self.kubeconfig(user))
     }
 
     /// Audit events (JSON lines) so far.
@@ -429,18 +441,18 @@ impl ControlPlane {
 
     /// The control-plane process `name` (`etcd`, `kube-apiserver`, `kube-controller-manager`).
     pub fn process(&mut self, name: &str) -> &mut Proc {
-        self.processes.iter_mut().find(|p| p.name == name).unwrap_or_else(|| panic!("no {name} in the control plane"))
+        self.processes.named(name).unwrap_or_else(|| panic!("no {name} in the control plane"))
     }
 
     /// Whether the API server answers `/readyz` (with etcd behind it) within a second.
     pub async fn is_ready(&self) -> bool {
         let client = http_client(&self.ca_pem);
-        let request = client.get(format!("{}/readyz", self.url)).bearer_auth(ADMIN_TOKEN);
+        let request = client.get(format!("{}/readyz", self.url)).bearer_auth(ADMIN.token);
         let answer = tokio::time::timeout(Duration::from_secs(1), request.send()).await;
         matches!(answer, Ok(Ok(r)) if r.status().is_success())
     }
 
     pub fn has_controller_manager(&self) -> bool {
-        self.processes.iter().any(|p| p.name == "kube-controller-manager")
+        self.processes.has("kube-controller-manager")
     }
 }

@@ -1,5 +1,5 @@
-//! Scenarios that build on each other, run in order against one world, each
-//! reported as a test. Shared by the e2e and node suites.
+//! Scenarios run against one shared world, each reported as a test, with libtest's filter and
+//! `--skip NAME` on the command line.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -13,10 +13,20 @@ pub type Scenario<W> = for<'a> fn(&'a mut W) -> Pin<Box<dyn Future<Output = ()> 
 /// `[(name, scenario)]` from the scenario functions' names.
 macro_rules! scenarios {
     ($world:ty: $($name:ident),* $(,)?) => {
-        vec![$((stringify!($name), (|w| Box::pin($name(w))) as crate::runner::Scenario<$world>)),*]
+        vec![$((stringify!($name), (|w| Box::pin($name(w))) as crate::toolkit::runner::Scenario<$world>)),*]
     };
 }
 pub(crate) use scenarios;
+
+/// What a name filter on the command line runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Filter {
+    /// The scenarios whose names contain it, and no other: each sets up what it needs.
+    RunsOnlyTheNamed,
+    /// Every scenario up to the last one whose name contains it, in order: later scenarios
+    /// build on the state earlier ones leave.
+    RunsUpToTheNamed,
+}
 
 /// What the command line asks for: a filter, and `--skip NAME` for scenarios to leave out.
 struct Selection {
@@ -37,21 +47,40 @@ impl Selection {
         }
         selection
     }
+
+    /// Whether `--skip` leaves the scenario `name` out.
+    fn skips(&self, name: &str) -> bool {
+        self.skip.iter().any(|skip| name.contains(skip.as_str()))
+    }
+
+    /// Whether the filter selects the scenario at `index` of `names`.
+    fn selects(&self, names: &[&str], index: usize, filter: Filter) -> bool {
+        let Some(wanted) = &self.filter else { return true };
+        match filter {
+            Filter::RunsOnlyTheNamed => names[index].contains(wanted.as_str()),
+            Filter::RunsUpToTheNamed => names[index..].iter().any(|later| later.contains(wanted.as_str())),
+        }
+    }
 }
 
-/// Runs `all` in order, up to the last one whose name contains the command line's filter
-/// (later scenarios build on earlier ones), and stops at the first failure after `diagnose`.
-/// `--skip NAME` leaves out the scenarios whose names contain NAME: only those that no later
-/// one builds on. Returns how many passed and failed.
-pub async fn run_in_order<W>(world: &mut W, all: Vec<(&str, Scenario<W>)>, diagnose: impl Fn(&W)) -> (usize, usize) {
+/// Runs the scenarios of `all` that the command line selects, in order, and stops at the
+/// first failure after `diagnose`. `--skip NAME` leaves out the scenarios whose names contain
+/// NAME (with [`Filter::RunsUpToTheNamed`], only those that no later one builds on). Returns
+/// how many passed and failed.
+pub async fn run<W>(
+    world: &mut W,
+    all: Vec<(&str, Scenario<W>)>,
+    filter: Filter,
+    diagnose: impl Fn(&W),
+) -> (usize, usize) {
     let selection = Selection::from_args();
-    let last = match &selection.filter {
-        Some(f) => all.iter().rposition(|(name, _)| name.contains(f.as_str())).map_or(0, |i| i + 1),
-        None => all.len(),
-    };
+    let names: Vec<&str> = all.iter().map(|(name, _)| *name).collect();
     let mut passed = 0;
-    for (name, scenario) in all.into_iter().take(last) {
-        if selection.skip.iter().any(|skip| name.contains(skip.as_str())) {
+    for (index, (name, scenario)) in all.into_iter().enumerate() {
+        if !selection.selects(&names, index, filter) {
+            continue;
+        }
+        if selection.skips(name) {
             println!("test {name} ... skipped (--skip)");
             continue;
         }

@@ -1,0 +1,320 @@
+//! The sample Balancer's traffic: the README's walkthrough split by weight, a backend without
+//! pods, weights changed and a backend removed under load, scaling, and deleting it; and the
+//! watch on kube-proxy's rules that tells when a split can be measured.
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, Service};
+use kube::Api;
+use kube::api::ListParams;
+
+use crate::fixtures::{
+    self, Sample, balancers, change_backends, every_backend_answers, front_ip, pod_ips, refuses_root_pods,
+    restricted_namespace, wait_available, wait_backends, wait_ready_balancer,
+};
+use crate::sidecar::proxy_sessions;
+use crate::toolkit::load::{Load, assert_shares, shares_match, split};
+use crate::toolkit::runner::eventually;
+use crate::toolkit::wait::{self, balancer_until};
+use crate::{NS, SAMPLE, World, nodes};
+
+/// The README's walkthrough in a namespace that enforces `restricted`: the echo backends, the
+/// sample, and the proxy pods balancer makes are all admitted.
+pub async fn the_walkthrough_splits_traffic_by_weight(world: &mut World) {
+    world.ensure_operator().await;
+    restricted_namespace(world, NS);
+    fixtures::namespace_made(world);
+    let (refused, answer) = refuses_root_pods(world, NS);
+    assert!(refused, "{NS} does not enforce `restricted`: {answer}");
+    fixtures::make_echo_backends(world).await;
+    fixtures::apply_shipped_sample(world);
+    wait_ready_balancer(world, SAMPLE, Duration::from_secs(120)).await;
+
+    // The proxy pod runs as the builders say: uid 101, read-only root, the port-80 sysctl.
+    let pods: Api<Pod> = Api::namespaced(world.admin.clone(), NS);
+    let params = ListParams::default().labels(&format!("balancer.exposer.hliangzhao.io/balancer-name={SAMPLE}"));
+    let proxy = pods.list(&params).await.expect("pods").items.into_iter().next().expect("a proxy pod");
+    let spec = proxy.spec.expect("spec");
+    assert_eq!(spec.security_context.as_ref().and_then(|s| s.run_as_user), Some(101));
+    assert_eq!(spec.containers[0].security_context.as_ref().and_then(|s| s.read_only_root_filesystem), Some(true));
+    // …with the metrics sidecar, in the operator's own image (deploy/'s env, set by `images:`).
+    let sidecar = spec.init_containers.iter().flatten().next().expect("the metrics sidecar");
+    assert_eq!(sidecar.restart_policy.as_deref(), Some("Always"), "a native sidecar");
+    assert_eq!((sidecar.name.as_str(), sidecar.image.as_deref()), ("metrics", Some("localhost/balancer:test")));
+
+    let front = front_ip(world, SAMPLE).await;
+    every_backend_answers(&front, &["v1", "v2", "v3"]).await;
+    let metrics = format!("{}:9113", proxy.status.as_ref().and_then(|s| s.pod_ip.clone()).expect("a pod IP"));
+    // The count before, once the sessions of the requests above are all in.
+    let before = eventually("the proxy's metrics sidecar to settle", Duration::from_secs(30), || async {
+        let first = proxy_sessions(&metrics).await?;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        (proxy_sessions(&metrics).await? == first).then_some(first)
+    })
+    .await;
+    let counts = split(&front, 80, 3000).await;
+    println!("node: 3000 requests through {front}:80: {counts:?}");
+    assert_eq!(counts.get("failed"), None, "every request answered: {counts:?}");
+    assert_shares(&counts, &[("hello world v1", 40), ("hello world v2", 20), ("hello world v3", 40)], 3.0);
+
+    // The sidecar counts what the clients saw, per backend, within 1 % (the readiness probe's
+    // sessions are counted too). Lines arrive as sessions end: it gets a moment to settle.
+    let seen = |backend: &str| counts.get(&format!("hello world {backend}")).copied().unwrap_or(0) as f64;
+    let counted = eventually("the sidecar's counts to settle", Duration::from_secs(10), || async {
+        let after = proxy_sessions(&metrics).await?;
+        let delta = |b: &str| after.get(b).copied().unwrap_or(0.0) - before.get(b).copied().unwrap_or(0.0);
+        let all = ["v1", "v2", "v3"].map(delta);
+        (all.iter().sum::<f64>() >= 3000.0).then_some(all)
+    })
+    .await;
+    println!("node: the proxy's metrics sidecar counted {counted:?} sessions of v1, v2, v3 (clients saw {counts:?})");
+    for (backend, counted) in ["v1", "v2", "v3"].iter().zip(counted) {
+        let error = (counted - seen(backend)).abs() / seen(backend);
+        assert!(error <= 0.01, "{backend}: the sidecar counted {counted}, the clients saw {}", seen(backend));
+    }
+
+    // Each backend in the status: one ready endpoint, and the share the weights give it.
+    wait_backends(world, SAMPLE, &[1, 1, 1], &[40, 20, 40], "True", Duration::from_secs(15)).await;
+    println!("node: kubectl get bal:\n{}", world.kubectl.ok(&["-n", NS, "get", "bal"]));
+}
+
+/// Backend v2 scaled to 0 under continuous TCP load: the status says so within 15 s, the
+/// others take its share on the wire, and no request fails; scaled back, all returns.
+pub async fn a_backend_without_pods_loses_its_share_without_a_failed_request(world: &mut World) {
+    world.ensure_sample(Sample::AS_SHIPPED).await;
+    let front = front_ip(world, SAMPLE).await;
+    let load = Load::start(format!("{front}:80"), 4);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let v2 = leaving(world, "app=test,version=v2", "v2's pod").await;
+    world.kubectl.ok(&["-n", NS, "scale", "deployment/echo-v2", "--replicas=0"]);
+    let scaled = Instant::now();
+    let sample = wait_backends(world, SAMPLE, &[1, 0, 1], &[50, 0, 50], "False", Duration::from_secs(15)).await;
+    println!("node: v2 without endpoints in the status {:.1} s after scaling it to 0", scaled.elapsed().as_secs_f64());
+    let status = sample.status.as_ref().expect("a status");
+    assert_eq!(status.backends_ready.as_deref(), Some("2/3"), "{status:?}");
+    let condition = wait::condition(&sample, "BackendsAvailable").expect("BackendsAvailable");
+    let message = condition.message.as_str();
+    assert!(message.contains("v2") && !message.contains("v1"), "{message}");
+    println!("node: kubectl get bal -o wide:\n{}", world.kubectl.ok(&["-n", NS, "get", "bal", SAMPLE, "-o", "wide"]));
+
+    // The split on the wire, over 5 s of the clients' requests once kube-proxy no longer sends
+    // to v2's pod: nginx's upstream is v2's cluster IP, so until then v2's terminating pod
+    // still answers. Once it refuses, nginx skips v2 (issue 34 gives nginx the pods themselves).
+    v2.gone();
+    let split = load.answers_within(Duration::from_secs(5)).await;
+    println!("node: with v2 scaled to 0, 5 s of requests: {split:?}");
+    assert_eq!(split.get("hello world v2").copied().unwrap_or(0), 0, "{split:?}");
+    assert_shares(&split, &[("hello world v1", 50), ("hello world v3", 50)], 5.0);
+
+    world.kubectl.ok(&["-n", NS, "scale", "deployment/echo-v2", "--replicas=1"]);
+    wait_available(world, NS, "echo-v2", 1).await;
+    wait_backends(world, SAMPLE, &[1, 1, 1], &[40, 20, 40], "True", Duration::from_secs(15)).await;
+    load.assert_no_failures("while v2 went to 0 pods and back").await;
+}
+
+/// The upstream lines of the sample's proxy configuration: in its ConfigMap, and as each proxy
+/// pod mounted it (a failure's diagnosis).
+fn print_proxy_configs(world: &World) {
+    let upstreams = |conf: &str| conf.lines().filter(|l| l.contains("weight=")).collect::<Vec<_>>().join(" | ");
+    let (_, conf, _) = world.kubectl.run(
+        &["-n", NS, "get", "configmap", "example-balancer-proxy-configmap", "-o", "jsonpath={.data.nginx\\.conf}"],
+        None,
+    );
+    println!("node: the ConfigMap's upstreams: {}", upstreams(&conf));
+    let selector = "balancer.exposer.hliangzhao.io/balancer-name=example-balancer,app.kubernetes.io/component=proxy";
+    let (_, pods, _) = world.kubectl.run(&["-n", NS, "get", "pods", "-l", selector, "-o", "name"], None);
+    for pod in pods.lines() {
+        let (_, conf, _) = world.kubectl.run(&["-n", NS, "exec", pod, "--", "cat", "/etc/balancer/nginx.conf"], None);
+        let (_, hash, _) = world.kubectl.run(
+            &[
+                "-n",
+                NS,
+                "get",
+                pod,
+                "-o",
+                "jsonpath={.metadata.annotations.balancer\\.exposer\\.hliangzhao\\.io/config-hash}",
+            ],
+            None,
+        );
+        println!("node: {pod} (config-hash {hash}) mounted: {}", upstreams(&conf));
+    }
+    for args in [
+        &["-n", NS, "get", "services", "-o", "wide"][..],
+        // What kube-proxy reads: a stale slice would send a share to a gone pod.
+        &["-n", NS, "get", "endpointslices", "-o", "wide"][..],
+        &["-n", NS, "get", "pods", "-o", "wide", "--show-labels"][..],
+    ] {
+        let (_, out, _) = world.kubectl.run(args, None);
+        println!("node: kubectl {}:\n{out}", args.join(" "));
+    }
+    // kube-proxy's rules for the backend Services, as the node runs them.
+    if let Ok(out) = Command::new("iptables-save").args(["-t", "nat"]).output() {
+        let rules = String::from_utf8_lossy(&out.stdout);
+        let ours: Vec<&str> =
+            rules.lines().filter(|l| l.contains("example-balancer-v") && l.contains("-j KUBE-SEP")).collect();
+        println!("node: kube-proxy's endpoint rules for the backends:\n{}", ours.join("\n"));
+    }
+}
+
+/// Pods about to go (scaled away, or replaced by a rollout), watched in kube-proxy's rules.
+pub struct Leaving {
+    what: &'static str,
+    dropped: std::thread::JoinHandle<Result<f64, String>>,
+}
+
+/// Takes the pods `selector` matches now, before the change that removes them.
+pub async fn leaving(world: &World, selector: &str, what: &'static str) -> Leaving {
+    Leaving { what, dropped: dropped_by_kube_proxy(pod_ips(world, NS, selector).await, Instant::now()) }
+}
+
+impl Leaving {
+    /// Waits until kube-proxy no longer sends to the pods. A pod leaving serves through its stop
+    /// hook (5 s for a proxy, 3 s for an echo backend), kube-proxy sends to such a terminating
+    /// pod while its Service has no ready one (KEP-1669, on since v1.26), and it syncs at most
+    /// once a second (from v1.28 on): a split measured before would still reach them.
+    pub fn gone(self) {
+        let dropped = self.dropped.join().expect("the kube-proxy watch");
+        let dropped = dropped.unwrap_or_else(|e| panic!("kube-proxy and {}: {e}", self.what));
+        println!("node: kube-proxy stopped sending to {} {dropped:.1} s after the change", self.what);
+    }
+}
+
+/// Watches kube-proxy's NAT rules (every 200 ms, for up to 150 s: a proxy rollout may take
+/// 120 s) until none sends to `ips`, which the first look must find: when that was, in seconds
+/// from `since`, or why it is not known.
+pub fn dropped_by_kube_proxy(ips: Vec<String>, since: Instant) -> std::thread::JoinHandle<Result<f64, String>> {
+    std::thread::spawn(move || {
+        let sends_to_them = || -> Result<bool, String> {
+            let rules = Command::new("iptables-save").args(["-t", "nat"]).output().map_err(|e| e.to_string())?;
+            let rules = String::from_utf8_lossy(&rules.stdout);
+            Ok(ips.iter().any(|ip| rules.contains(&format!("--to-destination {ip}:"))))
+        };
+        if ips.is_empty() || !sends_to_them()? {
+            return Err(format!("kube-proxy's rules never sent to {ips:?}"));
+        }
+        while since.elapsed() < Duration::from_secs(150) {
+            std::thread::sleep(Duration::from_millis(200));
+            if !sends_to_them()? {
+                return Ok(since.elapsed().as_secs_f64());
+            }
+        }
+        Err("still there after 150 s".into())
+    })
+}
+
+pub async fn weights_change_under_load_without_a_failed_connection(world: &mut World) {
+    world.ensure_sample(Sample::AS_SHIPPED).await;
+    let front = front_ip(world, SAMPLE).await;
+    let load = Load::start(format!("{front}:80"), 4);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let old_proxies = leaving(world, &nodes::proxy_pods(), "the old proxy pods").await;
+    change_backends(world, SAMPLE, &[("v1", 80), ("v2", 10), ("v3", 10)], &[]).await;
+    wait_ready_balancer(world, SAMPLE, Duration::from_secs(120)).await;
+    old_proxies.gone();
+    let counts = split(&front, 80, 3000).await;
+    println!("node: after the weight change, 3000 requests: {counts:?}");
+    assert_shares(&counts, &[("hello world v1", 80), ("hello world v2", 10), ("hello world v3", 10)], 3.0);
+
+    // Removing a backend: the rollout fails nothing, and its Service goes once it is over.
+    let old_proxies = leaving(world, &nodes::proxy_pods(), "the old proxy pods").await;
+    change_backends(world, SAMPLE, &[], &["v3"]).await;
+    let sample = wait_ready_balancer(world, SAMPLE, Duration::from_secs(120)).await;
+    old_proxies.gone();
+    let services: Api<Service> = Api::namespaced(world.admin.clone(), NS);
+    eventually("the removed backend's Service deleted", Duration::from_secs(30), || async {
+        services.get_opt("example-balancer-v3-backend").await.ok()?.is_none().then_some(())
+    })
+    .await;
+    load.assert_no_failures("during two proxy rollouts").await;
+    let status = sample.status.expect("a status");
+    assert_eq!(status.active_backends, 2, "{status:?}");
+    let counts = split(&front, 80, 600).await;
+    assert_shares(&counts, &[("hello world v1", 80), ("hello world v2", 10)], 4.0);
+}
+
+pub async fn scaling_the_balancer_brings_up_proxy_pods(world: &mut World) {
+    world.ensure_sample(Sample::ANY.replicas(1)).await;
+    let front = front_ip(world, SAMPLE).await;
+    let load = Load::start(format!("{front}:80"), 2);
+    world.kubectl.ok(&["-n", NS, "scale", &format!("balancer/{SAMPLE}"), "--replicas=2"]);
+    let proxy = format!("{SAMPLE}-proxy");
+    wait_available(world, NS, &proxy, 2).await;
+    let what = "status.readyReplicas 2";
+    let sample =
+        balancer_until(&balancers(world), SAMPLE, what, Duration::from_secs(60), wait::replicas_ready(2)).await;
+    let selector = sample.status.and_then(|s| s.selector).expect("status.selector");
+    println!("node: scaled to 2 proxy pods: {selector:?}");
+    let pods: Api<Pod> = Api::namespaced(world.admin.clone(), NS);
+    let selector = selector.as_str();
+    // Pods of the earlier rollouts may still be draining (terminating): they are not counted.
+    let live = |pods: Vec<Pod>| pods.into_iter().filter(|p| p.metadata.deletion_timestamp.is_none()).count();
+    let running = live(pods.list(&ListParams::default().labels(selector)).await.expect("pods").items);
+    assert_eq!(running, 2, "pods selected by status.selector");
+
+    // Back to one, with the load still running: scaling drops no connection either.
+    world.kubectl.ok(&["-n", NS, "scale", &format!("balancer/{SAMPLE}"), "--replicas=1"]);
+    wait_available(world, NS, &proxy, 1).await;
+    eventually("one proxy pod left", Duration::from_secs(60), || async {
+        let left = live(pods.list(&ListParams::default().labels(selector)).await.ok()?.items);
+        (left == 1).then_some(())
+    })
+    .await;
+    load.assert_no_failures("while scaling 1 → 2 → 1").await;
+}
+
+/// Once the change is Ready, 1,200 requests split by the new weights. Right after an API server
+/// restart kube-proxy may still route the front Service by its old endpoints until its own
+/// watch is back (client-go's reflector waits up to 30 s between attempts): the split is
+/// measured again, each second, for up to 60 s, the time it took is printed, and a failure
+/// prints the proxy pods' configuration and the Services' endpoints.
+pub async fn weights_on_the_wire(world: &World, v1: u32, v2: u32) {
+    wait_ready_balancer(world, SAMPLE, Duration::from_secs(120)).await;
+    let ready = Instant::now();
+    let weights = [("hello world v1", v1), ("hello world v2", v2)];
+    loop {
+        let counts = split(&front_ip(world, SAMPLE).await, 80, 1200).await;
+        println!("node: after the change to {v1}/{v2}, 1200 requests: {counts:?}");
+        if shares_match(&counts, &weights, 4.0) || ready.elapsed() > Duration::from_secs(60) {
+            if !shares_match(&counts, &weights, 4.0) {
+                print_proxy_configs(world);
+            }
+            assert_shares(&counts, &weights, 4.0);
+            println!("node: the new weights on the wire {:.1} s after Ready", ready.elapsed().as_secs_f64());
+            return;
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+pub async fn deleting_the_balancer_removes_every_child_and_pod(world: &mut World) {
+    world.ensure_sample(Sample::ANY).await;
+    world.kubectl.ok(&["-n", NS, "delete", "balancer", SAMPLE, "--wait=false"]);
+    let selector = format!("balancer.exposer.hliangzhao.io/balancer-name={SAMPLE}");
+    let params = ListParams::default().labels(&selector);
+    let services: Api<Service> = Api::namespaced(world.admin.clone(), NS);
+    let config_maps: Api<ConfigMap> = Api::namespaced(world.admin.clone(), NS);
+    let deployments: Api<Deployment> = Api::namespaced(world.admin.clone(), NS);
+    let pods: Api<Pod> = Api::namespaced(world.admin.clone(), NS);
+    let deleted = Instant::now();
+    eventually("every child gone", Duration::from_secs(60), || async {
+        let left = services.list(&params).await.ok()?.items.len()
+            + config_maps.list(&params).await.ok()?.items.len()
+            + deployments.list(&params).await.ok()?.items.len();
+        (left == 0).then_some(())
+    })
+    .await;
+    let children_gone = deleted.elapsed();
+    // 5-30 s of preStop and up to 20 s of draining: the probes' sessions wait on backend
+    // Services that garbage collection has already removed.
+    eventually("every proxy pod gone", Duration::from_secs(90), || async {
+        pods.list(&params).await.ok()?.items.is_empty().then_some(())
+    })
+    .await;
+    println!(
+        "node: children collected {:.1} s after the delete, proxy pods gone after {:.1} s",
+        children_gone.as_secs_f64(),
+        deleted.elapsed().as_secs_f64()
+    );
+}

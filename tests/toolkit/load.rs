@@ -1,0 +1,207 @@
+//! HTTP traffic through a proxy: one request, a measured split, and clients that keep sending
+//! while a scenario changes something, with the check that none of their requests failed.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// One `GET /` on a new connection: the body's first line.
+pub async fn one_request(address: &str) -> Result<String, String> {
+    one_request_from(None, address).await
+}
+
+/// [`one_request`] from a given local address (any, if `None`).
+pub async fn one_request_from(source: Option<&str>, address: &str) -> Result<String, String> {
+    let connect = async {
+        let Some(source) = source else { return tokio::net::TcpStream::connect(address).await };
+        let socket = tokio::net::TcpSocket::new_v4()?;
+        socket.bind(std::net::SocketAddr::new(source.parse().map_err(std::io::Error::other)?, 0))?;
+        socket.connect(address.parse().map_err(std::io::Error::other)?).await
+    };
+    let exchange = async {
+        let mut stream = connect.await.map_err(|e| e.to_string())?;
+        stream.write_all(b"GET / HTTP/1.0\r\nHost: balancer\r\n\r\n").await.map_err(|e| e.to_string())?;
+        let mut reply = Vec::with_capacity(256);
+        stream.read_to_end(&mut reply).await.map_err(|e| e.to_string())?;
+        let text = String::from_utf8_lossy(&reply);
+        let body = text.split("\r\n\r\n").nth(1).ok_or_else(|| format!("no body in {text:?}"))?;
+        Ok(body.lines().next().unwrap_or_default().to_string())
+    };
+    tokio::time::timeout(Duration::from_secs(5), exchange).await.map_err(|_| "timed out".to_string())?
+}
+
+/// `requests` HTTP requests to `ip:port`, 16 at a time, each on its own connection:
+/// how many got each answer ("failed" for a connection that got none).
+pub async fn split(ip: &str, port: u16, requests: usize) -> BTreeMap<String, usize> {
+    let address = format!("{ip}:{port}");
+    let mut tasks = tokio::task::JoinSet::new();
+    for task in 0..16 {
+        let address = address.clone();
+        let share = requests / 16 + usize::from(task < requests % 16);
+        tasks.spawn(async move {
+            let mut answers = Vec::with_capacity(share);
+            for _ in 0..share {
+                answers.push(one_request(&address).await.unwrap_or_else(|e| format!("failed: {e}")));
+            }
+            answers
+        });
+    }
+    let mut counts = BTreeMap::new();
+    let mut failures = Vec::new();
+    for answer in tasks.join_all().await.into_iter().flatten() {
+        let key = if answer.starts_with("failed") {
+            failures.push(answer);
+            "failed".to_string()
+        } else {
+            answer
+        };
+        *counts.entry(key).or_insert(0) += 1;
+    }
+    if !failures.is_empty() {
+        println!("node: failures through {address}, first ones: {:?}", &failures[..failures.len().min(5)]);
+    }
+    counts
+}
+
+/// Whether each answer's share is its weight's, within `points` percentage points.
+pub fn shares_match(counts: &BTreeMap<String, usize>, weights: &[(&str, u32)], points: f64) -> bool {
+    share_errors(counts, weights, points).is_empty()
+}
+
+/// Each answer's share is its weight's, within `points` percentage points.
+pub fn assert_shares(counts: &BTreeMap<String, usize>, weights: &[(&str, u32)], points: f64) {
+    if let Some(error) = share_errors(counts, weights, points).first() {
+        panic!("{error}: {counts:?}");
+    }
+}
+
+/// One line for each answer whose share is off its weight's by more than `points`.
+fn share_errors(counts: &BTreeMap<String, usize>, weights: &[(&str, u32)], points: f64) -> Vec<String> {
+    let total: usize = counts.values().sum();
+    let weight_sum: u32 = weights.iter().map(|(_, w)| w).sum();
+    weights
+        .iter()
+        .filter_map(|(answer, weight)| {
+            let share = 100.0 * *counts.get(*answer).unwrap_or(&0) as f64 / total as f64;
+            let expected = 100.0 * f64::from(*weight) / f64::from(weight_sum);
+            // Written so that a share of no requests at all (NaN) is off too.
+            let within = (share - expected).abs() <= points;
+            (!within).then(|| format!("{answer}: {share:.1}% against {expected:.1}% ±{points}"))
+        })
+        .collect()
+}
+
+/// Clients sending requests back to back until stopped: every failure, with its error, and
+/// how many requests got each answer so far.
+pub struct Load {
+    stop: Arc<AtomicBool>,
+    tasks: tokio::task::JoinSet<(usize, Vec<String>)>,
+    answers: Arc<Mutex<BTreeMap<String, usize>>>,
+    last_failure: Arc<Mutex<Option<Instant>>>,
+}
+
+impl Load {
+    /// `clients` clients, each sending `GET /` to `address` on a new connection every 5 ms.
+    pub fn start(address: String, clients: usize) -> Load {
+        let stop = Arc::new(AtomicBool::new(false));
+        let answers = Arc::new(Mutex::new(BTreeMap::new()));
+        let last_failure = Arc::new(Mutex::new(None));
+        let mut tasks = tokio::task::JoinSet::new();
+        for _ in 0..clients {
+            let (address, stop, answers) = (address.clone(), stop.clone(), answers.clone());
+            let last_failure = last_failure.clone();
+            tasks.spawn(async move {
+                let (mut sent, mut failures) = (0, Vec::new());
+                while !stop.load(Ordering::Relaxed) {
+                    sent += 1;
+                    match one_request(&address).await {
+                        Ok(answer) => *answers.lock().expect("answers").entry(answer).or_insert(0) += 1,
+                        Err(e) => {
+                            *last_failure.lock().expect("last failure") = Some(Instant::now());
+                            failures.push(e);
+                        }
+                    }
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+                (sent, failures)
+            });
+        }
+        Load { stop, tasks, answers, last_failure }
+    }
+
+    /// When the last request failed, if one did.
+    pub fn last_failure(&self) -> Option<Instant> {
+        *self.last_failure.lock().expect("last failure")
+    }
+
+    /// How many requests got each answer so far.
+    pub fn answers(&self) -> BTreeMap<String, usize> {
+        self.answers.lock().expect("answers").clone()
+    }
+
+    /// The answers the clients got during the next `window`.
+    pub async fn answers_within(&self, window: Duration) -> BTreeMap<String, usize> {
+        let before = self.answers();
+        tokio::time::sleep(window).await;
+        let after = self.answers();
+        after
+            .iter()
+            .map(|(answer, n)| (answer.clone(), n - before.get(answer).copied().unwrap_or(0)))
+            .filter(|(_, n)| *n > 0)
+            .collect()
+    }
+
+    /// Stops the clients: how many requests they sent, and every failure.
+    pub async fn finish(self) -> (usize, Vec<String>) {
+        let stopped = self.stop().await;
+        (stopped.sent, stopped.failures)
+    }
+
+    /// Stops the clients, and returns all they did, requests in flight included.
+    pub async fn stop(self) -> Stopped {
+        self.stop.store(true, Ordering::Relaxed);
+        let (sent, failures) =
+            self.tasks.join_all().await.into_iter().fold((0, Vec::new()), |(sent, mut failed), (s, f)| {
+                failed.extend(f);
+                (sent + s, failed)
+            });
+        let answers = self.answers.lock().expect("answers").clone();
+        let last_failure = *self.last_failure.lock().expect("last failure");
+        Stopped { sent, failures, answers, last_failure }
+    }
+
+    /// Stops the clients, prints how many requests they sent `context` (say, "while scaling")
+    /// and how many failed, and fails the scenario if any did, with the first ten errors.
+    /// Returns how many were sent.
+    pub async fn assert_no_failures(self, context: &str) -> usize {
+        let (sent, failures) = self.finish().await;
+        assert_no_failures(context, sent, &failures);
+        sent
+    }
+}
+
+/// What a [`Load`]'s clients did until stopped.
+pub struct Stopped {
+    pub sent: usize,
+    /// Every failed request's error.
+    pub failures: Vec<String>,
+    /// How many requests got each answer.
+    pub answers: BTreeMap<String, usize>,
+    /// When the last request failed, if one did.
+    pub last_failure: Option<Instant>,
+}
+
+/// Prints how many of `sent` requests failed `context`, and panics if any did, with the first
+/// ten errors. For callers that read the load's answers after stopping it.
+pub fn assert_no_failures(context: &str, sent: usize, failures: &[String]) {
+    println!("node: {sent} requests {context}, {} failed", failures.len());
+    assert!(
+        failures.is_empty(),
+        "{} of {sent} failed {context}: {:?}",
+        failures.len(),
+        &failures[..failures.len().min(10)]
+    );
+}
