@@ -1,5 +1,7 @@
 //! Logs: one `tracing` subscriber for the process, as text or JSON lines.
 
+use std::io::IsTerminal;
+
 use tracing_subscriber::EnvFilter;
 
 /// Log output format.
@@ -17,6 +19,8 @@ pub(crate) fn init_logging(format: LogFormat, default_level: &str) {
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        // Colours only on a terminal: `kubectl logs` and log pipelines get plain text.
+        .with_ansi(std::io::stderr().is_terminal())
         // Its fallback report of a failed write uses eprintln!, which panics when stderr is gone.
         .log_internal_errors(false);
     // try_init: a second call (tests) keeps the first subscriber instead of panicking.
