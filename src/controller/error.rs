@@ -52,3 +52,14 @@ impl Error {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_label_values_are_the_documented_ones() {
+        let kinds = ErrorKind::ALL.map(ErrorKind::as_str);
+        assert_eq!(kinds, ["ApiError", "InvalidObject", "Conflict", "NoClusterIP"]);
+    }
+}
