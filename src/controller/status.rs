@@ -281,32 +281,15 @@ mod tests {
 
     #[test]
     fn the_transition_time_moves_only_when_the_status_flips() {
-        let kept = ready_condition(
-            &balancer(Some(("True", PROXY_AVAILABLE))),
-            ConditionStatus::True,
-            PROXY_AVAILABLE,
-            "",
-            at(NOW),
-        );
-        assert_eq!(kept.last_transition_time, Time(at(EARLIER)));
-        let reason_only = ready_condition(
-            &balancer(Some(("False", "InvalidSpec"))),
-            ConditionStatus::False,
-            SCALED_TO_ZERO,
-            "",
-            at(NOW),
-        );
-        assert_eq!(reason_only.last_transition_time, Time(at(EARLIER)), "the same status with a new reason");
-        let flipped = ready_condition(
-            &balancer(Some(("False", PROXY_NOT_AVAILABLE))),
-            ConditionStatus::True,
-            PROXY_AVAILABLE,
-            "",
-            at(NOW),
-        );
-        assert_eq!(flipped.last_transition_time, Time(at(NOW)));
-        let first = ready_condition(&balancer(None), ConditionStatus::False, PROXY_NOT_AVAILABLE, "", at(NOW));
-        assert_eq!(first.last_transition_time, Time(at(NOW)));
+        use ConditionStatus::{False, True};
+        let moved_at = |was: Option<(&str, &str)>, status: ConditionStatus, reason: &str| {
+            ready_condition(&balancer(was), status, reason, "", at(NOW)).last_transition_time
+        };
+        assert_eq!(moved_at(Some(("True", PROXY_AVAILABLE)), True, PROXY_AVAILABLE), Time(at(EARLIER)));
+        let reason_only = moved_at(Some(("False", "InvalidSpec")), False, SCALED_TO_ZERO);
+        assert_eq!(reason_only, Time(at(EARLIER)), "the same status with a new reason");
+        assert_eq!(moved_at(Some(("False", PROXY_NOT_AVAILABLE)), True, PROXY_AVAILABLE), Time(at(NOW)));
+        assert_eq!(moved_at(None, False, PROXY_NOT_AVAILABLE), Time(at(NOW)));
     }
 
     #[test]
