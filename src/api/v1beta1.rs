@@ -203,11 +203,10 @@ impl BalancerSpec {
             |s: &'a Option<BTreeMap<String, String>>| s.iter().flatten().map(|(k, v)| (k.as_str(), v.as_str()));
         labels(&self.selector).chain(labels(&backend.selector)).collect()
     }
-}
 
-impl BalancerSpec {
-    /// The front Service's type after defaulting.
-    pub fn service_type(&self) -> &str {
+    /// The front Service's type as written, `ClusterIP` when unset: what validation reads and
+    /// names in its messages (builders read [`ServiceType`] from an admitted spec).
+    pub fn written_service_type(&self) -> &str {
         self.service.as_ref().map_or(ServiceType::ClusterIp.as_str(), FrontService::effective_type)
     }
 }

@@ -10,6 +10,7 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::jiff::Timestamp;
 use kube::runtime::controller::Action;
+use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
 use tracing::Instrument;
 
@@ -34,7 +35,8 @@ use crate::spec::{Admitted, FieldError, ObjectName, admit, denial_message};
 /// Every log line of a reconcile carries the Balancer's namespace and name (this span), inside
 /// kube-runtime's `reconciling object` span, which says what triggered it.
 pub async fn reconcile(balancer: Arc<StoredBalancer>, ctx: Arc<Context>) -> Result<Action, Error> {
-    let span = tracing::info_span!(
+    // At error level, so that it is enabled whenever any line of the reconcile is logged.
+    let span = tracing::error_span!(
         "reconcile",
         namespace = balancer.namespace().unwrap_or_default(),
         name = balancer.name_any()
@@ -43,6 +45,13 @@ pub async fn reconcile(balancer: Arc<StoredBalancer>, ctx: Arc<Context>) -> Resu
 }
 
 async fn reconcile_in_span(balancer: Arc<StoredBalancer>, ctx: Arc<Context>) -> Result<Action, Error> {
+    // Nothing is written before every child cache has listed: a child missing from a cache
+    // that has not listed yet would be created again. A cache that never lists means the
+    // controller is stopping.
+    if !ctx.children.synced().await {
+        tracing::info!("the controller is stopping: the reconcile ends with nothing written");
+        return Ok(Action::await_change());
+    }
     let _in_flight = ctx.metrics.reconcile_started();
     let started = Instant::now();
     let now = Timestamp::now();
@@ -55,7 +64,7 @@ async fn reconcile_in_span(balancer: Arc<StoredBalancer>, ctx: Arc<Context>) -> 
             ReconcileResult::Success
         }
         Err(e) => {
-            tracing::warn!(error = %e, "reconcile failed");
+            tracing::warn!(balancer = %ObjectRef::from_obj(balancer.as_ref()), error = %e, "reconcile failed");
             // The children written before the failure still get their event.
             announce(&balancer, &ctx, &mut written).await;
             report_failure(&balancer, &ctx, e, now).await;
@@ -75,12 +84,6 @@ async fn converge(
     written: &mut Written,
     now: Timestamp,
 ) -> Result<Action, Error> {
-    // Nothing is written before every child cache has listed: a child missing from a cache
-    // that has not listed yet would be created again.
-    if !ctx.children.synced().await {
-        tracing::debug!("the controller is stopping: nothing written");
-        return Ok(Action::await_change());
-    }
     if balancer.meta().deletion_timestamp.is_some() {
         // Garbage collection removes the children through their ownerReferences.
         ctx.failures().remove(&balancer.uid().unwrap_or_default());
@@ -192,7 +195,7 @@ async fn apply_proxy(
     // Without a budget the proxy still serves, so a refusal (a namesake, a quota) is reported
     // and the reconcile goes on.
     if let Err(e) = budgeted {
-        tracing::warn!(error = %e, "no PodDisruptionBudget for the proxy");
+        tracing::warn!(balancer = %owner.name, error = %e, "no PodDisruptionBudget for the proxy");
         let note = e.to_string();
         publish(
             balancer,

@@ -92,7 +92,7 @@ pub async fn run(options: Options, stop: CancellationToken) -> Result<(), Error>
     };
     let router = Router::new().route("/metrics", get(scrape)).fallback(not_found);
     let served = CancellationToken::new();
-    let server = listener::serve(listener, router, ServeOptions::plain(scraper_limits()), served.clone());
+    let server = listener::serve(listener, router, ServeOptions::new(scraper_limits()), served.clone());
     let counting = tokio::task::spawn_blocking(move || udp::receive(socket, &metrics, &stop, options.drain));
     tokio::select! {
         () = server => {}

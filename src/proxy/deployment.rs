@@ -196,7 +196,7 @@ fn metrics_sidecar(image: &str, ports: SidecarPorts) -> Container {
         ports: Some(vec![ContainerPort {
             name: Some(METRICS_PORT_NAME.into()),
             container_port: i32::from(ports.metrics),
-            protocol: Some("TCP".into()),
+            protocol: Some(Protocol::Tcp.to_string()),
             ..ContainerPort::default()
         }]),
         resources: Some(ResourceRequirements {

@@ -63,7 +63,7 @@ pub fn front_service(owner: &Owner, spec: &Admitted) -> Service {
             type_: Some(spec.service_type().to_string()),
             selector: Some(proxy_selector(&owner.name)),
             ports: Some(ports),
-            external_traffic_policy: exposure.external_traffic_policy.filter(|_| node_ports),
+            external_traffic_policy: spec.external_traffic_policy().filter(|_| node_ports).map(|p| p.to_string()),
             load_balancer_class: exposure.load_balancer_class,
             load_balancer_source_ranges: exposure.load_balancer_source_ranges.filter(|r| !r.is_empty()),
             ..ServiceSpec::default()

@@ -183,8 +183,9 @@ pub struct ServeOptions {
 }
 
 impl ServeOptions {
-    /// Plain HTTP on the caller's runtime, within `limits`.
-    pub fn plain(limits: ConnectionLimits) -> Self {
+    /// Within `limits`: plain HTTP on the caller's runtime, unless [`Self::tls`] and [`Self::on`]
+    /// say otherwise.
+    pub fn new(limits: ConnectionLimits) -> Self {
         ServeOptions { tls: None, limits, workers: None }
     }
 

@@ -128,10 +128,15 @@ impl Deref for Admitted {
 /// Defaults `spec` and checks it against every rule; the report lists every violation.
 pub fn admit(name: ObjectName<'_>, mut spec: BalancerSpec, policy: &SpecPolicy) -> Result<Admitted, Report> {
     fill_defaults(&mut spec, policy);
-    let report = validate(name, &spec, policy);
-    // Validation refuses every value `Typed::read` cannot read, so a valid spec always reads.
+    let mut report = validate(name, &spec, policy);
     match (report.is_valid(), Typed::read(&spec)) {
         (true, Some(typed)) => Ok(Admitted { spec, warnings: report.warnings, typed }),
-        _ => Err(report),
+        (true, None) => {
+            // Validation refuses every value `Typed::read` cannot read, so this is a bug in one
+            // of them; the spec is refused with a message rather than a panic.
+            report.error("spec", "holds a value the validation rules let through but balancer cannot read");
+            Err(report)
+        }
+        (false, _) => Err(report),
     }
 }

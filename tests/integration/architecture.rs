@@ -190,12 +190,20 @@ fn expand(prefix: &[String], text: &str, out: &mut Vec<Vec<String>>) {
     out.push(path);
 }
 
+/// Whether a statement re-exports from one of the file's own child modules, which makes no
+/// dependency: the children are the module's contents.
+fn reexports_a_child(statement: &str, children: &[String]) -> bool {
+    let Some(path) = statement.split_once("use ").map(|(_, path)| path.trim_start()) else { return false };
+    let path = path.strip_prefix("self::").unwrap_or(path);
+    is_reexport(statement) && first_ident(path).is_some_and(|first| children.contains(&first))
+}
+
 /// The absolute paths a file's code names through `crate::`, `super::`, `self::` and its own
-/// child modules, re-exports left out.
+/// child modules, re-exports of its children left out.
 fn named_paths(code: &str, module: &[String], children: &[String]) -> Vec<Vec<String>> {
     let parent = &module[..module.len().saturating_sub(1)];
     let mut out = Vec::new();
-    for statement in statements(code).into_iter().filter(|s| !is_reexport(s)) {
+    for statement in statements(code).into_iter().filter(|s| !reexports_a_child(s, children)) {
         let mut at = 0;
         while at < statement.len() {
             let rest = &statement[at..];
@@ -257,6 +265,41 @@ fn reexports(code: &str, module: &[String], children: &[String]) -> Vec<(Vec<Str
     out
 }
 
+/// The items a file declares `pub` (at any visibility scope), by name.
+fn public_items(code: &str) -> Vec<String> {
+    let kinds = ["const", "static", "fn", "struct", "enum", "type", "trait", "mod"];
+    statements(code)
+        .into_iter()
+        .flat_map(|s| s.lines())
+        .filter_map(|line| {
+            let rest = line.trim_start().strip_prefix("pub")?;
+            let rest = rest.strip_prefix("(crate)").or(rest.strip_prefix("(super)")).unwrap_or(rest);
+            let mut words = rest.split_whitespace();
+            let mut kind = words.next()?;
+            if matches!(kind, "async" | "unsafe") {
+                kind = words.next()?;
+            }
+            kinds.contains(&kind).then(|| words.next().and_then(first_ident)).flatten()
+        })
+        .collect()
+}
+
+/// `pub use child::*` in a module: each of the child's public items is a name for the child.
+fn glob_reexports(sources: &[(Vec<String>, String, Vec<String>)]) -> Vec<(Vec<String>, Vec<String>)> {
+    let mut out = Vec::new();
+    for (module, code, children) in sources {
+        for statement in statements(code).into_iter().filter(|s| is_reexport(s) && s.ends_with("::*")) {
+            let Some(child) = children.iter().find(|c| statement.ends_with(&format!(" {c}::*"))) else { continue };
+            let source: Vec<String> = module.iter().chain([child]).cloned().collect();
+            let Some((_, child_code, _)) = sources.iter().find(|(m, ..)| *m == source) else { continue };
+            for item in public_items(child_code) {
+                out.push((module.iter().cloned().chain([item]).collect(), source.clone()));
+            }
+        }
+    }
+    out
+}
+
 /// The files that use items of each other, directly or around a loop, as module paths.
 fn file_cycles() -> Vec<Vec<String>> {
     let mut files = Vec::new();
@@ -271,8 +314,9 @@ fn file_cycles() -> Vec<Vec<String>> {
         })
         .collect();
     let modules: BTreeSet<Vec<String>> = sources.iter().map(|(m, ..)| m.clone()).collect();
-    let renamed: Vec<(Vec<String>, Vec<String>)> =
+    let mut renamed: Vec<(Vec<String>, Vec<String>)> =
         sources.iter().flat_map(|(m, code, children)| reexports(code, m, children)).collect();
+    renamed.extend(glob_reexports(&sources));
     let resolve = |path: &[String]| -> Option<Vec<String>> {
         (0..=path.len()).rev().map(|n| &path[..n]).find_map(|prefix| {
             let via = renamed.iter().find(|(name, _)| name.as_slice() == prefix).map(|(_, source)| source.clone());
@@ -286,16 +330,21 @@ fn file_cycles() -> Vec<Vec<String>> {
             (module.clone(), targets.filter(|t| t != module).collect())
         })
         .collect();
+    cycles(&edges)
+}
+
+/// Every loop among `edges` (each module with the modules it uses), as module paths.
+fn cycles(edges: &[(Vec<String>, BTreeSet<Vec<String>>)]) -> Vec<Vec<String>> {
     let uses = |from: &Vec<String>| edges.iter().find(|(m, _)| m == from).map(|(_, t)| t.clone()).unwrap_or_default();
     let mut cycles = Vec::new();
-    for (start, _) in &edges {
+    for (start, _) in edges {
         // A path back to `start` through modules after it in order: each cycle is found once.
         let mut stack = vec![vec![start.clone()]];
         while let Some(path) = stack.pop() {
             for next in uses(path.last().expect("never empty")) {
                 if next == *start {
                     cycles.push(path.iter().map(|m| m.join("::")).collect());
-                } else if next > *start && !path.contains(&next) && path.len() < 6 {
+                } else if next > *start && !path.contains(&next) && path.len() < 16 {
                     let mut longer = path.clone();
                     longer.push(next);
                     stack.push(longer);
@@ -331,4 +380,20 @@ fn the_file_reader_resolves_groups_parents_children_and_reexports() {
     );
     assert!(named_paths("pub use values::Protocol;", &root, &children).is_empty(), "a re-export is no use");
     assert_eq!(named_paths("let x = formats::MAX;", &root, &children), [vec!["api", "formats", "MAX"]]);
+    let limits = |code: &str| (vec!["api".to_string(), "limits".to_string()], code.to_string(), Vec::new());
+    let sources = vec![
+        (root.clone(), "pub mod limits;\npub use limits::*;".to_string(), vec!["limits".to_string()]),
+        limits("pub const MAX_PORTS: usize = 32;\npub(crate) async fn read() {}"),
+    ];
+    let names: Vec<String> = glob_reexports(&sources).iter().map(|(name, _)| name.join("::")).collect();
+    assert_eq!(names, ["api::MAX_PORTS", "api::read"], "a glob re-export names the child's public items");
+}
+
+#[test]
+fn the_cycle_search_finds_a_loop_of_three_once_and_nothing_else() {
+    let module = |name: &str| vec![name.to_string()];
+    let uses = |from: &str, to: &[&str]| (module(from), to.iter().map(|t| module(t)).collect::<BTreeSet<_>>());
+    let edges = [uses("a", &["b"]), uses("b", &["c", "d"]), uses("c", &["a"]), uses("d", &[])];
+    assert_eq!(cycles(&edges), [vec!["a".to_string(), "b".to_string(), "c".to_string()]]);
+    assert!(cycles(&[uses("a", &["b"]), uses("b", &[])]).is_empty());
 }

@@ -219,7 +219,7 @@ pub async fn a_node_port_balancer_with_client_ip_affinity_keeps_each_client_on_o
     for (name, node_port, _) in balancers {
         let status = wait_ready_balancer(world, name, Duration::from_secs(120)).await.status.expect("a status");
         let front = front_ip(world, name).await;
-        // Compared as the API server writes them.
+        // Compared as JSON, in the status's own field names.
         let (node_ports, addresses) = (json!(status.node_ports), json!(status.addresses));
         assert_eq!(node_ports, json!([{"port": 80, "protocol": "TCP", "nodePort": node_port}]), "{status:?}");
         assert_eq!(addresses, json!([{"type": "IPAddress", "value": front}]), "{status:?}");

@@ -13,7 +13,7 @@ use crate::util::echo::{MAX_QUOTED_BYTES, cut, quoted};
 
 /// `spec.service`, and the ports' `nodePort`s, which only some Service types have.
 pub(super) fn validate_service(spec: &BalancerSpec, report: &mut Report) {
-    let kind = spec.service_type();
+    let kind = spec.written_service_type();
     let read = one_of::<ServiceType>("spec.service.type", kind, report);
     let load_balancer = read == Some(ServiceType::LoadBalancer);
     let node_ports = read.is_some_and(ServiceType::has_node_ports);
@@ -35,7 +35,7 @@ pub(super) fn validate_service(spec: &BalancerSpec, report: &mut Report) {
     let Some(service) = &spec.service else { return };
     if let Some(class) = &service.load_balancer_class {
         if !load_balancer {
-            report.error("spec.service.loadBalancerClass", only("LoadBalancer"));
+            report.error("spec.service.loadBalancerClass", only(ServiceType::LoadBalancer.as_str()));
         } else if let Err(problem) = check_label_key(class) {
             let detail = format!("must be a label-style key such as example.com/lb ({problem}), got {}", quoted(class));
             report.error("spec.service.loadBalancerClass", detail);
@@ -50,7 +50,7 @@ pub(super) fn validate_service(spec: &BalancerSpec, report: &mut Report) {
     }
     let ranges = service.load_balancer_source_ranges.as_deref().unwrap_or_default();
     if !ranges.is_empty() && !load_balancer {
-        report.error("spec.service.loadBalancerSourceRanges", only("LoadBalancer"));
+        report.error("spec.service.loadBalancerSourceRanges", only(ServiceType::LoadBalancer.as_str()));
     } else if ranges.len() > MAX_SOURCE_RANGES {
         let detail = format!("must have at most {MAX_SOURCE_RANGES} CIDRs, got {}", ranges.len());
         report.error("spec.service.loadBalancerSourceRanges", detail);
@@ -67,7 +67,7 @@ pub(super) fn validate_service(spec: &BalancerSpec, report: &mut Report) {
 /// `loadBalancerClass` (set or unset included), so the controller could never apply it.
 pub fn unchangeable(old: &BalancerSpec, new: &BalancerSpec) -> Vec<FieldError> {
     let class = |spec: &BalancerSpec| spec.service.as_ref().and_then(|s| s.load_balancer_class.clone());
-    let load_balancer = |spec: &BalancerSpec| spec.service_type() == ServiceType::LoadBalancer.as_str();
+    let load_balancer = |spec: &BalancerSpec| spec.written_service_type() == ServiceType::LoadBalancer.as_str();
     if load_balancer(old) && load_balancer(new) && class(old) != class(new) {
         let detail = "may not change while the type is LoadBalancer (Kubernetes refuses it on the Service): \
                       set the type to ClusterIP first, then to LoadBalancer with the new class";

@@ -99,7 +99,6 @@ async fn expect_access_review(server: &mut ApiServer) -> Respond {
     respond
 }
 
-/// No request arrives once every task has run as far as it can.
 /// The scraper is allowed at once, and no request goes to the API server for it.
 async fn allowed_from_the_cache(auth: &MetricsAuth, server: &mut ApiServer) {
     assert!(matches!(at_once(auth, SCRAPER), Ok(Verdict::Allowed)));
@@ -112,6 +111,7 @@ async fn still_fresh_just_before_another_ttl(auth: &MetricsAuth, server: &mut Ap
     allowed_from_the_cache(auth, server).await;
 }
 
+/// No request arrives once every task has run as far as it can.
 async fn assert_no_request(server: &mut ApiServer) {
     // On the paused clock the timeout only fires when every task is idle.
     server.assert_none_within(Duration::from_millis(1)).await;

@@ -284,7 +284,7 @@ fn valid_balancer() -> impl Strategy<Value = ValidBalancer> {
             {
                 spec.backends.iter_mut().for_each(|b| b.backup = None);
             }
-            if spec.service_type() != "ClusterIP" {
+            if spec.written_service_type() != "ClusterIP" {
                 for (i, port) in spec.ports.iter_mut().enumerate().filter(|(i, _)| i % 2 == 0) {
                     port.node_port = Some(30000 + i as i32);
                 }
