@@ -34,6 +34,12 @@ pub const CLUSTER_PERMISSIONS: &[Permission] = &[
     // `migration`).
     ("apps", "deployments", &["get", "list", "watch", "create", "patch", "delete"]),
     ("policy", "poddisruptionbudgets", &["get", "list", "watch", "create", "patch", "delete"]),
+    // The proxy pods' own identity, with the metrics sidecar: a ServiceAccount and a Role that
+    // lets it read its Balancer's ConfigMap only. The API server lets the operator grant only
+    // what it holds itself (`get`, `list`, `watch` on ConfigMaps): no `bind` or `escalate`.
+    ("", "serviceaccounts", &["get", "list", "watch", "create", "patch"]),
+    ("rbac.authorization.k8s.io", "roles", &["get", "list", "watch", "create", "patch"]),
+    ("rbac.authorization.k8s.io", "rolebindings", &["get", "list", "watch", "create", "patch"]),
     ("events.k8s.io", "events", &["create", "patch"]),
     // The protected /metrics endpoint reviews scrapers' tokens.
     ("authentication.k8s.io", "tokenreviews", &["create"]),

@@ -22,6 +22,12 @@ pub fn proxy_deployment_name(balancer: &str) -> String {
     format!("{balancer}{PROXY_DEPLOYMENT_SUFFIX}")
 }
 
+/// Name of the proxy pods' ServiceAccount, and of the Role and RoleBinding that let it read
+/// the proxy's ConfigMap and nothing else.
+pub fn proxy_account_name(balancer: &str) -> String {
+    format!("{balancer}{PROXY_DEPLOYMENT_SUFFIX}")
+}
+
 /// Name of the ConfigMap holding `nginx.conf`.
 pub fn proxy_configmap_name(balancer: &str) -> String {
     format!("{balancer}{PROXY_CONFIGMAP_SUFFIX}")

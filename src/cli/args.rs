@@ -47,8 +47,15 @@ pub enum Command {
 #[derive(Debug, Args)]
 pub struct ProxyMetricsArgs {
     /// The proxy's nginx.conf, as balancer rendered it (read once, at start).
+    #[arg(long, required_unless_present = "configmap", conflicts_with = "configmap")]
+    pub config: Option<PathBuf>,
+    /// The proxy's ConfigMap, in the pod's namespace: followed live with the pod's token, each
+    /// new nginx.conf written to --live-dir for the proxy container to reload.
     #[arg(long)]
-    pub config: PathBuf,
+    pub configmap: Option<String>,
+    /// The directory the sidecar shares with the proxy container (with --configmap).
+    #[arg(long, default_value = "/run/balancer")]
+    pub live_dir: PathBuf,
     /// The SHA-256 (hex) the config must have: the sidecar waits until the mounted file is that
     /// one. The controller sets it on proxy pods.
     #[arg(long, env = "BALANCER_CONFIG_HASH")]

@@ -7,7 +7,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::args::ProxyMetricsArgs;
 use super::io::fail;
-use crate::exporter::{self, Options};
+use crate::exporter::{self, LiveSource, Options, Source};
 use crate::runtime::logging::init_logging;
 use crate::runtime::signals::Signals;
 
@@ -17,13 +17,12 @@ pub(super) fn command(args: ProxyMetricsArgs) -> ExitCode {
         Ok(rt) => rt,
         Err(e) => return fail(&format!("cannot start the async runtime: {e}")),
     };
-    let options = Options {
-        config: args.config,
-        config_hash: args.config_hash.filter(|h| !h.is_empty()),
-        listen: args.listen,
-        log_port: args.log_port,
-        drain: args.drain,
+    let source = match (args.configmap, args.config) {
+        (Some(config_map), _) => Source::Live(LiveSource { config_map, dir: args.live_dir }),
+        (None, Some(path)) => Source::File { path, hash: args.config_hash.filter(|h| !h.is_empty()) },
+        (None, None) => return fail("either --config or --configmap is required"),
     };
+    let options = Options { source, listen: args.listen, log_port: args.log_port, drain: args.drain };
     let result = runtime.block_on(async move {
         let signals = Signals::listen().map_err(|e| format!("cannot listen for signals: {e}"))?;
         let stop = CancellationToken::new();

@@ -15,8 +15,9 @@ use std::time::Duration;
 
 use futures::FutureExt;
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{ConfigMap, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, Service, ServiceAccount};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ManagedFieldsEntry, ObjectMeta};
 use kube::Resource;
 use kube::runtime::reflector::Store;
@@ -175,6 +176,8 @@ pub struct ChildCaches {
     pub config_maps: Store<Cached<ConfigMap>>,
     pub deployments: Store<Cached<Deployment>>,
     pub budgets: Store<Cached<PodDisruptionBudget>>,
+    /// The proxy pods' ServiceAccounts, Roles and RoleBindings (with the metrics sidecar only).
+    pub identity: IdentityCaches,
     /// The backend Services' ready endpoints (not children: the EndpointSlice controller writes
     /// their slices).
     pub endpoint_slices: ReadyEndpointSlices,
@@ -205,6 +208,9 @@ impl ChildCaches {
             listed_now(&self.config_maps),
             listed_now(&self.deployments),
             listed_now(&self.budgets),
+            listed_now(&self.identity.accounts),
+            listed_now(&self.identity.roles),
+            listed_now(&self.identity.bindings),
             self.endpoint_slices.listed().then_some(true),
         ];
         if all.contains(&Some(false)) {
@@ -212,6 +218,15 @@ impl ChildCaches {
         }
         all.iter().all(Option::is_some).then_some(true)
     }
+}
+
+/// The caches of the proxy pods' identity: the ServiceAccount, and the Role and RoleBinding that
+/// let it read the proxy's ConfigMap.
+#[derive(Clone)]
+pub struct IdentityCaches {
+    pub accounts: Store<Cached<ServiceAccount>>,
+    pub roles: Store<Cached<Role>>,
+    pub bindings: Store<Cached<RoleBinding>>,
 }
 
 /// How often a reconcile waiting for the child caches looks again (only until they have listed).
@@ -258,6 +273,13 @@ mod tests {
         (store, writer)
     }
 
+    type IdentityWriters = (Writer<Cached<ServiceAccount>>, Writer<Cached<Role>>, Writer<Cached<RoleBinding>>);
+
+    fn synced_identity() -> (IdentityCaches, IdentityWriters) {
+        let ((accounts, a), (roles, r), (bindings, b)) = (synced_store(), synced_store(), synced_store());
+        (IdentityCaches { accounts, roles, bindings }, (a, r, b))
+    }
+
     fn listed_slices() -> ReadyEndpointSlices {
         let slices = ReadyEndpointSlices::default();
         slices.apply(&watcher::Event::Init);
@@ -275,8 +297,9 @@ mod tests {
         let (config_maps, config_maps_writer) = synced_store();
         let (deployments, deployments_writer) = synced_store();
         let (budgets, budgets_writer) = synced_store();
+        let (identity, _identity_writers) = synced_identity();
         let endpoint_slices = listed_slices();
-        let children = ChildCaches { services, config_maps, deployments, budgets, endpoint_slices };
+        let children = ChildCaches { services, config_maps, deployments, budgets, identity, endpoint_slices };
         let waiting: Vec<_> = (0..3)
             .map(|_| {
                 let children = children.clone();
@@ -299,8 +322,9 @@ mod tests {
         let (config_maps, _config_maps_writer) = synced_store();
         let (deployments, _deployments_writer) = synced_store();
         let (budgets, _budgets_writer) = synced_store();
+        let (identity, _identity_writers) = synced_identity();
         let endpoint_slices = listed_slices();
-        let children = ChildCaches { services, config_maps, deployments, budgets, endpoint_slices };
+        let children = ChildCaches { services, config_maps, deployments, budgets, identity, endpoint_slices };
         drop(services_writer);
         let synced = tokio::time::timeout(Duration::from_secs(2), children.synced()).await;
         assert_eq!(synced, Ok(false));

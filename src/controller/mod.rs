@@ -38,7 +38,7 @@ mod status;
 mod stored;
 mod watches;
 
-pub use cache::{Cached, ChildCaches};
+pub use cache::{Cached, ChildCaches, IdentityCaches};
 pub use conditions::ConditionType;
 pub use context::{Clients, Context, Options, Scope, error_policy};
 pub use endpoint_slices::{ReadyEndpointSlices, ReadySlice};

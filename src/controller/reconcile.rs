@@ -172,6 +172,16 @@ async fn apply_backend_services(
     Ok(BackendServices { services, cluster_ips })
 }
 
+/// Applies the proxy pods' ServiceAccount, and the Role and RoleBinding that let its token read
+/// the proxy's ConfigMap: the metrics sidecar watches it and hands each change to nginx.
+async fn apply_proxy_identity(ctx: &Context, owner: &Owner, written: &mut Written) -> Result<(), Error> {
+    let caches = &ctx.children.identity;
+    ensure(ctx, owner, &caches.accounts, &proxy::proxy_service_account(owner), written).await?;
+    ensure(ctx, owner, &caches.roles, &proxy::proxy_config_reader(owner), written).await?;
+    ensure(ctx, owner, &caches.bindings, &proxy::proxy_config_reader_binding(owner), written).await?;
+    Ok(())
+}
+
 /// Applies the proxy's ConfigMap, Deployment and disruption budget; returns the Deployment as
 /// the API server has it.
 async fn apply_proxy(
@@ -183,6 +193,9 @@ async fn apply_proxy(
     written: &mut Written,
 ) -> Result<Deployment, Error> {
     let caches = &ctx.children;
+    if ctx.settings.metrics_image.is_some() {
+        apply_proxy_identity(ctx, owner, written).await?;
+    }
     ensure(ctx, owner, &caches.config_maps, &proxy.config_map, written).await?;
     let deployment = ensure(ctx, owner, &caches.deployments, &proxy.deployment, written).await?;
     let budget = proxy::proxy_disruption_budget(owner);

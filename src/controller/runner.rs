@@ -7,8 +7,9 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{ConfigMap, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, Service, ServiceAccount};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::ResourceExt;
 use kube::runtime::controller::{self, Controller};
 use kube::runtime::reflector::Store;
@@ -16,7 +17,7 @@ use kube::runtime::watcher;
 use tokio_util::sync::CancellationToken;
 
 use super::Error;
-use super::cache::{Cached, Caches, ChildCaches};
+use super::cache::{Cached, Caches, ChildCaches, IdentityCaches};
 use super::conditions::{ConditionType, find};
 use super::context::{Clients, Context, Options, error_policy};
 use super::endpoint_slices::ReadyEndpointSlices;
@@ -40,6 +41,9 @@ pub async fn run(
     let config_maps = Reflected::<Cached<ConfigMap>>::children(&client, scope, &contact);
     let deployments = Reflected::<Cached<Deployment>>::children(&client, scope, &contact);
     let budgets = Reflected::<Cached<PodDisruptionBudget>>::children(&client, scope, &contact);
+    let accounts = Reflected::<Cached<ServiceAccount>>::children(&client, scope, &contact);
+    let roles = Reflected::<Cached<Role>>::children(&client, scope, &contact);
+    let bindings = Reflected::<Cached<RoleBinding>>::children(&client, scope, &contact);
     let endpoint_slices = ReadyEndpointSlices::default();
     let slice_changes = backend_endpoint_slices(&client, scope, &contact, endpoint_slices.clone());
     let balancers = Reflected::balancers(&client, scope, &contact);
@@ -49,6 +53,11 @@ pub async fn run(
         config_maps: config_maps.store.clone(),
         deployments: deployments.store.clone(),
         budgets: budgets.store.clone(),
+        identity: IdentityCaches {
+            accounts: accounts.store.clone(),
+            roles: roles.store.clone(),
+            bindings: bindings.store.clone(),
+        },
         endpoint_slices,
     };
     let caches = Caches { balancers: balancers.store.clone(), children: children.clone() };
@@ -83,6 +92,9 @@ pub async fn run(
         .owns_stream(config_maps.changes)
         .owns_stream(deployments.changes)
         .owns_stream(budgets.changes)
+        .owns_stream(accounts.changes)
+        .owns_stream(roles.changes)
+        .owns_stream(bindings.changes)
         .watches_stream(slice_changes, |slice| slice.balancer())
         .with_config(config)
         .graceful_shutdown_on(stop.cancelled_owned())

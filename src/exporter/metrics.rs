@@ -12,12 +12,13 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::{Registry, Unit};
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex, RwLock};
 
 use crate::api::Protocol;
 use crate::proxy::access_log::{LineError, Outcome};
-use crate::proxy::upstreams::Upstreams;
+use crate::proxy::reload::RELOAD_POLICY;
+use crate::proxy::upstreams::{Upstreams, Weight};
 
 /// Session durations, in seconds: from a one-request connection to an hour-long stream.
 pub const SESSION_BUCKETS: [f64; 12] = [0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 30.0, 60.0, 300.0, 3600.0];
@@ -55,6 +56,16 @@ pub(super) struct BalancerLabels {
     balancer: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(super) struct ConfigLabels {
+    balancer: String,
+    /// The first 16 hex digits of the SHA-256 of the `nginx.conf` nginx serves.
+    id: String,
+}
+
+/// How many hex digits of a configuration's hash name it in the metrics and logs.
+pub(super) const SHORT_ID: usize = 16;
+
 fn session_histogram() -> Histogram {
     Histogram::new(SESSION_BUCKETS)
 }
@@ -65,7 +76,10 @@ fn connect_histogram() -> Histogram {
 
 /// Every series the sidecar exports.
 pub(super) struct ProxyMetrics {
-    upstreams: Upstreams,
+    /// The Balancer, whose name labels every series.
+    balancer: String,
+    /// The configuration nginx serves, and the ones before it whose workers may still drain.
+    upstreams: RwLock<Served>,
     sessions: Family<SessionLabels, Counter>,
     received: Family<BackendLabels, Counter>,
     sent: Family<BackendLabels, Counter>,
@@ -75,10 +89,46 @@ pub(super) struct ProxyMetrics {
     skipped: Family<SkippedLabels, Counter>,
     lost: Family<BalancerLabels, Counter>,
     weights: Family<BackendLabels, Gauge>,
+    reloads: Family<BalancerLabels, Counter>,
+    refused: Family<SkippedLabels, Counter>,
+    config: Family<ConfigLabels, Gauge>,
+    /// The id of the configuration nginx serves.
+    served_id: Mutex<String>,
     /// The kernel's drop count for the log socket when last read.
     lost_seen: std::sync::atomic::AtomicU64,
     /// Each backend's series, by port, as made so far.
     series_by_backend: Mutex<SeriesByBackend>,
+}
+
+/// The configurations a proxy's workers may run: the one nginx serves, and the ones before it,
+/// whose old workers still log the sessions they drain. A line is read against the newest that
+/// knows its port or server.
+struct Served {
+    current: Upstreams,
+    /// Newest first, at most [`DRAINING_CONFIGS`].
+    previous: VecDeque<Upstreams>,
+}
+
+/// How many earlier configurations still name the servers of old workers' sessions: one for
+/// each worker nginx may keep draining (see [`RELOAD_POLICY`]), at most one generation each.
+const DRAINING_CONFIGS: usize = RELOAD_POLICY.max_draining_workers as usize;
+
+impl Served {
+    fn all(&self) -> impl Iterator<Item = &Upstreams> {
+        std::iter::once(&self.current).chain(&self.previous)
+    }
+
+    fn listens(&self, port: u16, protocol: Protocol) -> bool {
+        self.all().any(|u| u.listens(port, protocol))
+    }
+
+    fn is_upstream(&self, address: &str) -> bool {
+        self.all().any(|u| u.is_upstream(address))
+    }
+
+    fn backend(&self, address: &str) -> Option<String> {
+        self.all().find_map(|u| u.backend(address)).map(str::to_string)
+    }
 }
 
 /// The series made so far, by backend name, then by port and protocol (at most 32 each).
@@ -102,9 +152,10 @@ struct Series {
 
 impl ProxyMetrics {
     /// The series for the proxy that runs `upstreams`, registered in `registry`.
-    pub(super) fn register(upstreams: Upstreams, registry: &mut Registry) -> ProxyMetrics {
+    pub(super) fn register(id: &str, upstreams: Upstreams, registry: &mut Registry) -> ProxyMetrics {
         let metrics = ProxyMetrics {
-            upstreams,
+            balancer: upstreams.balancer.clone(),
+            upstreams: RwLock::new(Served { current: upstreams, previous: VecDeque::new() }),
             sessions: Family::default(),
             received: Family::default(),
             sent: Family::default(),
@@ -114,6 +165,10 @@ impl ProxyMetrics {
             skipped: Family::default(),
             lost: Family::default(),
             weights: Family::default(),
+            reloads: Family::default(),
+            refused: Family::default(),
+            config: Family::default(),
+            served_id: Mutex::new(String::new()),
             lost_seen: std::sync::atomic::AtomicU64::new(0),
             series_by_backend: Mutex::default(),
         };
@@ -121,18 +176,16 @@ impl ProxyMetrics {
         metrics.lost_up_to(0);
         let reasons = LineError::ALL.map(|e| e.name()).into_iter().chain([UNKNOWN_PORT, UNKNOWN_SERVER]);
         for reason in reasons {
-            let labels = SkippedLabels { balancer: metrics.upstreams.balancer.clone(), reason: reason.to_string() };
+            let labels = SkippedLabels { balancer: metrics.balancer.clone(), reason: reason.to_string() };
             let _ = metrics.skipped.get_or_create(&labels);
         }
-        for weight in metrics.upstreams.weights() {
-            let labels = BackendLabels {
-                balancer: metrics.upstreams.balancer.clone(),
-                port: weight.port,
-                protocol: weight.protocol.to_string(),
-                backend: weight.backend.clone(),
-            };
-            metrics.weights.get_or_create(&labels).set(i64::from(weight.weight));
+        for reason in Refusal::ALL {
+            let labels = SkippedLabels { balancer: metrics.balancer.clone(), reason: reason.as_str().to_string() };
+            let _ = metrics.refused.get_or_create(&labels);
         }
+        let _ = metrics.reloads.get_or_create(&BalancerLabels { balancer: metrics.balancer.clone() });
+        metrics.set_weights(&[], metrics.read().current.weights());
+        metrics.set_served(id);
         let proxy = registry.sub_registry_with_prefix("balancer_proxy");
         proxy.register(
             "sessions",
@@ -164,6 +217,21 @@ impl ProxyMetrics {
             metrics.weights.clone(),
         );
         proxy.register(
+            "config_info",
+            "The configuration nginx serves: 1 for its id (the start of the SHA-256 of its nginx.conf)",
+            metrics.config.clone(),
+        );
+        proxy.register(
+            "config_reloads",
+            "New configurations nginx applied without a restart (graceful reloads)",
+            metrics.reloads.clone(),
+        );
+        proxy.register(
+            "config_refused",
+            "Configurations refused and not applied, by reason; the last good one keeps serving",
+            metrics.refused.clone(),
+        );
+        proxy.register(
             "log_lines_skipped",
             "Log lines not counted: garbled, or naming a port or server the proxy's nginx.conf does not have",
             metrics.skipped.clone(),
@@ -176,6 +244,54 @@ impl ProxyMetrics {
         metrics
     }
 
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, Served> {
+        self.upstreams.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// nginx now serves `upstreams`: its weights are exported, and lines are read against it
+    /// first (and against the configurations before it, for the sessions old workers drain).
+    pub(super) fn serve(&self, id: &str, upstreams: Upstreams) {
+        self.set_served(id);
+        let mut served = self.upstreams.write().unwrap_or_else(|e| e.into_inner());
+        self.set_weights(served.current.weights(), upstreams.weights());
+        let previous = std::mem::replace(&mut served.current, upstreams);
+        served.previous.push_front(previous);
+        served.previous.truncate(DRAINING_CONFIGS);
+        self.reloads.get_or_create(&BalancerLabels { balancer: self.balancer.clone() }).inc();
+    }
+
+    /// The info series of the configuration `id` (a full hash), in place of the one before.
+    fn set_served(&self, id: &str) {
+        let short = id.get(..SHORT_ID).unwrap_or(id).to_string();
+        let mut served = self.served_id.lock().unwrap_or_else(|e| e.into_inner());
+        let label = |id: &str| ConfigLabels { balancer: self.balancer.clone(), id: id.to_string() };
+        self.config.remove(&label(&served));
+        self.config.get_or_create(&label(&short)).set(1);
+        *served = short;
+    }
+
+    /// Counts a configuration that was not applied.
+    pub(super) fn refuse(&self, reason: Refusal) {
+        let labels = SkippedLabels { balancer: self.balancer.clone(), reason: reason.as_str().to_string() };
+        self.refused.get_or_create(&labels).inc();
+    }
+
+    /// The weight series of `new`, without those of `old` that `new` no longer has.
+    fn set_weights(&self, old: &[Weight], new: &[Weight]) {
+        let labels = |weight: &Weight| BackendLabels {
+            balancer: self.balancer.clone(),
+            port: weight.port,
+            protocol: weight.protocol.to_string(),
+            backend: weight.backend.clone(),
+        };
+        for gone in old {
+            self.weights.remove(&labels(gone));
+        }
+        for weight in new {
+            self.weights.get_or_create(&labels(weight)).set(i64::from(weight.weight));
+        }
+    }
+
     /// Counts one datagram from nginx.
     pub(super) fn record(&self, datagram: &[u8]) {
         let line = std::str::from_utf8(datagram).map_err(|_| Skip::Line(LineError::Malformed));
@@ -186,19 +302,21 @@ impl ProxyMetrics {
 
     fn count(&self, datagram: &str) -> Result<(), Skip> {
         let session = crate::proxy::access_log::parse(datagram).map_err(Skip::Line)?;
-        if !self.upstreams.listens(session.port, session.protocol) {
+        let served = self.read();
+        if !served.listens(session.port, session.protocol) {
             return Err(Skip::UnknownPort);
         }
         // nginx names the upstream itself, not a server, when it found none left to try
         // ("no live upstreams"); a line naming a server the file does not have counts nothing.
         let mut servers = Vec::with_capacity(session.attempts.len());
         for attempt in &session.attempts {
-            if self.upstreams.is_upstream(attempt.address) {
+            if served.is_upstream(attempt.address) {
                 continue;
             }
-            let backend = self.upstreams.backend(attempt.address).ok_or(Skip::UnknownServer)?;
+            let backend = served.backend(attempt.address).ok_or(Skip::UnknownServer)?;
             servers.push((backend, attempt.connect_seconds));
         }
+        drop(served);
         let at = |backend: &str| self.series(session.port, session.protocol, backend);
         for (backend, connected) in &servers {
             if connected.is_none() {
@@ -207,7 +325,8 @@ impl ProxyMetrics {
         }
         // The last server tried served the session only if nginx connected to it; otherwise no
         // backend served it.
-        let served = servers.last().and_then(|(backend, connected)| connected.map(|seconds| (*backend, seconds)));
+        let served =
+            servers.last().and_then(|(backend, connected)| connected.map(|seconds| (backend.as_str(), seconds)));
         if let Some((backend, seconds)) = served {
             at(backend).connect.observe(seconds);
         }
@@ -227,7 +346,7 @@ impl ProxyMetrics {
             return series.clone();
         }
         let labels = BackendLabels {
-            balancer: self.upstreams.balancer.clone(),
+            balancer: self.balancer.clone(),
             port,
             protocol: protocol.to_string(),
             backend: backend.to_string(),
@@ -249,15 +368,35 @@ impl ProxyMetrics {
     }
 
     fn skip(&self, reason: &str) {
-        let labels = SkippedLabels { balancer: self.upstreams.balancer.clone(), reason: reason.to_string() };
+        let labels = SkippedLabels { balancer: self.balancer.clone(), reason: reason.to_string() };
         self.skipped.get_or_create(&labels).inc();
     }
 
     /// Brings the lost-lines counter up to the kernel's drop count for the log socket.
     pub(super) fn lost_up_to(&self, drops: u64) {
         let before = self.lost_seen.fetch_max(drops, std::sync::atomic::Ordering::Relaxed);
-        let labels = BalancerLabels { balancer: self.upstreams.balancer.clone() };
+        let labels = BalancerLabels { balancer: self.balancer.clone() };
         self.lost.get_or_create(&labels).inc_by(drops.saturating_sub(before));
+    }
+}
+
+/// Why a configuration from the ConfigMap was not applied.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, strum::IntoStaticStr, strum::VariantArray)]
+#[strum(serialize_all = "snake_case")]
+pub(super) enum Refusal {
+    /// Larger than the sidecar reads.
+    TooLarge,
+    /// Not a file balancer rendered, or one for another Balancer.
+    NotRendered,
+    /// nginx's own check (`nginx -t`) refused it.
+    Nginx,
+}
+
+impl Refusal {
+    const ALL: &'static [Refusal] = <Refusal as strum::VariantArray>::VARIANTS;
+
+    pub(super) fn as_str(self) -> &'static str {
+        self.into()
     }
 }
 
@@ -292,7 +431,8 @@ mod tests {
 
     fn exposition(lines: &[&str]) -> String {
         let mut registry = Registry::default();
-        let metrics = ProxyMetrics::register(Upstreams::read(CONF).expect("a rendered file"), &mut registry);
+        let metrics =
+            ProxyMetrics::register("0123456789abcdef0", Upstreams::read(CONF).expect("a rendered file"), &mut registry);
         for line in lines {
             metrics.record(format!("<190>Nov 24 12:00:00 balancer: {line}").as_bytes());
         }

@@ -8,6 +8,7 @@
 //!
 //! [`access_log`]: crate::proxy::access_log
 
+mod live;
 mod metrics;
 mod udp;
 
@@ -21,6 +22,7 @@ use axum::routing::get;
 use prometheus_client::registry::Registry;
 use tokio_util::sync::CancellationToken;
 
+pub use live::{LiveSource, MAX_LIVE_CONFIG_BYTES};
 pub use metrics::{CONNECT_BUCKETS, SESSION_BUCKETS};
 
 use crate::proxy::upstreams::Upstreams;
@@ -32,16 +34,24 @@ use metrics::ProxyMetrics;
 /// What the sidecar needs.
 #[derive(Debug, Clone)]
 pub struct Options {
-    /// The proxy's `nginx.conf`.
-    pub config: PathBuf,
-    /// The SHA-256 (hex) of the `nginx.conf` this pod was made for; `None`: whatever is there.
-    pub config_hash: Option<String>,
+    /// Where the proxy's `nginx.conf` comes from.
+    pub source: Source,
     /// Where `/metrics` is served.
     pub listen: SocketAddr,
     /// The UDP port on 127.0.0.1 nginx sends its log to.
     pub log_port: u16,
     /// How long, after SIGTERM, the sidecar goes on counting the sessions the proxy drains.
     pub drain: Duration,
+}
+
+/// Where the proxy's `nginx.conf` comes from.
+#[derive(Debug, Clone)]
+pub enum Source {
+    /// A mounted file, read once; `hash` is the SHA-256 (hex) of the file this pod was made for
+    /// (`None`: whatever is there).
+    File { path: PathBuf, hash: Option<String> },
+    /// The ConfigMap, followed live (see [`live`]).
+    Live(LiveSource),
 }
 
 /// Why the sidecar cannot run.
@@ -51,6 +61,10 @@ pub enum Error {
     Config { path: String, source: std::io::Error },
     #[error("{path} is not an nginx.conf balancer rendered")]
     NotRendered { path: String },
+    #[error("cannot reach the API server from this pod: {0}")]
+    Client(String),
+    #[error("cannot write the configuration for nginx at {path}: {source}")]
+    HandOver { path: String, source: std::io::Error },
     #[error("cannot listen for the log on 127.0.0.1:{port}/udp: {source}")]
     Log { port: u16, source: std::io::Error },
     #[error("cannot serve metrics on {addr}: {source}")]
@@ -62,13 +76,26 @@ const MAX_CONFIG_BYTES: u64 = 4 << 20;
 
 /// Runs until `stop`, then for `options.drain` more while lines still arrive.
 pub async fn run(options: Options, stop: CancellationToken) -> Result<(), Error> {
-    let reading = read_config(&options.config, options.config_hash.as_deref());
-    let upstreams = tokio::select! {
-        upstreams = reading => upstreams?,
-        () = stop.cancelled() => return Ok(()),
+    let (id, upstreams, follower) = match &options.source {
+        Source::File { path, hash } => {
+            let reading = read_config(path, hash.as_deref());
+            let (id, upstreams) = tokio::select! {
+                read = reading => read?,
+                () = stop.cancelled() => return Ok(()),
+            };
+            (id, upstreams, None)
+        }
+        Source::Live(source) => {
+            let Some((changes, files, first)) = start_live(source, &stop).await? else { return Ok(()) };
+            (first.id.clone(), first.upstreams.clone(), Some((changes, files, first)))
+        }
     };
     let mut registry = Registry::default();
-    let metrics = Arc::new(ProxyMetrics::register(upstreams, &mut registry));
+    let metrics = Arc::new(ProxyMetrics::register(&id, upstreams, &mut registry));
+    if let Some((changes, files, first)) = follower {
+        let (metrics, stop) = (metrics.clone(), stop.clone());
+        tokio::spawn(async move { live::follow(changes, files, &first, metrics, stop).await });
+    }
     let log_addr = SocketAddr::from(([127, 0, 0, 1], options.log_port));
     let log_error = |source| Error::Log { port: options.log_port, source };
     let socket = std::net::UdpSocket::bind(log_addr).map_err(log_error)?;
@@ -102,6 +129,50 @@ pub async fn run(options: Options, stop: CancellationToken) -> Result<(), Error>
     Ok(())
 }
 
+/// The watch of a live pod's ConfigMap, once its first configuration is handed to nginx; `None`
+/// when the pod stopped first.
+async fn start_live(
+    source: &LiveSource,
+    stop: &CancellationToken,
+) -> Result<Option<(ConfigMapChanges, live::OwnedLiveFiles, live::Candidate)>, Error> {
+    let config = kube::Config::incluster().map_err(|e| Error::Client(e.to_string()))?;
+    let client = kube::Client::try_from(config).map_err(|e| Error::Client(e.to_string()))?;
+    let files = live::files_in(&source.dir);
+    let mut changes: ConfigMapChanges = Box::pin(live::watch_config_map(client, &source.config_map));
+    let mut told = false;
+    let first = loop {
+        let next = tokio::select! {
+            next = futures::StreamExt::next(&mut changes) => next,
+            () = stop.cancelled() => return Ok(None),
+        };
+        match next {
+            Some(Ok(config_map)) => match live::candidate(&config_map, None) {
+                Ok(candidate) => break candidate,
+                Err(reason) => {
+                    tracing::warn!(reason = reason.as_str(), "the proxy's ConfigMap holds no configuration to serve")
+                }
+            },
+            Some(Err(e)) if !told => {
+                tracing::warn!(error = %e, config_map = %source.config_map, "cannot read the proxy's configuration yet; retrying");
+                told = true;
+            }
+            Some(Err(_)) => {}
+            None => return Ok(None),
+        }
+    };
+    live::hand_over(&files.borrowed(), &first)
+        .await
+        .map_err(|source| Error::HandOver { path: files.desired.clone(), source })?;
+    tracing::info!(id = %&first.id[..metrics::SHORT_ID], "handed the first configuration to nginx");
+    Ok(Some((changes, files, first)))
+}
+
+type ConfigMapChanges = std::pin::Pin<
+    Box<
+        dyn futures::Stream<Item = Result<k8s_openapi::api::core::v1::ConfigMap, kube::runtime::watcher::Error>> + Send,
+    >,
+>;
+
 /// The metrics port is open to the pod network: a few scrapers at a time, each bounded in
 /// time and size, so that no client can grow the sidecar towards its memory limit (a sidecar
 /// killed for it would take the proxy pod out of its Service while it restarts).
@@ -120,15 +191,16 @@ fn scraper_limits() -> ConnectionLimits {
 /// How often the mounted file is read again while it is not the expected one.
 const CONFIG_RECHECK: Duration = Duration::from_secs(1);
 
-/// The upstreams of the file at `path`, once its hash is `expected` (see
+/// The hash and upstreams of the file at `path`, once its hash is `expected` (see
 /// [`entrypoint`](crate::proxy::nginx::entrypoint) for why a mounted file can be an old one).
-async fn read_config(path: &std::path::Path, expected: Option<&str>) -> Result<Upstreams, Error> {
+async fn read_config(path: &std::path::Path, expected: Option<&str>) -> Result<(String, Upstreams), Error> {
     let mut told = false;
     loop {
         let text = read_bounded(path).await?;
         let hash = crate::proxy::nginx::config_hash(&text);
         if expected.is_none_or(|expected| expected == hash) {
-            return Upstreams::read(&text).ok_or(Error::NotRendered { path: path.display().to_string() });
+            let upstreams = Upstreams::read(&text).ok_or(Error::NotRendered { path: path.display().to_string() })?;
+            return Ok((hash, upstreams));
         }
         if !told {
             tracing::info!(path = %path.display(), expected, mounted = %hash, "waiting for the kubelet to mount the pod's configuration");

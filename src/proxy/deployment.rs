@@ -5,9 +5,11 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
 use k8s_openapi::api::core::v1::{
-    Capabilities, ConfigMap, ConfigMapVolumeSource, Container, ContainerPort, EmptyDirVolumeSource, EnvVar, ExecAction,
-    PodSecurityContext, PodSpec, PodTemplateSpec, Probe, ResourceRequirements, SeccompProfile, SecurityContext, Sysctl,
-    TCPSocketAction, TopologySpreadConstraint, Volume, VolumeMount,
+    Capabilities, ConfigMap, ConfigMapProjection, ConfigMapVolumeSource, Container, ContainerPort,
+    DownwardAPIProjection, DownwardAPIVolumeFile, EmptyDirVolumeSource, EnvVar, ExecAction, KeyToPath,
+    ObjectFieldSelector, PodSecurityContext, PodSpec, PodTemplateSpec, Probe, ProjectedVolumeSource,
+    ResourceRequirements, SeccompProfile, SecurityContext, ServiceAccountTokenProjection, Sysctl, TCPSocketAction,
+    TopologySpreadConstraint, Volume, VolumeMount, VolumeProjection,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
@@ -18,6 +20,7 @@ use super::meta::{COMPONENT_PROXY, CONFIG_HASH_ANNOTATION, Owner, labels, metada
 use super::nginx::{
     CONFIG_DIR, CONFIG_FILE, CONFIG_HASH_ENV, POD_FILES, entrypoint, nginx_args, running_readiness_command,
 };
+use super::reload::{LIVE_DIR, LIVE_POD_FILES, RELOAD_POLICY, live_entrypoint};
 use super::stop::{SIDECAR_DRAIN, TERMINATION_GRACE_SECONDS, graceful_stop};
 use crate::api::{self, Protocol};
 use crate::spec::{Admitted, SpecPolicy};
@@ -49,19 +52,28 @@ pub fn proxy_config_map(owner: &Owner, nginx_conf: &str) -> ConfigMap {
     }
 }
 
-/// `<balancer>-proxy`: unprivileged nginx reading the ConfigMap, rolled when `config_hash` changes.
+/// `<balancer>-proxy`: unprivileged nginx. With the metrics sidecar, the sidecar follows the
+/// ConfigMap and nginx reloads gracefully on each change, so the template holds nothing that a
+/// new configuration changes. Without it, nginx reads the mounted ConfigMap once, and the
+/// template's `config_hash` rolls the pods when it changes.
 pub fn proxy_deployment(owner: &Owner, spec: &Admitted, settings: &ProxySettings, config_hash: &str) -> Deployment {
+    let delivery = match settings.metrics_image {
+        Some(_) => Delivery::Live,
+        None => Delivery::Mounted { config_hash },
+    };
     let mut pod_labels = labels(&owner.name, COMPONENT_PROXY);
     pod_labels.extend(proxy_selector(&owner.name));
     let mut annotations = spec.proxy.as_ref().and_then(|p| p.pod_annotations.clone()).unwrap_or_default();
-    annotations.insert(CONFIG_HASH_ANNOTATION.to_string(), config_hash.to_string());
+    if let Delivery::Mounted { config_hash } = delivery {
+        annotations.insert(CONFIG_HASH_ANNOTATION.to_string(), config_hash.to_string());
+    }
     let template = PodTemplateSpec {
         metadata: Some(ObjectMeta {
             labels: Some(pod_labels),
             annotations: Some(annotations),
             ..ObjectMeta::default()
         }),
-        spec: Some(proxy_pod_spec(owner, spec, settings, config_hash)),
+        spec: Some(proxy_pod_spec(owner, spec, settings, delivery)),
     };
     Deployment {
         metadata: metadata(owner, api::proxy_deployment_name(&owner.name), labels(&owner.name, COMPONENT_PROXY)),
@@ -75,10 +87,32 @@ pub fn proxy_deployment(owner: &Owner, spec: &Admitted, settings: &ProxySettings
     }
 }
 
-fn proxy_pod_spec(owner: &Owner, spec: &Admitted, settings: &ProxySettings, config_hash: &str) -> PodSpec {
+/// How a proxy pod gets its `nginx.conf`.
+#[derive(Debug, Clone, Copy)]
+enum Delivery<'a> {
+    /// Mounted from the ConfigMap and read once, when the file's hash is `config_hash`.
+    Mounted { config_hash: &'a str },
+    /// Written by the sidecar, which watches the ConfigMap, into a directory both containers
+    /// share; nginx reloads gracefully on each new file (see [`reload`](super::reload)).
+    Live,
+}
+
+/// The volumes' names.
+const CONFIG_VOLUME: &str = "nginx-conf";
+const TMP_VOLUME: &str = "tmp";
+const LIVE_VOLUME: &str = "live";
+const TOKEN_VOLUME: &str = "token";
+
+/// Where the sidecar finds its token, CA and namespace: the path every Kubernetes client reads
+/// in a pod.
+pub const TOKEN_DIR: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
+
+/// How long a projected token lives before the kubelet renews it (the API server's minimum is
+/// ten minutes); the client reads the file again as it changes.
+const TOKEN_SECONDS: i64 = 3600;
+
+fn proxy_pod_spec(owner: &Owner, spec: &Admitted, settings: &ProxySettings, delivery: Delivery<'_>) -> PodSpec {
     let proxy = spec.proxy.clone().unwrap_or_default();
-    let config_volume = "nginx-conf";
-    let tmp_volume = "tmp";
     // Ports below 1024 need the (namespaced, safe since Kubernetes 1.22) sysctl for a non-root nginx.
     let sysctls = spec
         .ports
@@ -92,23 +126,33 @@ fn proxy_pod_spec(owner: &Owner, spec: &Admitted, settings: &ProxySettings, conf
         capabilities: Some(Capabilities { drop: Some(vec!["ALL".into()]), add: None }),
         ..SecurityContext::default()
     };
-    let config_mount = VolumeMount {
-        name: config_volume.into(),
-        mount_path: CONFIG_DIR.into(),
-        read_only: Some(true),
-        ..VolumeMount::default()
+    let tmp_mount = VolumeMount { name: TMP_VOLUME.into(), mount_path: "/tmp".into(), ..VolumeMount::default() };
+    let (command, config_mount, env) = match delivery {
+        Delivery::Mounted { config_hash } => {
+            let mount = VolumeMount {
+                name: CONFIG_VOLUME.into(),
+                mount_path: CONFIG_DIR.into(),
+                read_only: Some(true),
+                ..VolumeMount::default()
+            };
+            // Both containers read the mounted file only once, so each waits until the file's
+            // hash is the one this pod was made for (the kubelet may still show the previous
+            // ConfigMap).
+            let env = vec![EnvVar { name: CONFIG_HASH_ENV.into(), value: Some(config_hash.into()), value_from: None }];
+            (entrypoint(&POD_FILES), mount, Some(env))
+        }
+        Delivery::Live => {
+            let mount = VolumeMount { name: LIVE_VOLUME.into(), mount_path: LIVE_DIR.into(), ..VolumeMount::default() };
+            (live_entrypoint(&LIVE_POD_FILES, RELOAD_POLICY), mount, None)
+        }
     };
-    // Both containers read the mounted file only once, so each waits until the file's hash is
-    // the one this pod was made for (the kubelet may still show the previous ConfigMap).
-    let config_hash_env =
-        vec![EnvVar { name: CONFIG_HASH_ENV.into(), value: Some(config_hash.into()), value_from: None }];
     let container = Container {
         name: "nginx".into(),
         image: Some(proxy.image.unwrap_or_else(|| settings.image.clone())),
         image_pull_policy: Some("IfNotPresent".into()),
-        command: Some(vec!["/bin/sh".into(), "-c".into(), entrypoint(&POD_FILES), "nginx".into()]),
+        command: Some(vec!["/bin/sh".into(), "-c".into(), command, "nginx".into()]),
         args: Some(nginx_args()),
-        env: Some(config_hash_env.clone()),
+        env: env.clone(),
         ports: Some(
             spec.ports()
                 .map(|p| ContainerPort {
@@ -122,19 +166,32 @@ fn proxy_pod_spec(owner: &Owner, spec: &Admitted, settings: &ProxySettings, conf
         lifecycle: Some(graceful_stop()),
         resources: Some(proxy.resources.unwrap_or_else(default_resources)),
         security_context: Some(security_context.clone()),
-        volume_mounts: Some(vec![
-            config_mount.clone(),
-            VolumeMount { name: tmp_volume.into(), mount_path: "/tmp".into(), ..VolumeMount::default() },
-        ]),
+        volume_mounts: Some(vec![config_mount.clone(), tmp_mount]),
         ..Container::default()
     };
-    let sidecar = settings.metrics_image.as_ref().map(|image| Container {
-        security_context: Some(security_context),
-        volume_mounts: Some(vec![config_mount]),
-        env: Some(config_hash_env),
-        ..metrics_sidecar(image, SidecarPorts::of(spec))
+    let sidecar = settings.metrics_image.as_ref().map(|image| {
+        let mut mounts = vec![config_mount];
+        if let Delivery::Live = delivery {
+            mounts.push(VolumeMount {
+                name: TOKEN_VOLUME.into(),
+                mount_path: TOKEN_DIR.into(),
+                read_only: Some(true),
+                ..VolumeMount::default()
+            });
+        }
+        Container {
+            security_context: Some(security_context),
+            volume_mounts: Some(mounts),
+            env,
+            ..metrics_sidecar(image, SidecarPorts::of(spec), sidecar_source(owner, delivery))
+        }
     });
+    let service_account_name = match delivery {
+        Delivery::Live => Some(api::proxy_account_name(&owner.name)),
+        Delivery::Mounted { .. } => None,
+    };
     PodSpec {
+        service_account_name,
         automount_service_account_token: Some(false),
         termination_grace_period_seconds: Some(TERMINATION_GRACE_SECONDS),
         security_context: Some(PodSecurityContext {
@@ -154,18 +211,75 @@ fn proxy_pod_spec(owner: &Owner, spec: &Admitted, settings: &ProxySettings, conf
         tolerations: proxy.tolerations.filter(|t| !t.is_empty()),
         affinity: proxy.affinity,
         priority_class_name: proxy.priority_class_name.filter(|c| !c.is_empty()),
-        volumes: Some(vec![
+        volumes: Some(volumes(owner, delivery)),
+        ..PodSpec::default()
+    }
+}
+
+/// The pod's volumes: where the configuration comes from, and nginx's writable `/tmp`.
+fn volumes(owner: &Owner, delivery: Delivery<'_>) -> Vec<Volume> {
+    let tmp = Volume { name: TMP_VOLUME.into(), empty_dir: Some(EmptyDirVolumeSource::default()), ..Volume::default() };
+    match delivery {
+        Delivery::Mounted { .. } => vec![
             Volume {
-                name: config_volume.into(),
+                name: CONFIG_VOLUME.into(),
                 config_map: Some(ConfigMapVolumeSource {
                     name: api::proxy_configmap_name(&owner.name),
                     ..ConfigMapVolumeSource::default()
                 }),
                 ..Volume::default()
             },
-            Volume { name: tmp_volume.into(), empty_dir: Some(EmptyDirVolumeSource::default()), ..Volume::default() },
-        ]),
-        ..PodSpec::default()
+            tmp,
+        ],
+        Delivery::Live => vec![
+            Volume { name: LIVE_VOLUME.into(), empty_dir: Some(EmptyDirVolumeSource::default()), ..Volume::default() },
+            tmp,
+            token_volume(),
+        ],
+    }
+}
+
+/// The sidecar's credentials: a token of the pod's ServiceAccount (which may read the proxy's
+/// ConfigMap only), the cluster's CA and the pod's namespace, laid out as an automounted token
+/// is, but in the sidecar only.
+fn token_volume() -> Volume {
+    let ca = ConfigMapProjection {
+        name: "kube-root-ca.crt".into(),
+        items: Some(vec![KeyToPath { key: "ca.crt".into(), path: "ca.crt".into(), mode: None }]),
+        optional: None,
+    };
+    let namespace = DownwardAPIVolumeFile {
+        path: "namespace".into(),
+        field_ref: Some(ObjectFieldSelector { field_path: "metadata.namespace".into(), api_version: None }),
+        ..DownwardAPIVolumeFile::default()
+    };
+    let token =
+        ServiceAccountTokenProjection { path: "token".into(), expiration_seconds: Some(TOKEN_SECONDS), audience: None };
+    Volume {
+        name: TOKEN_VOLUME.into(),
+        projected: Some(ProjectedVolumeSource {
+            default_mode: None,
+            sources: Some(vec![
+                VolumeProjection { service_account_token: Some(token), ..VolumeProjection::default() },
+                VolumeProjection { config_map: Some(ca), ..VolumeProjection::default() },
+                VolumeProjection {
+                    downward_api: Some(DownwardAPIProjection { items: Some(vec![namespace]) }),
+                    ..VolumeProjection::default()
+                },
+            ]),
+        }),
+        ..Volume::default()
+    }
+}
+
+/// Where the sidecar reads the configuration: the mounted file, or the ConfigMap it watches
+/// (writing each new one for nginx).
+fn sidecar_source(owner: &Owner, delivery: Delivery<'_>) -> Vec<String> {
+    match delivery {
+        Delivery::Mounted { .. } => vec![format!("--config={}", POD_FILES.mounted)],
+        Delivery::Live => {
+            vec![format!("--configmap={}", api::proxy_configmap_name(&owner.name)), format!("--live-dir={LIVE_DIR}")]
+        }
     }
 }
 
@@ -178,20 +292,22 @@ fn proxy_pod_spec(owner: &Owner, spec: &Admitted, settings: &ProxySettings, conf
 /// A native sidecar (an init container that restarts `Always`): the kubelet starts it before
 /// nginx and stops it only once nginx has exited, so it counts every session nginx drains, and
 /// serves the last count for a few seconds more.
-fn metrics_sidecar(image: &str, ports: SidecarPorts) -> Container {
-    let args = [
-        "proxy-metrics".to_string(),
-        format!("--config={}", POD_FILES.mounted),
-        format!("--listen=0.0.0.0:{}", ports.metrics),
-        format!("--log-port={}", ports.log),
-        format!("--drain={}s", SIDECAR_DRAIN.as_secs()),
-    ];
+fn metrics_sidecar(image: &str, ports: SidecarPorts, source: Vec<String>) -> Container {
+    let args: Vec<String> = ["proxy-metrics".to_string()]
+        .into_iter()
+        .chain(source)
+        .chain([
+            format!("--listen=0.0.0.0:{}", ports.metrics),
+            format!("--log-port={}", ports.log),
+            format!("--drain={}s", SIDECAR_DRAIN.as_secs()),
+        ])
+        .collect();
     Container {
         name: METRICS_CONTAINER.into(),
         image: Some(image.to_string()),
         image_pull_policy: Some("IfNotPresent".into()),
         command: Some(vec!["/balancer".into()]),
-        args: Some(args.to_vec()),
+        args: Some(args),
         restart_policy: Some("Always".into()),
         ports: Some(vec![ContainerPort {
             name: Some(METRICS_PORT_NAME.into()),

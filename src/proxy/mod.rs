@@ -7,14 +7,19 @@
 pub mod access_log;
 mod budget;
 mod deployment;
+mod identity;
 mod meta;
 pub mod nginx;
+pub mod reload;
 mod services;
 pub mod stop;
 pub mod upstreams;
 
 pub use budget::proxy_disruption_budget;
-pub use deployment::{METRICS_CONTAINER, METRICS_PORT_NAME, ProxySettings, proxy_config_map, proxy_deployment};
+pub use deployment::{
+    METRICS_CONTAINER, METRICS_PORT_NAME, ProxySettings, TOKEN_DIR, proxy_config_map, proxy_deployment,
+};
+pub use identity::{CONFIG_READER_VERBS, proxy_config_reader, proxy_config_reader_binding, proxy_service_account};
 pub use meta::{
     BACKEND_LABEL, BALANCER_NAME_LABEL, COMPONENT_BACKEND, COMPONENT_FRONTEND, COMPONENT_LABEL, COMPONENT_PROXY,
     CONFIG_HASH_ANNOTATION, DESIRED_HASH_ANNOTATION, MANAGED_BY, MANAGED_BY_LABEL, Owner, OwnerError, labels,

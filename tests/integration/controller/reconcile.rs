@@ -8,7 +8,8 @@ use axum::http::{Method, Response, StatusCode};
 use balancer::api::{Balancer, BalancerStatus};
 use balancer::controller::StoredBalancer;
 use balancer::controller::{
-    self, Cached, ChildCaches, Context, ErrorKind, ReadyEndpointSlices, ReadySlice, error_policy, reconcile,
+    self, Cached, ChildCaches, Context, ErrorKind, IdentityCaches, ReadyEndpointSlices, ReadySlice, error_policy,
+    reconcile,
 };
 use balancer::manager::Metrics;
 use balancer::proxy::{self, BackendHosts, Owner, ProxySettings};
@@ -16,8 +17,9 @@ use balancer::runtime::throttle::{Rate, ThrottleLayer};
 use balancer::spec::Admitted;
 use balancer::spec::SpecPolicy;
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentStatus};
-use k8s_openapi::api::core::v1::{ConfigMap, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, Service, ServiceAccount};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::client::Body;
 use kube::runtime::controller::Action;
@@ -64,8 +66,13 @@ struct Caches {
     config_maps: Writer<Cached<ConfigMap>>,
     deployments: Writer<Cached<Deployment>>,
     budgets: Writer<Cached<PodDisruptionBudget>>,
+    /// Kept so that the identity caches stay listed.
+    _identity: IdentityWriters,
     endpoint_slices: ReadyEndpointSlices,
 }
+
+/// The writers of the proxy identity's caches.
+type IdentityWriters = (Writer<Cached<ServiceAccount>>, Writer<Cached<Role>>, Writer<Cached<RoleBinding>>);
 
 /// A cache that has listed (nothing).
 fn synced_store<K>() -> (Store<K>, Writer<K>)
@@ -83,6 +90,9 @@ fn child_caches() -> (ChildCaches, Caches) {
     let (config_maps, config_maps_writer) = synced_store();
     let (deployments, deployments_writer) = synced_store();
     let (budgets, budgets_writer) = synced_store();
+    let ((accounts, accounts_writer), (roles, roles_writer), (bindings, bindings_writer)) =
+        (synced_store(), synced_store(), synced_store());
+    let identity = IdentityCaches { accounts, roles, bindings };
     let endpoint_slices = ReadyEndpointSlices::default();
     endpoint_slices.apply(&watcher::Event::Init);
     endpoint_slices.apply(&watcher::Event::InitDone);
@@ -91,9 +101,10 @@ fn child_caches() -> (ChildCaches, Caches) {
         config_maps: config_maps_writer,
         deployments: deployments_writer,
         budgets: budgets_writer,
+        _identity: (accounts_writer, roles_writer, bindings_writer),
         endpoint_slices: endpoint_slices.clone(),
     };
-    (ChildCaches { services, config_maps, deployments, budgets, endpoint_slices }, caches)
+    (ChildCaches { services, config_maps, deployments, budgets, identity, endpoint_slices }, caches)
 }
 
 /// A context whose client talks to the returned mock, with synced (empty) caches.

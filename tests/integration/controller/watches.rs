@@ -21,14 +21,19 @@ use crate::support::mock_api::{self, MockApi, Received, ok};
 const NS: &str = "ns";
 
 /// What the controller lists and watches, as collection paths in namespace `ns`.
-const WATCHED: [&str; 6] = [
+const WATCHED: [&str; 9] = [
     "/api/v1/namespaces/ns/configmaps",
+    "/api/v1/namespaces/ns/serviceaccounts",
     "/api/v1/namespaces/ns/services",
     "/apis/apps/v1/namespaces/ns/deployments",
-    "/apis/discovery.k8s.io/v1/namespaces/ns/endpointslices",
+    SLICES,
     "/apis/exposer.hliangzhao.io/v1beta1/namespaces/ns/balancers",
     "/apis/policy/v1/namespaces/ns/poddisruptionbudgets",
+    "/apis/rbac.authorization.k8s.io/v1/namespaces/ns/rolebindings",
+    "/apis/rbac.authorization.k8s.io/v1/namespaces/ns/roles",
 ];
+
+const SLICES: &str = "/apis/discovery.k8s.io/v1/namespaces/ns/endpointslices";
 
 /// balancer's backend Services' labels, which their slices carry, as a URL-encoded selector.
 const BACKEND_SELECTOR: &str =
@@ -71,7 +76,7 @@ async fn the_controller_lists_then_watches_each_cache_endpoint_slices_included_a
     let lists = next_gets(&mut server, WATCHED.len()).await;
     assert_eq!(lists.keys().map(String::as_str).collect::<Vec<_>>(), WATCHED);
     assert!(lists.values().all(|list| !query(list).contains("watch=true")), "lists first");
-    let slices = query(&lists[WATCHED[3]]);
+    let slices = query(&lists[SLICES]);
     assert!(slices.contains(BACKEND_SELECTOR), "only balancer's backend Services' slices: {slices}");
     server.assert_none_within(Duration::from_millis(200)).await;
     assert!(!synced.load(Ordering::Acquire));
@@ -86,7 +91,7 @@ async fn the_controller_lists_then_watches_each_cache_endpoint_slices_included_a
     let watches = next_gets(&mut server, WATCHED.len()).await;
     assert_eq!(watches.keys().map(String::as_str).collect::<Vec<_>>(), WATCHED);
     assert!(watches.values().all(|watch| query(watch).contains("watch=true")), "then watches");
-    assert!(query(&watches[WATCHED[3]]).contains(BACKEND_SELECTOR));
+    assert!(query(&watches[SLICES]).contains(BACKEND_SELECTOR));
     for _ in 0..100 {
         if synced.load(Ordering::Acquire) {
             break;

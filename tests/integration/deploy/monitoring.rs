@@ -75,8 +75,7 @@ async fn sidecar_exposition() -> String {
     std::fs::write(dir.path().join("nginx.conf"), &conf).unwrap();
     let (port, log_port) = (free_port(), free_port());
     let options = exporter::Options {
-        config: dir.path().join("nginx.conf"),
-        config_hash: Some(nginx::config_hash(&conf)),
+        source: exporter::Source::File { path: dir.path().join("nginx.conf"), hash: Some(nginx::config_hash(&conf)) },
         listen: SocketAddr::from((Ipv4Addr::LOCALHOST, port)),
         log_port,
         drain: Duration::ZERO,
