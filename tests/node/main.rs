@@ -64,7 +64,7 @@ use toolkit::runner::{self, Filter, scenarios};
 use weights::{
     a_backend_without_pods_loses_its_share_without_a_failed_request, deleting_the_balancer_removes_every_child_and_pod,
     scaling_the_balancer_brings_up_proxy_pods, the_walkthrough_splits_traffic_by_weight,
-    weights_change_under_load_without_a_failed_connection,
+    weights_change_live_without_a_new_pod_or_a_cut_connection,
 };
 
 const OPERATOR_NS: &str = "balancer-system";
@@ -222,7 +222,7 @@ async fn run_suite(assets: &Path, images: &Path, cert_manager: &Path, state: &Pa
         a_backend_without_pods_loses_its_share_without_a_failed_request,
         the_metrics_sidecar_costs_little,
         the_data_plane_keeps_up_with_haproxy,
-        weights_change_under_load_without_a_failed_connection,
+        weights_change_live_without_a_new_pod_or_a_cut_connection,
         scaling_the_balancer_brings_up_proxy_pods,
         udp_is_proxied_to_udp_echo_pods,
         a_backend_behind_the_proxy_sees_the_client_pods_address,
@@ -288,13 +288,15 @@ async fn hold(world: &World) {
 const NODE_COLUMNS: &str =
     "custom-columns=NAME:.metadata.name,READY:.status.conditions[?(@.type==\"Ready\")].status,TAINTS:.spec.taints";
 
-/// What a failed scenario leaves to read: pods, events, and the logs of the operator and the node.
+/// What a failed scenario leaves to read: pods, events, and the logs of the operator, the proxies
+/// and the node.
 fn diagnose(world: &World) {
     for args in [
         &["get", "nodes", "-o", NODE_COLUMNS][..],
         &["get", "pods", "-A", "-o", "wide"][..],
         &["get", "events", "-A", "--field-selector=type=Warning", "--sort-by=.lastTimestamp"][..],
         &["-n", OPERATOR_NS, "logs", "-l", "app.kubernetes.io/name=balancer", "--tail=20", "--prefix"][..],
+        &["-n", NS, "logs", "-l", "app.kubernetes.io/component=proxy", "--all-containers", "--tail=20", "--prefix"][..],
     ] {
         let (_, out, err) = world.kubectl.run(args, None);
         println!("--- kubectl {}:\n{out}{err}", args.join(" "));

@@ -21,11 +21,7 @@ pub async fn proxy_sessions(address: &str) -> Option<BTreeMap<String, f64>> {
 /// A counter of a proxy pod's metrics sidecar, summed per backend (`""` for series without
 /// one) over its series that have `label` (`""`: all).
 pub async fn sidecar_counts(address: &str, metric: &str, label: &str) -> Option<BTreeMap<String, f64>> {
-    let mut stream =
-        tokio::time::timeout(Duration::from_secs(2), tokio::net::TcpStream::connect(address)).await.ok()?.ok()?;
-    stream.write_all(b"GET /metrics HTTP/1.1\r\nHost: proxy\r\nConnection: close\r\n\r\n").await.ok()?;
-    let mut text = String::new();
-    tokio::time::timeout(Duration::from_secs(5), stream.read_to_string(&mut text)).await.ok()?.ok()?;
+    let text = scrape(address).await?;
     let mut counts = BTreeMap::new();
     let series = format!("{metric}{{");
     for line in text.lines().filter(|l| l.starts_with(&series) && l.contains(label)) {
@@ -35,6 +31,24 @@ pub async fn sidecar_counts(address: &str, metric: &str, label: &str) -> Option<
         *counts.entry(backend).or_insert(0.0) += value;
     }
     text.starts_with("HTTP/1.1 200").then_some(counts)
+}
+
+/// The id of the configuration a proxy pod's nginx serves, as its sidecar exports it (the first
+/// 16 hex digits of the SHA-256 of its `nginx.conf`).
+pub async fn served_config(address: &str) -> Option<String> {
+    let text = scrape(address).await?;
+    let line = text.lines().find(|l| l.starts_with("balancer_proxy_config_info{"))?;
+    Some(line.split("id=\"").nth(1)?.split('"').next()?.to_string())
+}
+
+/// The sidecar's `/metrics` answer, status line and headers included.
+async fn scrape(address: &str) -> Option<String> {
+    let mut stream =
+        tokio::time::timeout(Duration::from_secs(2), tokio::net::TcpStream::connect(address)).await.ok()?.ok()?;
+    stream.write_all(b"GET /metrics HTTP/1.1\r\nHost: proxy\r\nConnection: close\r\n\r\n").await.ok()?;
+    let mut text = String::new();
+    tokio::time::timeout(Duration::from_secs(5), stream.read_to_string(&mut text)).await.ok()?.ok()?;
+    Some(text)
 }
 
 /// The runtime's ID of `pod`'s container `name`.

@@ -15,7 +15,7 @@ use crate::fixtures::{
     restricted_namespace, wait_available, wait_backends, wait_ready_balancer,
 };
 use crate::sidecar::proxy_sessions;
-use crate::toolkit::load::{Load, assert_shares, shares_match, split};
+use crate::toolkit::load::{Held, Load, assert_shares, one_request, shares_match, split};
 use crate::toolkit::runner::eventually;
 use crate::toolkit::wait::{self, balancer_until};
 use crate::{NS, SAMPLE, World, nodes};
@@ -204,34 +204,80 @@ pub fn dropped_by_kube_proxy(ips: Vec<String>, since: Instant) -> std::thread::J
     })
 }
 
-pub async fn weights_change_under_load_without_a_failed_connection(world: &mut World) {
-    world.ensure_sample(Sample::AS_SHIPPED).await;
-    let front = front_ip(world, SAMPLE).await;
-    let load = Load::start(format!("{front}:80"), 4);
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    let old_proxies = leaving(world, &nodes::proxy_pods(), "the old proxy pods").await;
-    change_backends(world, SAMPLE, &[("v1", 80), ("v2", 10), ("v3", 10)], &[]).await;
-    wait_ready_balancer(world, SAMPLE, Duration::from_secs(120)).await;
-    old_proxies.gone();
-    let counts = split(&front, 80, 3000).await;
-    println!("node: after the weight change, 3000 requests: {counts:?}");
-    assert_shares(&counts, &[("hello world v1", 80), ("hello world v2", 10), ("hello world v3", 10)], 3.0);
+/// How many times the live-change scenario flips the sample between v1 and v2.
+const FLIPS: usize = 6;
 
-    // Removing a backend: the rollout fails nothing, and its Service goes once it is over.
-    let old_proxies = leaving(world, &nodes::proxy_pods(), "the old proxy pods").await;
+/// Weight changes reach the running proxy pods. Flipped between v1 and v2 under load, each flip
+/// is on the wire within 2 s of the write, no request fails, no proxy pod is replaced, and
+/// connections opened before the flips keep their backend through all of them. Then a backend
+/// is removed, live too, and its Service goes.
+pub async fn weights_change_live_without_a_new_pod_or_a_cut_connection(world: &mut World) {
+    world.ensure_sample(Sample::AS_SHIPPED).await;
+    let address = format!("{}:80", front_ip(world, SAMPLE).await);
+    let pods = proxy_pod_uids(world).await;
+    let held = Held::open(&address, 20).await;
+    let load = Load::start(address.clone(), 4);
+    let mut seconds = Vec::with_capacity(FLIPS);
+    for flip in 0..FLIPS {
+        let (to, weights) = match flip % 2 {
+            0 => ("hello world v1", [("v1", 100), ("v2", 0), ("v3", 0)]),
+            _ => ("hello world v2", [("v1", 0), ("v2", 100), ("v3", 0)]),
+        };
+        let written = Instant::now();
+        change_backends(world, SAMPLE, &weights, &[]).await;
+        seconds.push(only_answer(&address, to, written).await);
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+    seconds.sort_by(f64::total_cmp);
+    println!(
+        "node: {FLIPS} flips on the wire after (s, from the write): p50 {:.2}, max {:.2}, all {seconds:.2?}",
+        seconds[FLIPS / 2],
+        seconds[FLIPS - 1]
+    );
+    assert!(seconds[FLIPS - 1] <= 2.0, "a flip took longer than 2 s: {seconds:?}");
+
+    // Removing a backend: live too, and its Service goes.
+    change_backends(world, SAMPLE, &[("v1", 80), ("v2", 10), ("v3", 10)], &[]).await;
     change_backends(world, SAMPLE, &[], &["v3"]).await;
-    let sample = wait_ready_balancer(world, SAMPLE, Duration::from_secs(120)).await;
-    old_proxies.gone();
+    let sample = wait_ready_balancer(world, SAMPLE, Duration::from_secs(60)).await;
+    nodes::settled(world, NS, &nodes::proxy_pods(), pods.len()).await;
     let services: Api<Service> = Api::namespaced(world.admin.clone(), NS);
     eventually("the removed backend's Service deleted", Duration::from_secs(30), || async {
         services.get_opt("example-balancer-v3-backend").await.ok()?.is_none().then_some(())
     })
     .await;
-    load.assert_no_failures("during two proxy rollouts").await;
-    let status = sample.status.expect("a status");
-    assert_eq!(status.active_backends, 2, "{status:?}");
-    let counts = split(&front, 80, 600).await;
+    let counts = split(&address.replace(":80", ""), 80, 1200).await;
     assert_shares(&counts, &[("hello world v1", 80), ("hello world v2", 10)], 4.0);
+    load.assert_no_failures("during the live changes").await;
+    held.assert_kept(&format!("through {FLIPS} flips and a removed backend")).await;
+    assert_eq!(proxy_pod_uids(world).await, pods, "the same proxy pods serve every change");
+    assert_eq!(sample.status.expect("a status").active_backends, 2);
+}
+
+/// The UIDs of the sample's live proxy pods.
+async fn proxy_pod_uids(world: &World) -> Vec<String> {
+    let pods: Api<Pod> = Api::namespaced(world.admin.clone(), NS);
+    let listed = pods.list(&ListParams::default().labels(&nodes::proxy_pods())).await.expect("proxy pods");
+    let mut uids: Vec<String> = listed
+        .items
+        .into_iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .filter_map(|p| p.metadata.uid)
+        .collect();
+    uids.sort();
+    uids
+}
+
+/// Seconds from `written` until 16 new connections in a row are all answered `answer` (at most 10 s).
+async fn only_answer(address: &str, answer: &str, written: Instant) -> f64 {
+    loop {
+        let batch = futures::future::join_all((0..16).map(|_| one_request(address))).await;
+        if batch.iter().all(|a| a.as_deref() == Ok(answer)) {
+            return written.elapsed().as_secs_f64();
+        }
+        assert!(written.elapsed() < Duration::from_secs(10), "not only {answer:?} 10 s after the write: {batch:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 pub async fn scaling_the_balancer_brings_up_proxy_pods(world: &mut World) {

@@ -205,3 +205,82 @@ pub fn assert_no_failures(context: &str, sent: usize, failures: &[String]) {
         &failures[..failures.len().min(10)]
     );
 }
+
+/// Connections opened once and kept open: each sends `GET /` (HTTP/1.1 keep-alive) every
+/// second and checks that the same backend answers every time.
+pub struct Held {
+    stop: Arc<AtomicBool>,
+    tasks: tokio::task::JoinSet<Result<(String, usize), String>>,
+}
+
+impl Held {
+    /// `count` connections to `address`, each with its first answer in.
+    pub async fn open(address: &str, count: usize) -> Held {
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut tasks = tokio::task::JoinSet::new();
+        for _ in 0..count {
+            let (address, stop) = (address.to_string(), stop.clone());
+            let mut stream = tokio::net::TcpStream::connect(&address).await.expect("a held connection");
+            let first = exchange(&mut stream).await.expect("a held connection's first answer");
+            tasks.spawn(async move {
+                let mut exchanges = 1;
+                while !stop.load(Ordering::Relaxed) {
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                    let answer =
+                        exchange(&mut stream).await.map_err(|e| format!("after {exchanges} exchanges: {e}"))?;
+                    if answer != first {
+                        return Err(format!("answered by {first:?}, then by {answer:?}"));
+                    }
+                    exchanges += 1;
+                }
+                Ok((first, exchanges))
+            });
+        }
+        Held { stop, tasks }
+    }
+
+    /// Stops the exchanges; every connection must still be open, and on its first backend.
+    pub async fn assert_kept(self, context: &str) {
+        self.stop.store(true, Ordering::Relaxed);
+        let results = self.tasks.join_all().await;
+        let broken: Vec<&String> = results.iter().filter_map(|r| r.as_ref().err()).collect();
+        let mut backends = BTreeMap::new();
+        for (backend, _) in results.iter().flatten() {
+            *backends.entry(backend.clone()).or_insert(0) += 1;
+        }
+        let exchanges: usize = results.iter().flatten().map(|(_, n)| n).sum();
+        println!(
+            "node: {} connections held {context}: {exchanges} exchanges, by backend {backends:?}, {} broken",
+            results.len(),
+            broken.len()
+        );
+        assert!(broken.is_empty(), "held connections broken {context}: {broken:?}");
+    }
+}
+
+/// One keep-alive request on `stream`: the body's first line.
+async fn exchange(stream: &mut tokio::net::TcpStream) -> Result<String, String> {
+    let io = async {
+        stream.write_all(b"GET / HTTP/1.1\r\nHost: balancer\r\n\r\n").await.map_err(|e| e.to_string())?;
+        let mut reply = Vec::with_capacity(256);
+        let mut buffer = [0u8; 1024];
+        loop {
+            let n = stream.read(&mut buffer).await.map_err(|e| e.to_string())?;
+            if n == 0 {
+                return Err(format!("closed; had {:?}", String::from_utf8_lossy(&reply)));
+            }
+            reply.extend_from_slice(&buffer[..n]);
+            let text = String::from_utf8_lossy(&reply);
+            let Some((head, body)) = text.split_once("\r\n\r\n") else { continue };
+            let length = head
+                .lines()
+                .find_map(|l| l.to_ascii_lowercase().strip_prefix("content-length:").map(|v| v.trim().to_string()))
+                .and_then(|v| v.parse::<usize>().ok())
+                .ok_or_else(|| format!("no Content-Length in {head:?}"))?;
+            if body.len() >= length {
+                return Ok(body.lines().next().unwrap_or_default().to_string());
+            }
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(5), io).await.map_err(|_| "timed out".to_string())?
+}
