@@ -407,11 +407,17 @@ fn nginx_exiting_by_itself_ends_the_entrypoint_with_its_status() {
     let pod = Pod::start();
     pod.desire("stream {}\n");
     assert!(pod.saw("started", 5 * SECOND), "{}", pod.events());
-    assert!(pod.within(5 * SECOND, |pod| pod.read("nginx.pid").trim() != "12345"), "{}", pod.events());
-    let pid = pod.read("nginx.pid").trim().to_string();
+    // The stand-in's own pid, once written whole (not the stale one, and not a half-written file).
+    let own_pid = |pod: &Pod| {
+        let pid = pod.read("nginx.pid").trim().to_string();
+        (pid != "12345" && pid.parse::<u32>().is_ok()).then_some(pid)
+    };
+    assert!(pod.within(5 * SECOND, |pod| own_pid(pod).is_some()), "{}", pod.events());
+    let pid = own_pid(&pod).expect("the pid");
     pod.signal("-USR2", &pid);
     let stopped = Instant::now();
     let (code, _) = pod.exit(5 * SECOND);
     assert_eq!(code, Some(3));
-    assert!(stopped.elapsed() < SECOND, "noticed within a poll or so: {:?}", stopped.elapsed());
+    // Within a poll or so; more when the machine is busy with other tests.
+    assert!(stopped.elapsed() < 2 * SECOND, "noticed within a poll or so: {:?}", stopped.elapsed());
 }
