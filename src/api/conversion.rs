@@ -7,7 +7,7 @@
 //! annotation on the v1alpha1 object ([`PRESERVED_ANNOTATION`]) and come back from it.
 //!
 //! The status fields only v1beta1 has (`replicas`, `readyReplicas`, `selector`, `addresses`,
-//! `nodePorts`, `backends`, `backendsReady`) are derived
+//! `nodePorts`, `backends`, `backendsReady`, `configuredReplicas`) are derived
 //! by the controller, which writes them again; they are left out of v1alpha1 and never read
 //! from the annotation, so that a client who may update Balancers, but not their status,
 //! cannot set them (a HorizontalPodAutoscaler reads `selector`).

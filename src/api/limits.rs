@@ -19,6 +19,10 @@ pub const DEFAULT_MAX_FAILS: i32 = 1;
 pub const MAX_MAX_FAILS: i32 = 100;
 pub const DEFAULT_FAIL_TIMEOUT: &str = "10s";
 pub const DEFAULT_CONNECT_TIMEOUT: &str = "5s";
+/// How long connections opened before a configuration change go on, unless
+/// `spec.proxy.drainTimeout` says: an hour, so that a database session, a stream or a
+/// websocket outlives every step of a canary.
+pub const DEFAULT_DRAIN_TIMEOUT: &str = "1h";
 pub const DEFAULT_TCP_IDLE_TIMEOUT: &str = "10m";
 /// UDP is treated as request/response (DNS-like): a silent session ends soon.
 pub const DEFAULT_UDP_IDLE_TIMEOUT: &str = "10s";

@@ -268,6 +268,14 @@ pub struct ProxySpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 253))]
     pub priority_class_name: Option<String>,
+    /// How long a connection opened before a configuration change may go on, served by the
+    /// configuration it started with (nginx's `worker_shutdown_timeout`): a number and a unit
+    /// (`ms`, `s`, `m`, `h`), between `1s` and `24h`; unset: `1h`. Until then the old nginx
+    /// workers, and the memory they hold, stay. A stopping proxy pod still closes its
+    /// connections 20 s after it is told to stop.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 16))]
+    pub drain_timeout: Option<String>,
     /// Annotations on the proxy pods (a service mesh's or a monitoring agent's, say).
     #[serde(default, skip_serializing_if = "Option::is_none", deserialize_with = "read_annotations")]
     #[schemars(schema_with = "annotations_schema")]
@@ -376,11 +384,17 @@ pub struct BalancerStatus {
     /// Backends with at least one ready endpoint, of those in the spec: `2/3`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub backends_ready: Option<String>,
+    /// Proxy pods that serve the current configuration, as their metrics sidecars say (with the
+    /// sidecar, which applies a change to the running pods); the `Programmed` condition is
+    /// `True` once all of them do.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub configured_replicas: Option<i32>,
     /// The `metadata.generation` this status describes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
-    /// Standard conditions: `Ready` (the proxy serves the spec) and `BackendsAvailable` (every
-    /// backend with a weight has a ready endpoint).
+    /// Standard conditions: `Ready` (the proxy serves the spec), `BackendsAvailable` (every
+    /// backend with a weight has a ready endpoint) and, with the metrics sidecar, `Programmed`
+    /// (every proxy pod serves the current configuration).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(schema_with = "conditions_schema")]
     pub conditions: Vec<Condition>,

@@ -16,6 +16,9 @@ pub enum ConditionType {
     BackendsAvailable,
     /// Where the takeover from the Go operator stands (see [`migration`](super::migration)).
     GoOperatorProxy,
+    /// Every proxy pod serves the current configuration (with live configuration: see
+    /// [`programmed`](super::programmed)). Gateway API's name for the same fact.
+    Programmed,
 }
 
 impl ConditionType {

@@ -1,5 +1,6 @@
 //! The ready endpoints of balancer's backend Services, counted from their EndpointSlices
-//! (`discovery.k8s.io/v1`), for `status.backends[].readyEndpoints`.
+//! (`discovery.k8s.io/v1`), for `status.backends[].readyEndpoints`; and the front Services'
+//! endpoints, the proxy pods, whose sidecars say which configuration they serve.
 //!
 //! EndpointSlices rather than `v1` Endpoints: Kubernetes deprecated Endpoints in 1.33, and the
 //! API server answers every list and watch of them with a deprecation warning. A Service may
@@ -26,7 +27,7 @@ use kube::runtime::watcher;
 use serde::{Deserialize, Deserializer};
 
 use super::stored::StoredBalancer;
-use crate::proxy::BALANCER_NAME_LABEL;
+use crate::proxy::{BALANCER_NAME_LABEL, COMPONENT_FRONTEND, COMPONENT_LABEL};
 
 /// The label that names a slice's Service, set by the EndpointSlice controller.
 const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
@@ -60,6 +61,9 @@ pub struct ReadySlice {
     balancer: Option<Box<str>>,
     /// The identities of the ready endpoints, sorted and distinct.
     ready: Arc<[Box<str>]>,
+    /// For a front Service's slice only: the first address of each endpoint that is not
+    /// terminating, ready or not yet (the proxy pods), sorted and distinct.
+    live: Arc<[Box<str>]>,
 }
 
 impl ReadySlice {
@@ -160,13 +164,32 @@ fn ready_identities(endpoints: &[Endpoint], slice_namespace: &str) -> Arc<[Box<s
     ready.into()
 }
 
+/// The first address of each endpoint that is not terminating, sorted and distinct,
+/// [`MAX_ENDPOINTS_PER_SLICE`] at most.
+fn live_addresses(endpoints: &[Endpoint]) -> Arc<[Box<str>]> {
+    let terminating = |e: &Endpoint| e.conditions.as_ref().and_then(|c| c.terminating).unwrap_or(false);
+    let mut live: Vec<Box<str>> = endpoints
+        .iter()
+        .filter(|endpoint| !terminating(endpoint))
+        .filter_map(|endpoint| endpoint.addresses.iter().flatten().find(|a| !a.is_empty()).cloned())
+        .take(MAX_ENDPOINTS_PER_SLICE)
+        .map(bounded)
+        .collect();
+    live.sort_unstable();
+    live.dedup();
+    live.into()
+}
+
 impl<'de> Deserialize<'de> for ReadySlice {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         let wire = Wire::deserialize(deserializer)?;
         let metadata = wire.metadata;
         let namespace = metadata.namespace.as_deref().unwrap_or_default();
-        let ready = ready_identities(wire.endpoints.as_deref().unwrap_or_default(), namespace);
+        let endpoints = wire.endpoints.as_deref().unwrap_or_default();
+        let ready = ready_identities(endpoints, namespace);
         let mut labels = metadata.labels.unwrap_or_default();
+        let front = labels.get(COMPONENT_LABEL).is_some_and(|c| c == COMPONENT_FRONTEND);
+        let live = if front { live_addresses(endpoints) } else { Arc::from([]) };
         let mut label = |key: &str| labels.remove(key).filter(|v| !v.is_empty()).map(String::into_boxed_str);
         let (service, balancer) = (label(SERVICE_NAME_LABEL), label(BALANCER_NAME_LABEL));
         Ok(ReadySlice {
@@ -181,6 +204,7 @@ impl<'de> Deserialize<'de> for ReadySlice {
             service,
             balancer,
             ready,
+            live,
         })
     }
 }
@@ -204,6 +228,8 @@ struct Slice {
     service: Box<str>,
     /// Its ready endpoints' identities (shared with the [`ReadySlice`] it was read from).
     ready: Arc<[Box<str>]>,
+    /// A front Service's live endpoints' addresses (see [`ReadySlice`]).
+    live: Arc<[Box<str>]>,
 }
 
 fn key(namespace: &str, name: &str) -> Box<str> {
@@ -214,8 +240,11 @@ fn key(namespace: &str, name: &str) -> Box<str> {
 fn entry(slice: &ReadySlice) -> (Box<str>, Option<Slice>) {
     let namespace = slice.metadata.namespace.as_deref().unwrap_or_default();
     let name = slice.metadata.name.as_deref().unwrap_or_default();
-    let kept =
-        slice.service.as_deref().map(|service| Slice { service: key(namespace, service), ready: slice.ready.clone() });
+    let kept = slice.service.as_deref().map(|service| Slice {
+        service: key(namespace, service),
+        ready: slice.ready.clone(),
+        live: slice.live.clone(),
+    });
     (key(namespace, name), kept)
 }
 
@@ -241,6 +270,22 @@ impl ReadyEndpointSlices {
             .flat_map(|slice| slice.ready.iter().map(AsRef::as_ref))
             .collect();
         u32::try_from(union.len()).unwrap_or(u32::MAX)
+    }
+
+    /// The addresses of the front Service `name`'s endpoints that are not terminating (its proxy
+    /// pods, ready or not yet), across its slices, sorted and distinct.
+    pub fn live_addresses(&self, namespace: &str, name: &str) -> Vec<String> {
+        let service = key(namespace, name);
+        let table = self.read();
+        let mut live: Vec<String> = table
+            .slices
+            .values()
+            .filter(|slice| slice.service == service)
+            .flat_map(|slice| slice.live.iter().map(|a| a.to_string()))
+            .collect();
+        live.sort_unstable();
+        live.dedup();
+        live
     }
 
     /// Takes in one watch event, as a reflector's store does.
@@ -342,6 +387,29 @@ mod tests {
         assert_eq!((&read.metadata.labels, &read.metadata.annotations), (&None, &None));
         assert_eq!(read.metadata.resource_version.as_deref(), Some("7"));
         assert_eq!(ReadySlice::url_path(&(), Some("ns")), "/apis/discovery.k8s.io/v1/namespaces/ns/endpointslices");
+    }
+
+    /// The front Service's slice: its endpoints are the proxy pods.
+    fn front_slice(name: &str, endpoints: Vec<Value>) -> ReadySlice {
+        serde_json::from_value(json!({
+            "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice", "addressType": "IPv4",
+            "metadata": {"name": name, "namespace": "ns",
+                         "labels": {SERVICE_NAME_LABEL: "lb", BALANCER_NAME_LABEL: "lb", COMPONENT_LABEL: COMPONENT_FRONTEND}},
+            "endpoints": endpoints,
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_front_services_live_addresses_are_its_pods_that_are_not_terminating_ready_or_not() {
+        let starting = json!({"ready": false, "serving": false, "terminating": false});
+        let leaving = json!({"ready": false, "serving": true, "terminating": true});
+        let first = front_slice("lb-aaaaa", vec![pod("a", "10.244.0.5", ready()), pod("b", "10.244.0.6", starting)]);
+        let second = front_slice("lb-bbbbb", vec![pod("c", "10.244.1.5", leaving), pod("a", "10.244.0.5", ready())]);
+        let table = listed(&[first, second, slice("lb-v1-ccccc", "lb-v1", vec![pod("d", "10.244.2.5", ready())])]);
+        assert_eq!(table.live_addresses("ns", "lb"), ["10.244.0.5", "10.244.0.6"]);
+        assert!(table.live_addresses("ns", "lb-v1").is_empty(), "a backend's slice keeps no addresses");
+        assert_eq!(table.get("ns", "lb"), 1, "and the front's ready count as before");
     }
 
     #[test]

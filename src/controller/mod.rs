@@ -30,6 +30,7 @@ mod exposure;
 pub(crate) mod metrics;
 mod migration;
 mod plan;
+mod programmed;
 mod reconcile;
 mod report;
 mod runner;

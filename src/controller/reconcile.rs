@@ -21,6 +21,7 @@ use super::context::Context;
 use super::exposure::Exposure;
 use super::metrics::ReconcileResult;
 use super::plan::{cluster_ip, obsolete_backends};
+use super::programmed::{self, Programmed};
 use super::report::{StatusWrite, Written, announce, observed_from_cache, publish, write_status};
 use super::status::{Observed, ProxyCounts, names_spec, proxy_condition, ready_condition};
 use super::stored::StoredBalancer;
@@ -100,7 +101,13 @@ async fn converge(
     let mut proxy = proxy::proxy(&owner, &spec, &ctx.settings, BackendHosts::ClusterIps(&backends.cluster_ips));
     let deployment = apply_proxy(balancer, ctx, &owner, &spec, &proxy, written).await?;
     let ready = proxy_condition(balancer, &deployment, backends.services.len(), now);
-    let proxy_serves = is_true(&ready);
+    let programmed = match ctx.settings.metrics_image {
+        Some(_) => Some(ask_proxy_pods(ctx, &owner, &spec, &proxy.nginx_conf).await),
+        None => None,
+    };
+    // With live configuration the pods serve a change once their sidecars say so; until then
+    // the previous configuration, and the backends only it names, may still take traffic.
+    let proxy_serves = is_true(&ready) && programmed.is_none_or(Programmed::all);
 
     let takeover = migration::step(&owner.name, &go_proxy.stage, go_proxy.found, proxy_serves, now);
     takeover.shape_front(&owner.name, &mut proxy.front_service);
@@ -119,8 +126,10 @@ async fn converge(
         proxy: ProxyCounts::of(&deployment),
         exposure: Exposure::of(&front),
         backends: Some(backends_of(balancer, &spec, ready_endpoints, now)),
+        programmed: programmed.map(|p| (i32::try_from(p.serving).unwrap_or(i32::MAX), p.condition(balancer, now))),
     };
-    let requeue = takeover.requeue.unwrap_or(RESYNC);
+    let applying = programmed.filter(|p| p.pods > 0 && !p.all()).map(|_| programmed::recheck(balancer, now));
+    let requeue = [takeover.requeue, applying].into_iter().flatten().min().unwrap_or(RESYNC);
     match write_status(balancer, ctx, observed, ready, takeover.condition, now).await? {
         StatusWrite::Done => Ok(Action::requeue(requeue)),
         StatusWrite::Held(wait) => Ok(Action::requeue(wait.min(requeue))),
@@ -170,6 +179,13 @@ async fn apply_backend_services(
         cluster_ips.push(cluster_ip(&applied).ok_or_else(|| Error::NoClusterIp { name: applied.name_any() })?);
     }
     Ok(BackendServices { services, cluster_ips })
+}
+
+/// How many of the proxy pods serve `nginx_conf`, as their sidecars say.
+async fn ask_proxy_pods(ctx: &Context, owner: &Owner, spec: &Admitted, nginx_conf: &str) -> Programmed {
+    let pods = ctx.children.endpoint_slices.live_addresses(&owner.namespace, &owner.name);
+    let port = proxy::access_log::SidecarPorts::of(spec).metrics;
+    programmed::count(&pods, port, &programmed::config_id(nginx_conf)).await
 }
 
 /// Applies the proxy pods' ServiceAccount, and the Role and RoleBinding that let its token read

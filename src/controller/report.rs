@@ -77,14 +77,14 @@ pub(super) fn observed_from_cache(balancer: &StoredBalancer, ctx: &Context) -> O
     let proxy = ProxyCounts::previous(balancer);
     let exposure = Exposure::previous(balancer.status.as_ref());
     let Ok(owner) = Owner::of(balancer) else {
-        return Observed { active: 0, obsolete: 0, proxy, exposure, backends: None };
+        return Observed { active: 0, obsolete: 0, proxy, exposure, backends: None, programmed: None };
     };
     // An unreadable spec names no backend: every owned one counts as obsolete.
     let backends = balancer.spec.as_ref().map(|s| s.backends.as_slice()).unwrap_or_default();
     let named: Vec<String> = backends.iter().map(|b| crate::api::backend_service_name(&owner.name, &b.name)).collect();
     let (active, obsolete): (Vec<_>, Vec<_>) =
         owned_backend_services(&ctx.children.services, &owner).into_iter().partition(|s| named.contains(&s.name_any()));
-    Observed { active: active.len(), obsolete: obsolete.len(), proxy, exposure, backends: None }
+    Observed { active: active.len(), obsolete: obsolete.len(), proxy, exposure, backends: None, programmed: None }
 }
 
 /// What became of a status write.

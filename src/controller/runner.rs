@@ -24,7 +24,7 @@ use super::endpoint_slices::ReadyEndpointSlices;
 use super::metrics::ControllerMetrics;
 use super::reconcile::reconcile;
 use super::stored::StoredBalancer;
-use super::watches::{Reflected, backend_endpoint_slices};
+use super::watches::{Reflected, service_endpoint_slices};
 use crate::api::ConditionStatus;
 
 /// Runs the controller until `stop` is cancelled; sets `synced` once every cache has listed.
@@ -45,7 +45,7 @@ pub async fn run(
     let roles = Reflected::<Cached<Role>>::children(&client, scope, &contact);
     let bindings = Reflected::<Cached<RoleBinding>>::children(&client, scope, &contact);
     let endpoint_slices = ReadyEndpointSlices::default();
-    let slice_changes = backend_endpoint_slices(&client, scope, &contact, endpoint_slices.clone());
+    let slice_changes = service_endpoint_slices(&client, scope, &contact, endpoint_slices.clone());
     let balancers = Reflected::balancers(&client, scope, &contact);
 
     let children = ChildCaches {

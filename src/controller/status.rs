@@ -27,6 +27,9 @@ pub(super) struct Observed {
     /// What each backend's endpoints say; `None` keeps what the status said (a reconcile that
     /// stopped before the backends were known).
     pub backends: Option<Backends>,
+    /// How many proxy pods serve the current configuration, and the `Programmed` condition
+    /// (with live configuration only); `None` keeps what the status said.
+    pub programmed: Option<(i32, Condition)>,
 }
 
 /// The proxy pods, for the scale subresource.
@@ -123,8 +126,12 @@ pub(super) fn next_status(
             None,
         ),
     };
+    let (configured_replicas, programmed) = match observed.programmed {
+        Some((serving, condition)) => (Some(serving), Some(condition)),
+        None => (previous.and_then(|s| s.configured_replicas), None),
+    };
     let mut conditions: Vec<Condition> = previous.map(|s| s.conditions.clone()).unwrap_or_default();
-    for new in [Some(ready), available, takeover].into_iter().flatten() {
+    for new in [Some(ready), available, takeover, programmed].into_iter().flatten() {
         // Replaced in place, so the list keeps its order: a status that did not change then
         // compares equal to the stored one and is not written again.
         match conditions.iter_mut().find(|c| c.type_ == new.type_) {
@@ -142,6 +149,7 @@ pub(super) fn next_status(
         obsolete_backends: i32::try_from(observed.obsolete).unwrap_or(i32::MAX),
         backends,
         backends_ready,
+        configured_replicas,
         observed_generation: balancer.metadata.generation,
         conditions,
     }
@@ -344,6 +352,7 @@ mod tests {
             proxy: ProxyCounts { replicas: 2, ready: 1 },
             exposure: Exposure::previous(None),
             backends: None,
+            programmed: None,
         };
         let ready = ready_condition(&stored, ConditionStatus::True, PROXY_AVAILABLE, "serving", at(NOW));
         let status = next_status(&stored, counts, ready.clone(), None);

@@ -17,7 +17,7 @@ use super::context::Scope;
 use super::endpoint_slices::{ReadyEndpointSlices, ReadySlice};
 use super::ssa::slim;
 use super::stored::StoredBalancer;
-use crate::proxy::{COMPONENT_BACKEND, COMPONENT_LABEL, MANAGED_BY, MANAGED_BY_LABEL};
+use crate::proxy::{COMPONENT_BACKEND, COMPONENT_FRONTEND, COMPONENT_LABEL, MANAGED_BY, MANAGED_BY_LABEL};
 use crate::runtime::contact::Contact;
 use crate::runtime::retry::{RetryDelay, relist_at_once};
 
@@ -80,16 +80,17 @@ where
     }
 }
 
-/// The EndpointSlices of balancer's backend Services (they carry the Services' labels), read
-/// into `slices`; every change triggers its Balancer's reconcile, which writes only what
+/// The EndpointSlices of balancer's backend and front Services (they carry the Services'
+/// labels), read into `slices`; every change triggers its Balancer's reconcile, which writes only what
 /// changed (the EndpointSlice controller rewrites a slice only when its endpoints change).
-pub(super) fn backend_endpoint_slices(
+pub(super) fn service_endpoint_slices(
     client: &Client,
     scope: &Scope,
     contact: &Contact,
     slices: ReadyEndpointSlices,
 ) -> BoxStream<'static, Result<ReadySlice, watcher::Error>> {
-    let selector = format!("{MANAGED_BY_LABEL}={MANAGED_BY},{COMPONENT_LABEL}={COMPONENT_BACKEND}");
+    let selector =
+        format!("{MANAGED_BY_LABEL}={MANAGED_BY},{COMPONENT_LABEL} in ({COMPONENT_BACKEND},{COMPONENT_FRONTEND})");
     watch(api(client, scope), watch_config().labels(&selector), contact)
         .inspect_ok(move |event| slices.apply(event))
         .touched_objects()

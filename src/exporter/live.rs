@@ -17,9 +17,9 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, ResourceExt};
 use tokio_util::sync::CancellationToken;
 
-use super::metrics::{ProxyMetrics, Refusal, SHORT_ID};
+use super::metrics::{ProxyMetrics, Refusal};
 use crate::proxy::nginx::CONFIG_FILE;
-use crate::proxy::reload::{CONFIG_ID_PREFIX, LiveFiles, desired_file};
+use crate::proxy::reload::{CONFIG_ID_PREFIX, LiveFiles, desired_file, short_id};
 use crate::proxy::upstreams::Upstreams;
 use crate::runtime::retry::{RetryDelay, relist_at_once};
 use crate::util::hash::sha256_hex;
@@ -137,6 +137,56 @@ impl OwnedLiveFiles {
     }
 }
 
+/// Why a live sidecar cannot start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("cannot reach the API server from this pod: {0}")]
+    Client(String),
+    #[error("cannot write the configuration for nginx at {path}: {source}")]
+    HandOver { path: String, source: std::io::Error },
+}
+
+/// The watch of a live pod's ConfigMap, once its first configuration is handed to nginx; `None`
+/// when the pod stopped first. Until then the proxy container waits, and the pod is not Ready.
+pub(super) async fn start(
+    source: &LiveSource,
+    stop: &CancellationToken,
+) -> Result<Option<(ConfigMapChanges, OwnedLiveFiles, Candidate)>, StartError> {
+    let config = kube::Config::incluster().map_err(|e| StartError::Client(e.to_string()))?;
+    let client = kube::Client::try_from(config).map_err(|e| StartError::Client(e.to_string()))?;
+    let files = files_in(&source.dir);
+    let mut changes: ConfigMapChanges = Box::pin(watch_config_map(client, &source.config_map));
+    let mut told = false;
+    let first = loop {
+        let next = tokio::select! {
+            next = changes.next() => next,
+            () = stop.cancelled() => return Ok(None),
+        };
+        match next {
+            Some(Ok(config_map)) => match candidate(&config_map, None) {
+                Ok(candidate) => break candidate,
+                Err(reason) => {
+                    tracing::warn!(reason = reason.as_str(), "the proxy's ConfigMap holds no configuration to serve")
+                }
+            },
+            Some(Err(e)) if !told => {
+                tracing::warn!(error = %e, config_map = %source.config_map, "cannot read the proxy's configuration yet; retrying");
+                told = true;
+            }
+            Some(Err(_)) => {}
+            None => return Ok(None),
+        }
+    };
+    hand_over(&files.borrowed(), &first)
+        .await
+        .map_err(|source| StartError::HandOver { path: files.desired.clone(), source })?;
+    tracing::info!(id = short_id(&first.id), "handed the first configuration to nginx");
+    Ok(Some((changes, files, first)))
+}
+
+/// The ConfigMap's changes, as [`watch_config_map`] gives them.
+pub(super) type ConfigMapChanges = std::pin::Pin<Box<dyn Stream<Item = Result<ConfigMap, watcher::Error>> + Send>>;
+
 /// Follows the ConfigMap after the first configuration (`first`): each new one is handed to
 /// nginx, and the metrics switch to it once nginx serves it. A refused one is counted and
 /// logged; the last good one keeps serving. A change that arrives before nginx answered about
@@ -200,7 +250,7 @@ pub(super) async fn follow(
 
 /// Reports nginx's answer about `candidate`, if it has one; otherwise gives it back.
 async fn report_answer(files: &OwnedLiveFiles, candidate: Candidate, metrics: &ProxyMetrics) -> Option<Candidate> {
-    let id = &candidate.id[..SHORT_ID];
+    let id = short_id(&candidate.id);
     match answer(&files.borrowed(), &candidate.id).await {
         Answer::Served => {
             tracing::info!(id, "nginx serves a new configuration");
@@ -308,7 +358,7 @@ mod tests {
         until("reason=\"not_rendered\"} 1").await;
         send(Some(conf("lb", 2)));
         let served = until("config_reloads_total{balancer=\"lb\"} 1").await;
-        let id = &config_hash(&conf("lb", 2))[..SHORT_ID];
+        let id = short_id(&config_hash(&conf("lb", 2))).to_string();
         assert!(served.contains(&format!("balancer_proxy_config_info{{balancer=\"lb\",id=\"{id}\"}} 1")), "{served}");
         assert!(served.contains("backend=\"v1\"} 2"), "the new weight: {served}");
         send(Some(conf("lb", 66)));

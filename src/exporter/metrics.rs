@@ -17,7 +17,7 @@ use std::sync::{Arc, Mutex, RwLock};
 
 use crate::api::Protocol;
 use crate::proxy::access_log::{LineError, Outcome};
-use crate::proxy::reload::RELOAD_POLICY;
+use crate::proxy::reload::{RELOAD_POLICY, short_id};
 use crate::proxy::upstreams::{Upstreams, Weight};
 
 /// Session durations, in seconds: from a one-request connection to an hour-long stream.
@@ -62,9 +62,6 @@ pub(super) struct ConfigLabels {
     /// The first 16 hex digits of the SHA-256 of the `nginx.conf` nginx serves.
     id: String,
 }
-
-/// How many hex digits of a configuration's hash name it in the metrics and logs.
-pub(super) const SHORT_ID: usize = 16;
 
 fn session_histogram() -> Histogram {
     Histogram::new(SESSION_BUCKETS)
@@ -260,9 +257,14 @@ impl ProxyMetrics {
         self.reloads.get_or_create(&BalancerLabels { balancer: self.balancer.clone() }).inc();
     }
 
+    /// The short id of the configuration nginx serves (see [`short_id`]).
+    pub(super) fn served_id(&self) -> String {
+        self.served_id.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
     /// The info series of the configuration `id` (a full hash), in place of the one before.
     fn set_served(&self, id: &str) {
-        let short = id.get(..SHORT_ID).unwrap_or(id).to_string();
+        let short = short_id(id).to_string();
         let mut served = self.served_id.lock().unwrap_or_else(|e| e.into_inner());
         let label = |id: &str| ConfigLabels { balancer: self.balancer.clone(), id: id.to_string() };
         self.config.remove(&label(&served));

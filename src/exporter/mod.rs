@@ -2,9 +2,11 @@
 //! Prometheus series per Balancer, port and backend (see [`access_log`] for the route, and
 //! [`metrics`] for the series).
 //!
-//! It reads the `nginx.conf` the proxy runs once, at start (a new configuration rolls the pods),
-//! waiting, as the proxy does, until the kubelet has mounted the one the pod was made for;
-//! receives one datagram per session on the pod's loopback; and serves `/metrics` in plain HTTP.
+//! It follows the proxy's configuration: live, from the ConfigMap, handing each new
+//! `nginx.conf` to the proxy container (see [`live`]); or, without live configuration, from the
+//! mounted file, read once, when the kubelet has mounted the one the pod was made for. It
+//! receives one datagram per session on the pod's loopback, and serves `/metrics` and
+//! [`CONFIG_PATH`] in plain HTTP.
 //!
 //! [`access_log`]: crate::proxy::access_log
 
@@ -25,6 +27,7 @@ use tokio_util::sync::CancellationToken;
 pub use live::{LiveSource, MAX_LIVE_CONFIG_BYTES};
 pub use metrics::{CONNECT_BUCKETS, SESSION_BUCKETS};
 
+use crate::proxy::reload::CONFIG_PATH;
 use crate::proxy::upstreams::Upstreams;
 use crate::runtime::http::not_found;
 use crate::runtime::listener::{self, ConnectionLimits, ServeOptions};
@@ -61,10 +64,8 @@ pub enum Error {
     Config { path: String, source: std::io::Error },
     #[error("{path} is not an nginx.conf balancer rendered")]
     NotRendered { path: String },
-    #[error("cannot reach the API server from this pod: {0}")]
-    Client(String),
-    #[error("cannot write the configuration for nginx at {path}: {source}")]
-    HandOver { path: String, source: std::io::Error },
+    #[error(transparent)]
+    Live(#[from] live::StartError),
     #[error("cannot listen for the log on 127.0.0.1:{port}/udp: {source}")]
     Log { port: u16, source: std::io::Error },
     #[error("cannot serve metrics on {addr}: {source}")]
@@ -86,7 +87,7 @@ pub async fn run(options: Options, stop: CancellationToken) -> Result<(), Error>
             (id, upstreams, None)
         }
         Source::Live(source) => {
-            let Some((changes, files, first)) = start_live(source, &stop).await? else { return Ok(()) };
+            let Some((changes, files, first)) = live::start(source, &stop).await? else { return Ok(()) };
             (first.id.clone(), first.upstreams.clone(), Some((changes, files, first)))
         }
     };
@@ -117,7 +118,12 @@ pub async fn run(options: Options, stop: CancellationToken) -> Result<(), Error>
             exposition(axum::extract::State(registry))
         }
     };
-    let router = Router::new().route("/metrics", get(scrape)).fallback(not_found);
+    let served_config = {
+        let metrics = metrics.clone();
+        move || std::future::ready(metrics.served_id() + "\n")
+    };
+    let router =
+        Router::new().route("/metrics", get(scrape)).route(CONFIG_PATH, get(served_config)).fallback(not_found);
     let served = CancellationToken::new();
     let server = listener::serve(listener, router, ServeOptions::new(scraper_limits()), served.clone());
     let counting = tokio::task::spawn_blocking(move || udp::receive(socket, &metrics, &stop, options.drain));
@@ -128,50 +134,6 @@ pub async fn run(options: Options, stop: CancellationToken) -> Result<(), Error>
     served.cancel();
     Ok(())
 }
-
-/// The watch of a live pod's ConfigMap, once its first configuration is handed to nginx; `None`
-/// when the pod stopped first.
-async fn start_live(
-    source: &LiveSource,
-    stop: &CancellationToken,
-) -> Result<Option<(ConfigMapChanges, live::OwnedLiveFiles, live::Candidate)>, Error> {
-    let config = kube::Config::incluster().map_err(|e| Error::Client(e.to_string()))?;
-    let client = kube::Client::try_from(config).map_err(|e| Error::Client(e.to_string()))?;
-    let files = live::files_in(&source.dir);
-    let mut changes: ConfigMapChanges = Box::pin(live::watch_config_map(client, &source.config_map));
-    let mut told = false;
-    let first = loop {
-        let next = tokio::select! {
-            next = futures::StreamExt::next(&mut changes) => next,
-            () = stop.cancelled() => return Ok(None),
-        };
-        match next {
-            Some(Ok(config_map)) => match live::candidate(&config_map, None) {
-                Ok(candidate) => break candidate,
-                Err(reason) => {
-                    tracing::warn!(reason = reason.as_str(), "the proxy's ConfigMap holds no configuration to serve")
-                }
-            },
-            Some(Err(e)) if !told => {
-                tracing::warn!(error = %e, config_map = %source.config_map, "cannot read the proxy's configuration yet; retrying");
-                told = true;
-            }
-            Some(Err(_)) => {}
-            None => return Ok(None),
-        }
-    };
-    live::hand_over(&files.borrowed(), &first)
-        .await
-        .map_err(|source| Error::HandOver { path: files.desired.clone(), source })?;
-    tracing::info!(id = %&first.id[..metrics::SHORT_ID], "handed the first configuration to nginx");
-    Ok(Some((changes, files, first)))
-}
-
-type ConfigMapChanges = std::pin::Pin<
-    Box<
-        dyn futures::Stream<Item = Result<k8s_openapi::api::core::v1::ConfigMap, kube::runtime::watcher::Error>> + Send,
-    >,
->;
 
 /// The metrics port is open to the pod network: a few scrapers at a time, each bounded in
 /// time and size, so that no client can grow the sidecar towards its memory limit (a sidecar

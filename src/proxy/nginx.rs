@@ -29,12 +29,6 @@ impl<F: Fn(&BackendSpec, &BalancerPort) -> String> UpstreamAddress for F {
 /// (see [`QUIT_ON_TERM`]).
 pub const DRAIN_SECONDS: i64 = 20;
 
-/// Seconds a connection opened before a configuration change may go on, served by the old
-/// workers (`worker_shutdown_timeout`): an hour, so that a database session, a stream or a
-/// websocket outlives every weight change of a canary. A pod that stops still closes them after
-/// [`DRAIN_SECONDS`].
-pub const OLD_CONNECTION_SECONDS: u32 = 3600;
-
 /// The entrypoints' SIGTERM handler: the kubelet's SIGTERM becomes nginx's graceful quit
 /// (SIGQUIT: open connections finish; SIGTERM would drop them at once), and [`DRAIN_SECONDS`]
 /// later a fast stop (SIGTERM), which closes what is left. Pods cannot choose their stop signal
@@ -74,7 +68,9 @@ pub fn render(
         let _ = writeln!(conf, "load_module {module};");
     }
     conf.push_str("worker_processes 2;\n");
-    let _ = writeln!(conf, "worker_shutdown_timeout {OLD_CONNECTION_SECONDS}s;");
+    // How long connections opened before a reload go on; a stopping pod cuts this short (see
+    // `quit_on_term`).
+    let _ = writeln!(conf, "worker_shutdown_timeout {};", spec.drain_timeout());
     conf.push_str("\nevents {\n    worker_connections 4096;\n}\n\nstream {\n");
     if let Some(port) = access_log {
         conf.push_str(&access_log::directives(port));

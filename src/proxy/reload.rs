@@ -51,6 +51,17 @@ pub const LIVE_POD_FILES: LiveFiles<'static> = LiveFiles {
     rejected: "/run/balancer/rejected",
 };
 
+/// Where the metrics sidecar says which configuration nginx serves: the first 16 hex digits of
+/// the SHA-256 of its `nginx.conf` (the id of [`desired_file`]), and a newline. The controller
+/// asks every proxy pod, to report how many serve the current one.
+pub const CONFIG_PATH: &str = "/config";
+
+/// The short form of a configuration's id (its hex SHA-256) that [`CONFIG_PATH`], the sidecar's
+/// metrics and its logs give: the first 16 hex digits.
+pub fn short_id(id: &str) -> &str {
+    id.get(..16).unwrap_or(id)
+}
+
 /// Every desired file begins with this, then the configuration's id (hex SHA-256 of the rest),
 /// then a newline. The script compares first lines only, so that polling stays cheap (one
 /// `read` builtin, no process) and needs no `sha256sum` in the image.
@@ -90,8 +101,8 @@ pub struct ReloadPolicy {
 /// each connection adds 3 to 7 KiB. So the 8 draining workers cost at most about 17 MiB of
 /// the container's memory beyond the serving ones (45 MiB summing their `VmRSS`), under the
 /// proxy's default 128 MiB limit. Without the bound, generations holding a connection would pile
-/// up for `worker_shutdown_timeout` (an hour: see
-/// [`OLD_CONNECTION_SECONDS`](super::nginx::OLD_CONNECTION_SECONDS)) at two reloads a second.
+/// up for `worker_shutdown_timeout` (`spec.proxy.drainTimeout`, an hour by default) at two
+/// reloads a second.
 pub const RELOAD_POLICY: ReloadPolicy = ReloadPolicy {
     poll: Duration::from_millis(250),
     min_interval: Duration::from_millis(500),

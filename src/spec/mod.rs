@@ -93,6 +93,12 @@ impl Admitted {
         self.spec.replicas.unwrap_or_default()
     }
 
+    /// How long connections opened before a configuration change go on (`spec.proxy.drainTimeout`,
+    /// or the default), in nginx's time syntax.
+    pub fn drain_timeout(&self) -> &str {
+        self.spec.proxy.as_ref().and_then(|p| p.drain_timeout.as_deref()).unwrap_or(crate::api::DEFAULT_DRAIN_TIMEOUT)
+    }
+
     pub fn algorithm(&self) -> Algorithm {
         self.typed.algorithm
     }

@@ -75,7 +75,7 @@ pub async fn settled(world: &World, namespace: &str, selector: &str, count: usiz
         }
         for pod in live.iter().filter(|_| hash.is_some()) {
             let served = serves(pod).await;
-            (served.as_deref() == hash.as_deref().and_then(|h| h.get(..16))).then_some(())?;
+            (served.as_deref() == hash.as_deref().map(balancer::proxy::reload::short_id)).then_some(())?;
         }
         Some(live.into_iter().map(name_and_node).collect())
     })

@@ -217,7 +217,8 @@ pub async fn weights_change_live_without_a_new_pod_or_a_cut_connection(world: &m
     let pods = proxy_pod_uids(world).await;
     let held = Held::open(&address, 20).await;
     let load = Load::start(address.clone(), 4);
-    let mut seconds = Vec::with_capacity(FLIPS);
+    let (mut seconds, mut reported) = (Vec::with_capacity(FLIPS), Vec::with_capacity(FLIPS));
+    let replicas = i32::try_from(pods.len()).expect("a few pods");
     for flip in 0..FLIPS {
         let (to, weights) = match flip % 2 {
             0 => ("hello world v1", [("v1", 100), ("v2", 0), ("v3", 0)]),
@@ -226,8 +227,18 @@ pub async fn weights_change_live_without_a_new_pod_or_a_cut_connection(world: &m
         let written = Instant::now();
         change_backends(world, SAMPLE, &weights, &[]).await;
         seconds.push(only_answer(&address, to, written).await);
+        let seen = Instant::now();
+        let what = "every proxy pod reported serving the change";
+        balancer_until(&balancers(world), SAMPLE, what, Duration::from_secs(10), wait::programmed(replicas)).await;
+        reported.push(seen.elapsed().as_secs_f64());
         tokio::time::sleep(Duration::from_secs(2)).await;
     }
+    reported.sort_by(f64::total_cmp);
+    println!(
+        "node: the status reported every proxy pod configured at most {:.2} s after the clients saw each flip (all {reported:.2?})",
+        reported[FLIPS - 1]
+    );
+    assert!(reported[FLIPS - 1] <= 1.0, "the status reported a flip more than 1 s late: {reported:?}");
     seconds.sort_by(f64::total_cmp);
     println!(
         "node: {FLIPS} flips on the wire after (s, from the write): p50 {:.2}, max {:.2}, all {seconds:.2?}",
@@ -240,6 +251,8 @@ pub async fn weights_change_live_without_a_new_pod_or_a_cut_connection(world: &m
     change_backends(world, SAMPLE, &[("v1", 80), ("v2", 10), ("v3", 10)], &[]).await;
     change_backends(world, SAMPLE, &[], &["v3"]).await;
     let sample = wait_ready_balancer(world, SAMPLE, Duration::from_secs(60)).await;
+    // As the guide says to wait for a change to be live.
+    world.kubectl.ok(&["-n", NS, "wait", "balancer/example-balancer", "--for=condition=Programmed", "--timeout=30s"]);
     nodes::settled(world, NS, &nodes::proxy_pods(), pods.len()).await;
     let services: Api<Service> = Api::namespaced(world.admin.clone(), NS);
     eventually("the removed backend's Service deleted", Duration::from_secs(30), || async {

@@ -63,6 +63,18 @@ pub fn replicas_ready(replicas: i32) -> impl Condition<Balancer> + Clone {
     }
 }
 
+/// Every one of `pods` proxy pods serves the current generation's configuration:
+/// `configuredReplicas` and `Programmed=True`, for that generation.
+pub fn programmed(pods: i32) -> impl Condition<Balancer> + Clone {
+    move |balancer: Option<&Balancer>| {
+        let Some(balancer) = balancer else { return false };
+        let Some(status) = &balancer.status else { return false };
+        status.observed_generation == balancer.metadata.generation
+            && status.configured_replicas == Some(pods)
+            && condition_is(balancer, "Programmed", "True")
+    }
+}
+
 /// Whether the Balancer's condition `kind` has status `status`.
 pub fn condition_is(balancer: &Balancer, kind: &str, status: &str) -> bool {
     condition(balancer, kind).is_some_and(|c| c.status == status)

@@ -122,6 +122,7 @@ pub(super) const CONNECT_TIMEOUT: DurationBounds = DurationBounds { min: (100, "
 
 pub(super) const IDLE_TIMEOUT: DurationBounds = DurationBounds { min: (1_000, "1s"), max: (86_400_000, "24h") };
 
+pub(super) const DRAIN_TIMEOUT: DurationBounds = DurationBounds { min: (1_000, "1s"), max: (86_400_000, "24h") };
 pub(super) const FAIL_TIMEOUT: DurationBounds = DurationBounds { min: (1_000, "1s"), max: (3_600_000, "1h") };
 
 pub(super) fn validate_duration(

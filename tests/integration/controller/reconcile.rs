@@ -360,6 +360,54 @@ async fn first_reconcile_applies_every_child_in_order_then_the_status() {
     verifier.await.expect("the API server saw exactly the expected requests");
 }
 
+/// With the metrics sidecar, the proxy's own identity comes first (the pods' sidecars read the
+/// ConfigMap with it), and the status says how many proxy pods serve the configuration.
+#[tokio::test]
+async fn with_the_sidecar_the_proxy_identity_is_created_before_the_config_map() {
+    let (client, mut server) = mock_api::pair();
+    let (children, _caches) = child_caches();
+    let settings = ProxySettings { metrics_image: Some("registry.example.com/balancer:1".into()), ..settings() };
+    let ctx = Arc::new(Context::new(client, children, settings, Metrics::default().controller));
+    let verifier = tokio::spawn(async move {
+        for backend in ["v1", "v2", "v3"] {
+            let path = format!("/api/v1/namespaces/ns/services/example-balancer-{backend}-backend");
+            expect_create(&mut server, &path, "Service").await;
+        }
+        let account = expect_create(
+            &mut server,
+            "/api/v1/namespaces/ns/serviceaccounts/example-balancer-proxy",
+            "ServiceAccount",
+        )
+        .await;
+        assert_eq!(account["automountServiceAccountToken"], false);
+        let rbac = "/apis/rbac.authorization.k8s.io/v1/namespaces/ns";
+        let role = expect_create(&mut server, &format!("{rbac}/roles/example-balancer-proxy"), "Role").await;
+        assert_eq!(
+            role["rules"],
+            json!([{"apiGroups": [""], "resources": ["configmaps"],
+                    "resourceNames": ["example-balancer-proxy-configmap"], "verbs": ["get", "list", "watch"]}])
+        );
+        expect_create(&mut server, &format!("{rbac}/rolebindings/example-balancer-proxy"), "RoleBinding").await;
+        expect_create(&mut server, "/api/v1/namespaces/ns/configmaps/example-balancer-proxy-configmap", "ConfigMap")
+            .await;
+        let deployment =
+            expect_create(&mut server, "/apis/apps/v1/namespaces/ns/deployments/example-balancer-proxy", "Deployment")
+                .await;
+        assert_eq!(deployment["spec"]["template"]["spec"]["serviceAccountName"], "example-balancer-proxy");
+        expect_create(&mut server, "/api/v1/namespaces/ns/services/example-balancer", "Service").await;
+        expect_event(&mut server, "Created").await;
+        let status = expect_status(&mut server, &sample()).await;
+        assert_eq!(status["configuredReplicas"], 0, "{status}");
+        let programmed = status["conditions"].as_array().unwrap().iter().find(|c| c["type"] == "Programmed").cloned();
+        let programmed = programmed.expect("a Programmed condition");
+        assert_eq!((&programmed["status"], &programmed["reason"]), (&json!("False"), &json!("NoProxyPods")));
+        expect_done(&mut server).await;
+    });
+    let action = reconcile(Arc::new(sample().into()), ctx).await.expect("reconcile succeeds");
+    assert_eq!(action, Action::requeue(controller::RESYNC), "no pod yet: the slices' watch brings it back");
+    verifier.await.expect("the API server saw exactly the expected requests");
+}
+
 #[tokio::test]
 async fn a_converged_balancer_costs_one_status_write_then_nothing() {
     let (ctx, mut server, mut caches) = context();

@@ -35,9 +35,9 @@ const WATCHED: [&str; 9] = [
 
 const SLICES: &str = "/apis/discovery.k8s.io/v1/namespaces/ns/endpointslices";
 
-/// balancer's backend Services' labels, which their slices carry, as a URL-encoded selector.
-const BACKEND_SELECTOR: &str =
-    "labelSelector=app.kubernetes.io%2Fmanaged-by%3Dbalancer%2Capp.kubernetes.io%2Fcomponent%3Dbackend";
+/// balancer's backend and front Services' labels, which their slices carry, as a URL-encoded
+/// selector.
+const BACKEND_SELECTOR: &str = "labelSelector=app.kubernetes.io%2Fmanaged-by%3Dbalancer%2Capp.kubernetes.io%2Fcomponent+in+%28backend%2Cfrontend%29";
 
 /// The next `n` requests, each a granted GET, by path (in any order: the watches start at once).
 async fn next_gets(server: &mut MockApi, n: usize) -> BTreeMap<String, Received> {
@@ -77,7 +77,7 @@ async fn the_controller_lists_then_watches_each_cache_endpoint_slices_included_a
     assert_eq!(lists.keys().map(String::as_str).collect::<Vec<_>>(), WATCHED);
     assert!(lists.values().all(|list| !query(list).contains("watch=true")), "lists first");
     let slices = query(&lists[SLICES]);
-    assert!(slices.contains(BACKEND_SELECTOR), "only balancer's backend Services' slices: {slices}");
+    assert!(slices.contains(BACKEND_SELECTOR), "only balancer's backend and front Services' slices: {slices}");
     server.assert_none_within(Duration::from_millis(200)).await;
     assert!(!synced.load(Ordering::Acquire));
     for (_, list) in lists {

@@ -1157,6 +1157,7 @@ fn arb_v1beta1_status() -> impl Strategy<Value = Option<Value>> {
                     share: 100,
                 }],
                 backends_ready: Some("1/1".into()),
+                configured_replicas: Some(ready & 0xff),
                 observed_generation: generation,
                 conditions: serde_json::from_value(json!(conditions)).expect("conditions"),
             })
@@ -1282,8 +1283,16 @@ proptest! {
 
 /// `beta` without the status fields only v1beta1 has, and without a status they leave empty.
 /// The status fields only v1beta1 has, which the controller derives and writes again.
-const DERIVED_STATUS: [&str; 7] =
-    ["replicas", "readyReplicas", "selector", "addresses", "nodePorts", "backends", "backendsReady"];
+const DERIVED_STATUS: [&str; 8] = [
+    "replicas",
+    "readyReplicas",
+    "selector",
+    "addresses",
+    "nodePorts",
+    "backends",
+    "backendsReady",
+    "configuredReplicas",
+];
 
 fn without_derived_status(beta: &Value) -> Value {
     let mut beta = beta.clone();

@@ -1,0 +1,184 @@
+//! Which proxy pods serve a Balancer's current configuration. With live configuration (see
+//! [`reload`](crate::proxy::reload)) a change reaches running pods without a rollout, so the
+//! Deployment cannot tell; each pod's metrics sidecar can: the controller asks it
+//! ([`CONFIG_PATH`] on the pod network) which configuration nginx serves.
+//!
+//! The pods are the front Service's endpoints that are not terminating, from its
+//! EndpointSlices, which the controller already watches: it reads no pod.
+
+use std::time::Duration;
+
+use http_body_util::{BodyExt, Empty, Limited};
+use hyper::body::Bytes;
+use hyper_util::rt::TokioIo;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use k8s_openapi::jiff::Timestamp;
+
+use super::conditions::{ConditionType, Finding, find};
+use super::stored::StoredBalancer;
+use crate::api::ConditionStatus;
+use crate::proxy::nginx::config_hash;
+use crate::proxy::reload::{CONFIG_PATH, short_id};
+
+/// How long one pod's answer may take: a sidecar on the pod network answers in a millisecond.
+const ANSWER_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// The most of an answer read: 16 hex digits and a newline.
+const MAX_ANSWER_BYTES: usize = 64;
+
+/// How many of the proxy pods serve the current configuration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Programmed {
+    /// Pods whose sidecar says they serve it.
+    pub serving: usize,
+    /// Pods that are not terminating.
+    pub pods: usize,
+}
+
+impl Programmed {
+    /// Every pod serves it (and there is one).
+    pub(super) fn all(self) -> bool {
+        self.pods > 0 && self.serving == self.pods
+    }
+
+    /// The `Programmed` condition: `True` once every proxy pod serves the current configuration.
+    pub(super) fn condition(self, balancer: &StoredBalancer, now: Timestamp) -> Condition {
+        let Programmed { serving, pods } = self;
+        let (status, reason, message) = match (self.all(), pods) {
+            (true, _) => {
+                (ConditionStatus::True, ALL_SERVE, format!("all {pods} proxy pods serve the current configuration"))
+            }
+            (false, 0) => (ConditionStatus::False, NO_PODS, "no proxy pod is running".to_string()),
+            (false, _) => (
+                ConditionStatus::False,
+                APPLYING,
+                format!("{serving} of {pods} proxy pods serve the current configuration"),
+            ),
+        };
+        Finding { type_: ConditionType::Programmed, status, reason, message: &message }.replacing(balancer, now)
+    }
+}
+
+const ALL_SERVE: &str = "Applied";
+const APPLYING: &str = "Applying";
+const NO_PODS: &str = "NoProxyPods";
+
+/// The short id a sidecar gives for `nginx_conf` (see [`CONFIG_PATH`]).
+pub(super) fn config_id(nginx_conf: &str) -> String {
+    short_id(&config_hash(nginx_conf)).to_string()
+}
+
+/// Asks the sidecar of every pod at `addresses` (on `port`) which configuration it serves, all
+/// at once; counts those that say `id`. A pod that does not answer in time serves nothing.
+pub(super) async fn count(addresses: &[String], port: u16, id: &str) -> Programmed {
+    let answers = futures::future::join_all(addresses.iter().map(|address| served_by(address, port))).await;
+    let serving = answers.iter().filter(|answer| answer.as_deref() == Some(id)).count();
+    Programmed { serving, pods: addresses.len() }
+}
+
+/// The id the sidecar at `address:port` gives; `None` when it gives none in time.
+async fn served_by(address: &str, port: u16) -> Option<String> {
+    let host = match address.contains(':') {
+        true => format!("[{address}]:{port}"),
+        false => format!("{address}:{port}"),
+    };
+    let ask = async {
+        let stream = tokio::net::TcpStream::connect(&host).await.ok()?;
+        let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.ok()?;
+        let connection = tokio::spawn(connection);
+        let request = hyper::Request::get(CONFIG_PATH).header("host", &host).body(Empty::<Bytes>::new()).ok()?;
+        let response = sender.send_request(request).await.ok()?;
+        let ok = response.status().is_success();
+        let body = Limited::new(response.into_body(), MAX_ANSWER_BYTES).collect().await.ok()?.to_bytes();
+        connection.abort();
+        let text = std::str::from_utf8(&body).ok()?.trim();
+        ok.then(|| text.to_string())
+    };
+    tokio::time::timeout(ANSWER_TIMEOUT, ask).await.ok().flatten()
+}
+
+/// When a reconcile looks again while some proxy pods do not serve the current configuration:
+/// often at first, since nginx applies a change within a second, then seldom (a pod whose
+/// sidecar cannot reach the API server, say).
+pub(super) fn recheck(balancer: &StoredBalancer, now: Timestamp) -> Duration {
+    let since = find(balancer.status.as_ref(), ConditionType::Programmed)
+        .filter(|c| c.status == ConditionStatus::False.as_str())
+        .map(|c| &c.last_transition_time);
+    let waited = since.map(|Time(t)| now.duration_since(*t).unsigned_abs()).unwrap_or_default();
+    if waited < FAST_RECHECK_FOR { FAST_RECHECK } else { SLOW_RECHECK }
+}
+
+/// How often to look while a change is being applied, and for how long.
+const FAST_RECHECK: Duration = Duration::from_millis(250);
+const FAST_RECHECK_FOR: Duration = Duration::from_secs(30);
+/// How often after that.
+const SLOW_RECHECK: Duration = Duration::from_secs(5);
+
+#[cfg(test)]
+mod tests {
+    use axum::Router;
+    use axum::routing::get;
+
+    use super::*;
+
+    /// A sidecar on loopback that says it serves `id`; its port.
+    async fn sidecar(id: &'static str) -> u16 {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("a port");
+        let port = listener.local_addr().expect("an address").port();
+        let router = Router::new().route(CONFIG_PATH, get(move || async move { format!("{id}\n") }));
+        tokio::spawn(async move { axum::serve(listener, router).await });
+        port
+    }
+
+    #[tokio::test]
+    async fn only_pods_whose_sidecar_names_the_current_configuration_count() {
+        let current = config_id("stream {}\n");
+        let serving = sidecar(Box::leak(current.clone().into_boxed_str())).await;
+        let pods = vec!["127.0.0.1".to_string()];
+        assert_eq!(count(&pods, serving, &current).await, Programmed { serving: 1, pods: 1 });
+        let stale = sidecar("0123456789abcdef").await;
+        assert_eq!(count(&pods, stale, &current).await, Programmed { serving: 0, pods: 1 });
+        // Nothing listens there: a pod whose sidecar does not answer serves nothing.
+        let closed = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("a port");
+        let port = closed.local_addr().expect("an address").port();
+        drop(closed);
+        assert_eq!(count(&pods, port, &current).await, Programmed { serving: 0, pods: 1 });
+    }
+
+    #[tokio::test]
+    async fn a_sidecar_that_never_answers_costs_at_most_the_timeout() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("a port");
+        let port = listener.local_addr().expect("an address").port();
+        // Accepts, then says nothing.
+        tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((stream, _)) = listener.accept().await {
+                held.push(stream);
+            }
+        });
+        let started = std::time::Instant::now();
+        let counted = count(&["127.0.0.1".to_string()], port, "0123456789abcdef").await;
+        assert_eq!(counted, Programmed { serving: 0, pods: 1 });
+        assert!(started.elapsed() < ANSWER_TIMEOUT + Duration::from_millis(500), "{:?}", started.elapsed());
+    }
+
+    #[test]
+    fn programmed_once_every_pod_serves_it() {
+        let balancer = StoredBalancer {
+            metadata: Default::default(),
+            spec: Err(crate::spec::FieldError::new("spec", "not read here")),
+            status: None,
+        };
+        let now = Timestamp::UNIX_EPOCH;
+        let condition = |serving, pods| Programmed { serving, pods }.condition(&balancer, now);
+        let all = condition(2, 2);
+        assert_eq!((all.status.as_str(), all.reason.as_str()), ("True", ALL_SERVE));
+        assert_eq!(all.message, "all 2 proxy pods serve the current configuration");
+        let some = condition(1, 2);
+        assert_eq!(
+            (some.status.as_str(), some.message.as_str()),
+            ("False", "1 of 2 proxy pods serve the current configuration")
+        );
+        assert_eq!(condition(0, 0).reason, NO_PODS);
+    }
+}
