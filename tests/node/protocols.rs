@@ -1,5 +1,5 @@
-//! Protocols and Service settings on a real kube-proxy and nginx: UDP, a node port with
-//! client-IP affinity, the PROXY protocol, and a backup backend.
+//! Protocols and Service settings on a real kube-proxy and nginx: UDP (and a live weight change
+//! of it), a node port with client-IP affinity, the PROXY protocol, and a backup backend.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::process::Command;
@@ -10,7 +10,9 @@ use kube::Api;
 use kube::api::ListParams;
 use serde_json::json;
 
-use crate::fixtures::{self, backend_deployment, front_ip, wait_available, wait_backends, wait_ready_balancer};
+use crate::fixtures::{
+    self, backend_deployment, change_backends, front_ip, wait_available, wait_backends, wait_ready_balancer,
+};
 use crate::node::{NODE_A, NODE_IP, POD_BRIDGE};
 use crate::toolkit::load::{Load, assert_shares, one_request, one_request_from, split};
 use crate::toolkit::runner::eventually;
@@ -99,7 +101,31 @@ pub async fn udp_is_proxied_to_udp_echo_pods(world: &mut World) {
     world.kubectl.ok(&["-n", NS, "scale", "deployment/udp-echo-u2", "--replicas=1"]);
     wait_available(world, NS, "udp-echo-u2", 1).await;
     wait_backends(world, UDP_BALANCER, &[1, 1], &[50, 50], "True", Duration::from_secs(15)).await;
+    udp_weights_change_live(world, &front).await;
     world.kubectl.ok(&["-n", NS, "delete", "balancer", UDP_BALANCER]);
+}
+
+/// A weight change on the UDP Balancer, under continuous exchanges: on the wire within 2 s of
+/// the write, and at most 1 in 1,000 exchanges lost across it.
+async fn udp_weights_change_live(world: &World, front: &str) {
+    let load = UdpLoad::start(front.to_string(), 2);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let written = Instant::now();
+    change_backends(world, UDP_BALANCER, &[("u1", 100), ("u2", 0)], &[]).await;
+    let only_u1 = eventually("only u1 answering UDP exchanges", Duration::from_secs(10), || async {
+        let lines: Vec<String> = (0..16).map(|i| format!("flip {i}")).collect();
+        let replies = futures::future::join_all(lines.iter().map(|line| udp_exchange(front, line))).await;
+        let only = replies.iter().all(|r| r.as_deref().is_some_and(|r| r.starts_with("u1 ")));
+        only.then(|| written.elapsed().as_secs_f64())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let (sent, lost, answers) = load.finish().await;
+    println!(
+        "node: a UDP weight change on the wire {only_u1:.2} s after the write; {sent} exchanges across it, {lost} lost; answers {answers:?}"
+    );
+    assert!(only_u1 <= 2.0, "the UDP weight change took {only_u1:.2} s");
+    assert!(lost * 1000 <= sent, "{lost} of {sent} UDP exchanges lost across the change");
 }
 
 /// UDP clients exchanging datagrams back to back until stopped, each exchange once, with no
