@@ -59,6 +59,9 @@ pub struct Context {
     /// When each Balancer's status was last written, by uid: a change of backend readiness
     /// alone waits for [`READINESS_WRITE_INTERVAL`](super::status::READINESS_WRITE_INTERVAL).
     status_writes: Mutex<HashMap<String, Timestamp>>,
+    /// Since when each Balancer's proxy pods have been taking up which configuration (its id),
+    /// by uid, while not all of them serve it: the reconcile looks again often at first.
+    applying: Mutex<HashMap<String, (String, Timestamp)>>,
 }
 
 impl Context {
@@ -69,12 +72,16 @@ impl Context {
         metrics: Arc<ControllerMetrics>,
     ) -> Self {
         let events = Events::new(client.clone(), FIELD_MANAGER);
-        let (failures, status_writes) = (Mutex::default(), Mutex::default());
-        Context { client, events, children, settings, metrics, failures, status_writes }
+        let (failures, status_writes, applying) = (Mutex::default(), Mutex::default(), Mutex::default());
+        Context { client, events, children, settings, metrics, failures, status_writes, applying }
     }
 
     pub(super) fn failures(&self) -> std::sync::MutexGuard<'_, HashMap<String, u32>> {
         self.failures.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub(super) fn applying(&self) -> std::sync::MutexGuard<'_, HashMap<String, (String, Timestamp)>> {
+        self.applying.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     pub(super) fn status_writes(&self) -> std::sync::MutexGuard<'_, HashMap<String, Timestamp>> {

@@ -61,9 +61,17 @@ pub struct ReadySlice {
     balancer: Option<Box<str>>,
     /// The identities of the ready endpoints, sorted and distinct.
     ready: Arc<[Box<str>]>,
-    /// For a front Service's slice only: the first address of each endpoint that is not
-    /// terminating, ready or not yet (the proxy pods), sorted and distinct.
-    live: Arc<[Box<str>]>,
+    /// For a front Service's slice only: the endpoints that are not terminating, ready or not
+    /// yet (the proxy pods), sorted and distinct.
+    live: Arc<[LiveEndpoint]>,
+}
+
+/// A pod behind a front Service that is not terminating: its name (from `targetRef`) and its
+/// first address.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct LiveEndpoint {
+    pub pod: Box<str>,
+    pub address: Box<str>,
 }
 
 impl ReadySlice {
@@ -164,16 +172,20 @@ fn ready_identities(endpoints: &[Endpoint], slice_namespace: &str) -> Arc<[Box<s
     ready.into()
 }
 
-/// The first address of each endpoint that is not terminating, sorted and distinct,
+/// The endpoints that are not terminating and name a pod, sorted and distinct,
 /// [`MAX_ENDPOINTS_PER_SLICE`] at most.
-fn live_addresses(endpoints: &[Endpoint]) -> Arc<[Box<str>]> {
+fn live_endpoints(endpoints: &[Endpoint]) -> Arc<[LiveEndpoint]> {
     let terminating = |e: &Endpoint| e.conditions.as_ref().and_then(|c| c.terminating).unwrap_or(false);
-    let mut live: Vec<Box<str>> = endpoints
+    let live_endpoint = |endpoint: &Endpoint| {
+        let pod = endpoint.target_ref.as_ref()?.name.clone().filter(|n| !n.is_empty())?;
+        let address = endpoint.addresses.iter().flatten().find(|a| !a.is_empty())?.clone();
+        Some(LiveEndpoint { pod: bounded(pod), address: bounded(address) })
+    };
+    let mut live: Vec<LiveEndpoint> = endpoints
         .iter()
         .filter(|endpoint| !terminating(endpoint))
-        .filter_map(|endpoint| endpoint.addresses.iter().flatten().find(|a| !a.is_empty()).cloned())
+        .filter_map(live_endpoint)
         .take(MAX_ENDPOINTS_PER_SLICE)
-        .map(bounded)
         .collect();
     live.sort_unstable();
     live.dedup();
@@ -189,7 +201,7 @@ impl<'de> Deserialize<'de> for ReadySlice {
         let ready = ready_identities(endpoints, namespace);
         let mut labels = metadata.labels.unwrap_or_default();
         let front = labels.get(COMPONENT_LABEL).is_some_and(|c| c == COMPONENT_FRONTEND);
-        let live = if front { live_addresses(endpoints) } else { Arc::from([]) };
+        let live = if front { live_endpoints(endpoints) } else { Arc::from([]) };
         let mut label = |key: &str| labels.remove(key).filter(|v| !v.is_empty()).map(String::into_boxed_str);
         let (service, balancer) = (label(SERVICE_NAME_LABEL), label(BALANCER_NAME_LABEL));
         Ok(ReadySlice {
@@ -228,8 +240,8 @@ struct Slice {
     service: Box<str>,
     /// Its ready endpoints' identities (shared with the [`ReadySlice`] it was read from).
     ready: Arc<[Box<str>]>,
-    /// A front Service's live endpoints' addresses (see [`ReadySlice`]).
-    live: Arc<[Box<str>]>,
+    /// A front Service's live endpoints (see [`ReadySlice`]).
+    live: Arc<[LiveEndpoint]>,
 }
 
 fn key(namespace: &str, name: &str) -> Box<str> {
@@ -272,16 +284,19 @@ impl ReadyEndpointSlices {
         u32::try_from(union.len()).unwrap_or(u32::MAX)
     }
 
-    /// The addresses of the front Service `name`'s endpoints that are not terminating (its proxy
-    /// pods, ready or not yet), across its slices, sorted and distinct.
-    pub fn live_addresses(&self, namespace: &str, name: &str) -> Vec<String> {
+    /// The addresses of the front Service `name`'s endpoints that are not terminating and whose
+    /// pod's name starts with `pod_prefix` (its proxy pods, ready or not yet, and not a Go
+    /// operator's proxy pod it also selects during a takeover), across its slices, distinct.
+    pub fn live_addresses(&self, namespace: &str, name: &str, pod_prefix: &str) -> Vec<String> {
         let service = key(namespace, name);
         let table = self.read();
         let mut live: Vec<String> = table
             .slices
             .values()
             .filter(|slice| slice.service == service)
-            .flat_map(|slice| slice.live.iter().map(|a| a.to_string()))
+            .flat_map(|slice| slice.live.iter())
+            .filter(|endpoint| endpoint.pod.starts_with(pod_prefix))
+            .map(|endpoint| endpoint.address.to_string())
             .collect();
         live.sort_unstable();
         live.dedup();
@@ -407,8 +422,9 @@ mod tests {
         let first = front_slice("lb-aaaaa", vec![pod("a", "10.244.0.5", ready()), pod("b", "10.244.0.6", starting)]);
         let second = front_slice("lb-bbbbb", vec![pod("c", "10.244.1.5", leaving), pod("a", "10.244.0.5", ready())]);
         let table = listed(&[first, second, slice("lb-v1-ccccc", "lb-v1", vec![pod("d", "10.244.2.5", ready())])]);
-        assert_eq!(table.live_addresses("ns", "lb"), ["10.244.0.5", "10.244.0.6"]);
-        assert!(table.live_addresses("ns", "lb-v1").is_empty(), "a backend's slice keeps no addresses");
+        assert_eq!(table.live_addresses("ns", "lb", ""), ["10.244.0.5", "10.244.0.6"]);
+        assert_eq!(table.live_addresses("ns", "lb", "b"), ["10.244.0.6"], "only the pods named so");
+        assert!(table.live_addresses("ns", "lb-v1", "").is_empty(), "a backend's slice keeps no addresses");
         assert_eq!(table.get("ns", "lb"), 1, "and the front's ready count as before");
     }
 

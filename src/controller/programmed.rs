@@ -8,13 +8,14 @@
 
 use std::time::Duration;
 
+use futures::StreamExt;
 use http_body_util::{BodyExt, Empty, Limited};
 use hyper::body::Bytes;
 use hyper_util::rt::TokioIo;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use k8s_openapi::jiff::Timestamp;
 
-use super::conditions::{ConditionType, Finding, find};
+use super::conditions::{ConditionType, Finding};
 use super::stored::StoredBalancer;
 use crate::api::ConditionStatus;
 use crate::proxy::nginx::config_hash;
@@ -68,10 +69,17 @@ pub(super) fn config_id(nginx_conf: &str) -> String {
     short_id(&config_hash(nginx_conf)).to_string()
 }
 
-/// Asks the sidecar of every pod at `addresses` (on `port`) which configuration it serves, all
-/// at once; counts those that say `id`. A pod that does not answer in time serves nothing.
+/// How many sidecars are asked at once.
+const ASKED_AT_ONCE: usize = 32;
+
+/// Asks the sidecar of every pod at `addresses` (on `port`) which configuration it serves,
+/// [`ASKED_AT_ONCE`] at a time; counts those that say `id`. A pod that does not answer in time
+/// serves nothing.
 pub(super) async fn count(addresses: &[String], port: u16, id: &str) -> Programmed {
-    let answers = futures::future::join_all(addresses.iter().map(|address| served_by(address, port))).await;
+    // Owned addresses: a stream of futures borrowing them would not be `Send` for every lifetime,
+    // as the controller's future must be.
+    let asks = addresses.iter().cloned().map(move |address| async move { served_by(&address, port).await });
+    let answers: Vec<Option<String>> = futures::stream::iter(asks).buffer_unordered(ASKED_AT_ONCE).collect().await;
     let serving = answers.iter().filter(|answer| answer.as_deref() == Some(id)).count();
     Programmed { serving, pods: addresses.len() }
 }
@@ -97,14 +105,11 @@ async fn served_by(address: &str, port: u16) -> Option<String> {
     tokio::time::timeout(ANSWER_TIMEOUT, ask).await.ok().flatten()
 }
 
-/// When a reconcile looks again while some proxy pods do not serve the current configuration:
-/// often at first, since nginx applies a change within a second, then seldom (a pod whose
-/// sidecar cannot reach the API server, say).
-pub(super) fn recheck(balancer: &StoredBalancer, now: Timestamp) -> Duration {
-    let since = find(balancer.status.as_ref(), ConditionType::Programmed)
-        .filter(|c| c.status == ConditionStatus::False.as_str())
-        .map(|c| &c.last_transition_time);
-    let waited = since.map(|Time(t)| now.duration_since(*t).unsigned_abs()).unwrap_or_default();
+/// When a reconcile looks again while some proxy pods do not serve the configuration they have
+/// been taking up `since`: often at first, since nginx applies a change within a second, then
+/// seldom (a pod whose sidecar cannot reach the API server, say).
+pub(super) fn recheck(since: Timestamp, now: Timestamp) -> Duration {
+    let waited = now.duration_since(since).unsigned_abs();
     if waited < FAST_RECHECK_FOR { FAST_RECHECK } else { SLOW_RECHECK }
 }
 
@@ -160,6 +165,14 @@ mod tests {
         let counted = count(&["127.0.0.1".to_string()], port, "0123456789abcdef").await;
         assert_eq!(counted, Programmed { serving: 0, pods: 1 });
         assert!(started.elapsed() < ANSWER_TIMEOUT + Duration::from_millis(500), "{:?}", started.elapsed());
+    }
+
+    #[test]
+    fn a_change_is_looked_at_often_for_its_first_30_seconds_then_seldom() {
+        let since = Timestamp::UNIX_EPOCH;
+        let after = |seconds: i64| recheck(since, since + k8s_openapi::jiff::SignedDuration::from_secs(seconds));
+        assert_eq!((after(0), after(29)), (FAST_RECHECK, FAST_RECHECK));
+        assert_eq!((after(30), after(3600)), (SLOW_RECHECK, SLOW_RECHECK));
     }
 
     #[test]

@@ -4,7 +4,7 @@
 //! [`report`](super::report). The clock is read once, here.
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Service;
@@ -26,7 +26,7 @@ use super::report::{StatusWrite, Written, announce, observed_from_cache, publish
 use super::status::{Observed, ProxyCounts, names_spec, proxy_condition, ready_condition};
 use super::stored::StoredBalancer;
 use super::{Error, RESYNC, migration};
-use crate::api::{ConditionStatus, backend_service_name};
+use crate::api::{self, ConditionStatus, backend_service_name};
 use crate::proxy::{self, BackendHosts, Owner, Proxy};
 use crate::runtime::events::{EventType, Note};
 use crate::spec::{Admitted, FieldError, ObjectName, admit, denial_message};
@@ -88,6 +88,7 @@ async fn converge(
     if balancer.meta().deletion_timestamp.is_some() {
         // Garbage collection removes the children through their ownerReferences.
         ctx.failures().remove(&balancer.uid().unwrap_or_default());
+        ctx.applying().remove(&balancer.uid().unwrap_or_default());
         return Ok(Action::await_change());
     }
     let owner = Owner::of(balancer)?;
@@ -128,7 +129,7 @@ async fn converge(
         backends: Some(backends_of(balancer, &spec, ready_endpoints, now)),
         programmed: programmed.map(|p| (i32::try_from(p.serving).unwrap_or(i32::MAX), p.condition(balancer, now))),
     };
-    let applying = programmed.filter(|p| p.pods > 0 && !p.all()).map(|_| programmed::recheck(balancer, now));
+    let applying = programmed.and_then(|p| applying_since(balancer, ctx, p, &proxy.nginx_conf, now));
     let requeue = [takeover.requeue, applying].into_iter().flatten().min().unwrap_or(RESYNC);
     match write_status(balancer, ctx, observed, ready, takeover.condition, now).await? {
         StatusWrite::Done => Ok(Action::requeue(requeue)),
@@ -181,9 +182,38 @@ async fn apply_backend_services(
     Ok(BackendServices { services, cluster_ips })
 }
 
+/// When to look again while some proxy pods do not serve `nginx_conf` yet (see
+/// [`programmed::recheck`]); `None` once they all do, or while there is no pod to ask.
+fn applying_since(
+    balancer: &StoredBalancer,
+    ctx: &Context,
+    programmed: Programmed,
+    nginx_conf: &str,
+    now: Timestamp,
+) -> Option<Duration> {
+    let uid = balancer.uid().unwrap_or_default();
+    let mut applying = ctx.applying();
+    if programmed.pods == 0 || programmed.all() {
+        applying.remove(&uid);
+        return None;
+    }
+    let id = programmed::config_id(nginx_conf);
+    let since = match applying.get(&uid) {
+        Some((taking_up, since)) if *taking_up == id => *since,
+        _ => {
+            applying.insert(uid, (id, now));
+            now
+        }
+    };
+    Some(programmed::recheck(since, now))
+}
+
 /// How many of the proxy pods serve `nginx_conf`, as their sidecars say.
 async fn ask_proxy_pods(ctx: &Context, owner: &Owner, spec: &Admitted, nginx_conf: &str) -> Programmed {
-    let pods = ctx.children.endpoint_slices.live_addresses(&owner.namespace, &owner.name);
+    // This operator's proxy pods (`<name>-proxy-…`), not the Go operator's (`<name>proxy-…`),
+    // which the front Service also selects while it takes over.
+    let ours = format!("{}-", api::proxy_deployment_name(&owner.name));
+    let pods = ctx.children.endpoint_slices.live_addresses(&owner.namespace, &owner.name, &ours);
     let port = proxy::access_log::SidecarPorts::of(spec).metrics;
     programmed::count(&pods, port, &programmed::config_id(nginx_conf)).await
 }

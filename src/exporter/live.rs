@@ -6,6 +6,8 @@
 //! A pod's first configuration comes from a consistent list (the newest the API server has),
 //! never from a kubelet's cache: a new pod serves the configuration current when it was created,
 //! or a newer one. While the API server is away, nginx keeps serving the last configuration.
+//! The sidecar says a configuration is served (its metrics, and `/config`) only once the proxy
+//! container says so.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -15,11 +17,12 @@ use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, ResourceExt};
+use tokio::io::AsyncReadExt;
 use tokio_util::sync::CancellationToken;
 
 use super::metrics::{ProxyMetrics, Refusal};
 use crate::proxy::nginx::CONFIG_FILE;
-use crate::proxy::reload::{CONFIG_ID_PREFIX, LiveFiles, desired_file, short_id};
+use crate::proxy::reload::{CONFIG_ID_PREFIX, desired_file, short_id};
 use crate::proxy::upstreams::Upstreams;
 use crate::runtime::retry::{RetryDelay, relist_at_once};
 use crate::util::hash::sha256_hex;
@@ -33,11 +36,35 @@ pub struct LiveSource {
     pub dir: PathBuf,
 }
 
-/// The largest `nginx.conf` applied; the API server stores no object above about 1.5 MiB.
-pub const MAX_LIVE_CONFIG_BYTES: usize = 1 << 20;
+/// The largest `nginx.conf` applied, or read from a mounted file: the API server stores no
+/// object above about 1.5 MiB, and 64 backends on 32 ports render far less.
+pub const MAX_CONFIG_BYTES: usize = 1 << 20;
 
-/// How often the proxy container's answer (served or refused) is looked for.
+/// The most of the proxy container's answers read: an id line and 4 KiB of `nginx -t`.
+const MAX_ANSWER_BYTES: u64 = 8 << 10;
+
+/// How often the proxy container's answer (served or refused), or a write that failed, is
+/// looked at again.
 const ANSWER_POLL: Duration = Duration::from_millis(100);
+
+/// The files the sidecar shares with the proxy container (see
+/// [`LiveFiles`](crate::proxy::reload::LiveFiles) for the container's side).
+#[derive(Debug, Clone)]
+pub(super) struct SharedFiles {
+    /// The newest configuration, with its id line, for nginx.
+    desired: PathBuf,
+    /// The id line of the configuration nginx serves.
+    served: PathBuf,
+    /// The id line of the last configuration nginx refused, then why.
+    rejected: PathBuf,
+}
+
+impl SharedFiles {
+    /// The files in `dir`, named as [`LIVE_POD_FILES`](crate::proxy::reload::LIVE_POD_FILES) has them.
+    pub(super) fn in_dir(dir: &Path) -> SharedFiles {
+        SharedFiles { desired: dir.join("nginx.conf"), served: dir.join("served"), rejected: dir.join("rejected") }
+    }
+}
 
 /// A configuration fit to hand to nginx: its text, id and upstreams.
 #[derive(Debug, Clone)]
@@ -51,7 +78,7 @@ pub(super) struct Candidate {
 /// this pod proxies for (`None` before its first configuration).
 pub(super) fn candidate(config_map: &ConfigMap, balancer: Option<&str>) -> Result<Candidate, Refusal> {
     let conf = config_map.data.as_ref().and_then(|d| d.get(CONFIG_FILE)).ok_or(Refusal::NotRendered)?;
-    if conf.len() > MAX_LIVE_CONFIG_BYTES {
+    if conf.len() > MAX_CONFIG_BYTES {
         return Err(Refusal::TooLarge);
     }
     let upstreams = Upstreams::read(conf).ok_or(Refusal::NotRendered)?;
@@ -74,17 +101,23 @@ pub(super) fn watch_config_map(
 
 /// Writes `candidate` for the proxy container: its id line, then the file, renamed into place
 /// so that nginx never reads half of it.
-pub(super) async fn hand_over(files: &LiveFiles<'_>, candidate: &Candidate) -> std::io::Result<()> {
-    let next = format!("{}.next", files.desired);
+pub(super) async fn hand_over(files: &SharedFiles, candidate: &Candidate) -> std::io::Result<()> {
+    let next = files.desired.with_extension("conf.next");
     tokio::fs::write(&next, desired_file(&candidate.conf)).await?;
-    tokio::fs::rename(&next, files.desired).await
+    tokio::fs::rename(&next, &files.desired).await
 }
 
-/// The id in the first line of `path` (as the proxy container writes `served` and `rejected`).
-async fn answered_id(path: &str) -> Option<String> {
-    let text = tokio::fs::read_to_string(path).await.ok()?;
-    let id = text.lines().next()?.strip_prefix(CONFIG_ID_PREFIX)?;
-    Some(id.trim().to_string())
+/// The start of a file the proxy container writes, [`MAX_ANSWER_BYTES`] at most.
+async fn read_answer(path: &Path) -> Option<String> {
+    let file = tokio::fs::File::open(path).await.ok()?;
+    let mut text = String::new();
+    file.take(MAX_ANSWER_BYTES).read_to_string(&mut text).await.ok()?;
+    Some(text)
+}
+
+/// The id in the first line of an answer.
+fn answered_id(text: &str) -> Option<&str> {
+    Some(text.lines().next()?.strip_prefix(CONFIG_ID_PREFIX)?.trim())
 }
 
 /// What the proxy container said about `id`: served, refused, or nothing yet.
@@ -95,46 +128,18 @@ pub(super) enum Answer {
     Pending,
 }
 
-pub(super) async fn answer(files: &LiveFiles<'_>, id: &str) -> Answer {
-    if answered_id(files.served).await.as_deref() == Some(id) {
+pub(super) async fn answer(files: &SharedFiles, id: &str) -> Answer {
+    let served = read_answer(&files.served).await;
+    if served.as_deref().and_then(answered_id) == Some(id) {
         return Answer::Served;
     }
-    if answered_id(files.rejected).await.as_deref() == Some(id) {
-        let why = tokio::fs::read_to_string(files.rejected).await.unwrap_or_default();
-        // The file holds at most 4 KiB of nginx's check; a log line gets its first lines.
-        let why: String = why.lines().skip(1).take(4).collect::<Vec<_>>().join(" | ");
-        return Answer::Refused(why.chars().take(1024).collect());
+    let Some(rejected) = read_answer(&files.rejected).await else { return Answer::Pending };
+    if answered_id(&rejected) != Some(id) {
+        return Answer::Pending;
     }
-    Answer::Pending
-}
-
-/// The files of a live pod, in `dir`.
-pub fn files_in(dir: &Path) -> OwnedLiveFiles {
-    let at = |name: &str| dir.join(name).display().to_string();
-    OwnedLiveFiles { desired: at("nginx.conf"), served: at("served"), rejected: at("rejected") }
-}
-
-/// The sidecar's side of [`LiveFiles`], under a directory chosen at run time.
-#[derive(Debug, Clone)]
-pub struct OwnedLiveFiles {
-    pub desired: String,
-    pub served: String,
-    pub rejected: String,
-}
-
-impl OwnedLiveFiles {
-    /// The shared files as [`LiveFiles`] (the proxy container's own paths left empty).
-    pub fn borrowed(&self) -> LiveFiles<'_> {
-        LiveFiles {
-            desired: &self.desired,
-            running: "",
-            candidate: "",
-            pid_file: "",
-            ipv6_probe: "",
-            served: &self.served,
-            rejected: &self.rejected,
-        }
-    }
+    // A log line gets the first lines of nginx's check.
+    let why: String = rejected.lines().skip(1).take(4).collect::<Vec<_>>().join(" | ");
+    Answer::Refused(why.chars().take(1024).collect())
 }
 
 /// Why a live sidecar cannot start.
@@ -142,29 +147,27 @@ impl OwnedLiveFiles {
 pub enum StartError {
     #[error("cannot reach the API server from this pod: {0}")]
     Client(String),
-    #[error("cannot write the configuration for nginx at {path}: {source}")]
-    HandOver { path: String, source: std::io::Error },
 }
 
-/// The watch of a live pod's ConfigMap, once its first configuration is handed to nginx; `None`
-/// when the pod stopped first. Until then the proxy container waits, and the pod is not Ready.
+/// The watch of a live pod's ConfigMap and its first configuration, found; `None` when the pod
+/// stopped first. Until [`follow`] hands it over, the proxy container waits, and the pod is not
+/// Ready.
 pub(super) async fn start(
     source: &LiveSource,
     stop: &CancellationToken,
-) -> Result<Option<(ConfigMapChanges, OwnedLiveFiles, Candidate)>, StartError> {
+) -> Result<Option<(ConfigMapChanges, Candidate)>, StartError> {
     let config = kube::Config::incluster().map_err(|e| StartError::Client(e.to_string()))?;
     let client = kube::Client::try_from(config).map_err(|e| StartError::Client(e.to_string()))?;
-    let files = files_in(&source.dir);
     let mut changes: ConfigMapChanges = Box::pin(watch_config_map(client, &source.config_map));
     let mut told = false;
-    let first = loop {
+    loop {
         let next = tokio::select! {
             next = changes.next() => next,
             () = stop.cancelled() => return Ok(None),
         };
         match next {
             Some(Ok(config_map)) => match candidate(&config_map, None) {
-                Ok(candidate) => break candidate,
+                Ok(first) => return Ok(Some((changes, first))),
                 Err(reason) => {
                     tracing::warn!(reason = reason.as_str(), "the proxy's ConfigMap holds no configuration to serve")
                 }
@@ -176,43 +179,50 @@ pub(super) async fn start(
             Some(Err(_)) => {}
             None => return Ok(None),
         }
-    };
-    hand_over(&files.borrowed(), &first)
-        .await
-        .map_err(|source| StartError::HandOver { path: files.desired.clone(), source })?;
-    tracing::info!(id = short_id(&first.id), "handed the first configuration to nginx");
-    Ok(Some((changes, files, first)))
+    }
 }
 
 /// The ConfigMap's changes, as [`watch_config_map`] gives them.
 pub(super) type ConfigMapChanges = std::pin::Pin<Box<dyn Stream<Item = Result<ConfigMap, watcher::Error>> + Send>>;
 
-/// Follows the ConfigMap after the first configuration (`first`): each new one is handed to
-/// nginx, and the metrics switch to it once nginx serves it. A refused one is counted and
-/// logged; the last good one keeps serving. A change that arrives before nginx answered about
-/// the one before replaces it (nginx applies only the newest). Runs until `stop`.
+/// A configuration handed, or to hand, to nginx, and not yet answered.
+struct Pending {
+    candidate: Candidate,
+    /// Written to the shared directory (a failed write is tried again at the next poll).
+    written: bool,
+    /// The pod's first: nginx starts on it rather than reloading.
+    first: bool,
+}
+
+/// Hands `first` and each later configuration to nginx, and follows the ConfigMap: the metrics
+/// (and `/config`) switch to a configuration once nginx serves it. A refused one is counted and
+/// logged, and the last good one keeps serving. A change that arrives before nginx answered
+/// about the one before replaces it: nginx applies only the newest. Runs until `stop`.
 pub(super) async fn follow(
     changes: impl Stream<Item = Result<ConfigMap, watcher::Error>>,
-    files: OwnedLiveFiles,
-    first: &Candidate,
+    files: SharedFiles,
+    first: Candidate,
     metrics: Arc<ProxyMetrics>,
     stop: CancellationToken,
 ) {
     let balancer = first.upstreams.balancer.clone();
     let mut handed = first.id.clone();
-    let mut pending: Option<Candidate> = None;
+    let mut pending = Some(Pending { candidate: first, written: false, first: true });
     let mut changes = std::pin::pin!(changes);
     let mut lost = false;
     let mut poll = tokio::time::interval(ANSWER_POLL);
+    // After a quiet hour, the next change is looked at once per poll, not in a burst of the
+    // ticks missed meanwhile.
+    poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         let next = tokio::select! {
-            next = changes.next() => next,
             _ = poll.tick(), if pending.is_some() => {
-                if let Some(candidate) = pending.take() {
-                    pending = report_answer(&files, candidate, &metrics).await;
+                if let Some(waiting) = pending.take() {
+                    pending = advance(&files, waiting, &metrics).await;
                 }
                 continue;
             }
+            next = changes.next() => next,
             () = stop.cancelled() => return,
         };
         let config_map = match next {
@@ -230,37 +240,48 @@ pub(super) async fn follow(
             }
             None => return,
         };
-        let candidate = match candidate(&config_map, Some(&balancer)) {
-            Ok(candidate) if candidate.id == handed => continue,
-            Ok(candidate) => candidate,
+        match candidate(&config_map, Some(&balancer)) {
+            Ok(candidate) if candidate.id == handed => {}
+            Ok(candidate) => {
+                handed = candidate.id.clone();
+                let first = pending.as_ref().is_some_and(|p| p.first);
+                pending = Some(Pending { candidate, written: false, first });
+                poll.reset_immediately();
+            }
             Err(reason) => {
                 tracing::warn!(config_map = %config_map.name_any(), reason = reason.as_str(), "configuration refused; nginx serves the last good one");
                 metrics.refuse(reason);
-                continue;
             }
-        };
-        if let Err(e) = hand_over(&files.borrowed(), &candidate).await {
-            tracing::error!(error = %e, path = %files.desired, "cannot write the configuration for nginx");
-            continue;
         }
-        handed = candidate.id.clone();
-        pending = Some(candidate);
     }
 }
 
-/// Reports nginx's answer about `candidate`, if it has one; otherwise gives it back.
-async fn report_answer(files: &OwnedLiveFiles, candidate: Candidate, metrics: &ProxyMetrics) -> Option<Candidate> {
-    let id = short_id(&candidate.id);
-    match answer(&files.borrowed(), &candidate.id).await {
+/// One step for a pending configuration: written, then answered. Gives it back while it waits.
+async fn advance(files: &SharedFiles, mut pending: Pending, metrics: &ProxyMetrics) -> Option<Pending> {
+    let id = short_id(&pending.candidate.id).to_string();
+    if !pending.written {
+        match hand_over(files, &pending.candidate).await {
+            Ok(()) => pending.written = true,
+            Err(e) => {
+                tracing::error!(error = %e, path = %files.desired.display(), id, "cannot write the configuration for nginx; trying again");
+                return Some(pending);
+            }
+        }
+    }
+    match answer(files, &pending.candidate.id).await {
+        Answer::Served if pending.first => {
+            tracing::info!(id, "nginx serves its first configuration");
+            metrics.started(&pending.candidate.id, pending.candidate.upstreams);
+        }
         Answer::Served => {
             tracing::info!(id, "nginx serves a new configuration");
-            metrics.serve(&candidate.id, candidate.upstreams);
+            metrics.serve(&pending.candidate.id, pending.candidate.upstreams);
         }
         Answer::Refused(why) => {
             tracing::warn!(id, nginx = %why, "nginx refused a configuration; it serves the last good one");
             metrics.refuse(Refusal::Nginx);
         }
-        Answer::Pending => return Some(candidate),
+        Answer::Pending => return Some(pending),
     }
     None
 }
@@ -298,7 +319,7 @@ mod tests {
         assert_eq!(refused(None), Some(Refusal::NotRendered));
         assert_eq!(refused(Some("events {}\n")), Some(Refusal::NotRendered));
         assert_eq!(refused(Some(&conf("other", 1))), Some(Refusal::NotRendered), "another Balancer's");
-        let huge = format!("{good}{}", "#".repeat(MAX_LIVE_CONFIG_BYTES));
+        let huge = format!("{good}{}", "#".repeat(MAX_CONFIG_BYTES));
         assert_eq!(refused(Some(&huge)), Some(Refusal::TooLarge));
     }
 
@@ -307,7 +328,7 @@ mod tests {
     }
 
     /// What the proxy container does: serves every id it is handed, except a refused one.
-    async fn play_nginx(files: OwnedLiveFiles, refuse_weight: &'static str, stop: CancellationToken) {
+    async fn play_nginx(files: SharedFiles, refuse_weight: &'static str, stop: CancellationToken) {
         let mut last = String::new();
         while !stop.is_cancelled() {
             let text = tokio::fs::read_to_string(&files.desired).await.unwrap_or_default();
@@ -327,17 +348,19 @@ mod tests {
     #[tokio::test]
     async fn each_new_configuration_is_handed_to_nginx_and_counted_once_served_or_refused() {
         let dir = tempfile::tempdir().expect("a directory");
-        let files = files_in(dir.path());
+        let files = SharedFiles::in_dir(dir.path());
         let first = candidate(&config_map(Some(&conf("lb", 1))), None).expect("the first");
         let mut registry = Registry::default();
-        let metrics = Arc::new(ProxyMetrics::register(&first.id, first.upstreams.clone(), &mut registry));
+        let metrics = Arc::new(ProxyMetrics::register(None, first.upstreams.clone(), &mut registry));
         let stop = CancellationToken::new();
-        let nginx = tokio::spawn(play_nginx(files.clone(), "weight=66", stop.clone()));
         let (sender, changes) = futures::channel::mpsc::unbounded();
-        let following = tokio::spawn({
-            let (files, first, metrics, stop) = (files.clone(), first.clone(), metrics.clone(), stop.clone());
-            async move { follow(changes, files, &first, metrics, stop).await }
-        });
+        let following = tokio::spawn(follow(changes, files.clone(), first.clone(), metrics.clone(), stop.clone()));
+        // Handed over, and not yet said to be served: nginx has not started on it.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let handed = std::fs::read_to_string(&files.desired).expect("the desired file");
+        assert_eq!(handed, crate::proxy::reload::desired_file(&conf("lb", 1)));
+        assert_eq!(metrics.served_id(), "", "nothing served before nginx says so");
+        let nginx = tokio::spawn(play_nginx(files.clone(), "weight=66", stop.clone()));
         let text = || {
             let mut text = String::new();
             prometheus_client::encoding::text::encode(&mut text, &registry).expect("encodes");
@@ -353,6 +376,9 @@ mod tests {
             text
         };
         let send = |conf: Option<String>| sender.unbounded_send(Ok(config_map(conf.as_deref()))).expect("sent");
+        let started = until("balancer_proxy_config_info{").await;
+        assert!(started.contains(&format!("id=\"{}\"}} 1", short_id(&first.id))), "{started}");
+        assert!(started.contains("config_reloads_total{balancer=\"lb\"} 0"), "a start is no reload: {started}");
         send(Some(conf("lb", 1)));
         send(None);
         until("reason=\"not_rendered\"} 1").await;

@@ -46,7 +46,7 @@ pub(super) struct SessionLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub(super) struct SkippedLabels {
+pub(super) struct ReasonLabels {
     balancer: String,
     reason: String,
 }
@@ -83,11 +83,11 @@ pub(super) struct ProxyMetrics {
     duration: Family<BackendLabels, Histogram, fn() -> Histogram>,
     connect: Family<BackendLabels, Histogram, fn() -> Histogram>,
     connect_failures: Family<BackendLabels, Counter>,
-    skipped: Family<SkippedLabels, Counter>,
+    skipped: Family<ReasonLabels, Counter>,
     lost: Family<BalancerLabels, Counter>,
     weights: Family<BackendLabels, Gauge>,
     reloads: Family<BalancerLabels, Counter>,
-    refused: Family<SkippedLabels, Counter>,
+    refused: Family<ReasonLabels, Counter>,
     config: Family<ConfigLabels, Gauge>,
     /// The id of the configuration nginx serves.
     served_id: Mutex<String>,
@@ -149,7 +149,9 @@ struct Series {
 
 impl ProxyMetrics {
     /// The series for the proxy that runs `upstreams`, registered in `registry`.
-    pub(super) fn register(id: &str, upstreams: Upstreams, registry: &mut Registry) -> ProxyMetrics {
+    /// `id` is the configuration nginx serves, when known (a live sidecar learns it from nginx:
+    /// see [`started`](Self::started)).
+    pub(super) fn register(id: Option<&str>, upstreams: Upstreams, registry: &mut Registry) -> ProxyMetrics {
         let metrics = ProxyMetrics {
             balancer: upstreams.balancer.clone(),
             upstreams: RwLock::new(Served { current: upstreams, previous: VecDeque::new() }),
@@ -173,16 +175,18 @@ impl ProxyMetrics {
         metrics.lost_up_to(0);
         let reasons = LineError::ALL.map(|e| e.name()).into_iter().chain([UNKNOWN_PORT, UNKNOWN_SERVER]);
         for reason in reasons {
-            let labels = SkippedLabels { balancer: metrics.balancer.clone(), reason: reason.to_string() };
+            let labels = ReasonLabels { balancer: metrics.balancer.clone(), reason: reason.to_string() };
             let _ = metrics.skipped.get_or_create(&labels);
         }
         for reason in Refusal::ALL {
-            let labels = SkippedLabels { balancer: metrics.balancer.clone(), reason: reason.as_str().to_string() };
+            let labels = ReasonLabels { balancer: metrics.balancer.clone(), reason: reason.as_str().to_string() };
             let _ = metrics.refused.get_or_create(&labels);
         }
         let _ = metrics.reloads.get_or_create(&BalancerLabels { balancer: metrics.balancer.clone() });
         metrics.set_weights(&[], metrics.read().current.weights());
-        metrics.set_served(id);
+        if let Some(id) = id {
+            metrics.set_served(id);
+        }
         let proxy = registry.sub_registry_with_prefix("balancer_proxy");
         proxy.register(
             "sessions",
@@ -248,13 +252,25 @@ impl ProxyMetrics {
     /// nginx now serves `upstreams`: its weights are exported, and lines are read against it
     /// first (and against the configurations before it, for the sessions old workers drain).
     pub(super) fn serve(&self, id: &str, upstreams: Upstreams) {
+        self.switch(id, upstreams);
+        self.reloads.get_or_create(&BalancerLabels { balancer: self.balancer.clone() }).inc();
+    }
+
+    /// nginx started on `upstreams`: as [`serve`](Self::serve), but no reload.
+    pub(super) fn started(&self, id: &str, upstreams: Upstreams) {
+        self.switch(id, upstreams);
+    }
+
+    fn switch(&self, id: &str, upstreams: Upstreams) {
         self.set_served(id);
         let mut served = self.upstreams.write().unwrap_or_else(|e| e.into_inner());
+        if served.current == upstreams {
+            return;
+        }
         self.set_weights(served.current.weights(), upstreams.weights());
         let previous = std::mem::replace(&mut served.current, upstreams);
         served.previous.push_front(previous);
         served.previous.truncate(DRAINING_CONFIGS);
-        self.reloads.get_or_create(&BalancerLabels { balancer: self.balancer.clone() }).inc();
     }
 
     /// The short id of the configuration nginx serves (see [`short_id`]).
@@ -274,7 +290,7 @@ impl ProxyMetrics {
 
     /// Counts a configuration that was not applied.
     pub(super) fn refuse(&self, reason: Refusal) {
-        let labels = SkippedLabels { balancer: self.balancer.clone(), reason: reason.as_str().to_string() };
+        let labels = ReasonLabels { balancer: self.balancer.clone(), reason: reason.as_str().to_string() };
         self.refused.get_or_create(&labels).inc();
     }
 
@@ -370,7 +386,7 @@ impl ProxyMetrics {
     }
 
     fn skip(&self, reason: &str) {
-        let labels = SkippedLabels { balancer: self.balancer.clone(), reason: reason.to_string() };
+        let labels = ReasonLabels { balancer: self.balancer.clone(), reason: reason.to_string() };
         self.skipped.get_or_create(&labels).inc();
     }
 
@@ -433,8 +449,11 @@ mod tests {
 
     fn exposition(lines: &[&str]) -> String {
         let mut registry = Registry::default();
-        let metrics =
-            ProxyMetrics::register("0123456789abcdef0", Upstreams::read(CONF).expect("a rendered file"), &mut registry);
+        let metrics = ProxyMetrics::register(
+            Some("0123456789abcdef0"),
+            Upstreams::read(CONF).expect("a rendered file"),
+            &mut registry,
+        );
         for line in lines {
             metrics.record(format!("<190>Nov 24 12:00:00 balancer: {line}").as_bytes());
         }

@@ -24,7 +24,7 @@ use axum::routing::get;
 use prometheus_client::registry::Registry;
 use tokio_util::sync::CancellationToken;
 
-pub use live::{LiveSource, MAX_LIVE_CONFIG_BYTES};
+pub use live::{LiveSource, MAX_CONFIG_BYTES};
 pub use metrics::{CONNECT_BUCKETS, SESSION_BUCKETS};
 
 use crate::proxy::reload::CONFIG_PATH;
@@ -72,9 +72,6 @@ pub enum Error {
     Listen { addr: SocketAddr, source: std::io::Error },
 }
 
-/// The most of `nginx.conf` that is read; the lines for 64 backends × 32 ports stay far below it.
-const MAX_CONFIG_BYTES: u64 = 4 << 20;
-
 /// Runs until `stop`, then for `options.drain` more while lines still arrive.
 pub async fn run(options: Options, stop: CancellationToken) -> Result<(), Error> {
     let (id, upstreams, follower) = match &options.source {
@@ -84,28 +81,27 @@ pub async fn run(options: Options, stop: CancellationToken) -> Result<(), Error>
                 read = reading => read?,
                 () = stop.cancelled() => return Ok(()),
             };
-            (id, upstreams, None)
+            (Some(id), upstreams, None)
         }
         Source::Live(source) => {
-            let Some((changes, files, first)) = live::start(source, &stop).await? else { return Ok(()) };
-            (first.id.clone(), first.upstreams.clone(), Some((changes, files, first)))
+            let Some((changes, first)) = live::start(source, &stop).await? else { return Ok(()) };
+            // Served only once the proxy container says so (see `live::follow`).
+            (None, first.upstreams.clone(), Some((changes, live::SharedFiles::in_dir(&source.dir), first)))
         }
     };
     let mut registry = Registry::default();
-    let metrics = Arc::new(ProxyMetrics::register(&id, upstreams, &mut registry));
+    let metrics = Arc::new(ProxyMetrics::register(id.as_deref(), upstreams, &mut registry));
     if let Some((changes, files, first)) = follower {
         let (metrics, stop) = (metrics.clone(), stop.clone());
-        tokio::spawn(async move { live::follow(changes, files, &first, metrics, stop).await });
+        tokio::spawn(live::follow(changes, files, first, metrics, stop));
     }
     let log_addr = SocketAddr::from(([127, 0, 0, 1], options.log_port));
     let log_error = |source| Error::Log { port: options.log_port, source };
     let socket = std::net::UdpSocket::bind(log_addr).map_err(log_error)?;
     // A wait for a line ends this often, so that the stop is seen.
     socket.set_read_timeout(Some(udp::QUIET)).map_err(log_error)?;
-    let listener = listener::bind(options.listen, "metrics")
-        .await
-        .map_err(|source| Error::Listen { addr: options.listen, source })?;
-    tracing::info!(log = %log_addr, metrics = %options.listen, "counting the proxy's sessions");
+    let (listener, listen) = bind_metrics(options.listen).await?;
+    tracing::info!(log = %log_addr, metrics = %listen, "counting the proxy's sessions");
 
     let registry = Arc::new(registry);
     let scrape = {
@@ -133,6 +129,18 @@ pub async fn run(options: Options, stop: CancellationToken) -> Result<(), Error>
     }
     served.cancel();
     Ok(())
+}
+
+/// Listens on `addr`; for IPv6's any address (both families, so that the controller reaches the
+/// sidecar at the pod's address in every cluster) on a node without IPv6, on IPv4's instead.
+async fn bind_metrics(addr: SocketAddr) -> Result<(tokio::net::TcpListener, SocketAddr), Error> {
+    let bound = listener::bind(addr, "metrics").await;
+    let ipv4 = SocketAddr::from((std::net::Ipv4Addr::UNSPECIFIED, addr.port()));
+    let (bound, addr) = match bound {
+        Err(_) if addr.ip() == std::net::Ipv6Addr::UNSPECIFIED => (listener::bind(ipv4, "metrics").await, ipv4),
+        bound => (bound, addr),
+    };
+    bound.map(|listener| (listener, addr)).map_err(|source| Error::Listen { addr, source })
 }
 
 /// The metrics port is open to the pod network: a few scrapers at a time, each bounded in
@@ -176,9 +184,12 @@ async fn read_bounded(path: &std::path::Path) -> Result<String, Error> {
     let error = |source| Error::Config { path: path.display().to_string(), source };
     let file = tokio::fs::File::open(path).await.map_err(error)?;
     let mut text = String::new();
-    tokio::io::AsyncReadExt::read_to_string(&mut tokio::io::AsyncReadExt::take(file, MAX_CONFIG_BYTES), &mut text)
-        .await
-        .map_err(error)?;
+    tokio::io::AsyncReadExt::read_to_string(
+        &mut tokio::io::AsyncReadExt::take(file, MAX_CONFIG_BYTES as u64),
+        &mut text,
+    )
+    .await
+    .map_err(error)?;
     Ok(text)
 }
 

@@ -297,7 +297,9 @@ fn metrics_sidecar(image: &str, ports: SidecarPorts, source: Vec<String>) -> Con
         .into_iter()
         .chain(source)
         .chain([
-            format!("--listen=0.0.0.0:{}", ports.metrics),
+            // Both families: the controller asks the sidecar at the pod's address, IPv6 in an
+            // IPv6-only cluster; the sidecar falls back to IPv4 on a node without IPv6.
+            format!("--listen=[::]:{}", ports.metrics),
             format!("--log-port={}", ports.log),
             format!("--drain={}s", SIDECAR_DRAIN.as_secs()),
         ])

@@ -96,7 +96,7 @@ struct World {
     cert_manager: PathBuf,
     /// Which of the fixtures shared by several scenarios the cluster already has.
     fixtures: fixtures::Present,
-    _host: Host,
+    host: Host,
 }
 
 fn repo(path: &str) -> PathBuf {
@@ -213,7 +213,7 @@ async fn run_suite(assets: &Path, images: &Path, cert_manager: &Path, state: &Pa
         assets: assets.to_path_buf(),
         cert_manager: cert_manager.to_path_buf(),
         fixtures: fixtures::Present::default(),
-        _host: host,
+        host,
     };
     let all = scenarios![World:
         the_operator_installs_from_deploy_as_a_user_would,
@@ -304,4 +304,8 @@ fn diagnose(world: &World) {
     for node in &world.nodes {
         println!("--- kubelet of {}:\n{}", node.spec.name, node.log_tail("kubelet", 20));
     }
+    // The one kube-proxy: a Service it has not programmed is unreachable ("no route to host").
+    let log = std::fs::read_to_string(world.host.state.join("kube-proxy.log")).unwrap_or_default();
+    let tail: Vec<&str> = log.lines().rev().take(30).collect();
+    println!("--- kube-proxy:\n{}", tail.into_iter().rev().collect::<Vec<_>>().join("\n"));
 }

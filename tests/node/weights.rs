@@ -251,8 +251,7 @@ pub async fn weights_change_live_without_a_new_pod_or_a_cut_connection(world: &m
     change_backends(world, SAMPLE, &[("v1", 80), ("v2", 10), ("v3", 10)], &[]).await;
     change_backends(world, SAMPLE, &[], &["v3"]).await;
     let sample = wait_ready_balancer(world, SAMPLE, Duration::from_secs(60)).await;
-    // As the guide says to wait for a change to be live.
-    world.kubectl.ok(&["-n", NS, "wait", "balancer/example-balancer", "--for=condition=Programmed", "--timeout=30s"]);
+    wait_live_as_the_guide_says(world);
     nodes::settled(world, NS, &nodes::proxy_pods(), pods.len()).await;
     let services: Api<Service> = Api::namespaced(world.admin.clone(), NS);
     eventually("the removed backend's Service deleted", Duration::from_secs(30), || async {
@@ -265,6 +264,18 @@ pub async fn weights_change_live_without_a_new_pod_or_a_cut_connection(world: &m
     held.assert_kept(&format!("through {FLIPS} flips and a removed backend")).await;
     assert_eq!(proxy_pod_uids(world).await, pods, "the same proxy pods serve every change");
     assert_eq!(sample.status.expect("a status").active_backends, 2);
+}
+
+/// The guide's block that waits for a change to be live, run as it is, with `kubectl` pointed at
+/// the suite's cluster and the sample's namespace.
+fn wait_live_as_the_guide_says(world: &World) {
+    let guide = std::fs::read_to_string(crate::repo("docs/guide.md")).expect("the guide");
+    let blocks = guide.split("```sh\n").skip(1).filter_map(|block| block.split("```").next());
+    let block = blocks.into_iter().find(|b| b.contains("--for=condition=Programmed")).expect("the guide's wait block");
+    let kubeconfig = world.plane.kubeconfig("admin");
+    let kubectl = format!("kubectl() {{ command kubectl --kubeconfig={} -n {NS} \"$@\"; }}", kubeconfig.display());
+    let status = Command::new("bash").args(["-ec", &format!("{kubectl}\n{block}")]).status().expect("bash runs");
+    assert!(status.success(), "the guide's wait block failed:\n{block}");
 }
 
 /// The UIDs of the sample's live proxy pods.

@@ -1011,7 +1011,7 @@ fn the_metrics_sidecar_runs_balancers_image_as_strictly_as_the_proxy() {
             "proxy-metrics",
             "--configmap=example-balancer-proxy-configmap",
             "--live-dir=/run/balancer",
-            "--listen=0.0.0.0:9113",
+            "--listen=[::]:9113",
             "--log-port=5514",
             "--drain=10s"
         ]
