@@ -52,7 +52,7 @@ async fn scrape(address: &str) -> Option<String> {
 }
 
 /// The runtime's ID of `pod`'s container `name`.
-fn container_id(pod: &Pod, name: &str) -> Option<String> {
+pub fn container_id(pod: &Pod, name: &str) -> Option<String> {
     let statuses = pod.status.as_ref()?.container_statuses.as_ref()?;
     let id = statuses.iter().find(|c| c.name == name)?.container_id.as_deref()?;
     Some(id.rsplit("://").next()?.to_string())

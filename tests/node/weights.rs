@@ -14,7 +14,7 @@ use crate::fixtures::{
     self, Sample, balancers, change_backends, every_backend_answers, front_ip, pod_ips, refuses_root_pods,
     restricted_namespace, wait_available, wait_backends, wait_ready_balancer,
 };
-use crate::sidecar::proxy_sessions;
+use crate::sidecar::{container_id, proxy_sessions, sidecar_counts};
 use crate::toolkit::load::{Held, Load, assert_shares, one_request, shares_match, split};
 use crate::toolkit::runner::eventually;
 use crate::toolkit::wait::{self, balancer_until};
@@ -387,4 +387,132 @@ pub async fn deleting_the_balancer_removes_every_child_and_pod(world: &mut World
         children_gone.as_secs_f64(),
         deleted.elapsed().as_secs_f64()
     );
+}
+
+/// The churn scenario's size: changes, how far apart, and connections held open meanwhile.
+#[derive(Debug, Clone, Copy)]
+struct Churn {
+    changes: usize,
+    interval: Duration,
+    connections: usize,
+}
+
+impl Churn {
+    /// 40 changes at the proxy's own reload rate (two a second) with 200 connections, to keep
+    /// the suite's time; `BALANCER_NODE_CHURN=full` runs the 120 changes in two minutes
+    /// with 500 connections.
+    fn from_env() -> Churn {
+        match std::env::var("BALANCER_NODE_CHURN").as_deref() {
+            Ok("full") => Churn { changes: 120, interval: Duration::from_secs(1), connections: 500 },
+            _ => Churn { changes: 40, interval: Duration::from_millis(500), connections: 200 },
+        }
+    }
+}
+
+/// Weight changes in a burst, at the proxy's own reload rate, with connections held open and
+/// clients sending meanwhile: no request fails, no held connection is cut (the old workers that
+/// hold them are the only long-lived draining ones, far within the bound), nginx applies them
+/// coalesced (the sidecar counts its reloads), and the proxy pod's nginx processes stay far
+/// under the container's memory limit (their resident memory summed, sampled every 100 ms:
+/// shared pages count once per process, so this overstates).
+pub async fn churn_fails_nothing_and_stays_under_the_memory_limit(world: &mut World) {
+    let Churn { changes, interval, connections } = Churn::from_env();
+    world.ensure_sample(Sample::AS_SHIPPED).await;
+    let address = format!("{}:80", front_ip(world, SAMPLE).await);
+    let pods = proxy_pod_uids(world).await;
+    assert_eq!(pods.len(), 1, "one proxy pod: {pods:?}");
+    let proxy_ip = pod_ips(world, NS, &nodes::proxy_pods()).await.pop().expect("the proxy pod's address");
+    let metrics = format!("{proxy_ip}:9113");
+    let reloads = || sidecar_counts(&metrics, "balancer_proxy_config_reloads_total", "");
+    let before = reloads().await.and_then(|c| c.get("").copied()).unwrap_or_default();
+    let proxies: Api<Pod> = Api::namespaced(world.admin.clone(), NS);
+    let listed = proxies.list(&ListParams::default().labels(&nodes::proxy_pods())).await.expect("proxy pods");
+    let nginx = listed.items.iter().find_map(|pod| container_id(pod, "nginx")).expect("the nginx container's ID");
+    let memory = ResidentMemory::sample(&nginx);
+    let held = Held::open(&address, connections).await;
+    let load = Load::start(address.clone(), 4);
+    let weights = [
+        [("v1", 40), ("v2", 20), ("v3", 40)],
+        [("v1", 10), ("v2", 80), ("v3", 10)],
+        [("v1", 30), ("v2", 30), ("v3", 40)],
+    ];
+    let started = tokio::time::Instant::now();
+    for change in 0..changes {
+        change_backends(world, SAMPLE, &weights[change % weights.len()], &[]).await;
+        let next = u32::try_from(change + 1).expect("a few changes");
+        tokio::time::sleep_until(started + interval * next).await;
+    }
+    let churned = started.elapsed().as_secs_f64();
+    let replicas = i32::try_from(pods.len()).expect("a few pods");
+    let what = "every proxy pod serving the last change";
+    balancer_until(&balancers(world), SAMPLE, what, Duration::from_secs(10), wait::programmed(replicas)).await;
+    let after = reloads().await.and_then(|c| c.get("").copied()).unwrap_or_default();
+    let peak = memory.finish();
+    load.assert_no_failures(&format!("during {changes} changes in {churned:.0} s")).await;
+    held.assert_kept(&format!("through {changes} changes")).await;
+    println!(
+        "node: {changes} weight changes in {churned:.1} s: nginx reloaded {} times; the proxy's nginx processes peaked at {:.1} MiB resident (limit 128 MiB)",
+        after - before,
+        peak as f64 / 1048576.0
+    );
+    assert!(after > before && after - before <= changes as f64, "reloads counted: {before} → {after}");
+    assert!(peak > 0, "no nginx process found in the proxy container's cgroup");
+    assert!(peak < 96 << 20, "nginx's resident memory peaked at {peak} bytes");
+    assert_eq!(proxy_pod_uids(world).await, pods, "the same proxy pod throughout");
+}
+
+/// The resident memory of one pod's nginx processes, summed, sampled until finished: its peak.
+struct ResidentMemory {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    sampler: std::thread::JoinHandle<u64>,
+}
+
+impl ResidentMemory {
+    /// Samples the nginx processes in the cgroup of the container `id` (the host sees them all;
+    /// the node's kubelet makes no pod cgroups, and the runtime names each container's after it).
+    fn sample(id: &str) -> ResidentMemory {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let marks = [id.to_string()];
+        let sampler = std::thread::spawn({
+            let stop = stop.clone();
+            move || {
+                let mut peak = 0;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    peak = peak.max(nginx_resident(&marks));
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+                peak
+            }
+        });
+        ResidentMemory { stop, sampler }
+    }
+
+    fn finish(self) -> u64 {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.sampler.join().expect("the memory sampler")
+    }
+}
+
+/// The summed `VmRSS` of the `nginx` processes whose cgroup names one of `marks`, in bytes.
+fn nginx_resident(marks: &[String]) -> u64 {
+    let Ok(entries) = std::fs::read_dir("/proc") else { return 0 };
+    let mut total = 0;
+    for entry in entries.flatten() {
+        let dir = entry.path();
+        let comm = std::fs::read_to_string(dir.join("comm")).unwrap_or_default();
+        if comm.trim() != "nginx" {
+            continue;
+        }
+        let cgroup = std::fs::read_to_string(dir.join("cgroup")).unwrap_or_default();
+        if !marks.iter().any(|mark| cgroup.contains(mark.as_str())) {
+            continue;
+        }
+        let status = std::fs::read_to_string(dir.join("status")).unwrap_or_default();
+        let kib = status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches(" kB").trim().parse::<u64>().ok());
+        total += kib.unwrap_or(0) * 1024;
+    }
+    total
 }
