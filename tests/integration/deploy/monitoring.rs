@@ -96,9 +96,11 @@ async fn sidecar_exposition() -> String {
     let line = "<190>Nov 24 12:00:00 balancer: 80 TCP 200 10 20 0.005 \"v1.test:80, v2.test:80\" \"-, 0.001\"";
     let socket = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
     socket.send_to(line.as_bytes(), ("127.0.0.1", log_port)).await.unwrap();
+    // Counted once the session's `ok` is 1: the series of a new backend are made one family
+    // after another, so a scrape in between sees some families and not yet the others.
     for _ in 0..200 {
         text = http_get(&url).await.unwrap_or_default();
-        if text.contains("balancer_proxy_sessions_total{") {
+        if text.contains("backend=\"v2\",outcome=\"ok\"} 1") {
             break;
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
