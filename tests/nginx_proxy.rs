@@ -1477,7 +1477,7 @@ impl LivePod {
         };
         let script = reload::live_entrypoint(&files, policy);
         let log = fs::File::create(at("stderr.log")).expect("log file");
-        let (mut shell, tools) = shell(dir.path());
+        let (mut shell, tools) = support::shell::shell(dir.path());
         let child = shell
             .env("PATH", format!("{tools}{}", std::env::var("PATH").unwrap_or_default()))
             .args(["-c", &script, "nginx", "-c", &running, "-e", "stderr", "-g"])
@@ -1556,25 +1556,6 @@ impl Drop for LivePod {
         signal("KILL", &format!("-{}", self.child.id()));
         let _ = self.child.kill();
         let _ = self.child.wait();
-    }
-}
-
-/// The shell the entrypoint runs under, and what to put first on its PATH: `/bin/sh` (dash on
-/// Debian), or, when `BALANCER_TEST_BUSYBOX` names a busybox binary (by its full path), its ash
-/// with busybox's own tools, as in Alpine's nginx image.
-fn shell(scratch: &std::path::Path) -> (Command, String) {
-    match std::env::var("BALANCER_TEST_BUSYBOX") {
-        Ok(busybox) if !busybox.is_empty() => {
-            let bin = scratch.join("busybox-bin");
-            fs::create_dir_all(&bin).expect("a directory for busybox's tools");
-            for tool in ["cat", "cp", "mv", "rm", "grep", "sed", "sort", "head", "sleep", "kill"] {
-                std::os::unix::fs::symlink(&busybox, bin.join(tool)).expect("a busybox tool");
-            }
-            let mut command = Command::new(&busybox);
-            command.arg("ash");
-            (command, format!("{}:", bin.display()))
-        }
-        _ => (Command::new("/bin/sh"), String::new()),
     }
 }
 

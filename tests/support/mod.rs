@@ -4,6 +4,7 @@
 
 pub mod fixtures;
 pub mod mock_api;
+pub mod shell;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

@@ -94,19 +94,8 @@ impl Pod {
 
     /// The entrypoint's exit code and stderr, waiting at most `timeout`.
     fn exit(mut self, timeout: Duration) -> (Option<i32>, String) {
-        let deadline = Instant::now() + timeout;
-        while Instant::now() < deadline {
-            if let Some(status) = self.entrypoint.try_wait().expect("wait") {
-                let mut stderr = String::new();
-                if let Some(mut pipe) = self.entrypoint.stderr.take() {
-                    let _ = std::io::Read::read_to_string(&mut pipe, &mut stderr);
-                }
-                return (status.code(), stderr);
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = self.entrypoint.kill();
-        panic!("the entrypoint did not exit within {timeout:?}; events: {}", self.events());
+        let events = self.dir.path().join("events");
+        super::exit_of(&mut self.entrypoint, timeout, &events)
     }
 }
 

@@ -97,7 +97,7 @@ impl Pod {
             rejected: &rejected,
         };
         let script = live_entrypoint(&files, policy);
-        let (mut shell, tools) = shell(dir.path());
+        let (mut shell, tools) = crate::support::shell::shell(dir.path());
         let search = format!("{}:{tools}{}", dir.path().display(), std::env::var("PATH").unwrap_or_default());
         let directives = format!("daemon off; pid {pid_file};");
         let entrypoint = shell
@@ -163,19 +163,8 @@ impl Pod {
 
     /// The entrypoint's exit code and stderr, waiting at most `timeout`.
     fn exit(mut self, timeout: Duration) -> (Option<i32>, String) {
-        let deadline = Instant::now() + timeout;
-        while Instant::now() < deadline {
-            if let Some(status) = self.entrypoint.try_wait().expect("wait") {
-                let mut stderr = String::new();
-                if let Some(mut pipe) = self.entrypoint.stderr.take() {
-                    let _ = std::io::Read::read_to_string(&mut pipe, &mut stderr);
-                }
-                return (status.code(), stderr);
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = self.entrypoint.kill();
-        panic!("the entrypoint did not exit within {timeout:?}; events: {}", self.events());
+        let events = self.dir.path().join("events");
+        super::exit_of(&mut self.entrypoint, timeout, &events)
     }
 }
 
@@ -188,25 +177,6 @@ impl Drop for Pod {
         if let Ok(pid) = pid.trim().parse::<u32>() {
             let _ = Command::new("kill").args(["-KILL", &pid.to_string()]).stderr(Stdio::null()).status();
         }
-    }
-}
-
-/// The shell the entrypoint runs under, and what to put first on its PATH: `/bin/sh` (dash on
-/// Debian), or, when `BALANCER_TEST_BUSYBOX` names a busybox binary (by its full path), its ash
-/// with busybox's own tools, as in Alpine's nginx image.
-fn shell(scratch: &Path) -> (Command, String) {
-    match std::env::var("BALANCER_TEST_BUSYBOX") {
-        Ok(busybox) if !busybox.is_empty() => {
-            let bin = scratch.join("busybox-bin");
-            std::fs::create_dir_all(&bin).expect("a directory for busybox's tools");
-            for tool in ["cat", "cp", "mv", "rm", "grep", "sed", "sort", "head", "sleep", "kill"] {
-                std::os::unix::fs::symlink(&busybox, bin.join(tool)).expect("a busybox tool");
-            }
-            let mut command = Command::new(&busybox);
-            command.arg("ash");
-            (command, format!("{}:", bin.display()))
-        }
-        _ => (Command::new("/bin/sh"), String::new()),
     }
 }
 
