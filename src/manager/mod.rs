@@ -128,7 +128,10 @@ pub async fn start(
     let reload = tokio::spawn(watcher.run(config.tls_reload_interval, shutdown.clone()));
     // The webhook's connections on threads of their own; probes and metrics on this runtime.
     let webhook_workers = Workers::per_core("webhook")?;
-    let webhook_options = ServeOptions::new(limits.connections.clone()).tls(tls_config.clone()).on(webhook_workers);
+    let webhook_options = ServeOptions::new(limits.connections.clone())
+        .tls(tls_config.clone())
+        .on(webhook_workers)
+        .draining(readiness.draining.clone());
     let webhook = tokio::spawn(listener::serve(
         webhook_listener,
         WebhookService::new(state.clone()),
@@ -137,12 +140,13 @@ pub async fn start(
     ));
     let protected = metrics_listener.map(|metrics_listener| {
         let router = metrics::protected_router(metrics.registry.clone(), metrics_auth);
-        let options = ServeOptions::new(limits.connections.clone()).tls(tls_config.clone());
+        let options =
+            ServeOptions::new(limits.connections.clone()).tls(tls_config.clone()).draining(readiness.draining.clone());
         tokio::spawn(listener::serve(metrics_listener, router, options, shutdown.clone()))
     });
     let exported = config.insecure_metrics.then(|| metrics.registry.clone());
     let probe_router = probes::router(readiness.clone(), exported);
-    let probe_options = ServeOptions::new(limits.probe_connections.clone());
+    let probe_options = ServeOptions::new(limits.probe_connections.clone()).draining(readiness.draining.clone());
     let probe = tokio::spawn(listener::serve(probe_listener, probe_router, probe_options, shutdown.clone()));
     let all = tokio::spawn(async move {
         let servers = async {
@@ -184,7 +188,7 @@ pub async fn run(config: Config) -> Result<(), RunError> {
     let signals = Signals::listen()?;
     let (_, readiness, servers) = start(&config, limits, shutdown.clone()).await?;
     signals.wait().await;
-    readiness.shutting_down.store(true, Ordering::Release);
+    readiness.draining.cancel();
     tracing::info!(delay = ?config.shutdown_delay, "shutting down: reporting not-ready, then draining");
     tokio::time::sleep(config.shutdown_delay).await;
     shutdown.cancel();

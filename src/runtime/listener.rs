@@ -8,6 +8,9 @@
 //! - At [`ConnectionLimits::max_connections`], a new client closes the connection that has been
 //!   idle longest (as nginx does), so idle sockets can never lock out the API server or the
 //!   kubelet; only when every connection is busy is the new one refused.
+//! - Once [`ServeOptions::draining`] starts, every answer says `Connection: close`, so clients
+//!   empty their keep-alive pools of this server before it stops: closing an idle connection
+//!   races a client's next request on it, which Go does not retry for a POST.
 //! - The webhook's connections are served by [`Workers`]: one thread per core, each with its own
 //!   single-threaded runtime, as nginx's worker processes; the probe listener stays on the main
 //!   runtime, so a flood of webhook traffic never delays the kubelet's probes.
@@ -23,6 +26,8 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use axum::Router;
+use axum::http::HeaderValue;
+use axum::http::header::CONNECTION;
 use axum::response::Response;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
@@ -180,13 +185,15 @@ pub struct ServeOptions {
     pub limits: ConnectionLimits,
     /// On these threads, else on the caller's runtime.
     pub workers: Option<Workers>,
+    /// Once cancelled, each connection closes after its next answer.
+    pub draining: CancellationToken,
 }
 
 impl ServeOptions {
     /// Within `limits`: plain HTTP on the caller's runtime, unless [`Self::tls`] and [`Self::on`]
     /// say otherwise.
     pub fn new(limits: ConnectionLimits) -> Self {
-        ServeOptions { tls: None, limits, workers: None }
+        ServeOptions { tls: None, limits, workers: None, draining: CancellationToken::new() }
     }
 
     /// Over TLS with `config`.
@@ -198,12 +205,19 @@ impl ServeOptions {
     pub fn on(self, workers: Workers) -> Self {
         ServeOptions { workers: Some(workers), ..self }
     }
+
+    /// Closing each connection after its next answer once `draining` is cancelled (the
+    /// shutdown delay, while endpoints drop this replica), so that no client is left holding
+    /// an idle connection for the shutdown to close under its next request.
+    pub fn draining(self, draining: CancellationToken) -> Self {
+        ServeOptions { draining, ..self }
+    }
 }
 
 /// Serves `service` on `listener` until `shutdown`, as `options` say; then lets in-flight
 /// requests finish within the grace period.
 pub async fn serve<S: Serve>(listener: TcpListener, service: S, options: ServeOptions, shutdown: CancellationToken) {
-    let ServeOptions { tls, limits, workers } = options;
+    let ServeOptions { tls, limits, workers, draining } = options;
     let acceptor = tls.map(TlsAcceptor::from);
     let graceful = GracefulShutdown::new();
     let open = Arc::new(OpenConnections::new(limits.max_connections));
@@ -233,6 +247,7 @@ pub async fn serve<S: Serve>(listener: TcpListener, service: S, options: ServeOp
             acceptor: acceptor.clone(),
             service: service.clone(),
             limits: limits.clone(),
+            draining: draining.clone(),
             shutdown: shutdown.clone(),
         };
         let serve = move |tcp: TcpStream| async move {
@@ -259,13 +274,15 @@ struct Connection<S> {
     acceptor: Option<TlsAcceptor>,
     service: S,
     limits: Arc<ConnectionLimits>,
+    /// Once cancelled, answers say `Connection: close`.
+    draining: CancellationToken,
     /// Ends a connection still waiting for its first byte or handshake; serving ones drain.
     shutdown: CancellationToken,
 }
 
 impl<S: Serve> Connection<S> {
     async fn serve(self, tcp: TcpStream, state: Arc<ConnectionState>, watcher: hyper_util::server::graceful::Watcher) {
-        let Connection { peer, acceptor, service, limits, shutdown } = self;
+        let Connection { peer, acceptor, service, limits, draining, shutdown } = self;
         let first_byte = tokio::select! {
             _ = shutdown.cancelled() => return,
             first_byte = tokio::time::timeout(limits.first_byte_timeout, tcp.readable()) => first_byte,
@@ -280,7 +297,14 @@ impl<S: Serve> Connection<S> {
         let service = hyper::service::service_fn(move |request: hyper::Request<Incoming>| {
             let busy = state.busy();
             let response = service.call(request);
-            async move { Ok::<_, Infallible>(response.await.map(|body| BusyBody { body, _busy: busy })) }
+            let draining = draining.clone();
+            async move {
+                let mut response = response.await;
+                if draining.is_cancelled() {
+                    response.headers_mut().insert(CONNECTION, HeaderValue::from_static("close"));
+                }
+                Ok::<_, Infallible>(response.map(|body| BusyBody { body, _busy: busy }))
+            }
         });
         let mut builder = hyper::server::conn::http1::Builder::new();
         builder

@@ -4,6 +4,8 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use tokio_util::sync::CancellationToken;
+
 use axum::Router;
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -24,14 +26,16 @@ use super::metrics::exposition;
 pub struct Readiness {
     /// A serving certificate is loaded.
     pub certificate: Arc<AtomicBool>,
-    /// Set on SIGTERM, so endpoints drop this replica before it stops listening.
-    pub shutting_down: Arc<AtomicBool>,
+    /// Cancelled on SIGTERM, so endpoints drop this replica before it stops listening; the
+    /// listeners then close each connection after its next answer (see
+    /// [`ServeOptions::draining`](super::listener::ServeOptions::draining)).
+    pub draining: CancellationToken,
 }
 
 impl Readiness {
     fn problems(&self) -> Vec<&'static str> {
         let mut problems = Vec::new();
-        if self.shutting_down.load(Ordering::Acquire) {
+        if self.draining.is_cancelled() {
             problems.push("shutting down");
         }
         if !self.certificate.load(Ordering::Acquire) {

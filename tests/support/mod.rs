@@ -37,6 +37,8 @@ pub struct TestServer {
     pub probe: SocketAddr,
     pub dir: TempDir,
     shutdown: CancellationToken,
+    /// Cancelled by SIGTERM in `balancer run`, before the shutdown delay.
+    draining: CancellationToken,
     task: JoinHandle<()>,
 }
 
@@ -77,8 +79,10 @@ impl TestServer {
         let mut args = run_args(&cert, &key, limits.max_body_bytes);
         adjust(&mut args);
         let shutdown = CancellationToken::new();
-        let (bound, _, task) = manager::start(&args.config(), limits, shutdown.clone()).await.expect("server starts");
-        TestServer { webhook: bound.webhook, probe: bound.probe, dir, shutdown, task }
+        let (bound, readiness, task) =
+            manager::start(&args.config(), limits, shutdown.clone()).await.expect("server starts");
+        let draining = readiness.draining.clone();
+        TestServer { webhook: bound.webhook, probe: bound.probe, dir, shutdown, draining, task }
     }
 
     pub fn ca_path(&self) -> PathBuf {
@@ -113,6 +117,11 @@ impl TestServer {
 
     pub fn shutdown_token(&self) -> CancellationToken {
         self.shutdown.clone()
+    }
+
+    /// What SIGTERM starts before the shutdown delay: not ready, closing connections as they answer.
+    pub fn begin_draining(&self) {
+        self.draining.cancel();
     }
 
     pub async fn metrics(&self) -> String {

@@ -512,6 +512,57 @@ async fn shutdown_lets_in_flight_requests_finish_and_stops_accepting() {
     server.stop().await;
 }
 
+/// During the shutdown delay every answer closes its connection (`Connection: close`), so the
+/// API server's keep-alive pool empties before the listener stops: closing an idle connection
+/// at shutdown races its next POST, which Go does not retry ("failed calling webhook: EOF").
+#[tokio::test]
+async fn draining_closes_each_connection_after_its_next_answer() {
+    let server = TestServer::start().await;
+    let mut kept = tls_connect(&server).await;
+    let before = exchange(&mut kept, "/healthz").await;
+    assert!(before.starts_with("http/1.1 200 ok") && !before.contains("connection: close"), "{before}");
+
+    server.begin_draining();
+    let ready = reqwest::get(server.probe_url("/readyz")).await.unwrap();
+    assert_eq!(ready.status(), 503, "ready while draining");
+    // The connection opened before still gets its answer, then is closed by the server.
+    let during = exchange(&mut kept, "/healthz").await;
+    assert!(during.starts_with("http/1.1 200 ok") && during.contains("connection: close"), "{during}");
+    let mut rest = Vec::new();
+    let closed = tokio::time::timeout(Duration::from_secs(2), kept.read_to_end(&mut rest)).await;
+    assert!(matches!(closed, Ok(Ok(0))), "still open after its answer while draining: {closed:?}");
+    // A new connection is still answered, once.
+    let mut fresh = tls_connect(&server).await;
+    let answer = exchange(&mut fresh, "/readyz").await;
+    assert!(answer.starts_with("http/1.1 503") && answer.contains("connection: close"), "{answer}");
+    server.stop().await;
+}
+
+/// Sends `GET path` and reads exactly one answer (its head and `content-length` bytes of body),
+/// lowercased.
+async fn exchange(tls: &mut tokio_rustls::client::TlsStream<TcpStream>, path: &str) -> String {
+    tls.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes()).await.unwrap();
+    let mut answer = Vec::new();
+    let mut chunk = [0u8; 1024];
+    loop {
+        let text = String::from_utf8_lossy(&answer).to_ascii_lowercase();
+        if let Some(end) = text.find("\r\n\r\n") {
+            let length = text
+                .lines()
+                .find_map(|line| line.strip_prefix("content-length: "))
+                .and_then(|n| n.trim().parse::<usize>().ok())
+                .unwrap_or(0);
+            if answer.len() >= end + 4 + length {
+                return text;
+            }
+        }
+        let read = tokio::time::timeout(Duration::from_secs(5), tls.read(&mut chunk)).await;
+        let n = read.expect("an answer within 5 s").expect("read");
+        assert!(n > 0, "closed before a whole answer: {text}");
+        answer.extend_from_slice(&chunk[..n]);
+    }
+}
+
 /// Oversized lists and selectors are refused while they are read, with their exact size,
 /// so a single review can make the server neither keep nor answer an unbounded list.
 #[tokio::test]
