@@ -27,4 +27,6 @@ pub(crate) use fields::{
 pub use limits::*;
 pub use names::*;
 pub use v1beta1::{BackendStatus, Balancer, BalancerSpec, BalancerStatus};
-pub use values::{Algorithm, ConditionStatus, ExternalTrafficPolicy, Protocol, ServiceType, SessionAffinity};
+pub use values::{
+    Algorithm, ConditionStatus, ExternalTrafficPolicy, Protocol, ServiceType, SessionAffinity, UpstreamKind,
+};

@@ -276,6 +276,15 @@ pub struct ProxySpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 16))]
     pub drain_timeout: Option<String>,
+    /// What the proxy sends connections to: `Pods` (the default), each backend's ready pods from
+    /// its EndpointSlices, each weighing the backend's weight over its pod count, so a pod that
+    /// dies costs one retry on another; or `Services`, each backend's cluster IP, leaving the
+    /// choice of pod to kube-proxy. `Pods` needs the operator's metrics sidecar
+    /// (`--proxy-metrics-image`), which delivers endpoint changes without a rollout; without
+    /// it the proxy uses Services.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("enum" = ["Pods", "Services"]))]
+    pub upstreams: Option<String>,
     /// Annotations on the proxy pods (a service mesh's or a monitoring agent's, say).
     #[serde(default, skip_serializing_if = "Option::is_none", deserialize_with = "read_annotations")]
     #[schemars(schema_with = "annotations_schema")]

@@ -20,9 +20,25 @@ macro_rules! wire_name {
     )*};
 }
 
-/// `spec.ports[].protocol`: what nginx's stream module can proxy.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Display, EnumString, IntoStaticStr, VariantNames)]
+/// `spec.ports[].protocol`: what nginx's stream module can proxy. Serde writes the same names,
+/// for the proxy's model.
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    Default,
+    PartialEq,
+    Eq,
+    Hash,
+    Display,
+    EnumString,
+    IntoStaticStr,
+    VariantNames,
+    serde::Serialize,
+    serde::Deserialize,
+)]
 #[strum(serialize_all = "UPPERCASE")]
+#[serde(rename_all = "UPPERCASE")]
 pub enum Protocol {
     #[default]
     Tcp,
@@ -37,6 +53,16 @@ pub enum Algorithm {
     RoundRobin,
     LeastConnections,
     PowerOfTwoChoices,
+}
+
+/// `spec.proxy.upstreams`: what the proxy sends connections to.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Display, EnumString, IntoStaticStr, VariantNames)]
+pub enum UpstreamKind {
+    /// Each backend's ready pods, from its Service's EndpointSlices.
+    #[default]
+    Pods,
+    /// Each backend's Service (its cluster IP), which kube-proxy spreads over its pods.
+    Services,
 }
 
 /// `spec.sessionAffinity`, as a Service's.
@@ -75,7 +101,7 @@ pub enum ConditionStatus {
     Unknown,
 }
 
-wire_name!(Protocol, Algorithm, SessionAffinity, ServiceType, ExternalTrafficPolicy, ConditionStatus);
+wire_name!(Protocol, Algorithm, UpstreamKind, SessionAffinity, ServiceType, ExternalTrafficPolicy, ConditionStatus);
 
 impl ServiceType {
     /// Whether the front Service gets node ports (NodePort and LoadBalancer do).

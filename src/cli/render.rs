@@ -52,7 +52,7 @@ pub fn render_yaml(
                 block_owner_deletion: Some(true),
             },
         };
-        let proxy = proxy(&owner, &spec, settings, BackendHosts::ServiceNames);
+        let proxy = proxy(&owner, &spec, settings, BackendHosts::ServiceNames, None);
         let _ = writeln!(out, "# Balancer {namespace}/{name} ({source_name}, document {document})");
         let _ = writeln!(out, "# ownerReferences carry a placeholder uid; the API server assigns the real one.");
         let _ = writeln!(out, "# nginx.conf names the backend Services; the controller writes their cluster IPs.");

@@ -27,7 +27,7 @@ use kube::runtime::watcher;
 use serde::{Deserialize, Deserializer};
 
 use super::stored::StoredBalancer;
-use crate::proxy::{BALANCER_NAME_LABEL, COMPONENT_FRONTEND, COMPONENT_LABEL};
+use crate::proxy::{BALANCER_NAME_LABEL, COMPONENT_FRONTEND, COMPONENT_LABEL, PodPort, ReadyPod};
 
 /// The label that names a slice's Service, set by the EndpointSlice controller.
 const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
@@ -59,11 +59,24 @@ pub struct ReadySlice {
     service: Option<Box<str>>,
     /// The Balancer, from the label copied from the Service.
     balancer: Option<Box<str>>,
-    /// The identities of the ready endpoints, sorted and distinct.
-    ready: Arc<[Box<str>]>,
+    /// The ready endpoints, sorted by identity and distinct.
+    ready: Arc<[ReadyEndpoint]>,
+    /// The slice's ports (the Service's ports, resolved on its pods), [`MAX_PORTS_PER_SLICE`]
+    /// at most.
+    ports: Arc<[PodPort]>,
+    /// Whether its addresses are IPv6 ones (`addressType: IPv6`).
+    ipv6: bool,
     /// For a front Service's slice only: the endpoints that are not terminating, ready or not
     /// yet (the proxy pods), sorted and distinct.
     live: Arc<[LiveEndpoint]>,
+}
+
+/// A ready endpoint: what it stands for (see [`ReadySlice`]) and its first address (empty when
+/// it has none).
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct ReadyEndpoint {
+    identity: Box<str>,
+    address: Box<str>,
 }
 
 /// A pod behind a front Service that is not terminating: its name (from `targetRef`) and its
@@ -85,13 +98,43 @@ impl ReadySlice {
     }
 }
 
-/// The EndpointSlice fields read; serde skips the rest (ports, address type, topology).
+/// The EndpointSlice fields read; serde skips the rest (topology, hints).
 #[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
 struct Wire {
     #[serde(default)]
     metadata: ObjectMeta,
     #[serde(default)]
+    address_type: Option<String>,
+    #[serde(default)]
     endpoints: Option<Vec<Endpoint>>,
+    #[serde(default)]
+    ports: Option<Vec<WirePort>>,
+}
+
+#[derive(Deserialize)]
+struct WirePort {
+    #[serde(default)]
+    name: Option<String>,
+    #[serde(default)]
+    protocol: Option<String>,
+    #[serde(default)]
+    port: Option<i32>,
+}
+
+/// Most ports kept for one slice: the API server allows 100.
+const MAX_PORTS_PER_SLICE: usize = 100;
+
+/// The slice's ports that name a port number, [`MAX_PORTS_PER_SLICE`] at most. An unset
+/// protocol is TCP, as the API defaults it; one nginx cannot proxy (SCTP) is left out.
+fn slice_ports(ports: &[WirePort]) -> Arc<[PodPort]> {
+    let read = |port: &WirePort| {
+        let protocol = port.protocol.as_deref().unwrap_or("TCP").parse().ok()?;
+        let number = u16::try_from(port.port?).ok().filter(|&p| p > 0)?;
+        let name = bounded(port.name.clone().unwrap_or_default()).into_string();
+        Some(PodPort { name, protocol, port: number })
+    };
+    ports.iter().take(MAX_PORTS_PER_SLICE).filter_map(read).collect()
 }
 
 #[derive(Deserialize)]
@@ -158,17 +201,21 @@ fn bounded(mut identity: String) -> Box<str> {
     identity.into_boxed_str()
 }
 
-/// The identities of the ready endpoints, sorted and distinct, [`MAX_ENDPOINTS_PER_SLICE`] at most.
-fn ready_identities(endpoints: &[Endpoint], slice_namespace: &str) -> Arc<[Box<str>]> {
-    let mut ready: Vec<Box<str>> = endpoints
+/// The ready endpoints, sorted by identity and distinct, [`MAX_ENDPOINTS_PER_SLICE`] at most.
+fn ready_endpoints(endpoints: &[Endpoint], slice_namespace: &str) -> Arc<[ReadyEndpoint]> {
+    let ready_endpoint = |endpoint: &Endpoint| {
+        let identity = bounded(endpoint.identity(slice_namespace)?);
+        let address = endpoint.addresses.iter().flatten().find(|a| !a.is_empty()).cloned().unwrap_or_default();
+        Some(ReadyEndpoint { identity, address: bounded(address) })
+    };
+    let mut ready: Vec<ReadyEndpoint> = endpoints
         .iter()
         .filter(|endpoint| endpoint.is_ready())
-        .filter_map(|endpoint| endpoint.identity(slice_namespace))
+        .filter_map(ready_endpoint)
         .take(MAX_ENDPOINTS_PER_SLICE)
-        .map(bounded)
         .collect();
     ready.sort_unstable();
-    ready.dedup();
+    ready.dedup_by(|a, b| a.identity == b.identity);
     ready.into()
 }
 
@@ -198,7 +245,9 @@ impl<'de> Deserialize<'de> for ReadySlice {
         let metadata = wire.metadata;
         let namespace = metadata.namespace.as_deref().unwrap_or_default();
         let endpoints = wire.endpoints.as_deref().unwrap_or_default();
-        let ready = ready_identities(endpoints, namespace);
+        let ready = ready_endpoints(endpoints, namespace);
+        let ports = slice_ports(wire.ports.as_deref().unwrap_or_default());
+        let ipv6 = wire.address_type.as_deref() == Some("IPv6");
         let mut labels = metadata.labels.unwrap_or_default();
         let front = labels.get(COMPONENT_LABEL).is_some_and(|c| c == COMPONENT_FRONTEND);
         let live = if front { live_endpoints(endpoints) } else { Arc::from([]) };
@@ -216,6 +265,8 @@ impl<'de> Deserialize<'de> for ReadySlice {
             service,
             balancer,
             ready,
+            ports,
+            ipv6,
             live,
         })
     }
@@ -238,8 +289,11 @@ struct Table {
 struct Slice {
     /// Its Service, as `namespace/name`.
     service: Box<str>,
-    /// Its ready endpoints' identities (shared with the [`ReadySlice`] it was read from).
-    ready: Arc<[Box<str>]>,
+    /// Its ready endpoints, ports and address family (shared with the [`ReadySlice`] it was
+    /// read from).
+    ready: Arc<[ReadyEndpoint]>,
+    ports: Arc<[PodPort]>,
+    ipv6: bool,
     /// A front Service's live endpoints (see [`ReadySlice`]).
     live: Arc<[LiveEndpoint]>,
 }
@@ -255,6 +309,8 @@ fn entry(slice: &ReadySlice) -> (Box<str>, Option<Slice>) {
     let kept = slice.service.as_deref().map(|service| Slice {
         service: key(namespace, service),
         ready: slice.ready.clone(),
+        ports: slice.ports.clone(),
+        ipv6: slice.ipv6,
         live: slice.live.clone(),
     });
     (key(namespace, name), kept)
@@ -279,9 +335,34 @@ impl ReadyEndpointSlices {
             .slices
             .values()
             .filter(|slice| slice.service == service)
-            .flat_map(|slice| slice.ready.iter().map(AsRef::as_ref))
+            .flat_map(|slice| slice.ready.iter().map(|endpoint| &*endpoint.identity))
             .collect();
         u32::try_from(union.len()).unwrap_or(u32::MAX)
+    }
+
+    /// The ready pods of Service `name` in `namespace`, one per endpoint across its slices (by
+    /// its IPv4 address when it has one: the proxy pods listen on both families, and most pod
+    /// networks route IPv4), each with its slice's ports; sorted by address, so the same
+    /// endpoints always render the same configuration.
+    pub fn ready_pods(&self, namespace: &str, name: &str) -> Vec<ReadyPod> {
+        let service = key(namespace, name);
+        let table = self.read();
+        let mut by_identity: HashMap<&str, (bool, &ReadyEndpoint, &Arc<[PodPort]>)> = HashMap::new();
+        let slices = table.slices.values().filter(|slice| slice.service == service);
+        for slice in slices {
+            for endpoint in slice.ready.iter().filter(|e| !e.address.is_empty()) {
+                let entry = by_identity.entry(&endpoint.identity).or_insert((slice.ipv6, endpoint, &slice.ports));
+                if entry.0 && !slice.ipv6 {
+                    *entry = (slice.ipv6, endpoint, &slice.ports);
+                }
+            }
+        }
+        let mut pods: Vec<ReadyPod> = by_identity
+            .into_values()
+            .map(|(_, endpoint, ports)| ReadyPod { address: endpoint.address.to_string(), ports: ports.to_vec() })
+            .collect();
+        pods.sort_unstable_by(|a, b| a.address.cmp(&b.address));
+        pods
     }
 
     /// The addresses of the front Service `name`'s endpoints that are not terminating and whose
@@ -383,6 +464,10 @@ mod tests {
         json!({"ready": true, "serving": true, "terminating": false})
     }
 
+    fn identities(slice: &ReadySlice) -> Vec<&str> {
+        slice.ready.iter().map(|endpoint| &*endpoint.identity).collect()
+    }
+
     fn listed(slices: &[ReadySlice]) -> ReadyEndpointSlices {
         let table = ReadyEndpointSlices::default();
         table.apply(&watcher::Event::Init);
@@ -398,7 +483,7 @@ mod tests {
         let read = slice("lb-v1-abcde", "lb-v1", vec![pod("a", "10.244.0.5", ready())]);
         assert_eq!(read.balancer(), Some(ObjectRef::new("lb").within("ns")));
         assert_eq!(read.service.as_deref(), Some("lb-v1"));
-        assert_eq!(&*read.ready, [Box::from("ns/a")]);
+        assert_eq!(identities(&read), ["ns/a"]);
         assert_eq!((&read.metadata.labels, &read.metadata.annotations), (&None, &None));
         assert_eq!(read.metadata.resource_version.as_deref(), Some("7"));
         assert_eq!(ReadySlice::url_path(&(), Some("ns")), "/apis/discovery.k8s.io/v1/namespaces/ns/endpointslices");
@@ -453,7 +538,7 @@ mod tests {
         let second = slice("x-2", "x", vec![bare(json!(["192.0.2.1"])), json!({"addresses": [], "conditions": {}})]);
         let uid_only = slice("x-3", "x", vec![json!({"addresses": ["192.0.2.9"], "targetRef": {"uid": "u-1"}})]);
         assert_eq!(listed(&[first, second]).get("ns", "x"), 2, "one address in two slices is one endpoint");
-        assert_eq!(&*uid_only.ready, [Box::from("u-1")], "a reference without a name is known by its uid");
+        assert_eq!(identities(&uid_only), ["u-1"], "a reference without a name is known by its uid");
     }
 
     #[test]
@@ -468,7 +553,7 @@ mod tests {
             pod("ready", "10.244.0.6", ready()),
         ];
         let read = slice("s", "svc", endpoints);
-        assert_eq!(&*read.ready, [Box::from("ns/no-conditions"), Box::from("ns/ready"), Box::from("ns/unset")]);
+        assert_eq!(identities(&read), ["ns/no-conditions", "ns/ready", "ns/unset"]);
     }
 
     #[test]
@@ -524,6 +609,7 @@ mod tests {
         let huge = slice("huge", "svc", endpoints);
         assert_eq!(huge.ready.len(), MAX_ENDPOINTS_PER_SLICE);
         let long = slice("long", "svc", vec![pod(&"é".repeat(400), "10.0.0.1", ready())]);
-        assert!(long.ready[0].len() <= MAX_IDENTITY_LEN && long.ready[0].starts_with("ns/é"));
+        let identity = &long.ready[0].identity;
+        assert!(identity.len() <= MAX_IDENTITY_LEN && identity.starts_with("ns/é"));
     }
 }

@@ -23,7 +23,7 @@ use super::metrics::ReconcileResult;
 use super::plan::{cluster_ip, obsolete_backends};
 use super::programmed::{self, Programmed};
 use super::report::{StatusWrite, Written, announce, observed_from_cache, publish, write_status};
-use super::status::{Observed, ProxyCounts, names_spec, proxy_condition, ready_condition};
+use super::status::{Observed, ProxyCounts, names_spec, proxy_condition, ready_condition, served_when_ready};
 use super::stored::StoredBalancer;
 use super::{Error, RESYNC, migration};
 use crate::api::{self, ConditionStatus, backend_service_name};
@@ -99,13 +99,17 @@ async fn converge(
     let go_proxy = look_for_go_proxy(balancer, ctx, &owner).await?;
 
     let backends = apply_backend_services(ctx, &owner, &spec, written).await?;
-    let mut proxy = proxy::proxy(&owner, &spec, &ctx.settings, BackendHosts::ClusterIps(&backends.cluster_ips));
+    let pods = proxy::pod_upstreams(&spec, &ctx.settings).then(|| ready_pods(ctx, &owner, &spec));
+    let hosts = BackendHosts::ClusterIps(&backends.cluster_ips);
+    let mut proxy = proxy::proxy(&owner, &spec, &ctx.settings, hosts, pods.as_deref());
     let deployment = apply_proxy(balancer, ctx, &owner, &spec, &proxy, written).await?;
-    let ready = proxy_condition(balancer, &deployment, backends.services.len(), now);
     let programmed = match ctx.settings.metrics_image {
         Some(_) => Some(ask_proxy_pods(ctx, &owner, &spec, &proxy.nginx_conf).await),
         None => None,
     };
+    let available = proxy_condition(balancer, &deployment, backends.services.len(), now);
+    let front_endpoints = ctx.children.endpoint_slices.get(&owner.namespace, &owner.name);
+    let ready = served_when_ready(balancer, available, programmed, front_endpoints, now);
     // With live configuration the pods serve a change once their sidecars say so; until then
     // the previous configuration, and the backends only it names, may still take traffic.
     let proxy_serves = is_true(&ready) && programmed.is_none_or(Programmed::all);
@@ -206,6 +210,15 @@ fn applying_since(
         }
     };
     Some(programmed::recheck(since, now))
+}
+
+/// Each backend's ready pods, in the spec's order, from its Service's EndpointSlices.
+fn ready_pods(ctx: &Context, owner: &Owner, spec: &Admitted) -> Vec<Vec<proxy::ReadyPod>> {
+    let slices = &ctx.children.endpoint_slices;
+    let of = |backend: &api::BackendSpec| {
+        slices.ready_pods(&owner.namespace, &backend_service_name(&owner.name, &backend.name))
+    };
+    spec.backends.iter().map(of).collect()
 }
 
 /// How many of the proxy pods serve `nginx_conf`, as their sidecars say.

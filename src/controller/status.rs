@@ -9,8 +9,9 @@ use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 
 use super::backends::Backends;
-use super::conditions::{ConditionType, Finding, is_true};
+use super::conditions::{ConditionType, Finding, find, is_true};
 use super::exposure::Exposure;
+use super::programmed::Programmed;
 use super::stored::StoredBalancer;
 use crate::api::{BalancerStatus, ConditionStatus};
 use crate::proxy;
@@ -95,7 +96,33 @@ pub(super) const PROXY_NOT_AVAILABLE: &str = "ProxyNotAvailable";
 
 const SCALED_TO_ZERO: &str = "ScaledToZero";
 
-pub(super) const PROXY_REASONS: [&str; 3] = [PROXY_AVAILABLE, PROXY_NOT_AVAILABLE, SCALED_TO_ZERO];
+/// Available, but not every proxy pod serves the configuration yet (live delivery).
+const CONFIGURATION_NOT_SERVED: &str = "ConfigurationNotServed";
+
+pub(super) const PROXY_REASONS: [&str; 4] =
+    [PROXY_AVAILABLE, PROXY_NOT_AVAILABLE, SCALED_TO_ZERO, CONFIGURATION_NOT_SERVED];
+
+/// `ready`, unless the Balancer is becoming Ready (with live delivery) while some proxy pod
+/// does not serve the current configuration yet, or while its front Service lists no ready
+/// proxy pod: such a pod may run an earlier file, which skips a backend whose pods just became
+/// ready, and without a ready endpoint nothing reaches the proxy. Once Ready, a change does not
+/// take it away; the `Programmed` condition follows each change.
+pub(super) fn served_when_ready(
+    balancer: &StoredBalancer,
+    ready: Condition,
+    programmed: Option<Programmed>,
+    front_endpoints: u32,
+    now: Timestamp,
+) -> Condition {
+    let was_ready = find(balancer.status.as_ref(), ConditionType::Ready).is_some_and(is_true);
+    let Some(p) = programmed.filter(|_| is_true(&ready) && !was_ready) else { return ready };
+    let message = match (p.all(), front_endpoints) {
+        (false, _) => format!("waiting for the proxy pods to serve the configuration ({} of {} do)", p.serving, p.pods),
+        (true, 0) => "waiting for the front Service to list a ready proxy pod".to_string(),
+        (true, _) => return ready,
+    };
+    ready_condition(balancer, ConditionStatus::False, CONFIGURATION_NOT_SERVED, &message, now)
+}
 
 /// The `Ready` condition with `status` for `reason`, as of `now`.
 pub(super) fn ready_condition(
@@ -360,5 +387,24 @@ mod tests {
         assert_eq!((status.active_backends, status.obsolete_backends), (3, 1));
         assert_eq!((status.replicas, status.ready_replicas, status.observed_generation), (2, 1, Some(2)));
         assert_eq!(status.selector.as_deref(), Some(proxy::proxy_selector_string("lb").as_str()));
+    }
+
+    #[test]
+    fn a_new_balancer_is_ready_only_once_its_proxies_serve_and_its_front_lists_one() {
+        let available = |b: &StoredBalancer| ready_condition(b, ConditionStatus::True, PROXY_AVAILABLE, "ok", at(NOW));
+        let (new, ready) = (balancer(Some(("False", PROXY_NOT_AVAILABLE))), balancer(Some(("True", PROXY_AVAILABLE))));
+        let half = Some(Programmed { serving: 1, pods: 2 });
+        let all = Some(Programmed { serving: 2, pods: 2 });
+        let reason = |b: &StoredBalancer, p: Option<Programmed>, front: u32| {
+            let c = served_when_ready(b, available(b), p, front, at(NOW));
+            (c.status, c.reason)
+        };
+        let waiting = ("False".to_string(), CONFIGURATION_NOT_SERVED.to_string());
+        let served = ("True".to_string(), PROXY_AVAILABLE.to_string());
+        assert_eq!(reason(&new, half, 2), waiting, "a pod on an earlier configuration");
+        assert_eq!(reason(&new, all, 0), waiting, "nothing reaches the proxy yet");
+        assert_eq!(reason(&new, all, 2), served);
+        assert_eq!(reason(&ready, half, 2), served, "a change does not take Ready away");
+        assert_eq!(reason(&new, None, 0), served, "without live delivery, the Deployment says");
     }
 }

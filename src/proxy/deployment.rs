@@ -17,6 +17,7 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use super::access_log::SidecarPorts;
 use super::meta::{COMPONENT_PROXY, CONFIG_HASH_ANNOTATION, Owner, labels, metadata, proxy_selector};
+use super::model::MODEL_FILE;
 use super::nginx::{
     CONFIG_DIR, CONFIG_FILE, CONFIG_HASH_ENV, POD_FILES, entrypoint, nginx_args, running_readiness_command,
 };
@@ -43,11 +44,12 @@ pub struct ProxySettings {
     pub policy: SpecPolicy,
 }
 
-/// `<balancer>-proxy-configmap` holding `nginx.conf`.
-pub fn proxy_config_map(owner: &Owner, nginx_conf: &str) -> ConfigMap {
+/// `<balancer>-proxy-configmap` holding `nginx.conf` and its model (see [`super::model`]).
+pub fn proxy_config_map(owner: &Owner, nginx_conf: &str, model_json: &str) -> ConfigMap {
+    let data = [(CONFIG_FILE, nginx_conf), (MODEL_FILE, model_json)];
     ConfigMap {
         metadata: metadata(owner, api::proxy_configmap_name(&owner.name), labels(&owner.name, COMPONENT_PROXY)),
-        data: Some(BTreeMap::from([(CONFIG_FILE.to_string(), nginx_conf.to_string())])),
+        data: Some(data.into_iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()),
         ..ConfigMap::default()
     }
 }

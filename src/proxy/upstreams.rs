@@ -1,27 +1,29 @@
-//! Maps each server address in the `nginx.conf` a proxy runs back to its backend, reading the
-//! file itself. The metrics sidecar needs this to label the sessions the access log reports.
+//! What the metrics sidecar needs of the proxy's model ([`ProxyConfig`]) to label the sessions
+//! the access log reports: which backend each server address is, each backend's weight at each
+//! port, and the ports nginx listens on. Read from the model, never from `nginx.conf`.
 
 use std::collections::HashMap;
 
-use super::nginx::HEADER;
-use crate::api::{BACKEND_SERVICE_SUFFIX, Protocol};
+use super::model::ProxyConfig;
+use crate::api::Protocol;
 
-/// The backend behind each server address of a rendered `nginx.conf`, read from the file the
-/// proxy runs: its `server <address> …;  # <backend Service>` lines.
+/// The backend behind each server address of one proxy configuration.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Upstreams {
-    /// The Balancer, from the file's first line.
+    /// The Balancer.
     pub balancer: String,
     backends: HashMap<String, String>,
     /// The ports nginx listens on, with their protocols.
     listens: Vec<(u16, Protocol)>,
-    /// Each upstream server's port, protocol, backend and weight (0: `down`).
+    /// Each backend's weight at each port.
     weights: Vec<Weight>,
     /// The upstreams' names, which nginx logs in place of a server when it had none to try.
     upstream_names: Vec<String>,
 }
 
-/// A backend's weight at one port, as `nginx.conf` has it.
+/// A backend's weight at one port, as the proxy runs it: the sum of its servers' weights (one
+/// Service, or each of its pods), 0 when all are `down` and for a backup, which is meant to take
+/// nothing while the others serve. `weight / sum(weight)` at a port is the backend's share.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Weight {
     pub port: u16,
@@ -30,60 +32,27 @@ pub struct Weight {
     pub weight: u32,
 }
 
-/// `port_80_tcp` (see `nginx::upstream_name`): the port and protocol.
-fn upstream_port(name: &str) -> Option<(u16, Protocol)> {
-    let rest = name.strip_prefix("port_")?;
-    let (port, protocol) = rest.split_once('_')?;
-    let protocol = match protocol {
-        "tcp" => Protocol::Tcp,
-        "udp" => Protocol::Udp,
-        _ => return None,
-    };
-    Some((port.parse().ok()?, protocol))
-}
-
 impl Upstreams {
-    /// Reads what [`nginx::render`](super::nginx::render) wrote; `None` for any other file.
-    pub fn read(conf: &str) -> Option<Upstreams> {
-        let first = conf.lines().next()?;
-        let balancer = first.strip_prefix(HEADER)?.split('"').nth(1)?.to_string();
-        let prefix = format!("{balancer}-");
+    /// The index of `config`.
+    pub fn of(config: &ProxyConfig) -> Upstreams {
         let mut backends = HashMap::new();
-        let (mut listens, mut weights, mut upstream_names) = (Vec::new(), Vec::new(), Vec::new());
-        let mut upstream = None;
-        for line in conf.lines().map(str::trim) {
-            if let Some(name) = line.strip_prefix("upstream ").and_then(|l| l.strip_suffix(" {")) {
-                upstream = upstream_port(name);
-                upstream_names.push(name.to_string());
-                continue;
-            }
-            if let Some(listen) = line.strip_prefix("listen ").and_then(|l| l.strip_suffix(';')) {
-                // `80`, `[::]:80 udp`, `80 proxy_protocol`: the port ends the address.
-                let mut words = listen.split(' ');
-                let port = words.next().and_then(|address| address.rsplit(':').next());
-                let protocol = if words.any(|flag| flag == "udp") { Protocol::Udp } else { Protocol::Tcp };
-                listens.extend(port.and_then(|p| p.parse::<u16>().ok()).map(|port| (port, protocol)));
-                continue;
-            }
-            let Some(server) = line.strip_prefix("server ") else { continue };
-            let Some((directive, service)) = server.split_once(";  # ") else { continue };
-            let address = directive.split(' ').next().unwrap_or_default();
-            let backend = service.strip_prefix(&prefix).and_then(|s| s.strip_suffix(BACKEND_SERVICE_SUFFIX));
-            let Some(backend) = backend else { continue };
-            backends.insert(address.to_string(), backend.to_string());
-            if let Some((port, protocol)) = upstream {
-                // A backup takes no traffic while the other backends serve: its weight counts as 0.
-                let backup = directive.split(' ').any(|word| word == "backup");
-                let weight = directive
-                    .split(' ')
-                    .find_map(|word| word.strip_prefix("weight="))
-                    .and_then(|w| w.parse().ok())
-                    .filter(|_| !backup)
-                    .unwrap_or(0);
-                weights.push(Weight { port, protocol, backend: backend.to_string(), weight });
+        let mut weights: Vec<Weight> = Vec::new();
+        for (listener, server) in config.servers() {
+            backends.insert(server.address.clone(), server.backend.clone());
+            let meant = if server.backup { 0 } else { server.weight };
+            let (port, protocol) = (listener.port, listener.protocol);
+            match weights.iter_mut().find(|w| (w.port, w.protocol) == (port, protocol) && w.backend == server.backend) {
+                Some(weight) => weight.weight = weight.weight.saturating_add(meant),
+                None => weights.push(Weight { port, protocol, backend: server.backend.clone(), weight: meant }),
             }
         }
-        Some(Upstreams { balancer, backends, listens, weights, upstream_names })
+        Upstreams {
+            balancer: config.balancer.clone(),
+            backends,
+            listens: config.listeners.iter().map(|l| (l.port, l.protocol)).collect(),
+            weights,
+            upstream_names: config.listeners.iter().map(|l| l.upstream_name()).collect(),
+        }
     }
 
     /// Whether `address` is an upstream's name (nginx's "no live upstreams").
@@ -96,12 +65,12 @@ impl Upstreams {
         self.listens.iter().any(|&(p, proto)| p == port && proto == protocol)
     }
 
-    /// The backend at `address`, if the file names one there.
+    /// The backend at `address`, if the configuration names one there.
     pub fn backend(&self, address: &str) -> Option<&str> {
         self.backends.get(address).map(String::as_str)
     }
 
-    /// Each backend's weight at each port (0 for one marked `down`, and for a backup).
+    /// Each backend's weight at each port.
     pub fn weights(&self) -> &[Weight] {
         &self.weights
     }
@@ -110,28 +79,50 @@ impl Upstreams {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::proxy::model::{Listener, Method, Server};
 
-    #[test]
-    fn every_listen_form_nginx_render_writes_is_read() {
-        let conf = "# Generated by balancer for Balancer \"lb\". Do not edit: changes are overwritten.\n\
-                    listen 80;\nlisten [::]:80;\nlisten 81 proxy_protocol;\nlisten [::]:81 proxy_protocol;\n\
-                    listen 53 udp;\nlisten [::]:53 udp;\n";
-        let upstreams = Upstreams::read(conf).unwrap();
-        for (port, protocol) in [(80, Protocol::Tcp), (81, Protocol::Tcp), (53, Protocol::Udp)] {
-            assert!(upstreams.listens(port, protocol), "{port}/{protocol}");
+    fn server(address: &str, backend: &str, weight: u32, backup: bool) -> Server {
+        let (max_fails, fail_timeout, max_conns) = (Some(1), Some("10s".to_string()), None);
+        Server { address: address.into(), backend: backend.into(), weight, max_fails, fail_timeout, max_conns, backup }
+    }
+
+    fn listener(port: u16, protocol: Protocol, servers: Vec<Server>) -> Listener {
+        let (accept_proxy_protocol, send_proxy_protocol, connect_timeout, idle_timeout) = (false, false, None, None);
+        let method = Method::RoundRobin;
+        Listener {
+            port,
+            protocol,
+            accept_proxy_protocol,
+            send_proxy_protocol,
+            connect_timeout,
+            idle_timeout,
+            method,
+            servers,
         }
-        assert!(!upstreams.listens(53, Protocol::Tcp) && !upstreams.listens(81, Protocol::Udp));
+    }
+
+    fn config(listeners: Vec<Listener>) -> ProxyConfig {
+        let (load_modules, drain_timeout) = (vec![], "1h".to_string());
+        ProxyConfig { balancer: "lb".into(), load_modules, drain_timeout, access_log_port: None, listeners }
     }
 
     #[test]
-    fn a_backup_is_meant_to_take_nothing() {
-        let conf = "# Generated by balancer for Balancer \"lb\". Do not edit: changes are overwritten.\n\
-                    upstream port_80_tcp {\n\
-                    server 10.0.0.1:80 weight=40 max_fails=1 fail_timeout=10s;  # lb-v1-backend\n\
-                    server 10.0.0.2:80 weight=20 max_fails=1 fail_timeout=10s backup;  # lb-spare-backend\n}\n";
-        let upstreams = Upstreams::read(conf).unwrap();
+    fn a_backends_weight_is_the_sum_of_its_pods_and_a_backup_is_meant_to_take_nothing() {
+        let pods = vec![
+            server("10.244.0.5:8080", "v1", 3, false),
+            server("10.244.1.5:8080", "v1", 3, false),
+            server("10.244.0.6:8080", "v2", 2, false),
+            server("10.96.0.9:8080", "v3", 0, false),
+            server("10.244.0.7:8080", "spare", 5, true),
+        ];
+        let upstreams =
+            Upstreams::of(&config(vec![listener(80, Protocol::Tcp, pods), listener(53, Protocol::Udp, vec![])]));
         let weights: Vec<(&str, u32)> = upstreams.weights().iter().map(|w| (w.backend.as_str(), w.weight)).collect();
-        assert_eq!(weights, [("v1", 40), ("spare", 0)]);
-        assert_eq!(upstreams.backend("10.0.0.2:80"), Some("spare"), "still counted as itself");
+        assert_eq!(weights, [("v1", 6), ("v2", 2), ("v3", 0), ("spare", 0)]);
+        assert_eq!(upstreams.backend("10.244.1.5:8080"), Some("v1"));
+        assert_eq!(upstreams.backend("10.244.0.7:8080"), Some("spare"), "still counted as itself");
+        assert!(upstreams.listens(80, Protocol::Tcp) && upstreams.listens(53, Protocol::Udp));
+        assert!(!upstreams.listens(53, Protocol::Tcp));
+        assert!(upstreams.is_upstream("port_80_tcp") && upstreams.is_upstream("port_53_udp"));
     }
 }

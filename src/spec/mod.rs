@@ -21,7 +21,7 @@ pub use report::{FieldError, ObjectName, Report, denial_message};
 pub use validation::{unchangeable, validate};
 
 use crate::api::{
-    Algorithm, BalancerPort, BalancerSpec, ExternalTrafficPolicy, Protocol, ServiceType, SessionAffinity,
+    Algorithm, BalancerPort, BalancerSpec, ExternalTrafficPolicy, Protocol, ServiceType, SessionAffinity, UpstreamKind,
 };
 
 /// A spec with its defaults filled in that passed every rule, with its enumerated fields read
@@ -37,6 +37,7 @@ pub struct Admitted {
 #[derive(Clone, Debug, PartialEq)]
 struct Typed {
     algorithm: Algorithm,
+    upstreams: UpstreamKind,
     session_affinity: SessionAffinity,
     service_type: ServiceType,
     external_traffic_policy: Option<ExternalTrafficPolicy>,
@@ -50,6 +51,7 @@ impl Typed {
         let service = spec.service.as_ref();
         Some(Typed {
             algorithm: read(spec.algorithm.as_ref())?.unwrap_or_default(),
+            upstreams: read(spec.proxy.as_ref().and_then(|p| p.upstreams.as_ref()))?.unwrap_or_default(),
             session_affinity: read(spec.session_affinity.as_ref())?.unwrap_or_default(),
             service_type: read(service.and_then(|s| s.type_.as_ref()))?.unwrap_or_default(),
             external_traffic_policy: read(service.and_then(|s| s.external_traffic_policy.as_ref()))?,
@@ -101,6 +103,11 @@ impl Admitted {
 
     pub fn algorithm(&self) -> Algorithm {
         self.typed.algorithm
+    }
+
+    /// What the proxy is asked to send connections to (`spec.proxy.upstreams`).
+    pub fn upstreams(&self) -> UpstreamKind {
+        self.typed.upstreams
     }
 
     pub fn session_affinity(&self) -> SessionAffinity {

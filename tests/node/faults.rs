@@ -8,8 +8,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::fixtures::{
-    Sample, backends_patch, balancers, change_backends, configured_weights, front_ip, lease_holder, lease_identity,
-    operator_pod_restarts, proxy_conf, set_weights, wait_available,
+    Sample, backends_patch, balancers, change_backends, configured_as, configured_weights, front_ip, lease_holder,
+    lease_identity, operator_pod_restarts, reconciled, set_weights, wait_available,
 };
 use crate::toolkit::load::{Load, assert_no_failures};
 use crate::toolkit::runner::eventually;
@@ -33,8 +33,10 @@ pub async fn the_other_replica_takes_over_when_the_leader_pod_is_deleted(world: 
 
     // The new leader reconciles a change.
     change_backends(world, SAMPLE, &[("v2", 30)], &[]).await;
+    let changed = reconciled(world, SAMPLE, Duration::from_secs(60)).await;
+    let v1 = changed.spec.backends.iter().find(|b| b.name == "v1").map_or(0, |b| b.effective_weight());
     eventually("the new leader applies the change", Duration::from_secs(60), || async {
-        proxy_conf(world, SAMPLE).await?.contains("weight=30 ").then_some(())
+        configured_as(world, SAMPLE, &[("v1", v1.unsigned_abs()), ("v2", 30)]).await.then_some(())
     })
     .await;
     // Through the old leader's replacement starting, too.
@@ -166,7 +168,7 @@ pub async fn the_leader_killed_in_the_middle_of_a_change_is_finished_by_a_new_le
     let status = Command::new("kill").args(["-KILL", &pid.to_string()]).status().expect("kill runs");
     assert!(status.success(), "kill -KILL {pid}");
     let killed = Instant::now();
-    let written_first = proxy_conf(world, SAMPLE).await.is_some_and(|c| c.contains("weight=20 "));
+    let written_first = configured_as(world, SAMPLE, &[("v1", 20), ("v2", 80)]).await;
     configured_weights(world, 20, 80, Duration::from_secs(60)).await;
     let reconciled = killed.elapsed();
     weights_on_the_wire(world, 20, 80).await;

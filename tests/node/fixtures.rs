@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use balancer::api::Balancer;
+use balancer::proxy::model::{MODEL_FILE, ProxyConfig};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Node as NodeObject, Pod, Service};
@@ -483,10 +484,34 @@ pub async fn operator_pod_restarts(world: &World) -> BTreeMap<String, i32> {
 /// Waits until the sample's proxy configuration has the weights `v1` and `v2`.
 pub async fn configured_weights(world: &World, v1: u32, v2: u32, timeout: Duration) {
     eventually(&format!("the proxy configured with weights {v1}/{v2}"), timeout, || async {
-        let conf = proxy_conf(world, SAMPLE).await?;
-        (conf.contains(&format!("weight={v1} ")) && conf.contains(&format!("weight={v2} "))).then_some(())
+        configured_as(world, SAMPLE, &[("v1", v1), ("v2", v2)]).await.then_some(())
     })
     .await;
+}
+
+/// Whether Balancer `balancer`'s proxy model weighs the named backends in proportion to
+/// `weights`: each backend's weight is the sum of its servers' (its pods share its weight).
+pub async fn configured_as(world: &World, balancer: &str, weights: &[(&str, u32)]) -> bool {
+    let Some(model) = proxy_model(world, balancer).await else { return false };
+    let Some(listener) = model.listeners.first() else { return false };
+    let sum = |backend: &str| -> u64 {
+        listener.servers.iter().filter(|s| s.backend == backend && !s.backup).map(|s| u64::from(s.weight)).sum()
+    };
+    weights.iter().all(|&(a, wa)| weights.iter().all(|&(b, wb)| sum(a) * u64::from(wb) == sum(b) * u64::from(wa)))
+        && weights.iter().any(|&(a, _)| sum(a) > 0)
+}
+
+/// The proxy model (`proxy.json`) in Balancer `balancer`'s proxy ConfigMap, if it can be read.
+pub async fn proxy_model(world: &World, balancer: &str) -> Option<ProxyConfig> {
+    let config_maps: Api<ConfigMap> = Api::namespaced(world.admin.clone(), NS);
+    let data = config_maps.get(&format!("{balancer}-proxy-configmap")).await.ok()?.data?;
+    ProxyConfig::from_json(data.get(MODEL_FILE)?)
+}
+
+/// Waits until the controller has reconciled Balancer `name`'s current generation.
+pub async fn reconciled(world: &World, name: &str, timeout: Duration) -> Balancer {
+    let what = format!("Balancer {name}'s generation reconciled");
+    balancer_until(&balancers(world), name, &what, timeout, wait::generation_observed()).await
 }
 
 /// The `nginx.conf` in Balancer `balancer`'s proxy ConfigMap, if it can be read.
@@ -496,13 +521,7 @@ pub async fn proxy_conf(world: &World, balancer: &str) -> Option<String> {
 }
 
 /// Waits until one batch of 30 requests through the front Service at `front`:80 reaches each
-/// of `versions`.
-///
-/// Ready follows the proxy Deployment, and kube-proxy programs the backend Services' new
-/// cluster IPs a moment later (at most one sync a second from v1.28 on). nginx's first connects
-/// to an unprogrammed one fail, and its passive health check then skips that whole backend for
-/// its `fail_timeout` (10 s). Issue 34 removes the cause (upstreams of pods); until then the
-/// split is measured after it.
+/// of `versions`: a sample just changed may have a backend whose pods are not ready yet.
 pub async fn every_backend_answers(front: &str, versions: &[&str]) {
     let started = Instant::now();
     loop {

@@ -62,7 +62,7 @@ use toolkit::cluster::{ControlPlane, PlaneOptions, commands_first_on_path};
 use toolkit::kubectl::Kubectl;
 use toolkit::runner::{self, Filter, scenarios};
 use weights::{
-    a_backend_without_pods_loses_its_share_without_a_failed_request,
+    a_backend_rolled_under_load_fails_no_request, a_backend_without_pods_loses_its_share_without_a_failed_request,
     churn_fails_nothing_and_stays_under_the_memory_limit, deleting_the_balancer_removes_every_child_and_pod,
     scaling_the_balancer_brings_up_proxy_pods, the_walkthrough_splits_traffic_by_weight,
     weights_change_live_without_a_new_pod_or_a_cut_connection,
@@ -221,6 +221,7 @@ async fn run_suite(assets: &Path, images: &Path, cert_manager: &Path, state: &Pa
         the_walkthrough_splits_traffic_by_weight,
         the_metrics_sidecar_counts_the_last_session_after_nginx_exits,
         a_backend_without_pods_loses_its_share_without_a_failed_request,
+        a_backend_rolled_under_load_fails_no_request,
         the_metrics_sidecar_costs_little,
         the_data_plane_keeps_up_with_haproxy,
         weights_change_live_without_a_new_pod_or_a_cut_connection,

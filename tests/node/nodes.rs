@@ -17,7 +17,8 @@ use serde_json::json;
 
 use crate::faults::{Applies, probe_balancer};
 use crate::fixtures::{
-    Sample, configured_weights, cordoned_nodes, front_ip, lease_holder, proxy_conf, set_weights, wait_available,
+    Sample, configured_weights, cordoned_nodes, front_ip, lease_holder, proxy_conf, reconciled, set_weights,
+    wait_available, wait_ready_balancer,
 };
 use crate::node::{NODE_A, NODE_B};
 use crate::toolkit::load::{Load, assert_no_failures};
@@ -291,12 +292,31 @@ async fn change_weight(world: &World, weight: u32) {
     .await;
 }
 
-/// Waits (up to 90 s) until the proxy ConfigMap of [`change_weight`]'s Balancer has `weight`.
+/// Waits (up to 90 s) until the controller has reconciled [`change_weight`]'s Balancer, the
+/// last change being to `weight` (its backend has no pod: the weight is in its spec, and its
+/// nginx.conf has the backend's Service, down).
 async fn weight_configured(world: &World, weight: u32) {
-    eventually(&format!("{LOSS_BALANCER} configured with weight {weight}"), Duration::from_secs(90), || async {
-        proxy_conf(world, LOSS_BALANCER).await?.contains(&format!("weight={weight} ")).then_some(())
-    })
-    .await;
+    let balancer = reconciled(world, LOSS_BALANCER, Duration::from_secs(90)).await;
+    let written = balancer.spec.backends.first().map(|a| a.effective_weight());
+    assert_eq!(written, Some(weight as i32), "{LOSS_BALANCER}'s last change");
+}
+
+/// The Balancer of [`a_lost_node_costs_a_bounded_failure`] whose proxy runs on node A only.
+const PINNED: &str = "pinned";
+
+/// Its connect timeout: what a connection that meets a lost pod waits before nginx tries another.
+const PINNED_CONNECT_TIMEOUT: &str = "1s";
+
+/// [`PINNED`]: v1 and v2 of the echo backends, one proxy pod held on node A.
+fn pinned_balancer() -> String {
+    format!(
+        "apiVersion: exposer.hliangzhao.io/v1beta1\nkind: Balancer\nmetadata:\n  name: {PINNED}\n  namespace: {NS}\n\
+         spec:\n  replicas: 1\n  ports: [{{name: http, port: 80, targetPort: 5678, connectTimeout: {PINNED_CONNECT_TIMEOUT}}}]\n\
+         \x20 selector: {{app: test}}\n\
+         \x20 backends: [{{name: v1, weight: 50, selector: {{version: v1}}}}, {{name: v2, weight: 50, selector: {{version: v2}}}}]\n\
+         \x20 proxy: {{nodeSelector: {{kubernetes.io/hostname: {}}}}}\n",
+        NODE_A.name
+    )
 }
 
 /// How long after `since` node B's `Ready` condition stopped being `True` (node lifecycle
@@ -418,16 +438,28 @@ pub async fn a_lost_node_costs_a_bounded_failure(world: &mut World) {
     assert_eq!(nodes_used(&proxies), 2, "one proxy pod per node: {proxies:?}");
     assert_eq!(operators.get(&leader).map(String::as_str), Some(NODE_B.name), "the leader on node B");
 
+    // A Balancer whose proxy is on node A only, over the same backends: losing node B loses
+    // some of its backends' pods but none of its proxy pods.
+    world.kubectl.apply(&pinned_balancer());
+    wait_ready_balancer(world, PINNED, Duration::from_secs(120)).await;
+    let pinned_front = format!("{}:80", front_ip(world, PINNED).await);
+    let pinned_placement = placement(world, NS, &balancer::proxy::proxy_selector_string(PINNED)).await;
+    assert!(pinned_placement.values().all(|n| n == NODE_A.name), "{PINNED}'s proxy on node A: {pinned_placement:?}");
+
     // The change made after the loss goes to another Balancer: one of the sample's would roll
     // its proxy, and which pod the rollout replaces first (the live one, or the lost one the
     // Deployment still counts as available) would decide the failures measured.
     change_weight(world, 10).await;
     weight_configured(world, 10).await;
     let load = Load::start(format!("{}:80", front_ip(world, SAMPLE).await), 4);
+    let pinned_in_flight = Load::start(pinned_front.clone(), 4);
     let applies = Applies::start(world, "loss-probe");
     tokio::time::sleep(Duration::from_secs(1)).await;
     let lost = Instant::now();
     world.nodes[1].crash();
+    // Every connection of this load opens after the loss; the other's were open at it.
+    let pinned = Load::start(pinned_front, 4);
+    let in_flight = pinned_in_flight.stop().await;
     let not_ready = tokio::spawn(not_ready_after(world.admin.clone(), lost));
     change_weight(world, 20).await;
     let accepted = lost.elapsed();
@@ -449,7 +481,23 @@ pub async fn a_lost_node_costs_a_bounded_failure(world: &mut World) {
     })
     .await;
     let whole = load.last_failure().map_or(Duration::ZERO, |at| at.saturating_duration_since(lost));
+    // The pinned Balancer's proxies learn that node B's pods are gone from their endpoints; until
+    // then nginx retries another pod, at most its connect timeout later.
+    eventually(&format!("{PINNED} without node B's pods"), Duration::from_secs(60), || async {
+        let conf = proxy_conf(world, PINNED).await?;
+        (!conf.contains(&format!("server {}", NODE_B.pod_cidr.trim_end_matches("0/24")))).then_some(())
+    })
+    .await;
+    let pods_out = lost.elapsed();
     let replaced = two_proxy_pods_again(world, lost).await;
+    let pinned_sent = pinned.assert_no_failures("through a Balancer whose proxy was not on the lost node").await;
+    println!(
+        "node: node B lost, {PINNED} (proxy on node A, backends on both): 0 of {pinned_sent} connections opened after the loss failed (connect timeout {PINNED_CONNECT_TIMEOUT}); {} of {} in flight at the loss failed ({:?}); node B's pods left its configuration after {:.1} s",
+        in_flight.failures.len(),
+        in_flight.sent,
+        in_flight.failures.iter().take(3).collect::<Vec<_>>(),
+        pods_out.as_secs_f64()
+    );
     let (sent, failures) = load.finish().await;
     let (writes, apply_failures) = applies.finish(world);
     let mut kinds: BTreeMap<&str, usize> = BTreeMap::new();
@@ -474,7 +522,7 @@ pub async fn a_lost_node_costs_a_bounded_failure(world: &mut World) {
 
     // What an administrator does for a node that will not come back: its pods deleted at once
     // (no kubelet will confirm their end) and the node removed.
-    world.kubectl.ok(&["-n", NS, "delete", "balancer", LOSS_BALANCER]);
+    world.kubectl.ok(&["-n", NS, "delete", "balancer", LOSS_BALANCER, PINNED]);
     let on_b = format!("spec.nodeName={}", NODE_B.name);
     world.kubectl.ok(&["delete", "pods", "-A", "--field-selector", &on_b, "--force", "--grace-period=0"]);
     world.kubectl.ok(&["delete", "node", NODE_B.name]);

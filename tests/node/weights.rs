@@ -11,8 +11,8 @@ use kube::Api;
 use kube::api::ListParams;
 
 use crate::fixtures::{
-    self, Sample, balancers, change_backends, every_backend_answers, front_ip, pod_ips, refuses_root_pods,
-    restricted_namespace, wait_available, wait_backends, wait_ready_balancer,
+    self, Sample, balancers, change_backends, front_ip, pod_ips, refuses_root_pods, restricted_namespace,
+    wait_available, wait_backends, wait_ready_balancer,
 };
 use crate::sidecar::{container_id, proxy_sessions, sidecar_counts};
 use crate::toolkit::load::{Held, Load, assert_shares, one_request, shares_match, split};
@@ -31,6 +31,24 @@ pub async fn the_walkthrough_splits_traffic_by_weight(world: &mut World) {
     fixtures::make_echo_backends(world).await;
     fixtures::apply_shipped_sample(world);
     wait_ready_balancer(world, SAMPLE, Duration::from_secs(120)).await;
+    // Ready means served: the first 100 connections after it already follow the split. The
+    // front Service's cluster IP is kube-proxy's to program (a sync a second at most), from the
+    // same EndpointSlice that Ready waits for: its first answer is awaited, and timed.
+    let ready = Instant::now();
+    let front = front_ip(world, SAMPLE).await;
+    let address = format!("{front}:80");
+    eventually("the front Service's first answer", Duration::from_secs(10), || async {
+        one_request(&address).await.ok()
+    })
+    .await;
+    let programmed = ready.elapsed();
+    let first = split(&front, 80, 100).await;
+    println!(
+        "node: kube-proxy answered for the front Service {:.2} s after Ready; the first 100 connections: {first:?}",
+        programmed.as_secs_f64()
+    );
+    assert_eq!(first.get("failed"), None, "every connection answered: {first:?}");
+    assert_shares(&first, &[("hello world v1", 40), ("hello world v2", 20), ("hello world v3", 40)], 6.0);
 
     // The proxy pod runs as the builders say: uid 101, read-only root, the port-80 sysctl.
     let pods: Api<Pod> = Api::namespaced(world.admin.clone(), NS);
@@ -44,8 +62,6 @@ pub async fn the_walkthrough_splits_traffic_by_weight(world: &mut World) {
     assert_eq!(sidecar.restart_policy.as_deref(), Some("Always"), "a native sidecar");
     assert_eq!((sidecar.name.as_str(), sidecar.image.as_deref()), ("metrics", Some("localhost/balancer:test")));
 
-    let front = front_ip(world, SAMPLE).await;
-    every_backend_answers(&front, &["v1", "v2", "v3"]).await;
     let metrics = format!("{}:9113", proxy.status.as_ref().and_then(|s| s.pod_ip.clone()).expect("a pod IP"));
     // The count before, once the sessions of the requests above are all in.
     let before = eventually("the proxy's metrics sidecar to settle", Duration::from_secs(30), || async {
@@ -99,9 +115,8 @@ pub async fn a_backend_without_pods_loses_its_share_without_a_failed_request(wor
     assert!(message.contains("v2") && !message.contains("v1"), "{message}");
     println!("node: kubectl get bal -o wide:\n{}", world.kubectl.ok(&["-n", NS, "get", "bal", SAMPLE, "-o", "wide"]));
 
-    // The split on the wire, over 5 s of the clients' requests once kube-proxy no longer sends
-    // to v2's pod: nginx's upstream is v2's cluster IP, so until then v2's terminating pod
-    // still answers. Once it refuses, nginx skips v2 (issue 34 gives nginx the pods themselves).
+    // The split on the wire, over 5 s of the clients' requests once v2's pod is gone: until
+    // then its terminating pod still answers the connections it had.
     v2.gone();
     let split = load.answers_within(Duration::from_secs(5)).await;
     println!("node: with v2 scaled to 0, 5 s of requests: {split:?}");
@@ -112,6 +127,35 @@ pub async fn a_backend_without_pods_loses_its_share_without_a_failed_request(wor
     wait_available(world, NS, "echo-v2", 1).await;
     wait_backends(world, SAMPLE, &[1, 1, 1], &[40, 20, 40], "True", Duration::from_secs(15)).await;
     load.assert_no_failures("while v2 went to 0 pods and back").await;
+}
+
+/// Every pod of backend v1 replaced under continuous load (`kubectl rollout restart`). With
+/// upstreams of pods a terminating pod leaves nginx's configuration as soon as its endpoint says
+/// so, and a connection that still meets it is retried on another: no request fails.
+pub async fn a_backend_rolled_under_load_fails_no_request(world: &mut World) {
+    world.ensure_sample(Sample::AS_SHIPPED).await;
+    let front = front_ip(world, SAMPLE).await;
+    let selector = "app=test,version=v1";
+    let before = pod_ips(world, NS, selector).await;
+    let load = Load::start(format!("{front}:80"), 4);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let started = Instant::now();
+    world.kubectl.ok(&["-n", NS, "rollout", "restart", "deployment/echo-v1"]);
+    world.kubectl.ok(&["-n", NS, "rollout", "status", "deployment/echo-v1", "--timeout=120s"]);
+    let rolled = started.elapsed();
+    let replaced = eventually("v1's old pods gone", Duration::from_secs(60), || async {
+        let now = pod_ips(world, NS, selector).await;
+        (!now.is_empty() && now.iter().all(|ip| !before.contains(ip))).then_some(now)
+    })
+    .await;
+    wait_backends(world, SAMPLE, &[1, 1, 1], &[40, 20, 40], "True", Duration::from_secs(15)).await;
+    let after = load.answers_within(Duration::from_secs(3)).await;
+    assert!(after.contains_key("hello world v1"), "v1's new pods answer: {after:?}");
+    let sent = load.assert_no_failures("while every pod of v1 was replaced").await;
+    println!(
+        "node: v1's pods {before:?} replaced by {replaced:?} (rolled out in {:.1} s): {sent} requests, 0 failed",
+        rolled.as_secs_f64()
+    );
 }
 
 /// The upstream lines of the sample's proxy configuration: in its ConfigMap, and as each proxy

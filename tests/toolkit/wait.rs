@@ -39,6 +39,14 @@ pub fn is_ready() -> impl Condition<Balancer> + Clone {
     }
 }
 
+/// The status describes the Balancer's current generation: the controller reconciled it.
+pub fn generation_observed() -> impl Condition<Balancer> + Clone {
+    |balancer: Option<&Balancer>| {
+        let Some(balancer) = balancer else { return false };
+        balancer.status.as_ref().is_some_and(|s| s.observed_generation == balancer.metadata.generation)
+    }
+}
+
 /// `status.backends` shows `ready` endpoints and `shares`, in spec order, and the
 /// `BackendsAvailable` condition's status is `available` ("True" or "False").
 pub fn backends_show(

@@ -5,7 +5,7 @@ use crate::api::formats::{check_label_key, is_dns1123_subdomain};
 use crate::api::v1beta1::ProxySpec;
 use crate::api::{
     BalancerSpec, ExternalTrafficPolicy, MAX_PORTS, MAX_SOURCE_RANGES, MAX_SPREAD_CONSTRAINTS, MAX_TOLERATIONS,
-    ServiceType,
+    ServiceType, UpstreamKind,
 };
 use crate::spec::policy::SpecPolicy;
 use crate::spec::report::{FieldError, Report};
@@ -86,6 +86,9 @@ pub(super) fn validate_proxy(proxy: Option<&ProxySpec>, policy: &SpecPolicy, rep
     validate_selector(&"spec.proxy.nodeSelector", proxy.node_selector.as_ref(), report);
     validate_annotations("spec.proxy.podAnnotations", proxy.pod_annotations.as_ref(), report);
     validate_duration(&"spec.proxy.drainTimeout", proxy.drain_timeout.as_deref(), DRAIN_TIMEOUT, report);
+    if let Some(kind) = proxy.upstreams.as_deref() {
+        one_of::<UpstreamKind>("spec.proxy.upstreams", kind, report);
+    }
     if let Some(class) = proxy.priority_class_name.as_deref().filter(|c| !is_dns1123_subdomain(c)) {
         let detail = format!("must be a DNS-1123 subdomain (a PriorityClass name), got {}", quoted(class));
         report.error("spec.proxy.priorityClassName", detail);

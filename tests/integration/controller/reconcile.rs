@@ -121,7 +121,7 @@ fn converged(caches: &mut Caches, balancer: &Balancer) {
     let spec = admitted(balancer);
     let backend_services = proxy::backend_services(&owner, &spec);
     let ips = vec![CLUSTER_IP.to_string(); backend_services.len()];
-    let proxy = proxy::proxy(&owner, &spec, &settings(), BackendHosts::ClusterIps(&ips));
+    let proxy = proxy::proxy(&owner, &spec, &settings(), BackendHosts::ClusterIps(&ips), None);
     let replicas = spec.replicas();
     let stored = |mut value: Value| {
         value["metadata"]["uid"] = json!("child-uid");

@@ -10,6 +10,7 @@ use std::time::Duration;
 use balancer::api::{BackendSpec, BalancerPort};
 use balancer::controller::ControllerMetrics;
 use balancer::exporter;
+use balancer::proxy::model::{MODEL_FILE, ProxyConfig, ServiceUpstreams};
 use balancer::proxy::nginx;
 use tokio_util::sync::CancellationToken;
 
@@ -70,9 +71,11 @@ async fn sidecar_exposition() -> String {
     let policy = balancer::spec::SpecPolicy::default();
     let spec = crate::support::fixtures::admitted("example-balancer", crate::support::fixtures::sample_spec(), &policy);
     let address = |b: &BackendSpec, p: &BalancerPort| format!("{}.test:{}", b.name, p.port);
-    let conf = nginx::render("example-balancer", &spec, &[], Some(5514), &address);
+    let model = ProxyConfig::of("example-balancer", &spec, &[], Some(5514), &ServiceUpstreams(&address));
+    let conf = nginx::write(&model);
     let dir = tempfile::TempDir::new().unwrap();
     std::fs::write(dir.path().join("nginx.conf"), &conf).unwrap();
+    std::fs::write(dir.path().join(MODEL_FILE), model.to_json()).unwrap();
     let (port, log_port) = (free_port(), free_port());
     let options = exporter::Options {
         source: exporter::Source::File { path: dir.path().join("nginx.conf"), hash: Some(nginx::config_hash(&conf)) },

@@ -6,11 +6,12 @@ use std::collections::BTreeMap;
 use balancer::api::v1beta1::{FrontService, ProxySpec};
 use balancer::api::{BackendSpec, Balancer, BalancerPort, BalancerSpec, Protocol};
 use balancer::proxy::access_log::SidecarPorts;
+use balancer::proxy::model::{MODEL_FILE, ProxyConfig};
 use balancer::proxy::nginx;
 use balancer::proxy::upstreams::Upstreams;
 use balancer::proxy::{
     self, BACKEND_LABEL, BALANCER_NAME_LABEL, BackendHosts, COMPONENT_LABEL, CONFIG_HASH_ANNOTATION, MANAGED_BY_LABEL,
-    Owner, OwnerError, ProxySettings,
+    Owner, OwnerError, PodPort, ProxySettings, ReadyPod,
 };
 use balancer::spec::Admitted;
 use balancer::spec::{SpecPolicy, with_defaults};
@@ -56,7 +57,7 @@ fn cluster_ips(spec: &BalancerSpec) -> Vec<String> {
 }
 
 fn desired_with(owner: &Owner, spec: &Admitted, settings: &ProxySettings, ips: &[String]) -> Desired {
-    let proxy = proxy::proxy(owner, spec, settings, BackendHosts::ClusterIps(ips));
+    let proxy = proxy::proxy(owner, spec, settings, BackendHosts::ClusterIps(ips), None);
     Desired {
         backend_services: proxy::backend_services(owner, spec),
         config_map: proxy.config_map,
@@ -507,7 +508,7 @@ fn the_config_map_is_mounted_where_the_entrypoint_reads_it() {
     assert!(source.items.is_none(), "every key is projected as a file");
     assert_eq!(file, nginx::CONFIG_FILE);
     let data = desired.config_map.data.as_ref().expect("data");
-    assert_eq!(data.keys().collect::<Vec<_>>(), [file]);
+    assert_eq!(data.keys().collect::<Vec<_>>(), [file, MODEL_FILE], "the file and its model");
     assert_eq!(data[file], desired.nginx_conf);
 
     // The pid file goes to /tmp, a writable emptyDir under the read-only root filesystem.
@@ -715,7 +716,7 @@ fn an_offline_preview_names_the_backend_services() {
     balancer.metadata.namespace = Some("edge".into());
     let settings = settings();
     let spec = admitted(&balancer, &settings);
-    let proxy = proxy::proxy(&owner(&balancer), &spec, &settings, BackendHosts::ServiceNames);
+    let proxy = proxy::proxy(&owner(&balancer), &spec, &settings, BackendHosts::ServiceNames, None);
     assert!(
         proxy.nginx_conf.contains("server example-balancer-v2-backend.edge.svc:80 weight=20 "),
         "{}",
@@ -942,6 +943,7 @@ fn the_proxy_pods_are_shaped_as_spec_proxy_says() {
         affinity: Some(Affinity::default()),
         topology_spread_constraints: Some(vec![spread.clone()]),
         priority_class_name: Some("system-cluster-critical".into()),
+        upstreams: None,
         pod_annotations: Some(BTreeMap::from([
             ("example.com/scrape".into(), "true".into()),
             (CONFIG_HASH_ANNOTATION.into(), "mine".into()),
@@ -1044,23 +1046,27 @@ fn the_sidecars_ports_stay_clear_of_the_balancers_own() {
     assert_eq!((ports.metrics, ports.log), (9115, 5515));
 }
 
-/// What the sidecar reads back from the file the proxy runs: which backend each server is,
-/// the ports nginx listens on, and the weights.
+/// What the sidecar reads from the ConfigMap's model: which backend each server is, the ports
+/// nginx listens on, and the weights; and the file beside it is the rendering of that model.
 #[test]
-fn the_sidecar_reads_back_every_backend_and_weight_the_renderer_wrote() {
+fn the_sidecar_reads_every_backend_and_weight_from_the_model_beside_the_file() {
     let mut spec = sample().spec;
     spec.ports.push(port(Some("dns"), "UDP", 53));
     spec.backends[1].weight = Some(0);
-    let ips = |i: usize, port: i32| format!("10.96.0.{}:{port}", 10 + i);
-    let position = |b: &BackendSpec| spec.backends.iter().position(|x| x.name == b.name).unwrap();
-    let address = |b: &BackendSpec, p: &BalancerPort| ips(position(b), p.port);
+    let ips: Vec<String> = (0..3).map(|i| format!("10.96.0.{}", 10 + i)).collect();
     let spec = fixtures::admitted("example-balancer", spec.clone(), &SpecPolicy::default());
-    let conf = nginx::render("example-balancer", &spec, &[], Some(5514), &address);
-    let upstreams = Upstreams::read(&conf).expect("a rendered file");
+    let settings = ProxySettings { metrics_image: Some("localhost/balancer:dev".into()), ..settings() };
+    let built = proxy::proxy(&owner(&sample()), &spec, &settings, BackendHosts::ClusterIps(&ips), None);
+    let data = built.config_map.data.expect("data");
+    let model = ProxyConfig::from_json(&data[MODEL_FILE]).expect("a model");
+    assert_eq!(nginx::write(&model), data[nginx::CONFIG_FILE], "the file is the model's rendering");
+    assert!(nginx::is_rendered_for(&data[nginx::CONFIG_FILE], "example-balancer"));
+    assert!(!nginx::is_rendered_for(&data[nginx::CONFIG_FILE], "example"), "another Balancer's file");
+    let upstreams = Upstreams::of(&model);
     assert_eq!(upstreams.balancer, "example-balancer");
     for (i, name) in ["v1", "v2", "v3"].iter().enumerate() {
-        assert_eq!(upstreams.backend(&ips(i, 80)), Some(*name));
-        assert_eq!(upstreams.backend(&ips(i, 53)), Some(*name));
+        assert_eq!(upstreams.backend(&format!("{}:80", ips[i])), Some(*name));
+        assert_eq!(upstreams.backend(&format!("{}:53", ips[i])), Some(*name));
     }
     assert!(upstreams.listens(80, Protocol::Tcp) && upstreams.listens(53, Protocol::Udp));
     assert!(!upstreams.listens(53, Protocol::Tcp) && !upstreams.listens(81, Protocol::Tcp));
@@ -1077,7 +1083,7 @@ fn the_sidecar_reads_back_every_backend_and_weight_the_renderer_wrote() {
             (53, "UDP", "v3", 40)
         ]
     );
-    assert_eq!(Upstreams::read("events {}\n"), None, "not a file balancer rendered");
+    assert_eq!(ProxyConfig::from_json("events {}\n"), None, "not a model");
 }
 
 /// Without the sidecar, nginx reads the mounted file once: it is told which file to wait for
@@ -1179,4 +1185,107 @@ fn algorithms_limits_backups_and_the_proxy_protocol_render_as_nginx_directives()
     balancer.spec.session_affinity = Some("ClientIP".into());
     let conf = desired_for(&balancer).nginx_conf;
     assert!(conf.contains("        zone port_80_tcp 512k;\n        hash $remote_addr consistent;\n"), "{conf}");
+}
+
+// ---------------------------------------------------------------------------
+// Upstreams of pods
+// ---------------------------------------------------------------------------
+
+/// `count` ready pods of backend `b` (0, 1, 2), each with the sample's `http` port at 5678.
+fn ready_pods(b: u8, count: u8) -> Vec<ReadyPod> {
+    let port = PodPort { name: "http".into(), protocol: Protocol::Tcp, port: 5678 };
+    (0..count).map(|i| ReadyPod { address: format!("10.244.{b}.{}", 10 + i), ports: vec![port.clone()] }).collect()
+}
+
+fn live_settings() -> ProxySettings {
+    ProxySettings { metrics_image: Some("localhost/balancer:dev".into()), ..settings() }
+}
+
+/// Each pod weighs its backend's weight over its pod count: 40/20/40 over 1/3/2 pods gives
+/// 6/1/3 per pod (6, 3×1 and 2×3 make 40/20/40 of 20); a backend without a ready pod keeps its
+/// Service, down.
+#[test]
+fn pod_upstreams_share_each_backends_weight_across_its_ready_pods() {
+    let balancer = sample();
+    let spec = admitted(&balancer, &live_settings());
+    let pods = [ready_pods(0, 1), ready_pods(1, 3), ready_pods(2, 2)];
+    let ips = cluster_ips(&spec);
+    let built = proxy::proxy(&owner(&balancer), &spec, &live_settings(), BackendHosts::ClusterIps(&ips), Some(&pods));
+    assert!(built.pod_upstreams);
+    let servers: Vec<&str> = built.nginx_conf.lines().map(str::trim).filter(|l| l.starts_with("server 10.")).collect();
+    assert_eq!(
+        servers,
+        [
+            "server 10.244.0.10:5678 weight=6 max_fails=1 fail_timeout=10s;  # example-balancer-v1-backend",
+            "server 10.244.1.10:5678 weight=1 max_fails=1 fail_timeout=10s;  # example-balancer-v2-backend",
+            "server 10.244.1.11:5678 weight=1 max_fails=1 fail_timeout=10s;  # example-balancer-v2-backend",
+            "server 10.244.1.12:5678 weight=1 max_fails=1 fail_timeout=10s;  # example-balancer-v2-backend",
+            "server 10.244.2.10:5678 weight=3 max_fails=1 fail_timeout=10s;  # example-balancer-v3-backend",
+            "server 10.244.2.11:5678 weight=3 max_fails=1 fail_timeout=10s;  # example-balancer-v3-backend",
+        ]
+    );
+    let without_v2 = [ready_pods(0, 1), vec![], ready_pods(2, 2)];
+    let built =
+        proxy::proxy(&owner(&balancer), &spec, &live_settings(), BackendHosts::ClusterIps(&ips), Some(&without_v2));
+    assert!(
+        built.nginx_conf.contains("server 10.96.0.11:80 down;  # example-balancer-v2-backend"),
+        "{}",
+        built.nginx_conf
+    );
+}
+
+/// `maxConnections` is shared across the backend's pods, at least 1 each; a port the pods do not
+/// have (by the Service port's name and protocol) leaves the backend without a server there.
+#[test]
+fn pod_upstreams_share_the_connection_limit_and_match_ports_by_name() {
+    let mut balancer = sample();
+    balancer.spec.backends[0].max_connections = Some(100);
+    balancer.spec.ports.push(port(Some("dns"), "UDP", 53));
+    let spec = admitted(&balancer, &live_settings());
+    let pods = [ready_pods(0, 3), ready_pods(1, 1), ready_pods(2, 1)];
+    let ips = cluster_ips(&spec);
+    let built = proxy::proxy(&owner(&balancer), &spec, &live_settings(), BackendHosts::ClusterIps(&ips), Some(&pods));
+    let conf = &built.nginx_conf;
+    assert_eq!(conf.matches("max_conns=33;").count(), 3, "{conf}");
+    // No pod has a `dns` port: every backend keeps its Service at 53, down.
+    for (i, backend) in ["v1", "v2", "v3"].iter().enumerate() {
+        let line = format!("server 10.96.0.{}:53 down;  # example-balancer-{backend}-backend", 10 + i);
+        assert!(conf.contains(&line), "{line} in {conf}");
+    }
+}
+
+/// `upstreams: Services`, or no metrics sidecar (every endpoint change would roll the pods), keep
+/// the Services' cluster IPs whatever pods are ready.
+#[test]
+fn services_are_the_upstreams_when_asked_or_without_live_delivery() {
+    let pods = [ready_pods(0, 1), ready_pods(1, 1), ready_pods(2, 1)];
+    let mut balancer = sample();
+    balancer.spec.proxy = Some(ProxySpec { upstreams: Some("Services".into()), ..ProxySpec::default() });
+    let asked = admitted(&balancer, &live_settings());
+    let ips = cluster_ips(&asked);
+    for (spec, settings) in [(asked, live_settings()), (admitted(&sample(), &settings()), settings())] {
+        let built = proxy::proxy(&owner(&balancer), &spec, &settings, BackendHosts::ClusterIps(&ips), Some(&pods));
+        assert!(!built.pod_upstreams);
+        assert!(built.nginx_conf.contains("server 10.96.0.10:80 weight=40"), "{}", built.nginx_conf);
+        assert!(!built.nginx_conf.contains("10.244."), "{}", built.nginx_conf);
+    }
+}
+
+/// A configuration of more pods than a ConfigMap holds falls back to the Services.
+#[test]
+fn too_many_pods_for_a_config_map_fall_back_to_the_services() {
+    let balancer = sample();
+    let spec = admitted(&balancer, &live_settings());
+    let port = PodPort { name: "http".into(), protocol: Protocol::Tcp, port: 5678 };
+    let many: Vec<ReadyPod> = (0..6000)
+        .map(|i| ReadyPod {
+            address: format!("10.{}.{}.{}", i / 65536, (i / 256) % 256, i % 256),
+            ports: vec![port.clone()],
+        })
+        .collect();
+    let pods = [many.clone(), many.clone(), many];
+    let ips = cluster_ips(&spec);
+    let built = proxy::proxy(&owner(&balancer), &spec, &live_settings(), BackendHosts::ClusterIps(&ips), Some(&pods));
+    assert!(!built.pod_upstreams, "{} bytes", built.nginx_conf.len());
+    assert!(built.nginx_conf.contains("server 10.96.0.10:80 weight=40"));
 }

@@ -1,0 +1,371 @@
+//! The proxy's configuration as data: one [`ProxyConfig`] per Balancer, built from its admitted
+//! spec and where its backends are, then rendered to `nginx.conf` in one place
+//! ([`nginx::write`](super::nginx::write)).
+//!
+//! The controller stores it beside `nginx.conf` in the proxy's ConfigMap ([`MODEL_FILE`]), and
+//! the metrics sidecar reads what it needs from it (which backend each address is, the weights,
+//! the listeners): nothing parses `nginx.conf` back.
+//!
+//! Upstreams are the backends' ready pods, from their EndpointSlices, or their Services (see
+//! [`Targets`]). With pods, each backend's weight is shared across its pods ([`pod_weights`]),
+//! so the split between backends stays the spec's whatever their pod counts.
+
+use serde::{Deserialize, Serialize};
+
+use crate::api::{Algorithm, BackendSpec, BalancerPort, Protocol, SessionAffinity};
+use crate::spec::{Admitted, AdmittedPort};
+
+/// The ConfigMap key the model is stored under, beside `nginx.conf`.
+pub const MODEL_FILE: &str = "proxy.json";
+
+/// The largest `nginx.conf`, or model, that a proxy applies, and the most the two together take
+/// in the ConfigMap (see [`fits`]): the API server stores no object above about 1.5 MiB.
+pub const MAX_CONFIG_BYTES: usize = 1 << 20;
+
+/// Whether a rendered `nginx.conf` and its model fit in one ConfigMap that every proxy accepts.
+pub fn fits(nginx_conf: &str, model_json: &str) -> bool {
+    nginx_conf.len() + model_json.len() <= MAX_CONFIG_BYTES
+}
+
+/// Everything one proxy runs.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct ProxyConfig {
+    /// The Balancer's name.
+    pub balancer: String,
+    /// Dynamic modules to load first (images whose stream module is not built in).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub load_modules: Vec<String>,
+    /// How long connections opened before a change go on (nginx's `worker_shutdown_timeout`).
+    pub drain_timeout: String,
+    /// The metrics sidecar's log port, when the proxy logs each session to it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub access_log_port: Option<u16>,
+    /// One per Balancer port.
+    pub listeners: Vec<Listener>,
+}
+
+/// One Balancer port: what nginx listens on, and the upstream it proxies to.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct Listener {
+    pub port: u16,
+    pub protocol: Protocol,
+    /// Clients must send the PROXY protocol header.
+    #[serde(default)]
+    pub accept_proxy_protocol: bool,
+    /// nginx sends the PROXY protocol header to the backends.
+    #[serde(default)]
+    pub send_proxy_protocol: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub connect_timeout: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle_timeout: Option<String>,
+    pub method: Method,
+    /// Never empty: a backend without an address to send to keeps one server, marked down.
+    pub servers: Vec<Server>,
+}
+
+impl Listener {
+    /// The upstream's name, from its port and protocol (`port_80_tcp`): the `(port, protocol)`
+    /// pairs of a spec are unique, so the names are too. nginx logs it in place of a server when
+    /// it had none to try.
+    pub fn upstream_name(&self) -> String {
+        format!("port_{}_{}", self.port, self.protocol.as_str().to_ascii_lowercase())
+    }
+}
+
+/// How nginx picks a server for a new connection.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Method {
+    /// Weighted round robin, nginx's default.
+    RoundRobin,
+    LeastConn,
+    /// Two servers at random (by weight), then the one with fewer connections.
+    RandomTwoLeastConn,
+    /// A consistent hash of the client's address (ClientIP affinity).
+    ClientAddressHash,
+}
+
+/// One upstream server: a backend's Service or one of its pods.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct Server {
+    /// `ip:port`, `[ipv6]:port` or `name:port`.
+    pub address: String,
+    /// The backend it belongs to.
+    pub backend: String,
+    /// nginx's weight; 0 marks the server down (nginx's own weight is at least 1).
+    pub weight: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_fails: Option<i32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fail_timeout: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_conns: Option<i32>,
+    /// Takes connections only when no other server can.
+    #[serde(default)]
+    pub backup: bool,
+}
+
+/// Where the proxy reaches one backend at one port.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Targets {
+    /// The backend's Service: one address (a cluster IP or a name) standing for all its pods.
+    Service(String),
+    /// The backend's ready pods, `ip:port` each; `service` (as above) is kept, marked down, when
+    /// there are none, so the backend still shows in the upstream.
+    Pods { service: String, pods: Vec<String> },
+}
+
+/// Where each backend is, at each port.
+pub trait UpstreamTargets {
+    fn targets(&self, backend: &BackendSpec, port: AdmittedPort<'_>) -> Targets;
+}
+
+/// Where the proxy reaches one backend at one port, `host:port`: its Service.
+pub trait UpstreamAddress {
+    fn address(&self, backend: &BackendSpec, port: &BalancerPort) -> String;
+}
+
+impl<F: Fn(&BackendSpec, &BalancerPort) -> String> UpstreamAddress for F {
+    fn address(&self, backend: &BackendSpec, port: &BalancerPort) -> String {
+        self(backend, port)
+    }
+}
+
+/// Each backend at its Service's address, as `0` gives it.
+pub struct ServiceUpstreams<'a, A>(pub &'a A);
+
+impl<A: UpstreamAddress> UpstreamTargets for ServiceUpstreams<'_, A> {
+    fn targets(&self, backend: &BackendSpec, port: AdmittedPort<'_>) -> Targets {
+        Targets::Service(self.0.address(backend, &port))
+    }
+}
+
+/// Total weight a consistent hash's servers share, about: nginx's ketama hash makes 160 points
+/// per unit of weight (16 bytes each, per configuration generation), so 1,024 cost 2.5 MiB.
+const HASH_WEIGHT_BUDGET: u64 = 1024;
+
+/// Weight units per ready pod for the other methods, whose cost does not grow with the
+/// weights: each backend's share is then within 0.05 point of the spec's.
+const WEIGHT_UNITS_PER_POD: u64 = 1000;
+
+impl ProxyConfig {
+    /// The configuration of Balancer `balancer` for an admitted spec, its backends at `targets`.
+    pub fn of(
+        balancer: &str,
+        spec: &Admitted,
+        load_modules: &[String],
+        access_log_port: Option<u16>,
+        targets: &impl UpstreamTargets,
+    ) -> ProxyConfig {
+        ProxyConfig {
+            balancer: balancer.to_string(),
+            load_modules: load_modules.to_vec(),
+            drain_timeout: spec.drain_timeout().to_string(),
+            access_log_port,
+            listeners: spec.ports().map(|port| listener(spec, port, targets)).collect(),
+        }
+    }
+
+    /// The model as the ConfigMap stores it: indented, for people reading the ConfigMap.
+    pub fn to_json(&self) -> String {
+        serde_json::to_string_pretty(self).unwrap_or_default()
+    }
+
+    /// A model read back; `None` when `text` is not one (or is over [`MAX_CONFIG_BYTES`]).
+    pub fn from_json(text: &str) -> Option<ProxyConfig> {
+        (text.len() <= MAX_CONFIG_BYTES).then(|| serde_json::from_str(text).ok()).flatten()
+    }
+
+    /// Every server, with its listener.
+    pub fn servers(&self) -> impl Iterator<Item = (&Listener, &Server)> {
+        self.listeners.iter().flat_map(|l| l.servers.iter().map(move |s| (l, s)))
+    }
+}
+
+fn listener(spec: &Admitted, port: AdmittedPort<'_>, targets: &impl UpstreamTargets) -> Listener {
+    let method = method(spec);
+    let resolved: Vec<(&BackendSpec, Targets)> = spec.backends.iter().map(|b| (b, targets.targets(b, port))).collect();
+    let mut servers = Vec::new();
+    // Primaries and backups share their weights apart: backups serve only when no primary can.
+    for backup in [false, true] {
+        let group: Vec<&(&BackendSpec, Targets)> = resolved.iter().filter(|(b, _)| b.is_backup() == backup).collect();
+        let budget = |pods: u64| match method {
+            Method::ClientAddressHash => HASH_WEIGHT_BUDGET,
+            _ => WEIGHT_UNITS_PER_POD * pods,
+        };
+        let shares: Vec<(u32, usize)> = group.iter().map(|(b, t)| (weight_of(b), pod_count(t))).collect();
+        let pods_in_group: usize = shares.iter().map(|&(_, n)| n).sum();
+        let per_pod = pod_weights(&shares, budget(pods_in_group as u64));
+        for ((backend, targets), weight) in group.into_iter().zip(per_pod) {
+            servers.extend(servers_of(backend, targets, weight));
+        }
+    }
+    // The spec's backend order, within each group; servers of one backend stay together.
+    Listener {
+        port: u16::try_from(port.port).unwrap_or_default(),
+        protocol: port.protocol,
+        accept_proxy_protocol: port.accepts_proxy_protocol(),
+        send_proxy_protocol: port.sends_proxy_protocol(),
+        connect_timeout: port.connect_timeout.clone(),
+        idle_timeout: port.idle_timeout.clone(),
+        method,
+        servers,
+    }
+}
+
+/// ClientIP affinity is a hash of the client's address; ketama points are in proportion to the
+/// weights, so one client sticks and many still split by weight.
+fn method(spec: &Admitted) -> Method {
+    if spec.session_affinity() == SessionAffinity::ClientIp {
+        return Method::ClientAddressHash;
+    }
+    match spec.algorithm() {
+        Algorithm::RoundRobin => Method::RoundRobin,
+        Algorithm::LeastConnections => Method::LeastConn,
+        Algorithm::PowerOfTwoChoices => Method::RandomTwoLeastConn,
+    }
+}
+
+fn weight_of(backend: &BackendSpec) -> u32 {
+    u32::try_from(backend.effective_weight()).unwrap_or_default()
+}
+
+/// The pods a backend's weight is shared across (0 for a Service).
+fn pod_count(targets: &Targets) -> usize {
+    match targets {
+        Targets::Service(_) => 0,
+        Targets::Pods { pods, .. } => pods.len(),
+    }
+}
+
+/// A backend's servers: its Service with the spec's weight, or each ready pod with `pod_weight`
+/// and the backend's connection limit shared out; the Service, down, when it sends nothing.
+fn servers_of(backend: &BackendSpec, targets: &Targets, pod_weight: u32) -> Vec<Server> {
+    let server = |address: &str, weight: u32, max_conns: Option<i32>| Server {
+        address: address.to_string(),
+        backend: backend.name.clone(),
+        weight,
+        max_fails: backend.max_fails,
+        fail_timeout: backend.fail_timeout.clone(),
+        max_conns,
+        backup: backend.is_backup(),
+    };
+    match targets {
+        Targets::Service(address) => vec![server(address, weight_of(backend), backend.max_connections)],
+        Targets::Pods { service, pods } if pods.is_empty() || pod_weight == 0 => {
+            vec![server(service, 0, backend.max_connections)]
+        }
+        Targets::Pods { pods, .. } => {
+            let max_conns = backend.max_connections.map(|n| shared_limit(n, pods.len()));
+            pods.iter().map(|pod| server(pod, pod_weight, max_conns)).collect()
+        }
+    }
+}
+
+/// A backend's `maxConnections` shared across its `pods`: at most the backend's limit in all,
+/// but at least one each.
+fn shared_limit(limit: i32, pods: usize) -> i32 {
+    let pods = i32::try_from(pods).unwrap_or(i32::MAX).max(1);
+    (limit / pods).max(1)
+}
+
+/// The weight of each pod of each backend, for backends given as `(weight, ready pods)`, so that
+/// each backend's share of the group stays its weight's share of the group's, within a total of
+/// about `budget`. A backend with no weight or no pod gets 0.
+///
+/// Exact when it fits the budget: `weight × lcm(pods) / pods`. Otherwise a pod gets
+/// `weight × budget / (total weight × pods)`, rounded, at least 1, which moves a backend's
+/// share by at most `0.5 × pods / budget`. Either way all are then divided by their greatest
+/// common divisor, so that equal pods weigh 1.
+pub fn pod_weights(backends: &[(u32, usize)], budget: u64) -> Vec<u32> {
+    let serving = |&(weight, pods): &(u32, usize)| weight > 0 && pods > 0;
+    let exact = exact_weights(backends, budget);
+    let raw = exact.unwrap_or_else(|| {
+        let total: u64 = backends.iter().filter(|b| serving(b)).map(|&(w, _)| u64::from(w)).sum();
+        let rounded = |&(weight, pods): &(u32, usize)| {
+            // Rounded to the nearest: (2·w·budget + total·pods) / (2·total·pods).
+            let pods = pods as u64;
+            ((2 * u64::from(weight) * budget + total * pods) / (2 * total * pods)).max(1)
+        };
+        backends.iter().map(|b| if serving(b) { rounded(b) } else { 0 }).collect()
+    });
+    let divisor = raw.iter().copied().filter(|&w| w > 0).fold(0, gcd).max(1);
+    raw.into_iter().map(|w| u32::try_from(w / divisor).unwrap_or(u32::MAX)).collect()
+}
+
+/// `weight × lcm(pods) / pods` for each serving backend, when the total stays within `budget`.
+fn exact_weights(backends: &[(u32, usize)], budget: u64) -> Option<Vec<u64>> {
+    let serving = |&(weight, pods): &(u32, usize)| weight > 0 && pods > 0;
+    let lcm = backends.iter().filter(|b| serving(b)).try_fold(1u64, |lcm, &(_, pods)| {
+        let pods = pods as u64;
+        (lcm / gcd(lcm, pods)).checked_mul(pods).filter(|&l| l <= budget)
+    })?;
+    let weights: Vec<u64> =
+        backends.iter().map(|b @ &(w, pods)| if serving(b) { u64::from(w) * lcm / pods as u64 } else { 0 }).collect();
+    let total: u64 = weights.iter().zip(backends).map(|(&w, &(_, pods))| w * pods as u64).sum();
+    // Before the common divisor: the reduced total is smaller still.
+    let divisor = weights.iter().copied().filter(|&w| w > 0).fold(0, gcd).max(1);
+    (total / divisor <= budget).then_some(weights)
+}
+
+fn gcd(a: u64, b: u64) -> u64 {
+    if b == 0 { a } else { gcd(b, a % b) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each backend's share of new connections under nginx's weights, in points.
+    fn shares(backends: &[(u32, usize)], weights: &[u32]) -> Vec<f64> {
+        let total: f64 = backends.iter().zip(weights).map(|(&(_, n), &w)| n as f64 * f64::from(w)).sum();
+        backends.iter().zip(weights).map(|(&(_, n), &w)| 100.0 * n as f64 * f64::from(w) / total).collect()
+    }
+
+    fn wanted(backends: &[(u32, usize)]) -> Vec<f64> {
+        let total: f64 = backends.iter().filter(|&&(_, n)| n > 0).map(|&(w, _)| f64::from(w)).sum();
+        backends.iter().map(|&(w, n)| if n == 0 { 0.0 } else { 100.0 * f64::from(w) / total }).collect()
+    }
+
+    #[test]
+    fn equal_pods_weigh_one_and_the_split_is_the_specs_whatever_the_pod_counts() {
+        assert_eq!(pod_weights(&[(50, 3), (50, 3)], 6000), [1, 1]);
+        assert_eq!(pod_weights(&[(50, 1), (50, 3)], 4000), [3, 1], "one pod carries what three do");
+        for backends in [
+            vec![(90, 1), (10, 7)],
+            vec![(1, 1000), (99, 1)],
+            vec![(5, 3), (25, 2), (70, 11)],
+            vec![(33, 10), (33, 10), (34, 10)],
+            vec![(100, 2), (0, 5), (1, 0)],
+        ] {
+            let pods: usize = backends.iter().map(|&(_, n)| n).sum();
+            // The hash's budget is fixed (its memory grows with it): it holds for tens of pods.
+            let hash = (pods <= 50).then_some(HASH_WEIGHT_BUDGET);
+            for budget in [Some(WEIGHT_UNITS_PER_POD * pods as u64), hash].into_iter().flatten() {
+                let weights = pod_weights(&backends, budget);
+                let (got, want) = (shares(&backends, &weights), wanted(&backends));
+                for (g, w) in got.iter().zip(&want) {
+                    let bound = if budget == HASH_WEIGHT_BUDGET { 1.0 } else { 0.1 };
+                    assert!((g - w).abs() <= bound, "{backends:?} at {budget}: {got:?}, wanted {want:?} ({weights:?})");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_backend_without_weight_or_pods_gets_nothing_and_the_hash_budget_holds() {
+        assert_eq!(pod_weights(&[(0, 3), (40, 0), (60, 2)], 5000), [0, 0, 1]);
+        assert_eq!(pod_weights(&[], 1000), Vec::<u32>::new());
+        let weights = pod_weights(&[(50, 40), (50, 60)], HASH_WEIGHT_BUDGET);
+        let total: u64 = weights.iter().zip([40u64, 60]).map(|(&w, n)| u64::from(w) * n).sum();
+        assert!(total <= HASH_WEIGHT_BUDGET + 100, "{weights:?}: {total}");
+    }
+
+    #[test]
+    fn a_limit_is_shared_but_never_below_one() {
+        assert_eq!((shared_limit(100, 3), shared_limit(2, 5), shared_limit(7, 0)), (33, 1, 7));
+    }
+}
