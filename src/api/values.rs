@@ -29,6 +29,8 @@ macro_rules! wire_name {
     Default,
     PartialEq,
     Eq,
+    PartialOrd,
+    Ord,
     Hash,
     Display,
     EnumString,

@@ -201,12 +201,18 @@ fn bounded(mut identity: String) -> Box<str> {
     identity.into_boxed_str()
 }
 
+/// An endpoint's first address, written as nginx writes it (`$upstream_addr`), when it is an IP
+/// address; empty for a name (an `FQDN` slice's), which the proxy cannot send to.
+fn ip_address(endpoint: &Endpoint) -> String {
+    let first = endpoint.addresses.iter().flatten().find(|a| !a.is_empty());
+    first.and_then(|a| a.parse::<std::net::IpAddr>().ok()).map(|ip| ip.to_string()).unwrap_or_default()
+}
+
 /// The ready endpoints, sorted by identity and distinct, [`MAX_ENDPOINTS_PER_SLICE`] at most.
 fn ready_endpoints(endpoints: &[Endpoint], slice_namespace: &str) -> Arc<[ReadyEndpoint]> {
     let ready_endpoint = |endpoint: &Endpoint| {
         let identity = bounded(endpoint.identity(slice_namespace)?);
-        let address = endpoint.addresses.iter().flatten().find(|a| !a.is_empty()).cloned().unwrap_or_default();
-        Some(ReadyEndpoint { identity, address: bounded(address) })
+        Some(ReadyEndpoint { identity, address: ip_address(endpoint).into_boxed_str() })
     };
     let mut ready: Vec<ReadyEndpoint> = endpoints
         .iter()
@@ -271,6 +277,10 @@ impl<'de> Deserialize<'de> for ReadySlice {
         })
     }
 }
+
+/// Where [`ReadyEndpointSlices::ready_pods`] takes an endpoint from: its rank (IPv6, then the
+/// slice's key), the endpoint, and the slice's ports.
+type Listing<'a> = ((bool, &'a str), &'a ReadyEndpoint, &'a Arc<[PodPort]>);
 
 /// The ready endpoints of every backend Service, from the watch of their slices.
 #[derive(Clone, Default)]
@@ -347,13 +357,16 @@ impl ReadyEndpointSlices {
     pub fn ready_pods(&self, namespace: &str, name: &str) -> Vec<ReadyPod> {
         let service = key(namespace, name);
         let table = self.read();
-        let mut by_identity: HashMap<&str, (bool, &ReadyEndpoint, &Arc<[PodPort]>)> = HashMap::new();
-        let slices = table.slices.values().filter(|slice| slice.service == service);
-        for slice in slices {
+        // Per endpoint, the listing to use: IPv4 first, then the slice's name, so that the
+        // choice never depends on the table's order.
+        let mut by_identity: HashMap<&str, Listing<'_>> = HashMap::new();
+        let slices = table.slices.iter().filter(|(_, slice)| slice.service == service);
+        for (name, slice) in slices {
             for endpoint in slice.ready.iter().filter(|e| !e.address.is_empty()) {
-                let entry = by_identity.entry(&endpoint.identity).or_insert((slice.ipv6, endpoint, &slice.ports));
-                if entry.0 && !slice.ipv6 {
-                    *entry = (slice.ipv6, endpoint, &slice.ports);
+                let rank = (slice.ipv6, &**name);
+                let entry = by_identity.entry(&endpoint.identity).or_insert((rank, endpoint, &slice.ports));
+                if rank < entry.0 {
+                    *entry = (rank, endpoint, &slice.ports);
                 }
             }
         }
@@ -361,7 +374,7 @@ impl ReadyEndpointSlices {
             .into_values()
             .map(|(_, endpoint, ports)| ReadyPod { address: endpoint.address.to_string(), ports: ports.to_vec() })
             .collect();
-        pods.sort_unstable_by(|a, b| a.address.cmp(&b.address));
+        pods.sort_unstable();
         pods
     }
 
@@ -611,5 +624,51 @@ mod tests {
         let long = slice("long", "svc", vec![pod(&"é".repeat(400), "10.0.0.1", ready())]);
         let identity = &long.ready[0].identity;
         assert!(identity.len() <= MAX_IDENTITY_LEN && identity.starts_with("ns/é"));
+    }
+
+    /// A backend's slice with ports, in `family`.
+    fn ported_slice(name: &str, family: &str, endpoints: Vec<Value>, ports: Value) -> ReadySlice {
+        serde_json::from_value(json!({
+            "addressType": family,
+            "metadata": {"name": name, "namespace": "ns", "labels": {SERVICE_NAME_LABEL: "lb-v1", BALANCER_NAME_LABEL: "lb"}},
+            "endpoints": endpoints,
+            "ports": ports,
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn ready_pods_are_one_per_endpoint_by_their_ipv4_address_with_their_slices_ports_sorted() {
+        let ports = json!([{"name": "http", "port": 5678, "protocol": "TCP"}, {"name": "sctp", "port": 9, "protocol": "SCTP"},
+                           {"name": "dns", "port": 53, "protocol": "UDP"}, {"name": "none"}]);
+        let ipv6 = ported_slice(
+            "lb-v1-b",
+            "IPv6",
+            vec![pod("a", "fd00:0::5", ready()), pod("c", "fd00::7", ready())],
+            ports.clone(),
+        );
+        let ipv4 = ported_slice(
+            "lb-v1-a",
+            "IPv4",
+            vec![
+                pod("b", "10.244.0.6", ready()),
+                pod("a", "10.244.0.5", ready()),
+                pod("d", "10.244.0.8", json!({"ready": false})),
+            ],
+            ports,
+        );
+        let fqdn = ported_slice("lb-v1-c", "FQDN", vec![pod("e", "backend.example.com", ready())], json!([]));
+        let table = listed(&[ipv6, ipv4, fqdn]);
+        let pods = table.ready_pods("ns", "lb-v1");
+        let addresses: Vec<&str> = pods.iter().map(|p| p.address.as_str()).collect();
+        assert_eq!(addresses, ["10.244.0.5", "10.244.0.6", "fd00::7"], "IPv4 first, written canonically, no name");
+        let wanted = [
+            PodPort { name: "dns".into(), protocol: crate::api::Protocol::Udp, port: 53 },
+            PodPort { name: "http".into(), protocol: crate::api::Protocol::Tcp, port: 5678 },
+        ];
+        let mut read = pods[0].ports.clone();
+        read.sort();
+        assert_eq!(read, wanted, "SCTP and a port without a number are left out");
+        assert_eq!(table.get("ns", "lb-v1"), 4, "the name still counts as a ready endpoint");
     }
 }

@@ -61,7 +61,7 @@ pub struct Proxy {
 
 /// One ready pod of a backend, as its Service's EndpointSlices list it: its address and the
 /// ports of the Service's ports on it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub struct ReadyPod {
     pub address: String,
     pub ports: Vec<PodPort>,
@@ -69,7 +69,7 @@ pub struct ReadyPod {
 
 /// A Service port on a pod: the Service port's name (empty for an unnamed one), its protocol,
 /// and the pod's port number (the `targetPort`, resolved).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub struct PodPort {
     pub name: String,
     pub protocol: Protocol,
@@ -108,8 +108,10 @@ pub fn proxy(
     let pod_targets = pods.filter(|_| pod_upstreams(spec, settings)).map(|pods| {
         of(&|backend: &BackendSpec, port: AdmittedPort<'_>| {
             let ready = spec.backends.iter().position(|b| b.name == backend.name).and_then(|i| pods.get(i));
-            let addresses = ready.map(|ready| ready.iter().filter_map(|pod| pod_address(pod, port)).collect());
-            Targets::Pods { service: service.address(backend, port), pods: addresses.unwrap_or_default() }
+            let mut addresses: Vec<String> =
+                ready.into_iter().flatten().filter_map(|pod| pod_address(pod, port)).collect();
+            addresses.dedup();
+            Targets::Pods { service: service.address(backend, port), pods: addresses }
         })
     });
     let (pod_upstreams, (nginx_conf, model)) = match pod_targets.filter(|(conf, json)| model::fits(conf, json)) {

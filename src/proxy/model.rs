@@ -143,9 +143,13 @@ impl<A: UpstreamAddress> UpstreamTargets for ServiceUpstreams<'_, A> {
     }
 }
 
-/// Total weight a consistent hash's servers share, about: nginx's ketama hash makes 160 points
-/// per unit of weight (16 bytes each, per configuration generation), so 1,024 cost 2.5 MiB.
-const HASH_WEIGHT_BUDGET: u64 = 1024;
+/// Total weight a consistent hash's servers share, about: 50 units per pod, between 1,024 and
+/// 4,096. nginx's ketama hash makes 160 points per unit of weight, 16 bytes each, per
+/// configuration generation: 2.5 to 10 MiB. 50 per pod keeps the weights exact for two backends
+/// of weights 1 and 99 over tens of pods each.
+fn hash_weight_budget(pods: u64) -> u64 {
+    pods.saturating_mul(50).clamp(1024, 4096)
+}
 
 /// Weight units per ready pod for the other methods, whose cost does not grow with the
 /// weights: each backend's share is then within 0.05 point of the spec's.
@@ -193,7 +197,7 @@ fn listener(spec: &Admitted, port: AdmittedPort<'_>, targets: &impl UpstreamTarg
     for backup in [false, true] {
         let group: Vec<&(&BackendSpec, Targets)> = resolved.iter().filter(|(b, _)| b.is_backup() == backup).collect();
         let budget = |pods: u64| match method {
-            Method::ClientAddressHash => HASH_WEIGHT_BUDGET,
+            Method::ClientAddressHash => hash_weight_budget(pods),
             _ => WEIGHT_UNITS_PER_POD * pods,
         };
         let shares: Vec<(u32, usize)> = group.iter().map(|(b, t)| (weight_of(b), pod_count(t))).collect();
@@ -340,15 +344,17 @@ mod tests {
             vec![(5, 3), (25, 2), (70, 11)],
             vec![(33, 10), (33, 10), (34, 10)],
             vec![(100, 2), (0, 5), (1, 0)],
+            vec![(1, 25), (99, 25)],
+            vec![(1, 40), (99, 40)],
         ] {
             let pods: usize = backends.iter().map(|&(_, n)| n).sum();
-            // The hash's budget is fixed (its memory grows with it): it holds for tens of pods.
-            let hash = (pods <= 50).then_some(HASH_WEIGHT_BUDGET);
+            // The hash's budget is bounded (its memory grows with it): it holds for tens of pods.
+            let hash = (pods <= 80).then_some(hash_weight_budget(pods as u64));
             for budget in [Some(WEIGHT_UNITS_PER_POD * pods as u64), hash].into_iter().flatten() {
                 let weights = pod_weights(&backends, budget);
                 let (got, want) = (shares(&backends, &weights), wanted(&backends));
                 for (g, w) in got.iter().zip(&want) {
-                    let bound = if budget == HASH_WEIGHT_BUDGET { 1.0 } else { 0.1 };
+                    let bound = if Some(budget) == hash { 1.0 } else { 0.1 };
                     assert!((g - w).abs() <= bound, "{backends:?} at {budget}: {got:?}, wanted {want:?} ({weights:?})");
                 }
             }
@@ -359,9 +365,11 @@ mod tests {
     fn a_backend_without_weight_or_pods_gets_nothing_and_the_hash_budget_holds() {
         assert_eq!(pod_weights(&[(0, 3), (40, 0), (60, 2)], 5000), [0, 0, 1]);
         assert_eq!(pod_weights(&[], 1000), Vec::<u32>::new());
-        let weights = pod_weights(&[(50, 40), (50, 60)], HASH_WEIGHT_BUDGET);
-        let total: u64 = weights.iter().zip([40u64, 60]).map(|(&w, n)| u64::from(w) * n).sum();
-        assert!(total <= HASH_WEIGHT_BUDGET + 100, "{weights:?}: {total}");
+        let budget = hash_weight_budget(1000);
+        assert_eq!((hash_weight_budget(3), budget), (1024, 4096));
+        let weights = pod_weights(&[(1, 500), (99, 500)], budget);
+        let total: u64 = weights.iter().zip([500u64, 500]).map(|(&w, n)| u64::from(w) * n).sum();
+        assert!(total <= budget + 1000, "{weights:?}: {total}");
     }
 
     #[test]

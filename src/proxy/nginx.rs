@@ -91,17 +91,21 @@ pub fn write(config: &ProxyConfig) -> String {
 }
 
 /// Shared memory for an upstream's state, so that `least_conn`, `max_conns` and the failure
-/// counts hold across the workers rather than per worker. nginx needs at least 8 pages: this
-/// is 8 pages of 64 KiB (arm64 kernels); a server takes about 300 bytes of it, so it holds
-/// well over a thousand pods; untouched pages cost no memory.
-pub const UPSTREAM_ZONE: &str = "512k";
+/// counts hold across the workers rather than per worker: at least 512 KiB (nginx needs 8
+/// pages, and arm64 kernels have 64 KiB pages), and 1 KiB per server beyond 256 (a server
+/// takes about 350 bytes of slab), so an upstream of many pods still fits. Untouched pages
+/// cost no memory.
+pub fn upstream_zone(servers: usize) -> String {
+    const MIN_KIB: usize = 512;
+    format!("{}k", MIN_KIB.max(servers.saturating_add(256)))
+}
 
 /// One port's `upstream`: the balancing method, then each server with its weight, passive
 /// health, limit and role, and its backend Service in a comment.
 fn write_upstream(conf: &mut String, balancer: &str, listener: &Listener) {
     let name = listener.upstream_name();
     let _ = writeln!(conf, "    upstream {name} {{");
-    let _ = writeln!(conf, "        zone {name} {UPSTREAM_ZONE};");
+    let _ = writeln!(conf, "        zone {name} {};", upstream_zone(listener.servers.len()));
     if let Some(method) = balancing_method(listener.method) {
         let _ = writeln!(conf, "        {method};");
     }
