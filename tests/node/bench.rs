@@ -6,11 +6,13 @@ use std::collections::BTreeMap;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use crate::fixtures::{Sample, front_ip, proxy_conf, wait_available};
+use crate::fixtures::{Sample, balancers, front_ip, proxy_conf, wait_available, wait_ready_balancer};
 use crate::sidecar::sidecar_counts;
 use crate::toolkit::load::one_request;
 use crate::toolkit::runner::eventually;
 use crate::{NS, SAMPLE, World};
+use balancer::proxy::{Owner, ProxySettings};
+use balancer::spec::{ObjectName, SpecPolicy, admit};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
@@ -31,13 +33,41 @@ fn without_access_log(conf: &str) -> String {
     conf.lines().filter(|l| !l.contains("log_format") && !l.contains("access_log")).map(|l| format!("{l}\n")).collect()
 }
 
-/// The sample's rendered `nginx.conf` and its proxy's pod template.
-async fn sample_proxy(world: &World) -> (String, Value) {
-    let conf = proxy_conf(world, SAMPLE).await.expect("the proxy's nginx.conf");
+/// A Balancer `name` with the sample's backends (40/20/40) and one proxy pod, its upstreams
+/// `upstreams` (`Pods` or `Services`), as the operator builds it (live configuration, the
+/// metrics sidecar, nginx's access log): its front Service's address, once Ready, and its
+/// `nginx.conf`.
+async fn bench_balancer(world: &World, name: &str, upstreams: &str) -> (String, String) {
+    let yaml = format!(
+        "apiVersion: exposer.hliangzhao.io/v1beta1\nkind: Balancer\nmetadata: {{name: {name}, namespace: {NS}}}\n\
+         spec:\n  replicas: 1\n  ports: [{{name: http, protocol: TCP, port: 80, targetPort: 5678}}]\n\
+         \x20 selector: {{app: test}}\n  proxy: {{upstreams: {upstreams}}}\n\
+         \x20 backends:\n  - {{name: v1, weight: 40, selector: {{version: v1}}}}\n\
+         \x20 - {{name: v2, weight: 20, selector: {{version: v2}}}}\n  - {{name: v3, weight: 40, selector: {{version: v3}}}}\n"
+    );
+    world.kubectl.apply(&yaml);
+    wait_ready_balancer(world, name, Duration::from_secs(120)).await;
+    let address = format!("{}:80", front_ip(world, name).await);
+    eventually(&format!("{name} answering"), Duration::from_secs(30), || async { one_request(&address).await.ok() })
+        .await;
+    (address, proxy_conf(world, name).await.expect("its nginx.conf"))
+}
+
+/// The sample's proxy pod template as the operator builds it without the metrics sidecar: nginx
+/// reads the mounted ConfigMap once (its hash in `BALANCER_CONFIG_HASH`). The copies below run
+/// a file of their own in it.
+async fn mounted_template(world: &World) -> Value {
+    let sample = balancers(world).get(SAMPLE).await.expect("the sample");
+    let owner = Owner::of(&sample).expect("a stored Balancer");
+    let spec = admit(ObjectName::Name(SAMPLE), sample.spec.clone(), &SpecPolicy::default())
+        .unwrap_or_else(|report| panic!("the sample is valid: {:?}", report.errors));
     let deployments: Api<Deployment> = Api::namespaced(world.admin.clone(), NS);
-    let proxy = deployments.get("example-balancer-proxy").await.expect("the proxy Deployment");
-    let template = serde_json::to_value(proxy.spec.expect("spec").template).expect("template");
-    (conf, template)
+    let live = deployments.get("example-balancer-proxy").await.expect("the proxy Deployment");
+    let image = live.spec.and_then(|s| s.template.spec?.containers.into_iter().next()?.image).expect("an image");
+    let settings =
+        ProxySettings { image, load_modules: Vec::new(), metrics_image: None, policy: SpecPolicy::default() };
+    let deployment = balancer::proxy::proxy_deployment(&owner, &spec, &settings, "");
+    serde_json::to_value(deployment.spec.expect("spec").template).expect("template")
 }
 
 /// A ConfigMap, Deployment and Service `name`: the proxy's pod `template` running `conf`
@@ -98,18 +128,16 @@ pub async fn the_metrics_sidecar_costs_little(world: &mut World) {
         return;
     }
     world.ensure_sample(Sample::ANY).await;
-    let (conf, template) = sample_proxy(world).await;
-    let without_log = without_access_log(&conf);
-    // Both copies are new pods: each new connection takes a port of its proxy pod towards a
-    // backend pod, which keeps the closed connection in TIME_WAIT for a minute, so a proxy
-    // that served the earlier scenarios would meet those and wait for SYN retransmissions
-    // sooner than a fresh one.
-    let copy = |name: &str, conf: &str, sidecar: bool| proxy_copy(&template, name, conf, sidecar);
-    let mut items = copy("bench-sidecar", &conf, true).to_vec();
-    items.extend(copy("bench-plain", &without_log, false));
-    let objects = json!({"apiVersion": "v1", "kind": "List", "items": items}).to_string();
-    let addresses = deploy(world, &objects, &["bench-sidecar", "bench-plain"]).await;
-    let (with_sidecar, without) = (addresses[0].clone(), addresses[1].clone());
+    // Both are new pods: each new connection takes a port of its proxy pod towards a backend
+    // pod, which keeps the closed connection in TIME_WAIT for a minute, so a proxy that served
+    // the earlier scenarios would meet those and wait for SYN retransmissions sooner than a
+    // fresh one.
+    let (with_sidecar, conf) = bench_balancer(world, "bench-sidecar", "Pods").await;
+    let template = mounted_template(world).await;
+    let objects = json!({"apiVersion": "v1", "kind": "List",
+                         "items": proxy_copy(&template, "bench-plain", &without_access_log(&conf), false)})
+    .to_string();
+    let without = deploy(world, &objects, &["bench-plain"]).await.remove(0);
 
     // Short rounds, so that neither copy comes near a backend's TIME_WAIT ports (about 14,000
     // connections a minute from one proxy pod to one backend pod).
@@ -127,7 +155,7 @@ pub async fn the_metrics_sidecar_costs_little(world: &mut World) {
         rates.push((a.round(), b.round()));
     }
     let pod = Api::<Pod>::namespaced(world.admin.clone(), NS)
-        .list(&ListParams::default().labels("app=bench-sidecar"))
+        .list(&ListParams::default().labels(&balancer::proxy::proxy_selector_string("bench-sidecar")))
         .await
         .expect("pods")
         .items
@@ -142,6 +170,7 @@ pub async fn the_metrics_sidecar_costs_little(world: &mut World) {
         median(ratios)
     );
     world.kubectl.ok_with(&["delete", "-f", "-", "--wait=false"], &objects);
+    world.kubectl.ok(&["-n", NS, "delete", "balancer", "bench-sidecar", "--wait=false"]);
 }
 
 /// New connection per request, 32 clients, for `duration`: answered requests per second.
@@ -347,13 +376,15 @@ pub async fn the_data_plane_keeps_up_with_haproxy(world: &mut World) {
         return;
     }
     let rounds = std::env::var("BALANCER_NODE_BENCH_ROUNDS").ok().and_then(|r| r.parse().ok()).unwrap_or(ROUNDS);
-    let (conf, template) = sample_proxy(world).await;
+    // balancer as the operator builds it, with each kind of upstream; HAProxy and nginx alone
+    // (no sidecar, no access log) in the same pod template, on the same pods.
+    let (pods, conf) = bench_balancer(world, "bench-pods", "Pods").await;
+    let (services, _) = bench_balancer(world, "bench-services", "Services").await;
+    let template = mounted_template(world).await;
     let plain = without_access_log(&conf);
     let servers = upstream_servers(&plain);
-    assert_eq!(servers.len(), 3, "the sample's three backends: {plain}");
-    // The product and HAProxy side by side, so that reversing the order keeps them neighbours.
+    assert!(servers.len() >= 3, "the sample's backends' pods: {plain}");
     let mut copies = vec![
-        ("bench-product", proxy_copy(&template, "bench-product", &conf, true)),
         ("bench-haproxy", haproxy_copy(&template, "bench-haproxy", &servers)),
         ("bench-nginx", proxy_copy(&template, "bench-nginx", &plain, false)),
     ];
@@ -363,12 +394,14 @@ pub async fn the_data_plane_keeps_up_with_haproxy(world: &mut World) {
     let names: Vec<&str> = copies.iter().map(|(name, _)| *name).collect();
     let items: Vec<Value> = copies.into_iter().flat_map(|(_, objects)| objects).collect();
     let objects = json!({"apiVersion": "v1", "kind": "List", "items": items}).to_string();
-    let mut targets: Vec<(String, String)> =
-        names.iter().map(|n| n.to_string()).zip(deploy(world, &objects, &names).await).collect();
-    targets.insert(
-        0,
+    let copied = deploy(world, &objects, &names).await;
+    // The product and HAProxy side by side, so that reversing the order keeps them neighbours.
+    let mut targets: Vec<(String, String)> = vec![
         ("direct (v1's Service)".into(), format!("{}:80", front_ip(world, "example-balancer-v1-backend").await)),
-    );
+        ("bench-services".into(), services),
+        ("bench-pods".into(), pods),
+    ];
+    targets.extend(names.iter().map(|n| n.to_string()).zip(copied));
 
     let _time_wait = ShortTimeWait::set();
     // Each path's runs by mode (new connection per request or not), with their round.
@@ -407,6 +440,7 @@ pub async fn the_data_plane_keeps_up_with_haproxy(world: &mut World) {
         ratios_table(&runs),
     );
     world.kubectl.ok_with(&["delete", "-f", "-", "--wait=false"], &objects);
+    world.kubectl.ok(&["-n", NS, "delete", "balancer", "bench-pods", "bench-services", "--wait=false"]);
 }
 
 /// nginx without the access log and sidecar (`plain`), with one knob changed each.
@@ -464,8 +498,12 @@ fn medians_table(targets: &[(String, String)], runs: &Runs) -> String {
 /// highest of the ratios of runs in the same round, which share the node's state of the moment.
 fn ratios_table(runs: &Runs) -> String {
     let mut table = String::from("| ratio (median of rounds, range) | keep-alive | new connection |\n|---|---|---|\n");
-    let pairs =
-        [("bench-product", "bench-haproxy"), ("bench-nginx", "bench-haproxy"), ("bench-product", "bench-nginx")];
+    let pairs = [
+        ("bench-pods", "bench-haproxy"),
+        ("bench-services", "bench-haproxy"),
+        ("bench-nginx", "bench-haproxy"),
+        ("bench-pods", "bench-nginx"),
+    ];
     for (over, under) in pairs {
         for (what, figure) in
             [("throughput", (|r: &Run| r.requests_per_second) as fn(&Run) -> f64), ("p99", |r: &Run| r.p99_ms)]
