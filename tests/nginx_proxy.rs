@@ -967,6 +967,8 @@ async fn the_metrics_sidecar_counts_the_sessions_nginx_logs_per_backend() {
         drain: Duration::ZERO,
     };
     let stop = CancellationToken::new();
+    // A failed assertion still stops the sidecar: the runtime waits for its blocking log reader.
+    let _stop_on_failure = stop.clone().drop_guard();
     let sidecar = tokio::spawn(exporter::run(options, stop.clone()));
     let deadline = Instant::now() + NGINX_DEADLINE;
     while scrape(metrics_port).await.is_none() {
@@ -1058,6 +1060,8 @@ async fn the_metrics_sidecar_counts_connect_failures_against_the_refusing_backen
         drain: Duration::ZERO,
     };
     let stop = CancellationToken::new();
+    // A failed assertion still stops the sidecar: the runtime waits for its blocking log reader.
+    let _stop_on_failure = stop.clone().drop_guard();
     let sidecar = tokio::spawn(exporter::run(options, stop.clone()));
     while scrape(metrics_port).await.is_none() {
         tokio::time::sleep(Duration::from_millis(10)).await;

@@ -84,6 +84,8 @@ async fn sidecar_exposition() -> String {
         drain: Duration::ZERO,
     };
     let stop = CancellationToken::new();
+    // A failed assertion still stops the sidecar: the runtime waits for its blocking log reader.
+    let _stop_on_failure = stop.clone().drop_guard();
     let sidecar = tokio::spawn(exporter::run(options, stop.clone()));
     let url = format!("http://127.0.0.1:{port}/metrics");
     let mut text = String::new();
