@@ -146,9 +146,11 @@ fn a_sigterm_while_waiting_ends_the_entrypoint_promptly() {
     pod.terminate();
     let started = Instant::now();
     let events = pod.events();
-    let (code, _) = pod.exit(Duration::from_secs(3));
+    let (code, _) = pod.exit(Duration::from_secs(5));
     assert_eq!(code, Some(143));
-    assert!(started.elapsed() < Duration::from_secs(2), "within the 1 s recheck");
+    // The trap runs once the 1 s recheck's `sleep` ends; the rest is slack for a busy machine
+    // (CI runs the suite's tests in parallel), still far from the kubelet's grace period.
+    assert!(started.elapsed() < Duration::from_secs(3), "within the 1 s recheck: {:?}", started.elapsed());
     assert!(!events.contains("started"), "{events}");
 }
 
