@@ -108,7 +108,9 @@ pub async fn udp_is_proxied_to_udp_echo_pods(world: &mut World) {
 /// A weight change on the UDP Balancer, under continuous exchanges: on the wire within 2 s of
 /// the write, and at most 1 in 1,000 exchanges lost across it.
 async fn udp_weights_change_live(world: &World, front: &str) {
-    let load = UdpLoad::start(front.to_string(), 2);
+    // Six clients: over the same few seconds, enough exchanges (over 1,000) that one lost is
+    // within the bound, as a rate of 1 in 1,000 needs.
+    let load = UdpLoad::start(front.to_string(), 6);
     tokio::time::sleep(Duration::from_secs(2)).await;
     let written = Instant::now();
     change_backends(world, UDP_BALANCER, &[("u1", 100), ("u2", 0)], &[]).await;
