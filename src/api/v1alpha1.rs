@@ -26,6 +26,7 @@ pub const VERSION: &str = "v1alpha1";
     group = "exposer.hliangzhao.io",
     version = "v1alpha1",
     kind = "Balancer",
+    doc = "A Balancer is a weighted TCP/UDP load balancer. Clients connect to its front Service, and the nginx proxy pods that the balancer operator runs split their connections across the backends (sets of pods) by weight. v1alpha1 is the original Go project's API, served unchanged for its manifests and converted to the stored v1beta1, which new manifests should use.",
     plural = "balancers",
     shortname = "bal",
     namespaced,

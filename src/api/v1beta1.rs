@@ -37,6 +37,7 @@ pub const VERSION: &str = "v1beta1";
     group = "exposer.hliangzhao.io",
     version = "v1beta1",
     kind = "Balancer",
+    doc = "A Balancer is a weighted TCP/UDP load balancer. Clients connect to its front Service, and the nginx proxy pods that the balancer operator runs split their connections across the backends (sets of pods) by weight. v1beta1 is the stored version.",
     plural = "balancers",
     shortname = "bal",
     namespaced,
@@ -346,6 +347,7 @@ pub struct BalancerAddress {
     /// `IPAddress` or `Hostname`.
     #[serde(rename = "type")]
     pub type_: String,
+    /// The IP address or the host name.
     pub value: String,
 }
 
@@ -353,8 +355,11 @@ pub struct BalancerAddress {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct NodePortStatus {
+    /// The front port (`spec.ports[].port`).
     pub port: i32,
+    /// `TCP` or `UDP`.
     pub protocol: String,
+    /// The port every node forwards to it.
     pub node_port: i32,
 }
 

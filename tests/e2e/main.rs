@@ -291,6 +291,24 @@ async fn crd_is_accepted_and_established(world: &mut World) {
     install_shipped_crd(world);
     let stored = stored_crd(world);
     assert_eq!(stored["status"]["storedVersions"], json!(["v1alpha1", "v1beta1"]), "{stored:#}");
+
+    // `kubectl explain` speaks to a user, in both versions, once the API server publishes the
+    // new schema (its OpenAPI controller follows the CRD within seconds). kubectl wraps lines.
+    let explain = |what: &str, version: &str| {
+        let api_version = format!("--api-version=exposer.hliangzhao.io/{version}");
+        let (_, out, err) = world.plane.kubectl("admin").run(&["explain", what, &api_version], None);
+        format!("{out}{err}").split_whitespace().collect::<Vec<_>>().join(" ")
+    };
+    for version in ["v1beta1", "v1alpha1"] {
+        let explained = eventually("kubectl explain to give the new schema", Duration::from_secs(30), || async {
+            let out = explain("balancers", version);
+            out.contains("A Balancer is a weighted TCP/UDP load balancer").then_some(out)
+        })
+        .await;
+        assert!(explained.contains(&format!("{version} is")), "{explained}");
+        let spec = explain("balancers.spec", version);
+        assert!(spec.contains("A weighted TCP/UDP load balancer in front of a set of backends"), "{spec}");
+    }
 }
 
 // ---------------------------------------------------------------------------
