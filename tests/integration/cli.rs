@@ -30,6 +30,37 @@ fn deploy_crd_yaml_is_the_output_of_balancer_crd() {
     );
 }
 
+/// `kubectl explain` reads these: every field of both versions says what it is, in words for a
+/// user (no rustdoc links), and the kind itself is described, not kube's placeholder.
+#[test]
+fn every_field_of_the_crd_is_described_for_kubectl_explain() {
+    let output = balancer().arg("crd").output().unwrap();
+    let crd: Value = serde_saphyr::from_str(&String::from_utf8(output.stdout).unwrap()).expect("YAML");
+    for version in crd["spec"]["versions"].as_array().unwrap() {
+        let schema = &version["schema"]["openAPIV3Schema"];
+        let top = schema["description"].as_str().unwrap_or_default();
+        assert!(top.starts_with("A Balancer is a weighted TCP/UDP load balancer"), "{}: {top}", version["name"]);
+        let mut undescribed = Vec::new();
+        undescribed_fields(schema, &format!("{}", version["name"]), &mut undescribed);
+        assert!(undescribed.is_empty(), "fields without a description, or with rustdoc syntax: {undescribed:?}");
+    }
+}
+
+/// The fields under `schema` without a description, or whose description holds rustdoc syntax.
+fn undescribed_fields(schema: &Value, path: &str, found: &mut Vec<String>) {
+    if let Some(items) = schema.get("items") {
+        undescribed_fields(items, &format!("{path}[]"), found);
+    }
+    for (name, field) in schema["properties"].as_object().into_iter().flatten() {
+        let path = format!("{path}.{name}");
+        match field["description"].as_str() {
+            Some(text) if !text.contains("[`") && !text.contains("crate::") => {}
+            _ => found.push(path.clone()),
+        }
+        undescribed_fields(field, &path, found);
+    }
+}
+
 /// What `balancer crd` prints: both versions, v1beta1 stored and scalable, converted by the
 /// webhook Service, with the CA injected by cert-manager.
 #[test]
