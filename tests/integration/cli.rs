@@ -26,7 +26,7 @@ fn deploy_crd_yaml_is_the_output_of_balancer_crd() {
     let committed = std::fs::read_to_string(repo("deploy/crd.yaml")).unwrap();
     assert!(
         committed == String::from_utf8(output.stdout).unwrap(),
-        "deploy/crd.yaml is stale: run `cargo run -- crd > deploy/crd.yaml`"
+        "deploy/crd.yaml is stale: run `cargo run -- crd | tee deploy/crd.yaml > charts/balancer/files/crd.yaml`"
     );
 }
 

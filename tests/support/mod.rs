@@ -275,3 +275,23 @@ pub fn crd_versions(crd: &Value) -> Vec<(&str, bool, bool)> {
         .map(|v| (v["name"].as_str().expect("a version name"), flag(v, "served"), flag(v, "storage")))
         .collect()
 }
+
+/// `kubectl kustomize` of an overlay of `deploy/` that adds `components` (folders under
+/// `deploy/components`), written as a user writes one, in the folder `name` of the target's
+/// temporary directory: kustomize refuses absolute paths, so the overlay names them relatively.
+pub fn kustomize_deploy_with(name: &str, components: &[&str]) -> Vec<Value> {
+    use std::path::{Component, Path};
+    let overlay = Path::new(env!("CARGO_TARGET_TMPDIR")).join(name);
+    std::fs::create_dir_all(&overlay).expect("overlay folder");
+    let overlay = overlay.canonicalize().expect("overlay path");
+    let deploy = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy").canonicalize().expect("deploy/");
+    let (from, to): (Vec<Component>, Vec<Component>) = (overlay.components().collect(), deploy.components().collect());
+    let common = from.iter().zip(&to).take_while(|(a, b)| a == b).count();
+    let mut base: PathBuf = std::iter::repeat_n(Component::ParentDir, from.len() - common).collect();
+    base.extend(&to[common..]);
+    let components: Vec<String> =
+        components.iter().map(|c| base.join("components").join(c).display().to_string()).collect();
+    let text = format!("resources: [{}]\ncomponents: [{}]\n", base.display(), components.join(", "));
+    std::fs::write(overlay.join("kustomization.yaml"), text).expect("overlay written");
+    kustomize(&overlay)
+}

@@ -4,7 +4,6 @@
 
 use std::collections::BTreeSet;
 use std::net::{Ipv4Addr, SocketAddr};
-use std::path::{Component, Path, PathBuf};
 use std::time::Duration;
 
 use balancer::api::{BackendSpec, BalancerPort};
@@ -19,37 +18,9 @@ use serde_json::Value;
 use crate::support;
 use crate::support::find;
 
-fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
-/// `to` relative to `from` (kustomize refuses absolute paths).
-fn relative(from: &Path, to: &Path) -> PathBuf {
-    let from: Vec<Component> = from.components().collect();
-    let to: Vec<Component> = to.components().collect();
-    let common = from.iter().zip(&to).take_while(|(a, b)| a == b).count();
-    let mut path: PathBuf = std::iter::repeat_n(Component::ParentDir, from.len() - common).collect();
-    path.extend(&to[common..]);
-    path
-}
-
 /// deploy/ plus the component, rendered through an overlay as a user would write it.
 fn rendered() -> Option<Vec<Value>> {
-    if !support::have_tool("kubectl") {
-        return None;
-    }
-    let overlay = Path::new(env!("CARGO_TARGET_TMPDIR")).join("monitoring-overlay");
-    std::fs::create_dir_all(&overlay).unwrap();
-    let overlay = overlay.canonicalize().unwrap();
-    let root = repo().canonicalize().unwrap();
-    let base = relative(&overlay, &root.join("deploy"));
-    let component = relative(&overlay, &root.join("deploy/components/monitoring"));
-    std::fs::write(
-        overlay.join("kustomization.yaml"),
-        format!("resources: [{}]\ncomponents: [{}]\n", base.display(), component.display()),
-    )
-    .unwrap();
-    Some(support::kustomize(&overlay))
+    support::have_tool("kubectl").then(|| support::kustomize_deploy_with("monitoring-overlay", &["monitoring"]))
 }
 
 /// Metric families the operator and the proxies' metrics sidecar register, from real scrapes.

@@ -1,0 +1,334 @@
+//! charts/balancer against deploy/: one installation, two tools. With default values the
+//! chart renders the objects `kubectl kustomize deploy/` renders, so users never get two
+//! different operators depending on how they installed it. The differences allowed are
+//! Helm's own labels and the exceptions listed in `listed_exceptions`, each with its reason.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use serde_json::{Number, Value};
+
+use crate::support;
+
+const CHART: &str = "charts/balancer";
+const NAMESPACE: &str = "balancer-system";
+const CRD: &str = "CustomResourceDefinition";
+
+/// The labels Helm's conventions add to every object; kustomize has no release to name.
+const HELM_LABELS: [&str; 4] =
+    ["helm.sh/chart", "app.kubernetes.io/managed-by", "app.kubernetes.io/instance", "app.kubernetes.io/version"];
+
+fn repo(path: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(path)
+}
+
+/// Rendered objects keyed `Kind namespace/name`, so that order and text do not matter.
+type Objects = BTreeMap<String, Value>;
+
+/// `helm ARGS`, run from the repository's root.
+fn helm(args: &[&str]) -> Output {
+    Command::new("helm").args(args).current_dir(repo("")).output().expect("helm runs")
+}
+
+/// helm, and kubectl for the tests that compare with kustomize; without them the tests are
+/// skipped, loudly outside CI.
+fn have_tools(kustomize_too: bool) -> bool {
+    support::have_tool("helm") && (!kustomize_too || support::have_tool("kubectl"))
+}
+
+/// `helm template` of the chart as release `balancer` in `namespace`, with `--set` `values`.
+fn template_in(namespace: &str, values: &[&str]) -> Objects {
+    let mut args = vec!["template", "balancer", CHART, "--namespace", namespace];
+    for value in values {
+        args.extend(["--set", value]);
+    }
+    let output = helm(&args);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "helm template {values:?} failed: {stderr}");
+    let text = String::from_utf8(output.stdout).expect("UTF-8");
+    let docs: Vec<Value> = serde_saphyr::from_multiple(&text).expect("every rendered document parses");
+    keyed(docs.into_iter().filter(|d| !d.is_null()).collect())
+}
+
+fn template(values: &[&str]) -> Objects {
+    template_in(NAMESPACE, values)
+}
+
+/// kustomize re-encodes numbers (`100.0` becomes `100`), and so does Helm's `toYaml`; whole
+/// floats become integers on both sides.
+fn normalise(value: &mut Value) {
+    match value {
+        Value::Number(n) => {
+            if let Some(f) = n.as_f64().filter(|f| n.is_f64() && f.fract() == 0.0 && f.abs() < 9.0e15) {
+                *n = Number::from(f as i64);
+            }
+        }
+        Value::Array(items) => items.iter_mut().for_each(normalise),
+        Value::Object(map) => map.values_mut().for_each(normalise),
+        _ => {}
+    }
+}
+
+fn keyed(docs: Vec<Value>) -> Objects {
+    let mut objects = Objects::new();
+    for mut doc in docs {
+        normalise(&mut doc);
+        let meta = &doc["metadata"];
+        let key = format!(
+            "{} {}/{}",
+            doc["kind"].as_str().unwrap(),
+            meta["namespace"].as_str().unwrap_or(""),
+            meta["name"].as_str().unwrap()
+        );
+        assert!(objects.insert(key.clone(), doc).is_none(), "{key} is rendered twice");
+    }
+    objects
+}
+
+/// The chart's objects without Helm's labels, which every one of them must carry.
+fn without_helm_labels(mut chart: Objects) -> Objects {
+    for (key, object) in &mut chart {
+        let labels = object["metadata"]["labels"].as_object_mut().unwrap_or_else(|| panic!("{key} has no labels"));
+        for label in HELM_LABELS {
+            assert!(labels.remove(label).is_some(), "{key} lacks the label {label}");
+        }
+    }
+    chart
+}
+
+/// The differences between the chart's default objects and deploy/'s that are not Helm's
+/// labels, each removed here with its reason; the rest must be equal.
+fn listed_exceptions(chart: &mut Objects, kustomize: &mut Objects) {
+    // Helm installs into a namespace that exists (or that `--create-namespace` makes) and
+    // cannot own it: a chart's Namespace named like the release's conflicts with it. The
+    // chart's NOTES and README say to add deploy/namespace.yaml's Pod Security label.
+    let namespace = format!("Namespace /{NAMESPACE}");
+    assert!(kustomize.remove(&namespace).is_some(), "deploy/ renders {namespace}");
+    // An uninstall must not delete the CRD, and with it every Balancer: cert-manager's chart
+    // keeps its CRDs the same way. kustomize has no uninstall to survive.
+    let crd = chart.get_mut(&format!("{CRD} /balancers.exposer.hliangzhao.io")).expect("the chart renders the CRD");
+    let annotations = crd["metadata"]["annotations"].as_object_mut().unwrap();
+    assert_eq!(annotations.remove("helm.sh/resource-policy"), Some(Value::from("keep")));
+    if annotations.is_empty() {
+        crd["metadata"].as_object_mut().unwrap().remove("annotations");
+    }
+}
+
+/// The first place where `a` and `b` differ, as a JSON pointer with both values.
+fn first_difference(a: &Value, b: &Value, at: &str) -> Option<String> {
+    match (a, b) {
+        (Value::Object(x), Value::Object(y)) => {
+            let keys: std::collections::BTreeSet<&String> = x.keys().chain(y.keys()).collect();
+            keys.into_iter().find_map(|k| match (x.get(k), y.get(k)) {
+                (Some(a), Some(b)) => first_difference(a, b, &format!("{at}/{k}")),
+                (a, b) => Some(format!("{at}/{k}: chart {}, kustomize {}", missing_or(a), missing_or(b))),
+            })
+        }
+        (Value::Array(x), Value::Array(y)) if x.len() == y.len() => {
+            x.iter().zip(y).enumerate().find_map(|(i, (x, y))| first_difference(x, y, &format!("{at}/{i}")))
+        }
+        _ if a == b => None,
+        _ => Some(format!("{at}: chart {}, kustomize {}", short(a), short(b))),
+    }
+}
+
+fn missing_or(value: Option<&Value>) -> String {
+    value.map_or("(missing)".into(), short)
+}
+
+/// `value` as JSON, cut short: a differing CRD schema would fill the screen.
+fn short(value: &Value) -> String {
+    let text = value.to_string();
+    match text.char_indices().nth(300) {
+        Some((end, _)) => format!("{}…", &text[..end]),
+        None => text,
+    }
+}
+
+fn assert_same(chart: &Objects, kustomize: &Objects) {
+    let only = |a: &Objects, b: &Objects| a.keys().filter(|k| !b.contains_key(*k)).cloned().collect::<Vec<_>>();
+    assert_eq!(only(chart, kustomize), Vec::<String>::new(), "objects only the chart renders");
+    assert_eq!(only(kustomize, chart), Vec::<String>::new(), "objects only kustomize renders");
+    let differences: Vec<String> = chart
+        .iter()
+        .filter_map(|(key, object)| first_difference(object, &kustomize[key], "").map(|d| format!("{key} at {d}")))
+        .collect();
+    assert!(differences.is_empty(), "the chart and kustomize differ:\n{}", differences.join("\n"));
+}
+
+/// The chart rendered with `values` and deploy/ with `components`, without Helm's labels and
+/// the listed exceptions; `None` when the tools are missing.
+fn chart_and_kustomize(values: &[&str], components: &[&str]) -> Option<(Objects, Objects)> {
+    if !have_tools(true) {
+        return None;
+    }
+    let mut chart = without_helm_labels(template(values));
+    let mut kustomize = match components {
+        [] => keyed(support::kustomize(&repo("deploy"))),
+        _ => keyed(support::kustomize_deploy_with(&format!("chart-{}", components.join("-")), components)),
+    };
+    listed_exceptions(&mut chart, &mut kustomize);
+    Some((chart, kustomize))
+}
+
+/// `helm lint --strict` fails on warnings too, such as a template that renders badly.
+#[test]
+fn helm_lint_strict_passes() {
+    if !have_tools(false) {
+        return;
+    }
+    let output = helm(&["lint", "--strict", CHART]);
+    assert!(
+        output.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+/// The chart's version and the operator's it installs by default are the crate's.
+#[test]
+fn chart_version_and_app_version_are_the_crates() {
+    let chart: Value =
+        serde_saphyr::from_str(&std::fs::read_to_string(repo(CHART).join("Chart.yaml")).unwrap()).unwrap();
+    assert_eq!((&chart["apiVersion"], &chart["name"]), (&Value::from("v2"), &Value::from("balancer")));
+    assert_eq!(chart["version"], env!("CARGO_PKG_VERSION"));
+    assert_eq!(chart["appVersion"], env!("CARGO_PKG_VERSION"));
+}
+
+/// The heart of it: default values install exactly deploy/ (RBAC, hardening, webhooks, CRD).
+#[test]
+fn default_values_render_what_kustomize_renders() {
+    let Some((chart, kustomize)) = chart_and_kustomize(&[], &[]) else { return };
+    assert_same(&chart, &kustomize);
+}
+
+/// `monitoring.enabled` adds what deploy/components/monitoring adds.
+#[test]
+fn monitoring_renders_what_the_monitoring_component_adds() {
+    let Some((chart, kustomize)) = chart_and_kustomize(&["monitoring.enabled=true"], &["monitoring"]) else { return };
+    assert_same(&chart, &kustomize);
+}
+
+/// `certificates.certManager: false` renders what deploy/components/without-cert-manager
+/// does: no cert-manager object, no CA injection; the user supplies the Secret and the CA.
+#[test]
+fn supplied_certificates_render_what_without_cert_manager_renders() {
+    let Some((chart, kustomize)) = chart_and_kustomize(&["certificates.certManager=false"], &["without-cert-manager"])
+    else {
+        return;
+    };
+    assert_same(&chart, &kustomize);
+}
+
+/// With a supplied caBundle, it reaches the three clients of the webhook Service.
+#[test]
+fn a_supplied_ca_bundle_reaches_both_webhooks_and_the_crd() {
+    if !have_tools(false) {
+        return;
+    }
+    let chart = template(&["certificates.certManager=false", "certificates.caBundle=Q0E="]);
+    let crd = &chart[&format!("{CRD} /balancers.exposer.hliangzhao.io")];
+    assert_eq!(crd["spec"]["conversion"]["webhook"]["clientConfig"]["caBundle"], "Q0E=");
+    for key in
+        ["MutatingWebhookConfiguration /balancer-mutating", "ValidatingWebhookConfiguration /balancer-validating"]
+    {
+        assert_eq!(chart[key]["webhooks"][0]["clientConfig"]["caBundle"], "Q0E=", "{key}");
+    }
+}
+
+/// The CRD, the webhooks, the certificate's names and the RBAC subjects all name the
+/// release's namespace: nothing is left pointing at balancer-system.
+#[test]
+fn another_release_namespace_is_followed_everywhere() {
+    if !have_tools(false) {
+        return;
+    }
+    let chart = template_in("elsewhere", &["monitoring.enabled=true"]);
+    for (key, object) in &chart {
+        assert!(!object.to_string().contains(NAMESPACE), "{key} still names {NAMESPACE}");
+    }
+    let crd = &chart[&format!("{CRD} /balancers.exposer.hliangzhao.io")];
+    assert_eq!(crd["metadata"]["annotations"]["cert-manager.io/inject-ca-from"], "elsewhere/balancer-serving-cert");
+    assert_eq!(crd["spec"]["conversion"]["webhook"]["clientConfig"]["service"]["namespace"], "elsewhere");
+}
+
+/// The proxy defaults and the watched namespace become `balancer run`'s flags, and a watched
+/// namespace binds the operator's role in that namespace only.
+#[test]
+fn proxy_and_scope_values_become_the_operators_flags() {
+    if !have_tools(false) {
+        return;
+    }
+    let chart = template(&[
+        "proxy.image=registry.example.com/nginx:1.28",
+        "proxy.replicas=3",
+        "proxy.loadModules={/usr/lib/nginx/modules/ngx_stream_module.so}",
+        "proxy.allowedImages={registry.example.com/nginx/}",
+        "proxy.metrics.enabled=false",
+        "watchNamespace=shop",
+    ]);
+    let container = &chart[&format!("Deployment {NAMESPACE}/balancer")]["spec"]["template"]["spec"]["containers"][0];
+    let args: Vec<&str> = container["args"].as_array().unwrap().iter().filter_map(Value::as_str).collect();
+    for flag in [
+        "--namespace=shop",
+        "--proxy-image=registry.example.com/nginx:1.28",
+        "--proxy-replicas=3",
+        "--proxy-load-module=/usr/lib/nginx/modules/ngx_stream_module.so",
+        "--allowed-proxy-images=registry.example.com/nginx/",
+    ] {
+        assert!(args.contains(&flag), "{flag} not in {args:?}");
+    }
+    assert!(!container["env"].to_string().contains("BALANCER_PROXY_METRICS_IMAGE"), "no sidecar without metrics");
+    assert!(!chart.contains_key("ClusterRoleBinding /balancer-manager"), "no cluster-wide manager binding");
+    assert_eq!(chart["RoleBinding shop/balancer-manager"]["roleRef"]["name"], "balancer-manager");
+    assert!(
+        chart.contains_key("ClusterRoleBinding /balancer-metrics-auth"),
+        "token and access reviews stay cluster-wide"
+    );
+}
+
+/// values.schema.json is strict: a misspelt key or a wrong type stops `helm template`,
+/// naming the value, instead of being silently ignored.
+#[test]
+fn the_schema_refuses_unknown_keys_and_wrong_types() {
+    if !have_tools(false) {
+        return;
+    }
+    for (value, says) in [
+        ("replica=3", "additional properties 'replica' not allowed"),
+        ("proxy.replicas=many", "/proxy/replicas"),
+        ("proxy.replicas=101", "/proxy/replicas"),
+        ("certificates.certmanager=false", "additional properties 'certmanager' not allowed"),
+    ] {
+        let output = helm(&["template", "balancer", CHART, "--namespace", NAMESPACE, "--set", value]);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(!output.status.success(), "--set {value} was accepted");
+        assert!(
+            stderr.contains("values don't meet the specifications of the schema") && stderr.contains(says),
+            "--set {value}: {stderr}"
+        );
+    }
+}
+
+/// The chart reads copies of files it cannot reach outside its folder: the CRD, exactly what
+/// `balancer crd` prints (as deploy/crd.yaml is), and the monitoring component's alert rules and
+/// dashboard. Each must be byte-for-byte its source.
+#[test]
+fn the_charts_files_are_copies_of_their_sources() {
+    let crd = Command::new(env!("CARGO_BIN_EXE_balancer")).arg("crd").output().unwrap();
+    assert!(crd.status.success());
+    let copy = |path: &str| std::fs::read(repo(CHART).join("files").join(path)).unwrap();
+    assert!(
+        copy("crd.yaml") == crd.stdout,
+        "charts/balancer/files/crd.yaml is stale: run `cargo run -- crd | tee deploy/crd.yaml > charts/balancer/files/crd.yaml`"
+    );
+    for file in ["dashboard.json", "prometheusrule.yaml"] {
+        let source = format!("deploy/components/monitoring/{file}");
+        assert!(
+            copy(file) == std::fs::read(repo(&source)).unwrap(),
+            "charts/balancer/files/{file} is stale: run `cp {source} charts/balancer/files/`"
+        );
+    }
+}
