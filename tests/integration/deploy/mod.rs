@@ -1,5 +1,6 @@
 //! deploy/ against the code: RBAC, names, the monitoring component.
 
+mod alerts;
 mod chart;
 mod manifests;
 mod monitoring;
