@@ -2,11 +2,14 @@
 //!
 //! The README's default install, for real: cert-manager v1.11.5 installed from its own chart
 //! with Helm (the images built from the module proxy, `tests/kubernetes/cert-manager.sh`), then
-//! `deploy/` as it is, with its Issuers, Certificates and CA-injection annotations.
+//! the installation moved from kustomize to balancer's chart as docs/install.md says, with its
+//! Issuers, Certificates and CA-injection annotations; uninstalled and installed again by the
+//! README's Helm block, and upgraded with a new value.
 //!
 //! cert-manager v1.11 declares support up to Kubernetes 1.26: here it probes balancer's
 //! manifests on v1.37, as a user's newer cert-manager would read them.
 
+use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -17,11 +20,12 @@ use kube::api::ListParams;
 use rustls::pki_types::{CertificateDer, pem::PemObject as _};
 use serde_json::{Value, json};
 
-use crate::fixtures::{Sample, apply_sample_as, operator_pod_restarts};
-use crate::install::{new_certificates, patch_ca_bundle, webhook_secret, write_kustomization};
+use crate::fixtures::{Sample, apply_sample_as, front_ip, operator_pod_restarts};
+use crate::install::{STREAM_MODULE, new_certificates, patch_ca_bundle, webhook_secret, webhooks_reachable};
 use crate::toolkit::cluster;
+use crate::toolkit::load::Load;
 use crate::toolkit::runner::eventually;
-use crate::{NS, OPERATOR_NS, SAMPLE, World, repo};
+use crate::{BASE_IMAGE, NS, OPERATOR_NS, SAMPLE, World, repo};
 
 const NAMESPACE: &str = "cert-manager";
 const WEBHOOK_HOST: &str = "balancer-webhook.balancer-system.svc";
@@ -149,21 +153,19 @@ pub async fn cert_manager_issues_the_webhook_certificate_and_injects_its_ca(worl
     // The sample is read as v1alpha1 through the conversion webhook.
     world.ensure_sample(Sample::ANY).await;
     install_cert_manager(world);
-    let restarts = operator_pod_restarts(world).await;
 
-    // deploy/ the README's default way, in place of the manual certificate: its Secret is
-    // deleted first (cert-manager would otherwise take a valid certificate it finds for its
-    // own; the replicas go on serving the files they have). cert-manager's own webhook
-    // validates the Certificates: retried until kube-proxy routes to it.
+    // The installation of scenario 1 (deploy/ without cert-manager, certificate by hand)
+    // moved to Helm with cert-manager as docs/install.md says, under load through the sample.
+    // The manual certificate's Secret is deleted first (cert-manager would otherwise take a
+    // valid certificate it finds for its own; the replicas go on serving the files they
+    // have). cert-manager's own webhook validates the Certificates: awaited until kube-proxy
+    // routes to it, as `helm install` is not retried.
+    let load = Load::start(format!("{}:80", front_ip(world, SAMPLE).await), 2);
     world.kubectl.ok(&["-n", OPERATOR_NS, "delete", "secret", "balancer-webhook-tls"]);
-    let dir = tempfile::TempDir::new().expect("temp dir");
-    write_kustomization(dir.path(), false);
-    let overlay = dir.path().display().to_string();
+    cert_manager_answers(world).await;
     let applied = Instant::now();
-    eventually("deploy/ applied with its cert-manager objects", Duration::from_secs(60), || async {
-        world.kubectl.run(&["apply", "-k", &overlay], None).0.then_some(())
-    })
-    .await;
+    run_block(world, "docs/install.md", "--take-ownership");
+    println!("node: moved from kustomize to Helm in {:.1} s", applied.elapsed().as_secs_f64());
     let issued = eventually("the serving certificate issued", Duration::from_secs(60), || async {
         let args = ["-n", OPERATOR_NS, "get", "certificate", "balancer-serving-cert", "-o", "json"];
         let certificate: Value = serde_json::from_str(&world.kubectl.run(&args, None).1).ok()?;
@@ -190,7 +192,7 @@ pub async fn cert_manager_issues_the_webhook_certificate_and_injects_its_ca(worl
     })
     .await;
     println!(
-        "node: deploy/ with cert-manager: certificate issued {:.1} s and its CA injected {:.1} s after the apply",
+        "node: the chart with cert-manager: certificate issued {:.1} s and its CA injected {:.1} s after the apply",
         issued.as_secs_f64(),
         injected.as_secs_f64()
     );
@@ -211,7 +213,10 @@ pub async fn cert_manager_issues_the_webhook_certificate_and_injects_its_ca(worl
     let alpha = ["-n", NS, "get", "balancers.v1alpha1.exposer.hliangzhao.io", SAMPLE, "-o", "jsonpath={.apiVersion}"];
     assert_eq!(world.kubectl.ok(&alpha), "exposer.hliangzhao.io/v1alpha1", "converted by the webhook");
 
-    // A renewal: a new key and certificate from the same CA, served without a restart.
+    // A renewal: a new key and certificate from the same CA, served without a restart (of
+    // the pods the move rolled out: their arguments changed from deploy/'s environment).
+    world.kubectl.ok(&["-n", OPERATOR_NS, "rollout", "status", "deployment/balancer", "--timeout=120s"]);
+    let restarts = operator_pod_restarts(world).await;
     request_renewal(world);
     let renewed = Instant::now();
     let new_leaf = eventually("the renewed certificate in the Secret", Duration::from_secs(60), || async {
@@ -230,6 +235,72 @@ pub async fn cert_manager_issues_the_webhook_certificate_and_injects_its_ca(worl
     assert_eq!(operator_pod_restarts(world).await, restarts, "no replica restarted");
     apply_sample_as(world, NS, "renewed", "a Balancer write after the renewal").await;
     world.kubectl.ok(&["-n", NS, "delete", "balancer", "renewed"]);
+
+    // Uninstalled and installed again with the README's block as written (but the suite's
+    // images): the CRD, and with it every Balancer, stays, and the proxies serve throughout.
+    helm(world, &["uninstall", "balancer", "--namespace", OPERATOR_NS, "--wait"])
+        .unwrap_or_else(|e| panic!("helm uninstall failed: {e}"));
+    cert_manager_answers(world).await;
+    let installed = Instant::now();
+    run_block(world, "README.md", "helm install balancer");
+    webhooks_reachable(world).await;
+    println!(
+        "node: uninstalled, then installed by the README's Helm block in {:.1} s",
+        installed.elapsed().as_secs_f64()
+    );
+
+    // A value changed with `helm upgrade`, as docs/install.md says: the proxies' default
+    // replicas. The operator's pods roll; the sample's proxies serve on.
+    let upgraded = Instant::now();
+    let chart = repo("charts/balancer").display().to_string();
+    let args = ["upgrade", "balancer", &chart, "--namespace", OPERATOR_NS, "--reuse-values"];
+    helm(world, &[&args[..], &["--set", "proxy.replicas=2", "--wait", "--timeout=3m"]].concat())
+        .unwrap_or_else(|e| panic!("helm upgrade failed: {e}"));
+    println!("node: helm upgrade rolled the operator in {:.1} s", upgraded.elapsed().as_secs_f64());
+    apply_sample_as(world, NS, "upgraded", "a Balancer write after the upgrade").await;
+    let replicas =
+        ["-n", NS, "get", "balancers.v1beta1.exposer.hliangzhao.io", "upgraded", "-o", "jsonpath={.spec.replicas}"];
+    assert_eq!(world.kubectl.ok(&replicas), "2", "the new default of proxy.replicas");
+    world.kubectl.ok(&["-n", NS, "delete", "balancer", "upgraded"]);
+    load.assert_no_failures("while the installation moved to Helm, was installed again and upgraded").await;
+}
+
+/// Waits until cert-manager's webhook answers (a server-side dry run of an Issuer).
+async fn cert_manager_answers(world: &World) {
+    eventually("cert-manager's webhook answering", Duration::from_secs(60), || async {
+        let issuer = "{apiVersion: cert-manager.io/v1, kind: Issuer, metadata: {name: probe}, spec: {selfSigned: {}}}";
+        world.kubectl.run(&["-n", OPERATOR_NS, "apply", "--dry-run=server", "-f", "-"], Some(issuer)).0.then_some(())
+    })
+    .await;
+}
+
+/// Runs, with `bash -e` in the repository, the first `sh` block of `page` that holds
+/// `marker`, with `kubectl` and `helm` pointed at the suite's cluster. `helm install` gets the
+/// suite's images: the operator's (the README's documented override) and the proxy's
+/// (Debian's nginx, whose stream module is dynamic).
+fn run_block(world: &World, page: &str, marker: &str) {
+    let text = std::fs::read_to_string(repo(page)).expect("a doc page");
+    let blocks = text.split("```sh\n").skip(1).filter_map(|block| block.split("```").next());
+    let block = blocks.into_iter().find(|b| b.contains(marker));
+    let block = block.unwrap_or_else(|| panic!("{page}: no block with {marker:?}"));
+    let kubeconfig = world.plane.kubeconfig("admin").display().to_string();
+    let helm = world.cert_manager.join("helm").display().to_string();
+    let images = format!(
+        "--set image.repository=localhost/balancer --set image.tag=test --set proxy.image={BASE_IMAGE} \
+         --set proxy.loadModules={{{STREAM_MODULE}}}"
+    );
+    let prelude = format!(
+        "kubectl() {{ command kubectl --kubeconfig={kubeconfig} \"$@\"; }}\n\
+         helm() {{ if [ \"$1\" = install ]; then {helm} --kubeconfig={kubeconfig} \"$@\" {images}; \
+         else {helm} --kubeconfig={kubeconfig} \"$@\"; fi; }}\n"
+    );
+    let out = Command::new("timeout")
+        .args(["300", "bash", "-ec", &format!("{prelude}{block}")])
+        .current_dir(repo(""))
+        .output()
+        .expect("bash runs");
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{page}'s block failed:\n{block}\n{text}");
 }
 
 /// The webhook's certificate replaced by hand (its Secret applied again, the new CA trusted

@@ -12,7 +12,7 @@ use crate::toolkit::runner::eventually;
 use crate::{BASE_IMAGE, OPERATOR_NS, World, repo};
 
 /// The local proxy image is Debian's nginx, whose stream module is dynamic.
-const STREAM_MODULE: &str = "/usr/lib/nginx/modules/ngx_stream_module.so";
+pub const STREAM_MODULE: &str = "/usr/lib/nginx/modules/ngx_stream_module.so";
 
 /// `deploy/` with the locally built images; `without_cert_manager`: with the component that
 /// leaves out its cert-manager objects and CA-injection annotations.
