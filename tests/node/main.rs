@@ -24,6 +24,7 @@ mod fixtures;
 mod install;
 mod node;
 mod nodes;
+mod prometheus;
 mod protocols;
 mod sidecar;
 mod takeover;
@@ -51,6 +52,7 @@ use nodes::{
     a_drain_respects_the_budgets_and_fails_no_request, a_lost_node_costs_a_bounded_failure,
     an_uncordoned_node_is_used_by_the_next_rollout, proxies_and_operator_replicas_spread_across_the_nodes,
 };
+use prometheus::a_real_prometheus_scrapes_the_monitors_and_fires_the_shipped_alerts;
 use protocols::{
     a_backend_behind_the_proxy_sees_the_client_pods_address,
     a_node_port_balancer_with_client_ip_affinity_keeps_each_client_on_one_backend, udp_is_proxied_to_udp_echo_pods,
@@ -240,6 +242,8 @@ async fn run_suite(assets: &Path, images: &Path, cert_manager: &Path, state: &Pa
         the_leader_killed_in_the_middle_of_a_change_is_finished_by_a_new_leader,
         a_replaced_certificate_is_served_without_a_restart,
         cert_manager_issues_the_webhook_certificate_and_injects_its_ca,
+        // After cert-manager: the ServiceMonitor trusts the CA in its Secret.
+        a_real_prometheus_scrapes_the_monitors_and_fires_the_shipped_alerts,
         proxies_and_operator_replicas_spread_across_the_nodes,
         a_drain_respects_the_budgets_and_fails_no_request,
         an_uncordoned_node_is_used_by_the_next_rollout,
