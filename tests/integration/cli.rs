@@ -51,6 +51,9 @@ fn undescribed_fields(schema: &Value, path: &str, found: &mut Vec<String>) {
     if let Some(items) = schema.get("items") {
         undescribed_fields(items, &format!("{path}[]"), found);
     }
+    if let Some(values) = schema.get("additionalProperties").filter(|v| v.is_object()) {
+        undescribed_fields(values, &format!("{path}{{}}"), found);
+    }
     for (name, field) in schema["properties"].as_object().into_iter().flatten() {
         let path = format!("{path}.{name}");
         match field["description"].as_str() {

@@ -20,7 +20,7 @@ use kube::api::ListParams;
 use rustls::pki_types::{CertificateDer, pem::PemObject as _};
 use serde_json::{Value, json};
 
-use crate::fixtures::{Sample, apply_sample_as, front_ip, operator_pod_restarts};
+use crate::fixtures::{Sample, apply_sample_as, front_ip, operator_pod_restarts, sh_block};
 use crate::install::{STREAM_MODULE, new_certificates, patch_ca_bundle, webhook_secret, webhooks_reachable};
 use crate::toolkit::cluster;
 use crate::toolkit::load::Load;
@@ -253,7 +253,7 @@ pub async fn cert_manager_issues_the_webhook_certificate_and_injects_its_ca(worl
     // replicas. The operator's pods roll; the sample's proxies serve on.
     let upgraded = Instant::now();
     let chart = repo("charts/balancer").display().to_string();
-    let args = ["upgrade", "balancer", &chart, "--namespace", OPERATOR_NS, "--reuse-values"];
+    let args = ["upgrade", "balancer", &chart, "--namespace", OPERATOR_NS, "--reset-then-reuse-values"];
     helm(world, &[&args[..], &["--set", "proxy.replicas=2", "--wait", "--timeout=3m"]].concat())
         .unwrap_or_else(|e| panic!("helm upgrade failed: {e}"));
     println!("node: helm upgrade rolled the operator in {:.1} s", upgraded.elapsed().as_secs_f64());
@@ -279,10 +279,7 @@ async fn cert_manager_answers(world: &World) {
 /// suite's images: the operator's (the README's documented override) and the proxy's
 /// (Debian's nginx, whose stream module is dynamic).
 fn run_block(world: &World, page: &str, marker: &str) {
-    let text = std::fs::read_to_string(repo(page)).expect("a doc page");
-    let blocks = text.split("```sh\n").skip(1).filter_map(|block| block.split("```").next());
-    let block = blocks.into_iter().find(|b| b.contains(marker));
-    let block = block.unwrap_or_else(|| panic!("{page}: no block with {marker:?}"));
+    let block = sh_block(page, marker);
     let kubeconfig = world.plane.kubeconfig("admin").display().to_string();
     let helm = world.cert_manager.join("helm").display().to_string();
     let images = format!(

@@ -534,3 +534,12 @@ pub async fn every_backend_answers(front: &str, versions: &[&str]) {
     }
     println!("node: every backend answered in one batch {:.1} s after Ready", started.elapsed().as_secs_f64());
 }
+
+/// The first `sh` block of the doc page `page` (a path in the repository) that holds `marker`,
+/// for a scenario to run as the docs give it.
+pub fn sh_block(page: &str, marker: &str) -> String {
+    let text = std::fs::read_to_string(repo(page)).expect("a doc page");
+    let blocks = text.split("```sh\n").skip(1).filter_map(|block| block.split("```").next());
+    let block = blocks.into_iter().find(|b| b.contains(marker));
+    block.unwrap_or_else(|| panic!("{page}: no sh block with {marker:?}")).to_string()
+}

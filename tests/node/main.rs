@@ -97,6 +97,8 @@ struct World {
     assets: PathBuf,
     /// Helm, and cert-manager's chart (`tests/kubernetes/cert-manager.sh`).
     cert_manager: PathBuf,
+    /// Prometheus and promtool (`tests/kubernetes/prometheus.sh`).
+    prometheus: PathBuf,
     /// Which of the fixtures shared by several scenarios the cluster already has.
     fixtures: fixtures::Present,
     host: Host,
@@ -150,6 +152,7 @@ fn main() -> ExitCode {
     // sidecar's benchmark (the test build is unoptimized).
     let binary = std::env::var("BALANCER_NODE_BINARY").unwrap_or_else(|_| env!("CARGO_BIN_EXE_balancer").into());
     let cert_manager = script_output("tests/kubernetes/cert-manager.sh", &[]);
+    let prometheus = script_output("tests/kubernetes/prometheus.sh", &[]);
     let images = script_output(
         "tests/node/images.sh",
         &[&assets.display().to_string(), &binary, &cert_manager.display().to_string()],
@@ -162,7 +165,7 @@ fn main() -> ExitCode {
     runtime.block_on(async move {
         // Dropping the suite's future tears the node down, as the end of a run does.
         tokio::select! {
-            code = run_suite(&assets, &images, &cert_manager, &state) => code,
+            code = run_suite(&assets, &images, [&cert_manager, &prometheus], &state) => code,
             signal = interrupted() => {
                 println!("node: {signal}: tearing the node down");
                 ExitCode::FAILURE
@@ -186,7 +189,9 @@ async fn interrupted() -> &'static str {
 
 /// Brings the nodes up, runs the scenarios in order (or the ones a name filter names), and
 /// tears everything down.
-async fn run_suite(assets: &Path, images: &Path, cert_manager: &Path, state: &Path) -> ExitCode {
+/// `tools`: the folders of cert-manager's build and of Prometheus's.
+async fn run_suite(assets: &Path, images: &Path, tools: [&Path; 2], state: &Path) -> ExitCode {
+    let [cert_manager, prometheus] = tools;
     let started = Instant::now();
     let traces_before = host_traces();
     let host = Host::up(state);
@@ -215,6 +220,7 @@ async fn run_suite(assets: &Path, images: &Path, cert_manager: &Path, state: &Pa
         admin,
         assets: assets.to_path_buf(),
         cert_manager: cert_manager.to_path_buf(),
+        prometheus: prometheus.to_path_buf(),
         fixtures: fixtures::Present::default(),
         host,
     };

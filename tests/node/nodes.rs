@@ -170,7 +170,7 @@ pub async fn drain_ready_backends(world: &World) {
     }
 }
 
-/// The operator's two replicas (from deploy/) and a Balancer's two proxy pods land on both
+/// The operator's two replicas (by then from the Helm chart) and a Balancer's two proxy pods land on both
 /// nodes: their `topologySpreadConstraints` (max skew 1 by hostname, `ScheduleAnyway`). Node
 /// lifecycle runs from here on (see [`NODE_MONITOR_GRACE`]).
 pub async fn proxies_and_operator_replicas_spread_across_the_nodes(world: &mut World) {

@@ -3,14 +3,16 @@
 //! rules.
 //!
 //! There is no Prometheus Operator here: the test translates the ServiceMonitor and the
-//! PodMonitor into Prometheus's own scrape configuration as the operator does
-//! (`kubernetes_sd_configs` with `role: endpointslice` and `role: pod`, the selectors and
-//! ports as `keep` relabelings, and its target labels `namespace`, `service`, `pod`,
-//! `container`, `endpoint` and `job`). The ServiceMonitor's job discovers with the shipped
+//! PodMonitor into Prometheus's own scrape configuration much as the operator does
+//! (`kubernetes_sd_configs` with `role: endpointslice`, which the operator uses with
+//! `serviceDiscoveryRole: EndpointSlice`, its default being the deprecated Endpoints API, and
+//! `role: pod`; the selectors and ports as `keep` relabelings; its target labels `namespace`,
+//! `service`, `pod`, `container`, `endpoint` and `job`). The ServiceMonitor's job discovers with the shipped
 //! scraper Role and scrapes with the ServiceAccount's token, as the monitor says; the
 //! PodMonitor's (every namespace) discovers as the administrator, as kube-prometheus grants
 //! its Prometheus per namespace by its own configuration.
 
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -53,8 +55,7 @@ impl Drop for Prometheus {
 impl Prometheus {
     /// Starts Prometheus on `config` (written into a folder of its own with `files`), on a
     /// free loopback port, and waits until it is ready.
-    async fn start(config: &Value, files: &[(&str, String)]) -> Prometheus {
-        let built = crate::script_output("tests/kubernetes/prometheus.sh", &[]);
+    async fn start(built: &Path, config: &Value, files: &[(&str, String)]) -> Prometheus {
         let dir = tempfile::TempDir::new().expect("temp dir");
         for (name, text) in files {
             std::fs::write(dir.path().join(name), text).expect("a Prometheus file");
@@ -73,7 +74,7 @@ impl Prometheus {
         let log = std::fs::File::create(dir.path().join("prometheus.log")).expect("a log file");
         let child = Command::new(built.join("prometheus"))
             .current_dir(dir.path())
-            .args(["--config.file=prometheus.yml", "--storage.tsdb.path=data", "--web.enable-lifecycle"])
+            .args(["--config.file=prometheus.yml", "--storage.tsdb.path=data"])
             .arg(format!("--web.listen-address={address}"))
             .stdout(Stdio::null())
             .stderr(log)
@@ -309,7 +310,27 @@ async fn start_prometheus(world: &World) -> Prometheus {
         ("token", token),
         ("ca.crt", serving_ca(world, &monitor)),
     ];
-    Prometheus::start(&config, &files).await
+    Prometheus::start(&world.prometheus, &config, &files).await
+}
+
+/// Puts back what the scenario changes, also when it fails: backend v2's one pod (later
+/// scenarios expect the sample as shipped) and the scraper's namespace, ServiceAccount and RBAC.
+struct Restore {
+    kubeconfig: PathBuf,
+}
+
+impl Drop for Restore {
+    fn drop(&mut self) {
+        let kubeconfig = format!("--kubeconfig={}", self.kubeconfig.display());
+        let rbac = repo("deploy/components/monitoring/scraper-rbac.yaml").display().to_string();
+        for args in [
+            &["-n", NS, "scale", "deployment/echo-v2", "--replicas=1"][..],
+            &["delete", "--ignore-not-found", "-f", &rbac][..],
+            &["delete", "namespace", SCRAPER.0, "--ignore-not-found", "--wait=false"][..],
+        ] {
+            let _ = Command::new("kubectl").arg(&kubeconfig).args(args).output();
+        }
+    }
 }
 
 /// A real Prometheus scrapes the operator (with a token, over TLS) and every proxy sidecar
@@ -318,6 +339,7 @@ async fn start_prometheus(world: &World) -> Prometheus {
 /// scaled to 0, `BalancerBackendsUnavailable` fires, with its duration shortened.
 pub async fn a_real_prometheus_scrapes_the_monitors_and_fires_the_shipped_alerts(world: &mut World) {
     world.ensure_sample(Sample::AS_SHIPPED).await;
+    let _restore = Restore { kubeconfig: world.plane.kubeconfig("admin") };
     let load = Load::start(format!("{}:80", front_ip(world, SAMPLE).await), 2);
     let started = Instant::now();
     let prometheus = start_prometheus(world).await;
@@ -326,11 +348,15 @@ pub async fn a_real_prometheus_scrapes_the_monitors_and_fires_the_shipped_alerts
     for (pool, least) in
         [("serviceMonitor/balancer-system/balancer/0", 2), ("podMonitor/balancer-system/balancer-proxies/0", 1)]
     {
-        let up = eventually(&format!("{pool}'s targets up"), Duration::from_secs(60), || async {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let up = loop {
             let targets = prometheus.targets(pool);
-            (targets.len() >= least && targets.iter().all(|(health, ..)| health == "up")).then_some(targets)
-        })
-        .await;
+            if targets.len() >= least && targets.iter().all(|(health, ..)| health == "up") {
+                break targets;
+            }
+            assert!(Instant::now() < deadline, "{pool}: not {least} targets up after 60 s: {targets:#?}");
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        };
         println!("node: Prometheus scrapes {} target(s) of {pool}", up.len());
     }
     println!("node: Prometheus up and scraping {:.1} s after its start", started.elapsed().as_secs_f64());
@@ -341,15 +367,18 @@ pub async fn a_real_prometheus_scrapes_the_monitors_and_fires_the_shipped_alerts
     assert!(variable.is_some_and(|v| v["data"].as_array().is_some_and(|a| a.contains(&json!(SAMPLE)))));
     let incident = |expr: &str| INCIDENT_ONLY.iter().any(|(series, _)| expr.contains(series));
     let queries = dashboard_queries();
-    let waiting = eventually("every dashboard query to give data", Duration::from_secs(30), || async {
-        let empty: Vec<&(String, String)> = queries
-            .iter()
-            .filter(|(_, expr)| !incident(expr) && !expr.contains("balancer_backends_unavailable"))
-            .filter(|(_, expr)| prometheus.query(expr).is_empty())
-            .collect();
-        empty.is_empty().then_some(())
-    });
-    waiting.await;
+    let asserted: Vec<&(String, String)> =
+        queries.iter().filter(|(_, expr)| !incident(expr) && !expr.contains("balancer_backends_unavailable")).collect();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let empty: Vec<_> = asserted.iter().filter(|(_, expr)| prometheus.query(expr).is_empty()).collect();
+        if empty.is_empty() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "dashboard queries without data after 30 s: {empty:#?}");
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    println!("node: {} dashboard queries give data", asserted.len());
 
     // The shipped rules, evaluated: v2 without pods makes its alert fire, with the labels the
     // controller's series carry (the ServiceMonitor keeps them over the target's `namespace`).
