@@ -256,7 +256,14 @@ pub async fn cert_manager_issues_the_webhook_certificate_and_injects_its_ca(worl
     let args = ["upgrade", "balancer", &chart, "--namespace", OPERATOR_NS, "--reset-then-reuse-values"];
     helm(world, &[&args[..], &["--set", "proxy.replicas=2", "--wait", "--timeout=3m"]].concat())
         .unwrap_or_else(|e| panic!("helm upgrade failed: {e}"));
-    println!("node: helm upgrade rolled the operator in {:.1} s", upgraded.elapsed().as_secs_f64());
+    // The replaced replicas answer webhook calls (with the old default) until they are gone.
+    eventually("only the upgraded operator pods", Duration::from_secs(60), || async {
+        let pods: Api<Pod> = Api::namespaced(world.admin.clone(), OPERATOR_NS);
+        let all = pods.list(&ListParams::default().labels("app.kubernetes.io/name=balancer")).await.ok()?.items;
+        (all.len() == 2 && all.iter().all(|p| p.metadata.deletion_timestamp.is_none())).then_some(())
+    })
+    .await;
+    println!("node: helm upgrade replaced the operator's pods in {:.1} s", upgraded.elapsed().as_secs_f64());
     apply_sample_as(world, NS, "upgraded", "a Balancer write after the upgrade").await;
     let replicas =
         ["-n", NS, "get", "balancers.v1beta1.exposer.hliangzhao.io", "upgraded", "-o", "jsonpath={.spec.replicas}"];
