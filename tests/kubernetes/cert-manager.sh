@@ -23,12 +23,7 @@ script=cert-manager.sh
 
 cert_manager_version=v1.11.5
 helm_version=v4.3.1
-cached_only=false
-case "${1:-}" in
-  --cached) cached_only=true ;;
-  "") ;;
-  *) echo "usage: cert-manager.sh [--cached]" >&2; exit 2 ;;
-esac
+cached_flag "$@"
 
 log() { echo "cert-manager $cert_manager_version: $*" >&2; }
 
@@ -80,12 +75,6 @@ grep -q "^version: $cert_manager_version$" "$work/out/chart/Chart.yaml" &&
   grep -q "^appVersion: $cert_manager_version$" "$work/out/chart/Chart.yaml" ||
   { echo "cert-manager.sh: Chart.template.yaml has no version or appVersion line to set" >&2; exit 1; }
 
-# Staged beside the cache, then renamed into place.
-rm -rf "$cache.staging"
-mkdir -p "$(dirname "$cache")"
-cp -r "$work/out" "$cache.staging"
-rm -rf "$cache"
-mv "$cache.staging" "$cache"
-echo "$stamp" >"$cache/.stamp"
+install_cache
 log "ready in $cache"
 echo "$cache"

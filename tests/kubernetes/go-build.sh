@@ -1,7 +1,18 @@
-# Sourced by build.sh and cert-manager.sh, which build commands from the Go module proxy into
-# a cache outside the clone. They set `script` (their name, for messages), `cache` (the
-# directory), `cached_only` (true for --cached) and define `holds` (whether the cache has the
-# whole build) before calling these.
+# Sourced by build.sh, cert-manager.sh and prometheus.sh, which build commands from the Go
+# module proxy into a cache outside the clone. They set `script` (their name, for messages),
+# `cache` (the directory), `cached_only` (true for --cached; `cached_flag` sets it for a script
+# with no other argument) and define `holds` (whether the cache has the whole build) before
+# calling these.
+
+# Sets `cached_only` from the one optional argument, `--cached`, of a script without others.
+cached_flag() {
+  cached_only=false
+  case "${1:-}" in
+    --cached) cached_only=true ;;
+    "") ;;
+    *) echo "usage: $script [--cached]" >&2; exit 2 ;;
+  esac
+}
 
 # Prints the cache and exits when it already has the build; with --cached, fails when not.
 use_cache_if_built() {
@@ -36,4 +47,15 @@ wrapper_module() {
 # `go get`, quiet when it works; when it fails, once more with its error shown.
 go_get() {
   go get "$@" >/dev/null 2>&1 || go get "$@"
+}
+
+# Puts `work/out` in place as the cache, stamped with `stamp`: staged beside it, then renamed,
+# so that an interrupted run never leaves a half-copied cache that `holds`.
+install_cache() {
+  rm -rf "$cache.staging"
+  mkdir -p "$(dirname "$cache")"
+  cp -r "$work/out" "$cache.staging"
+  rm -rf "$cache"
+  mv "$cache.staging" "$cache"
+  echo "$stamp" >"$cache/.stamp"
 }

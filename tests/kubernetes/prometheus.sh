@@ -20,12 +20,7 @@ script=prometheus.sh
 
 prometheus_version=3.16.0
 module_version=v0.316.0
-cached_only=false
-case "${1:-}" in
-  --cached) cached_only=true ;;
-  "") ;;
-  *) echo "usage: prometheus.sh [--cached]" >&2; exit 2 ;;
-esac
+cached_flag "$@"
 
 log() { echo "prometheus $prometheus_version: $*" >&2; }
 
@@ -51,12 +46,6 @@ go build -trimpath -tags remove_all_sd,enable_kubernetes_sd \
 "$work/out/prometheus" --version 2>&1 | grep -q "version $prometheus_version" ||
   { echo "prometheus.sh: the built prometheus does not say version $prometheus_version" >&2; exit 1; }
 
-# Staged beside the cache, then renamed into place.
-rm -rf "$cache.staging"
-mkdir -p "$(dirname "$cache")"
-cp -r "$work/out" "$cache.staging"
-rm -rf "$cache"
-mv "$cache.staging" "$cache"
-echo "$stamp" >"$cache/.stamp"
+install_cache
 log "ready in $cache"
 echo "$cache"
