@@ -343,8 +343,19 @@ pub async fn a_real_prometheus_scrapes_the_monitors_and_fires_the_shipped_alerts
     let load = Load::start(format!("{}:80", front_ip(world, SAMPLE).await), 2);
     let started = Instant::now();
     let prometheus = start_prometheus(world).await;
+    every_target_up(&prometheus).await;
+    println!("node: Prometheus up and scraping {:.1} s after its start", started.elapsed().as_secs_f64());
+    let queries = dashboard_queries();
+    every_dashboard_query_gives_data(&prometheus, &queries).await;
+    the_backends_alert_fires(world, &prometheus, &queries).await;
+    for (series, reason) in INCIDENT_ONLY {
+        println!("node: not asserted, series of an incident: {series}: {reason}");
+    }
+    load.assert_no_failures("while Prometheus scraped").await;
+}
 
-    // Every target up: both operator replicas (token and CA accepted), and the proxy pods.
+/// Every target up: both operator replicas (token and CA accepted), and the proxy pods.
+async fn every_target_up(prometheus: &Prometheus) {
     for (pool, least) in
         [("serviceMonitor/balancer-system/balancer/0", 2), ("podMonitor/balancer-system/balancer-proxies/0", 1)]
     {
@@ -359,16 +370,20 @@ pub async fn a_real_prometheus_scrapes_the_monitors_and_fires_the_shipped_alerts
         };
         println!("node: Prometheus scrapes {} target(s) of {pool}", up.len());
     }
-    println!("node: Prometheus up and scraping {:.1} s after its start", started.elapsed().as_secs_f64());
+}
 
-    // The dashboard's variable offers the sample; then every query has data, once rates have
-    // two samples.
+/// Whether a dashboard query's series exist only during an incident this scenario does not
+/// bring about, or during the one it brings about later (a backend without endpoints).
+fn asserted_later_or_never(expr: &str) -> bool {
+    INCIDENT_ONLY.iter().any(|(series, _)| expr.contains(series)) || expr.contains("balancer_backends_unavailable")
+}
+
+/// The dashboard's variable offers the sample; then every query has data, once rates have
+/// two samples.
+async fn every_dashboard_query_gives_data(prometheus: &Prometheus, queries: &[(String, String)]) {
     let variable = prometheus.get("/api/v1/label/balancer/values?match[]=balancer_proxy_backend_weight");
     assert!(variable.is_some_and(|v| v["data"].as_array().is_some_and(|a| a.contains(&json!(SAMPLE)))));
-    let incident = |expr: &str| INCIDENT_ONLY.iter().any(|(series, _)| expr.contains(series));
-    let queries = dashboard_queries();
-    let asserted: Vec<&(String, String)> =
-        queries.iter().filter(|(_, expr)| !incident(expr) && !expr.contains("balancer_backends_unavailable")).collect();
+    let asserted: Vec<&(String, String)> = queries.iter().filter(|(_, expr)| !asserted_later_or_never(expr)).collect();
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let empty: Vec<_> = asserted.iter().filter(|(_, expr)| prometheus.query(expr).is_empty()).collect();
@@ -379,9 +394,12 @@ pub async fn a_real_prometheus_scrapes_the_monitors_and_fires_the_shipped_alerts
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
     println!("node: {} dashboard queries give data", asserted.len());
+}
 
-    // The shipped rules, evaluated: v2 without pods makes its alert fire, with the labels the
-    // controller's series carry (the ServiceMonitor keeps them over the target's `namespace`).
+/// The shipped rules, evaluated: v2 without pods makes its alert fire, with the labels the
+/// controller's series carry (the ServiceMonitor keeps them over the target's `namespace`),
+/// and the dashboard's panel of it gives data; then v2 is back.
+async fn the_backends_alert_fires(world: &World, prometheus: &Prometheus, queries: &[(String, String)]) {
     world.kubectl.ok(&["-n", NS, "scale", "deployment/echo-v2", "--replicas=0"]);
     let scaled = Instant::now();
     let (alert, duration) = BACKENDS_ALERT;
@@ -400,8 +418,4 @@ pub async fn a_real_prometheus_scrapes_the_monitors_and_fires_the_shipped_alerts
     world.kubectl.ok(&["-n", NS, "scale", "deployment/echo-v2", "--replicas=1"]);
     wait_available(world, NS, "echo-v2", 1).await;
     wait_backends(world, SAMPLE, &[1, 1, 1], &[40, 20, 40], "True", Duration::from_secs(15)).await;
-    for (series, reason) in INCIDENT_ONLY {
-        println!("node: not asserted, series of an incident: {series}: {reason}");
-    }
-    load.assert_no_failures("while Prometheus scraped").await;
 }
