@@ -1696,7 +1696,17 @@ fn worker_memory(pid: &str) -> WorkerMemory {
 /// The live files for a Balancer on `port` sending everything to `to` (of backends a and b),
 /// with the stream module loaded where it is dynamic.
 fn live_conf(bin: &NginxBinary, backends: &[Backend], port: u16, to: &str) -> String {
-    let mut spec = sample_spec(port);
+    live_conf_on(bin, backends, sample_spec(port), to)
+}
+
+/// [`live_conf`] for a UDP port.
+fn live_udp_conf(bin: &NginxBinary, backends: &[Backend], number: u16, to: &str) -> String {
+    let mut spec = sample_spec(number);
+    spec.ports = vec![port(Some("dns"), "UDP", i32::from(number))];
+    live_conf_on(bin, backends, spec, to)
+}
+
+fn live_conf_on(bin: &NginxBinary, backends: &[Backend], mut spec: BalancerSpec, to: &str) -> String {
     spec.backends = vec![backend("a", i32::from(to == "a")), backend("b", i32::from(to == "b"))];
     let modules: Vec<String> = bin.stream_module.iter().map(|m| m.display().to_string()).collect();
     reload::desired_file(&nginx::render("live", &admitted(spec), &modules, None, &addresses(backends)))
@@ -1839,6 +1849,146 @@ async fn rapid_reloads_leave_at_most_the_bound_of_workers_draining() {
     let stops: Vec<&str> = log.lines().filter(|l| l.contains("oldest draining")).collect();
     eprintln!("{}", stops.join("\n"));
     assert!(!stops.is_empty(), "{log}");
+}
+
+/// A new connection's answer, or why it got none: for clients that must not panic.
+async fn try_ask(port: u16) -> Result<String, String> {
+    let stream = timeout(STEP, TcpStream::connect(("127.0.0.1", port)))
+        .await
+        .map_err(|_| "connect timed out".to_string())?
+        .map_err(|e| format!("connect: {e}"))?;
+    let (read, write) = stream.into_split();
+    let mut asker = Asker { lines: BufReader::new(read).lines(), write };
+    asker.ask().await.ok_or_else(|| "closed without an answer".to_string())
+}
+
+/// No reload refuses or resets a new connection: clients connecting without pause through
+/// ten reloads all get their answer. The listening socket stays open in the master, so
+/// connections that arrive while a generation of workers hands over wait in its queue for the
+/// next.
+#[tokio::test]
+async fn reloads_refuse_no_new_connection() {
+    let Some(bin) = nginx_binary() else { return };
+    let backends = [naming_backend("a", BACKEND_IPS[0]).await, naming_backend("b", BACKEND_IPS[1]).await];
+    let listen = free_tcp_port();
+    let pod = LivePod::start(RELOAD_POLICY);
+    let to_a = pod.desire(&live_conf(&bin, &backends, listen, "a"));
+    pod.serving(&to_a).await;
+    pod.until(NGINX_DEADLINE, "nginx's pid file", |pod| !pod.master().is_empty()).await;
+    let stop = CancellationToken::new();
+    let clients: Vec<JoinHandle<Vec<Result<String, String>>>> = (0..4)
+        .map(|_| {
+            let stop = stop.clone();
+            tokio::spawn(async move {
+                let mut answers = Vec::new();
+                while !stop.is_cancelled() {
+                    answers.push(try_ask(listen).await);
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                }
+                answers
+            })
+        })
+        .collect();
+    for generation in 1..=10 {
+        let id = pod.desire(&live_conf(&bin, &backends, listen, if generation % 2 == 0 { "a" } else { "b" }));
+        pod.serving(&id).await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    stop.cancel();
+    let mut answers = Vec::new();
+    for client in clients {
+        answers.extend(timeout(STEP, client).await.expect("in time").expect("the client"));
+    }
+    let failed: Vec<&String> = answers.iter().filter_map(|a| a.as_ref().err()).collect();
+    eprintln!("10 reloads: {} new connections, {} failed: {failed:?}", answers.len(), failed.len());
+    assert!(answers.len() >= 400, "the clients kept connecting: {}", answers.len());
+    assert!(failed.is_empty(), "{failed:?}\n{}", pod.log());
+}
+
+/// Answers every datagram on `ip` with `name`, `delay` after it came.
+async fn late_udp_backend(name: &str, ip: Ipv4Addr, delay: Duration) -> Backend {
+    let socket = Arc::new(UdpSocket::bind((ip, 0)).await.expect("bind UDP backend"));
+    let addr = socket.local_addr().expect("addr");
+    let served = Arc::new(AtomicUsize::new(0));
+    let counter = served.clone();
+    let reply = name.to_string();
+    let task = tokio::spawn(async move {
+        let mut buf = [0u8; 1500];
+        while let Ok((_, from)) = socket.recv_from(&mut buf).await {
+            counter.fetch_add(1, Ordering::SeqCst);
+            let (socket, reply) = (socket.clone(), reply.clone());
+            tokio::spawn(async move {
+                tokio::time::sleep(delay).await;
+                let _ = socket.send_to(reply.as_bytes(), from).await;
+            });
+        }
+    });
+    Backend { name: name.to_string(), addr, served, task }
+}
+
+/// One datagram through nginx from a fresh socket: when it was sent (since `since`), and
+/// whether a reply came within a second.
+async fn udp_exchange(port: u16, since: Instant) -> (Duration, bool) {
+    let Ok(socket) = UdpSocket::bind("127.0.0.1:0").await else { return (since.elapsed(), false) };
+    let sent = socket.connect(("127.0.0.1", port)).await.is_ok() && socket.send(b"who are you?").await.is_ok();
+    let at = since.elapsed();
+    let mut buf = [0u8; 64];
+    (at, sent && matches!(timeout(Duration::from_secs(1), socket.recv(&mut buf)).await, Ok(Ok(_))))
+}
+
+/// What a reload costs UDP: the exchanges whose reply is on its way at that moment, and only
+/// those. A retiring worker closes the listening socket its replies would leave from and ends
+/// its pending sessions (nginx's stream proxy: "disconnected on shutdown"), while the master
+/// keeps the socket, so the new workers answer every datagram after it. Here replies come
+/// 200 ms late and an exchange starts every 25 ms: about 8 are pending at the reload.
+#[tokio::test]
+async fn a_reload_loses_only_the_udp_replies_pending_at_its_moment() {
+    const LATE: Duration = Duration::from_millis(200);
+    let Some(bin) = nginx_binary() else { return };
+    let backends =
+        [late_udp_backend("a", BACKEND_IPS[0], LATE).await, late_udp_backend("b", BACKEND_IPS[1], LATE).await];
+    let listen = free_udp_port();
+    let pod = LivePod::start(RELOAD_POLICY);
+    let to_a = pod.desire(&live_udp_conf(&bin, &backends, listen, "a"));
+    pod.serving(&to_a).await;
+    pod.until(NGINX_DEADLINE, "nginx's pid file", |pod| !pod.master().is_empty()).await;
+    assert!(udp_exchange(listen, Instant::now()).await.1, "{}", pod.log());
+
+    // An exchange every 25 ms for 3 s, and the reload 1 s in.
+    let started = Instant::now();
+    let starter = tokio::spawn(async move {
+        let mut exchanges = Vec::new();
+        while started.elapsed() < Duration::from_secs(3) {
+            exchanges.push(tokio::spawn(udp_exchange(listen, started)));
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        exchanges
+    });
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let written = started.elapsed();
+    let to_b = pod.desire(&live_udp_conf(&bin, &backends, listen, "b"));
+    pod.serving(&to_b).await;
+    let served = started.elapsed();
+    let exchanges = timeout(STEP, starter).await.expect("in time").expect("the starter");
+    let mut lost = Vec::new();
+    for exchange in exchanges {
+        let (at, answered) = exchange.await.expect("the exchange");
+        if !answered {
+            lost.push(at);
+        }
+    }
+    lost.sort();
+    eprintln!(
+        "UDP exchanges every 25 ms, replies {LATE:?} late, the new workers serving {served:?} in, \
+         the new configuration written {written:?} in, lost those started at {lost:?}"
+    );
+    // Pending when the old workers retire, between the write and a poll after the new workers
+    // were named served: the exchanges of one `LATE`, one every 25 ms.
+    let (Some(first), Some(last)) = (lost.first(), lost.last()) else { return };
+    assert!(lost.len() <= 10, "{lost:?}");
+    assert!(*last - *first <= LATE + Duration::from_millis(50), "lost beyond one late reply's time: {lost:?}");
+    let after = written.saturating_sub(LATE);
+    assert!(*first >= after && *last <= served + Duration::from_millis(300), "{lost:?}\n{}", pod.log());
 }
 
 /// A file `nginx -t` accepts that nginx cannot load, as its port is held by another process:
