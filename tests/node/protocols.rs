@@ -109,9 +109,9 @@ pub async fn udp_is_proxied_to_udp_echo_pods(world: &mut World) {
 /// the write, and at most 1 in 1,000 exchanges lost across it: over 10 s, from 2 s before the
 /// write to 8 s after.
 async fn udp_weights_change_live(world: &World, front: &str) {
-    // Six clients, over 10 s: enough exchanges (about 2,500) for a rate of 1 in 1,000. The
-    // exchanges lost at a change come all at once, at nginx's reload (0 to 2 in a run so far),
-    // so a shorter window measures the reload's count rather than a rate.
+    // Six clients, over 10 s: enough exchanges (about 2,500) for a rate of 1 in 1,000. A change
+    // loses the exchanges whose reply is on its way when nginx's old workers retire (at most one
+    // per client; 0 to 2 in a run so far), so a shorter window measures that count, not a rate.
     let load = UdpLoad::start(front.to_string(), 6);
     tokio::time::sleep(Duration::from_secs(2)).await;
     let written = Instant::now();
