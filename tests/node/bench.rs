@@ -294,8 +294,9 @@ async fn settled_conntrack() -> f64 {
 /// 45 s apart).
 const CLOSE_RUNS_APART: Duration = Duration::from_secs(62);
 
-/// Rounds of the data-plane benchmark: its figures are medians, since one run's p99 moves by
-/// up to 4× on this shared node (`BALANCER_NODE_BENCH_ROUNDS` changes it).
+/// Rounds of the data-plane benchmark: its figures are medians, since a round's p99 ratio
+/// ranges from 0.14× to 14× on this shared node. `BALANCER_NODE_BENCH_ROUNDS` changes it:
+/// docs/performance.md's figures are 33 rounds.
 const ROUNDS: usize = 11;
 
 /// The median throughput and the median p99 of `runs`, taken separately.
@@ -325,15 +326,39 @@ struct Run {
     errors: u64,
 }
 
-/// `wrk -t2 -c16 -d<seconds>s --latency` against `address`, a new connection per request
-/// when `close`; `None` when wrk is missing or printed no figures.
-async fn wrk(address: &str, seconds: u64, close: bool) -> Option<Run> {
-    let mut command = Command::new("wrk");
-    command.args(["-t2", "-c16", &format!("-d{seconds}s"), "--latency"]);
-    if close {
-        command.args(["-H", "Connection: close"]);
+/// How wrk loads a path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Mode {
+    /// 2 threads, 16 connections kept alive, 8 s: the node's two CPUs saturated.
+    KeepAlive,
+    /// 2 threads, 16 connections, a new connection per request, 4 s.
+    NewConnection,
+}
+
+impl Mode {
+    const ALL: [Mode; 2] = [Mode::KeepAlive, Mode::NewConnection];
+
+    fn name(self) -> &'static str {
+        match self {
+            Mode::KeepAlive => "keep-alive",
+            Mode::NewConnection => "new connection",
+        }
     }
-    command.arg(format!("http://{address}/"));
+
+    /// wrk's arguments before the URL.
+    fn args(self) -> &'static [&'static str] {
+        match self {
+            Mode::KeepAlive => &["-t2", "-c16", "-d8s"],
+            Mode::NewConnection => &["-t2", "-c16", "-d4s", "-H", "Connection: close"],
+        }
+    }
+}
+
+/// `wrk --latency` against `address` in `mode`; `None` when wrk is missing or printed no
+/// figures.
+async fn wrk(address: &str, mode: Mode) -> Option<Run> {
+    let mut command = Command::new("wrk");
+    command.args(mode.args()).arg("--latency").arg(format!("http://{address}/"));
     let out = tokio::task::spawn_blocking(move || command.output()).await.ok()?.ok()?;
     let text = String::from_utf8_lossy(&out.stdout);
     let requests_per_second = text.lines().find_map(|l| l.strip_prefix("Requests/sec:"))?.trim().parse().ok()?;
@@ -358,8 +383,8 @@ fn millis(text: &str) -> Option<f64> {
     Some(text.strip_suffix('s')?.parse::<f64>().ok()? * 1000.0)
 }
 
-/// The data plane against HAProxy, from the host with wrk (2 threads, 16 connections; 8 s with
-/// keep-alive, 4 s with a new connection per request), [`ROUNDS`] interleaved rounds, on the
+/// The data plane against HAProxy, from the host with wrk in each [`Mode`], [`ROUNDS`]
+/// interleaved rounds, on the
 /// same node and backends: one backend's Service directly; the proxy as the operator builds it
 /// (with the metrics sidecar); HAProxy in its place; and the same nginx without the access log
 /// and sidecar. With `BALANCER_NODE_BENCH_KNOBS=1`, also that nginx with one knob changed each
@@ -404,13 +429,11 @@ pub async fn the_data_plane_keeps_up_with_haproxy(world: &mut World) {
     targets.extend(names.iter().map(|n| n.to_string()).zip(copied));
 
     let _time_wait = ShortTimeWait::set();
-    // Each path's runs by mode (new connection per request or not), with their round.
-    let mut runs: BTreeMap<(String, bool), BTreeMap<usize, Run>> = BTreeMap::new();
+    let mut runs = Runs::new();
     // When each path's last run with a new connection per request ended.
     let mut closed: BTreeMap<String, Instant> = BTreeMap::new();
     for round in 0..rounds {
-        for close in [false, true] {
-            let seconds = if close { 4 } else { 8 };
+        for mode in Mode::ALL {
             // Every other round in reverse, so that no path always follows the same one (the
             // run after direct's 65,000 requests a second starts on a busier node).
             let mut order = targets.clone();
@@ -418,18 +441,22 @@ pub async fn the_data_plane_keeps_up_with_haproxy(world: &mut World) {
                 order.reverse();
             }
             for (name, address) in &order {
-                if let Some(ended) = closed.get(name).filter(|_| close) {
+                let new_connections = mode == Mode::NewConnection;
+                if let Some(ended) = closed.get(name).filter(|_| new_connections) {
                     tokio::time::sleep(CLOSE_RUNS_APART.saturating_sub(ended.elapsed())).await;
                 }
                 let full = settled_conntrack().await;
-                let run = wrk(address, seconds, close).await;
-                if close {
+                let run = wrk(address, mode).await;
+                if new_connections {
                     closed.insert(name.clone(), Instant::now());
                 }
                 let Some(run) = run else { continue };
-                let mode = if close { "close" } else { "keep-alive" };
-                println!("node: bench round {round}, {name}, {mode} (conntrack {:.0} % full): {run:?}", full * 100.0);
-                runs.entry((name.clone(), close)).or_default().insert(round, run);
+                println!(
+                    "node: bench round {round}, {name}, {} (conntrack {:.0} % full): {run:?}",
+                    mode.name(),
+                    full * 100.0
+                );
+                runs.entry((name.clone(), mode)).or_default().insert(round, run);
             }
         }
     }
@@ -463,41 +490,46 @@ fn knob_copies(template: &Value, plain: &str) -> Vec<(&'static str, [Value; 3])>
 }
 
 /// Runs by path and mode, each with its round.
-type Runs = BTreeMap<(String, bool), BTreeMap<usize, Run>>;
+type Runs = BTreeMap<(String, Mode), BTreeMap<usize, Run>>;
 
-/// Each path's median throughput and p99, by mode, against HAProxy's medians.
+/// Each path's median throughput and p99, by mode, and their ratios to HAProxy's medians.
 fn medians_table(targets: &[(String, String)], runs: &Runs) -> String {
-    let at = |name: &str, close: bool| {
+    let at = |name: &str, mode: Mode| {
         median_run(
-            &runs.get(&(name.to_string(), close)).map(|r| r.values().copied().collect::<Vec<_>>()).unwrap_or_default(),
+            &runs.get(&(name.to_string(), mode)).map(|r| r.values().copied().collect::<Vec<_>>()).unwrap_or_default(),
         )
     };
-    let mut table = String::from(
-        "| path | keep-alive req/s | p99 ms | new connection req/s | p99 ms | keep-alive ÷ HAProxy (p99) | new conn. ÷ HAProxy (p99) |\n\
-         |---|---|---|---|---|---|---|\n",
-    );
-    let (hk, hc) = (at("bench-haproxy", false), at("bench-haproxy", true));
+    let mut table = String::from("| path |");
+    for mode in Mode::ALL {
+        table.push_str(&format!(" {} req/s (p99 ms) | ÷ HAProxy (p99) |", mode.name()));
+    }
+    table.push_str(&format!("\n|---|{}\n", "---|---|".repeat(Mode::ALL.len())));
     for (name, _) in targets {
-        let (keep, close) = (at(name, false), at(name, true));
-        table.push_str(&format!(
-            "| {name} | {:.0} | {:.2} | {:.0} | {:.2} | {:.2}× ({:.2}×) | {:.2}× ({:.2}×) |\n",
-            keep.requests_per_second,
-            keep.p99_ms,
-            close.requests_per_second,
-            close.p99_ms,
-            keep.requests_per_second / hk.requests_per_second,
-            keep.p99_ms / hk.p99_ms,
-            close.requests_per_second / hc.requests_per_second,
-            close.p99_ms / hc.p99_ms,
-        ));
+        table.push_str(&format!("| {name} |"));
+        for mode in Mode::ALL {
+            let (run, haproxy) = (at(name, mode), at("bench-haproxy", mode));
+            table.push_str(&format!(
+                " {:.0} ({:.2}) | {:.2}× ({:.2}×) |",
+                run.requests_per_second,
+                run.p99_ms,
+                run.requests_per_second / haproxy.requests_per_second,
+                run.p99_ms / haproxy.p99_ms,
+            ));
+        }
+        table.push('\n');
     }
     table
 }
 
-/// balancer and nginx against HAProxy, and balancer against nginx: the median, lowest and
-/// highest of the ratios of runs in the same round, which share the node's state of the moment.
+/// balancer and nginx against HAProxy, and balancer against nginx: the median of the ratios of
+/// runs in the same round (which share the node's state of the moment), its 95 % interval, the
+/// lowest and highest, and for p99 how many rounds were over the goal's 1.2×.
 fn ratios_table(runs: &Runs) -> String {
-    let mut table = String::from("| ratio (median of rounds, range) | keep-alive | new connection |\n|---|---|---|\n");
+    let mut table = String::from("| ratio (median of rounds, range) |");
+    for mode in Mode::ALL {
+        table.push_str(&format!(" {} |", mode.name()));
+    }
+    table.push_str(&format!("\n|---|{}\n", "---|".repeat(Mode::ALL.len())));
     let pairs = [
         ("bench-pods", "bench-haproxy"),
         ("bench-services", "bench-haproxy"),
@@ -508,22 +540,44 @@ fn ratios_table(runs: &Runs) -> String {
         for (what, figure) in
             [("throughput", (|r: &Run| r.requests_per_second) as fn(&Run) -> f64), ("p99", |r: &Run| r.p99_ms)]
         {
-            let cell = |close: bool| {
-                let (Some(a), Some(b)) = (runs.get(&(over.to_string(), close)), runs.get(&(under.to_string(), close)))
+            table.push_str(&format!("| {over} ÷ {under}, {what} |"));
+            for mode in Mode::ALL {
+                let (Some(a), Some(b)) = (runs.get(&(over.to_string(), mode)), runs.get(&(under.to_string(), mode)))
                 else {
-                    return "-".to_string();
+                    table.push_str(" - |");
+                    continue;
                 };
-                let ratios: Vec<f64> =
+                let mut ratios: Vec<f64> =
                     a.iter().filter_map(|(round, run)| Some(figure(run) / figure(b.get(round)?))).collect();
-                if ratios.is_empty() {
-                    return "-".to_string();
-                }
-                let low = ratios.iter().copied().fold(f64::INFINITY, f64::min);
-                let high = ratios.iter().copied().fold(0.0, f64::max);
-                format!("{:.2}× ({low:.2}–{high:.2})", median(ratios))
-            };
-            table.push_str(&format!("| {over} ÷ {under}, {what} | {} | {} |\n", cell(false), cell(true)));
+                ratios.sort_by(f64::total_cmp);
+                let (Some(low), Some(high)) = (ratios.first(), ratios.last()) else {
+                    table.push_str(" - |");
+                    continue;
+                };
+                let interval =
+                    median_interval(&ratios).map(|(from, to)| format!("95 %: {from:.2}–{to:.2}; ")).unwrap_or_default();
+                let over_goal = ratios.iter().filter(|r| **r > 1.2).count();
+                let tail =
+                    if what == "p99" { format!("; {over_goal} of {} over 1.2×", ratios.len()) } else { String::new() };
+                table.push_str(&format!(" {:.2}× ({interval}{low:.2}–{high:.2}{tail}) |", median(ratios.clone())));
+            }
+            table.push('\n');
         }
     }
     table
+}
+
+/// A 95 % interval of the median of `sorted` values, free of any assumption on their
+/// distribution (the sign test's): the `k`th lowest and the `k`th highest, for the largest `k`
+/// with P(Binomial(n, ½) < k) ≤ 2.5 %. `None` below 6 values, which cannot give one.
+fn median_interval(sorted: &[f64]) -> Option<(f64, f64)> {
+    let n = sorted.len();
+    // P(X < k) and P(X = k), for X ~ Binomial(n, ½).
+    let (mut k, mut below, mut exactly) = (0, 0.0, 0.5f64.powi(i32::try_from(n).ok()?));
+    while k < n / 2 && below + exactly <= 0.025 {
+        below += exactly;
+        k += 1;
+        exactly *= (n - k + 1) as f64 / k as f64;
+    }
+    (k > 0).then(|| (sorted[k - 1], sorted[n - k]))
 }
