@@ -1706,6 +1706,7 @@ fn live_udp_conf(bin: &NginxBinary, backends: &[Backend], number: u16, to: &str)
     live_conf_on(bin, backends, spec, to)
 }
 
+/// The live files for `spec` with backends a and b, everything to `to`.
 fn live_conf_on(bin: &NginxBinary, backends: &[Backend], mut spec: BalancerSpec, to: &str) -> String {
     spec.backends = vec![backend("a", i32::from(to == "a")), backend("b", i32::from(to == "b"))];
     let modules: Vec<String> = bin.stream_module.iter().map(|m| m.display().to_string()).collect();
@@ -1897,7 +1898,8 @@ async fn reloads_refuse_no_new_connection() {
     stop.cancel();
     let mut answers = Vec::new();
     for client in clients {
-        answers.extend(timeout(STEP, client).await.expect("in time").expect("the client"));
+        // A client's last connection may take a connect and an answer's time.
+        answers.extend(timeout(3 * STEP, client).await.expect("in time").expect("the client"));
     }
     let failed: Vec<&String> = answers.iter().filter_map(|a| a.as_ref().err()).collect();
     eprintln!("10 reloads: {} new connections, {} failed: {failed:?}", answers.len(), failed.len());
@@ -1982,13 +1984,19 @@ async fn a_reload_loses_only_the_udp_replies_pending_at_its_moment() {
         "UDP exchanges every 25 ms, replies {LATE:?} late, the new workers serving {served:?} in, \
          the new configuration written {written:?} in, lost those started at {lost:?}"
     );
-    // Pending when the old workers retire, between the write and a poll after the new workers
-    // were named served: the exchanges of one `LATE`, one every 25 ms.
-    let (Some(first), Some(last)) = (lost.first(), lost.last()) else { return };
-    assert!(lost.len() <= 10, "{lost:?}");
-    assert!(*last - *first <= LATE + Duration::from_millis(50), "lost beyond one late reply's time: {lost:?}");
+    // Lost: the exchanges pending when the old workers retire, i.e. those sent in the `LATE`
+    // before, one every 25 ms (about 8). That moment is after the write, and at most 0.1 s (nginx's
+    // pause before it retires them) plus a poll of the entrypoint (0.25 s) after the new workers
+    // were named served. The 100 ms beyond `LATE` are for a stall of this busy test process.
+    let (Some(first), Some(last)) = (lost.first(), lost.last()) else {
+        panic!("a reload with replies pending lost none: has nginx changed?\n{}", pod.log());
+    };
+    assert!(served < Duration::from_secs(3), "the reload came after the exchanges: {served:?}");
+    assert!(lost.len() <= 14, "{lost:?}\n{}", pod.log());
+    let spread = *last - *first;
+    assert!(spread <= LATE + Duration::from_millis(100), "lost over {spread:?}: {lost:?}\n{}", pod.log());
     let after = written.saturating_sub(LATE);
-    assert!(*first >= after && *last <= served + Duration::from_millis(300), "{lost:?}\n{}", pod.log());
+    assert!(*first >= after && *last <= served + Duration::from_millis(350), "{lost:?}\n{}", pod.log());
 }
 
 /// A file `nginx -t` accepts that nginx cannot load, as its port is held by another process:

@@ -384,8 +384,7 @@ fn millis(text: &str) -> Option<f64> {
 }
 
 /// The data plane against HAProxy, from the host with wrk in each [`Mode`], [`ROUNDS`]
-/// interleaved rounds, on the
-/// same node and backends: one backend's Service directly; the proxy as the operator builds it
+/// interleaved rounds, on the same node and backends: one backend's Service directly; the proxy as the operator builds it
 /// (with the metrics sidecar); HAProxy in its place; and the same nginx without the access log
 /// and sidecar. With `BALANCER_NODE_BENCH_KNOBS=1`, also that nginx with one knob changed each
 /// (reuseport, one worker, 500m CPU requested, workers pinned to CPUs, 64k buffers). Prints
@@ -525,7 +524,7 @@ fn medians_table(targets: &[(String, String)], runs: &Runs) -> String {
 /// runs in the same round (which share the node's state of the moment), its 95 % interval, the
 /// lowest and highest, and for p99 how many rounds were over the goal's 1.2×.
 fn ratios_table(runs: &Runs) -> String {
-    let mut table = String::from("| ratio (median of rounds, range) |");
+    let mut table = String::from("| ratio (median of rounds; 95 % interval; range) |");
     for mode in Mode::ALL {
         table.push_str(&format!(" {} |", mode.name()));
     }
@@ -556,9 +555,11 @@ fn ratios_table(runs: &Runs) -> String {
                 };
                 let interval =
                     median_interval(&ratios).map(|(from, to)| format!("95 %: {from:.2}–{to:.2}; ")).unwrap_or_default();
-                let over_goal = ratios.iter().filter(|r| **r > 1.2).count();
-                let tail =
-                    if what == "p99" { format!("; {over_goal} of {} over 1.2×", ratios.len()) } else { String::new() };
+                let tail = if what == "p99" {
+                    format!("; {} of {} over 1.2×", ratios.iter().filter(|r| **r > 1.2).count(), ratios.len())
+                } else {
+                    String::new()
+                };
                 table.push_str(&format!(" {:.2}× ({interval}{low:.2}–{high:.2}{tail}) |", median(ratios.clone())));
             }
             table.push('\n');
