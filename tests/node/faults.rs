@@ -101,8 +101,14 @@ impl Drop for Applies {
     }
 }
 
+/// How soon a change made once the API server answers again after an outage is on the wire:
+/// the proxies' sidecars re-watch within 2 s, and a rollout no longer waits for the controller
+/// manager and the kubelet (21-23 s when it did).
+const CHANGE_AFTER_AN_OUTAGE: Duration = Duration::from_secs(5);
+
 /// The proxy serves on while the API server is away (SIGKILL, 15 s); once it is back, a weight
-/// change reaches the wire, and no client request fails all along.
+/// change reaches the wire within [`CHANGE_AFTER_AN_OUTAGE`], and no client request fails all
+/// along.
 pub async fn a_change_after_an_api_server_restart_reaches_the_wire_without_a_failed_request(world: &mut World) {
     world.ensure_sample(Sample::ANY.backends(&["v1", "v2"])).await;
     let load = Load::start(format!("{}:80", front_ip(world, SAMPLE).await), 2);
@@ -117,12 +123,15 @@ pub async fn a_change_after_an_api_server_restart_reaches_the_wire_without_a_fai
     configured_weights(world, 50, 50, Duration::from_secs(60)).await;
     let reconciled = back.elapsed();
     weights_on_the_wire(world, 50, 50).await;
+    // Counted until the split was measured (1,200 requests), so an overstatement.
+    let on_the_wire = back.elapsed();
     println!(
         "node: API server back: the change accepted after {:.1} s, reconciled after {:.1} s, on the wire after {:.1} s",
         accepted.as_secs_f64(),
         reconciled.as_secs_f64(),
-        back.elapsed().as_secs_f64()
+        on_the_wire.as_secs_f64()
     );
+    assert!(on_the_wire <= CHANGE_AFTER_AN_OUTAGE, "on the wire {on_the_wire:?} after the API server answered");
     // Whether the kubelet's ConfigMap cache was behind (see proxy::nginx::entrypoint).
     let selector = format!("balancer.exposer.hliangzhao.io/balancer-name={SAMPLE}");
     let args = ["-n", NS, "logs", "-l", &selector, "-c", "nginx", "--tail=-1"];
