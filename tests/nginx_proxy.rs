@@ -1723,17 +1723,32 @@ async fn chatter(mut asker: Asker, stop: CancellationToken) -> Vec<(Instant, Opt
     answers
 }
 
+/// A live pod with the default policy, on a free port, serving the naming backends a and b,
+/// everything to a: what the live tests start from.
+struct Serving {
+    backends: [Backend; 2],
+    listen: u16,
+    pod: LivePod,
+    /// The id line of the configuration it serves.
+    id: String,
+}
+
+async fn serving_a(bin: &NginxBinary) -> Serving {
+    let backends = [naming_backend("a", BACKEND_IPS[0]).await, naming_backend("b", BACKEND_IPS[1]).await];
+    let listen = free_tcp_port();
+    let pod = LivePod::start(RELOAD_POLICY);
+    let id = pod.desire(&live_conf(bin, &backends, listen, "a"));
+    pod.serving(&id).await;
+    pod.until(NGINX_DEADLINE, "nginx's pid file", |pod| !pod.master().is_empty()).await;
+    Serving { backends, listen, pod, id }
+}
+
 /// A new configuration reaches every new connection within a second, while the connections
 /// opened before keep talking to the old backend; a file nginx refuses changes nothing.
 #[tokio::test]
 async fn a_live_configuration_moves_new_connections_and_keeps_the_open_ones() {
     let Some(bin) = nginx_binary() else { return };
-    let backends = [naming_backend("a", BACKEND_IPS[0]).await, naming_backend("b", BACKEND_IPS[1]).await];
-    let listen = free_tcp_port();
-    let pod = LivePod::start(RELOAD_POLICY);
-    let to_a = pod.desire(&live_conf(&bin, &backends, listen, "a"));
-    pod.serving(&to_a).await;
-    pod.until(NGINX_DEADLINE, "nginx's pid file", |pod| !pod.master().is_empty()).await;
+    let Serving { backends, listen, pod, .. } = serving_a(&bin).await;
     assert_eq!(ask_once(listen).await.as_deref(), Some("a"), "{}", pod.log());
 
     let stop = CancellationToken::new();
@@ -1870,12 +1885,7 @@ async fn try_ask(port: u16) -> Result<String, String> {
 #[tokio::test]
 async fn reloads_refuse_no_new_connection() {
     let Some(bin) = nginx_binary() else { return };
-    let backends = [naming_backend("a", BACKEND_IPS[0]).await, naming_backend("b", BACKEND_IPS[1]).await];
-    let listen = free_tcp_port();
-    let pod = LivePod::start(RELOAD_POLICY);
-    let to_a = pod.desire(&live_conf(&bin, &backends, listen, "a"));
-    pod.serving(&to_a).await;
-    pod.until(NGINX_DEADLINE, "nginx's pid file", |pod| !pod.master().is_empty()).await;
+    let Serving { backends, listen, pod, .. } = serving_a(&bin).await;
     let stop = CancellationToken::new();
     let clients: Vec<JoinHandle<Vec<Result<String, String>>>> = (0..4)
         .map(|_| {
@@ -2004,12 +2014,7 @@ async fn a_reload_loses_only_the_udp_replies_pending_at_its_moment() {
 #[tokio::test]
 async fn a_configuration_nginx_cannot_load_is_reported_and_the_previous_one_kept() {
     let Some(bin) = nginx_binary() else { return };
-    let backends = [naming_backend("a", BACKEND_IPS[0]).await, naming_backend("b", BACKEND_IPS[1]).await];
-    let listen = free_tcp_port();
-    let pod = LivePod::start(RELOAD_POLICY);
-    let to_a = pod.desire(&live_conf(&bin, &backends, listen, "a"));
-    pod.serving(&to_a).await;
-    pod.until(NGINX_DEADLINE, "nginx's pid file", |pod| !pod.master().is_empty()).await;
+    let Serving { backends, listen, pod, id: to_a } = serving_a(&bin).await;
     assert_eq!(ask_once(listen).await.as_deref(), Some("a"), "{}", pod.log());
 
     let held = std::net::TcpListener::bind("0.0.0.0:0").expect("bind");
