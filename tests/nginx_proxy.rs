@@ -1537,9 +1537,17 @@ struct Asker {
 
 impl Asker {
     async fn connect(port: u16) -> Asker {
-        let stream = timeout(STEP, TcpStream::connect(("127.0.0.1", port))).await.expect("in time").expect("connect");
+        Asker::try_connect(port).await.expect("connect")
+    }
+
+    /// [`Asker::connect`], or why it could not, for clients that must not panic.
+    async fn try_connect(port: u16) -> Result<Asker, String> {
+        let stream = timeout(STEP, TcpStream::connect(("127.0.0.1", port)))
+            .await
+            .map_err(|_| "connect timed out".to_string())?
+            .map_err(|e| format!("connect: {e}"))?;
         let (read, write) = stream.into_split();
-        Asker { lines: BufReader::new(read).lines(), write }
+        Ok(Asker { lines: BufReader::new(read).lines(), write })
     }
 
     /// The backend's name, or `None` once the connection is closed.
@@ -1619,9 +1627,12 @@ impl LivePod {
         }
     }
 
+    /// Waits until nginx serves the file `id` names: the entrypoint says so, and nginx's master
+    /// has written its pid file (on the first file, the entrypoint may say so first).
     async fn serving(&self, id: &str) {
         let line = format!("{id}\n");
         self.until(NGINX_DEADLINE, "served", |pod| pod.read("served") == line).await;
+        self.until(NGINX_DEADLINE, "nginx's pid file", |pod| !pod.master().is_empty()).await;
     }
 
     /// nginx's master, once it wrote its pid file.
@@ -1739,7 +1750,6 @@ async fn serving_a(bin: &NginxBinary) -> Serving {
     let pod = LivePod::start(RELOAD_POLICY);
     let id = pod.desire(&live_conf(bin, &backends, listen, "a"));
     pod.serving(&id).await;
-    pod.until(NGINX_DEADLINE, "nginx's pid file", |pod| !pod.master().is_empty()).await;
     Serving { backends, listen, pod, id }
 }
 
@@ -1828,7 +1838,6 @@ async fn rapid_reloads_leave_at_most_the_bound_of_workers_draining() {
         let to = if generation % 2 == 0 { "a" } else { "b" };
         let id = pod.desire(&live_conf(&bin, &backends, listen, to));
         pod.serving(&id).await;
-        pod.until(NGINX_DEADLINE, "nginx's pid file", |pod| !pod.master().is_empty()).await;
         // A connection of this generation: one the previous one's workers accepted before they
         // stopped listening answers with the other name.
         let mut asker = Asker::connect(listen).await;
@@ -1869,13 +1878,7 @@ async fn rapid_reloads_leave_at_most_the_bound_of_workers_draining() {
 
 /// A new connection's answer, or why it got none: for clients that must not panic.
 async fn try_ask(port: u16) -> Result<String, String> {
-    let stream = timeout(STEP, TcpStream::connect(("127.0.0.1", port)))
-        .await
-        .map_err(|_| "connect timed out".to_string())?
-        .map_err(|e| format!("connect: {e}"))?;
-    let (read, write) = stream.into_split();
-    let mut asker = Asker { lines: BufReader::new(read).lines(), write };
-    asker.ask().await.ok_or_else(|| "closed without an answer".to_string())
+    Asker::try_connect(port).await?.ask().await.ok_or_else(|| "closed without an answer".to_string())
 }
 
 /// No reload refuses or resets a new connection: clients connecting without pause through
@@ -1963,7 +1966,6 @@ async fn a_reload_loses_only_the_udp_replies_pending_at_its_moment() {
     let pod = LivePod::start(RELOAD_POLICY);
     let to_a = pod.desire(&live_udp_conf(&bin, &backends, listen, "a"));
     pod.serving(&to_a).await;
-    pod.until(NGINX_DEADLINE, "nginx's pid file", |pod| !pod.master().is_empty()).await;
     assert!(udp_exchange(listen, Instant::now()).await.1, "{}", pod.log());
 
     // An exchange every 25 ms for 3 s, and the reload 1 s in.
