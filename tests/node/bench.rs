@@ -7,6 +7,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use crate::fixtures::{Sample, balancers, front_ip, proxy_conf, wait_available, wait_ready_balancer};
+use crate::node::Node;
 use crate::sidecar::sidecar_counts;
 use crate::toolkit::load::one_request;
 use crate::toolkit::runner::eventually;
@@ -294,6 +295,29 @@ async fn settled_conntrack() -> f64 {
 /// 45 s apart).
 const CLOSE_RUNS_APART: Duration = Duration::from_secs(62);
 
+/// The kubelets held still (SIGSTOP) while a run measures, and let go (SIGCONT) when this is
+/// dropped, on a panic too. Each kubelet's housekeeping (container stats, pod sync) takes 5 % of
+/// a CPU on average here, in passes of tens of milliseconds: on a node whose two CPUs the run
+/// saturates, such a pass is a stall in some path's p99 and not in another's.
+struct KubeletsPaused<'a>(&'a [Node; 2]);
+
+impl<'a> KubeletsPaused<'a> {
+    fn new(nodes: &'a [Node; 2]) -> Self {
+        nodes.iter().for_each(|node| node.pause_kubelet(true));
+        KubeletsPaused(nodes)
+    }
+}
+
+impl Drop for KubeletsPaused<'_> {
+    fn drop(&mut self) {
+        self.0.iter().for_each(|node| node.pause_kubelet(false));
+    }
+}
+
+/// How long the kubelets run between two paused runs, to catch up (their leases, the pods'
+/// probes and statuses) away from the measurement.
+const KUBELETS_CATCH_UP: Duration = Duration::from_secs(1);
+
 /// Rounds of the data-plane benchmark: its figures are medians, since a round's p99 ratio
 /// ranges from 0.14× to 14× on this shared node. `BALANCER_NODE_BENCH_ROUNDS` changes it:
 /// docs/performance.md's figures are 33 rounds.
@@ -383,8 +407,9 @@ fn millis(text: &str) -> Option<f64> {
     Some(text.strip_suffix('s')?.parse::<f64>().ok()? * 1000.0)
 }
 
-/// The data plane against HAProxy, from the host with wrk in each [`Mode`], [`ROUNDS`]
-/// interleaved rounds, on the same node and backends: one backend's Service directly; the proxy as the operator builds it
+/// The data plane against HAProxy, from the host with wrk in each [`Mode`] (the kubelets
+/// paused, [`KubeletsPaused`]), [`ROUNDS`] interleaved rounds, on the same node and backends:
+/// one backend's Service directly; the proxy as the operator builds it
 /// (with the metrics sidecar); HAProxy in its place; and the same nginx without the access log
 /// and sidecar. With `BALANCER_NODE_BENCH_KNOBS=1`, also that nginx with one knob changed each
 /// (reuseport, one worker, 500m CPU requested, workers pinned to CPUs, 64k buffers). Prints
@@ -445,7 +470,12 @@ pub async fn the_data_plane_keeps_up_with_haproxy(world: &mut World) {
                     tokio::time::sleep(CLOSE_RUNS_APART.saturating_sub(ended.elapsed())).await;
                 }
                 let full = settled_conntrack().await;
-                let run = wrk(address, mode).await;
+                let run = {
+                    let _still = KubeletsPaused::new(&world.nodes);
+                    wrk(address, mode).await
+                };
+                // The kubelets' work of the pause, done before the next run.
+                tokio::time::sleep(KUBELETS_CATCH_UP).await;
                 if new_connections {
                     closed.insert(name.clone(), Instant::now());
                 }

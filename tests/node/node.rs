@@ -261,6 +261,15 @@ impl Node {
         assert!(down.is_ok_and(|s| s.success()), "ip link set {} down", self.spec.bridge);
     }
 
+    /// SIGSTOP, or SIGCONT when `paused` is false, to the kubelet (`nsenter` execs it: the same
+    /// pid). Its containers run on, and its lease (40 s) outlasts a pause of seconds.
+    pub fn pause_kubelet(&self, paused: bool) {
+        if let Some(kubelet) = self.processes.get(1) {
+            let signal = if paused { "-STOP" } else { "-CONT" };
+            let _ = Command::new("kill").args([signal, &kubelet.child.id().to_string()]).status();
+        }
+    }
+
     /// The last `lines` lines of a node component's log.
     pub fn log_tail(&self, component: &str, lines: usize) -> String {
         let log = std::fs::read_to_string(self.dir.join(format!("{component}.log"))).unwrap_or_default();
