@@ -320,7 +320,7 @@ const KUBELETS_CATCH_UP: Duration = Duration::from_secs(1);
 
 /// Rounds of the data-plane benchmark: its figures are medians, since a round's p99 ratio
 /// ranges from 0.14× to 14× on this shared node. `BALANCER_NODE_BENCH_ROUNDS` changes it:
-/// docs/performance.md's figures are 33 rounds.
+/// docs/performance.md's figures are two runs of 11 rounds.
 const ROUNDS: usize = 11;
 
 /// The median throughput and the median p99 of `runs`, taken separately.

@@ -265,8 +265,7 @@ impl Node {
     /// pid). Its containers run on, and its lease (40 s) outlasts a pause of seconds.
     pub fn pause_kubelet(&self, paused: bool) {
         if let Some(kubelet) = self.processes.get(1) {
-            let signal = if paused { "-STOP" } else { "-CONT" };
-            let _ = Command::new("kill").args([signal, &kubelet.child.id().to_string()]).status();
+            kubelet.signal(if paused { "-STOP" } else { "-CONT" });
         }
     }
 

@@ -83,7 +83,7 @@ impl Proc {
         if let Ok(Some(status)) = self.child.try_wait() {
             return Some((Duration::ZERO, status));
         }
-        let _ = Command::new("kill").args(["-TERM", &self.child.id().to_string()]).stderr(Stdio::null()).status();
+        self.signal("-TERM");
         let started = Instant::now();
         while started.elapsed() < limit {
             if let Ok(Some(status)) = self.child.try_wait() {
@@ -92,6 +92,11 @@ impl Proc {
             std::thread::sleep(Duration::from_millis(50));
         }
         None
+    }
+
+    /// Sends `signal` (`kill`'s `-TERM`, `-STOP`, `-CONT`) to the process.
+    pub fn signal(&self, signal: &str) {
+        let _ = Command::new("kill").args([signal, &self.child.id().to_string()]).stderr(Stdio::null()).status();
     }
 
     /// SIGTERM, then SIGKILL after `grace`.
