@@ -1,9 +1,8 @@
 #!/usr/bin/env bash
 # What the proxy's access log costs nginx per session: the CPU nginx's workers
 # spend on a new TCP connection per request, with the nginx.conf balancer
-# renders (its access log sent to the metrics sidecar as syslog datagrams),
-# against the same file without the access log (the baseline), and with the
-# log written to a buffered file instead (what batching the lines could save).
+# renders (its access log buffered to a file that the metrics sidecar reads),
+# against the same file without the access log (the baseline).
 #
 #   benches/access-log.sh [rounds] [seconds-per-run]     (default 9 and 10)
 #
@@ -20,19 +19,18 @@
 #      metrics sidecar on, so the access log is in nginx.conf) and points it at
 #      a local backend: 127.0.0.1:18080 proxies to an nginx answering on
 #      127.0.0.1:18081;
-#   2. in each round, in an order that rotates every round (so that 9 rounds put
-#      each file in each place three times), starts a fresh proxy with each of
-#      the three files ("log", as rendered, with `balancer proxy-metrics`
-#      counting it; "none"; "file") and drives it with
-#      `wrk -t1 -c8 -H 'Connection: close'` (a session per request);
+#   2. in each round, in an order that alternates every round, starts a fresh
+#      proxy with each of the two files ("log", as rendered, with
+#      `balancer proxy-metrics` counting its access log; "none") and drives it
+#      with `wrk -t1 -c8 -H 'Connection: close'` (a session per request);
 #   3. reads the CPU time of the proxy's workers (and of the sidecar) from
 #      /proc before and after each run, and checks the sidecar counted every
-#      session wrk made;
+#      session wrk made, once nginx has stopped (and written what it held);
 #   4. prints each run, then the medians: CPU per session for each file, and
-#      the ratios to "none" taken within each round, with their range.
+#      the ratio of "log" to "none" taken within each round, with its range.
 #
-# Needs nginx (with the stream module), wrk and curl, and ports 18080, 18081,
-# 5514 and 19113 free on 127.0.0.1.
+# Needs nginx (with the stream module), wrk and curl, and ports 18080, 18081
+# and 19113 free on 127.0.0.1.
 set -euo pipefail
 
 ROUNDS=${1:-9}
@@ -122,18 +120,15 @@ spec:
       selector:
         app: local
 EOF
-mkdir -p "$work/log" "$work/none" "$work/file"
+mkdir -p "$work/log" "$work/none"
 "$BALANCER_BIN" render "$work/balancer.yaml" --proxy-metrics-image sidecar "${load[@]}" |
     awk '/^  nginx.conf: \|/ { inside = 1; next } inside && /^[^ ]/ { inside = 0 } inside { sub(/^    /, ""); print }' |
     sed -e 's/bench-local-backend\.default\.svc:18080/127.0.0.1:18081/' \
-        -e 's/listen 18080;/listen 127.0.0.1:18080;/' -e '/listen \[::\]:18080;/d' >"$work/log/nginx.conf"
-grep -q 'access_log syslog:server=127.0.0.1:5514' "$work/log/nginx.conf" ||
-    die "the rendered nginx.conf has no access log to the sidecar"
+        -e 's/listen 18080;/listen 127.0.0.1:18080;/' -e '/listen \[::\]:18080;/d' \
+        -e "s|access_log /var/log/balancer/access.log |access_log $work/log/access.log |" >"$work/log/nginx.conf"
+grep -q "access_log $work/log/access.log balancer buffer=" "$work/log/nginx.conf" ||
+    die "the rendered nginx.conf has no access log for the sidecar, or it changed shape"
 grep -v -e log_format -e access_log "$work/log/nginx.conf" >"$work/none/nginx.conf"
-sed "s|access_log syslog:[^ ]* balancer;|access_log $work/file/access.log balancer buffer=64k flush=1s;|" \
-    "$work/log/nginx.conf" >"$work/file/nginx.conf"
-grep -q "access_log $work/file/access.log balancer buffer=64k" "$work/file/nginx.conf" ||
-    die "the rendered access_log line changed shape: the file log was not written"
 
 # The sidecar's count of sessions, from its /metrics.
 sessions_counted() {
@@ -142,13 +137,14 @@ sessions_counted() {
     awk '/^balancer_proxy_sessions_total/ { n += $NF } END { print n + 0 }' <<<"$metrics"
 }
 
-# One run of a file (log, none or file): sets SESSIONS, WORKER_TICKS, SIDECAR_TICKS and COUNTED.
+# One run of a file (log or none): sets SESSIONS, WORKER_TICKS, SIDECAR_TICKS and COUNTED.
 run() {
     local dir=$work/$1 before after sidecar_before=0 workers
     SIDECAR_TICKS=0 COUNTED=0
     if [[ $1 == log ]]; then
-        "$BALANCER_BIN" proxy-metrics --config "$dir/nginx.conf" --listen 127.0.0.1:19113 --log-port 5514 \
-            --drain 1s >"$work/sidecar.log" 2>&1 &
+        rm -f "$dir/access.log"
+        "$BALANCER_BIN" proxy-metrics --config "$dir/nginx.conf" --listen 127.0.0.1:19113 \
+            --log-file "$dir/access.log" --drain 1s >"$work/sidecar.log" 2>&1 &
         sidecar_pid=$!
         for _ in $(seq 50); do curl -sf -o /dev/null http://127.0.0.1:19113/metrics && break; sleep 0.1; done
         curl -sf -o /dev/null http://127.0.0.1:19113/metrics || die "the sidecar did not start"
@@ -162,14 +158,15 @@ run() {
     wrk -t1 -c8 -d"${SECONDS_PER_RUN}s" -H 'Connection: close' http://127.0.0.1:18080/ >"$work/wrk.out" ||
         die "wrk failed: $(cat "$work/wrk.out")"
     after=$(process_ticks "${workers[@]}")
+    # nginx's workers write what they hold as they exit; the sidecar reads it within 0.2 s.
+    stop_nginx "$dir"
     if [[ -n $sidecar_pid ]]; then
-        SIDECAR_TICKS=$(($(process_ticks "$sidecar_pid") - sidecar_before))
         sleep 0.5
         COUNTED=$(sessions_counted)
+        SIDECAR_TICKS=$(($(process_ticks "$sidecar_pid") - sidecar_before))
         stop "$sidecar_pid"
         sidecar_pid=""
     fi
-    stop_nginx "$dir"
     if grep -q -e 'Socket errors' -e 'Non-2xx' "$work/wrk.out"; then
         die "wrk saw errors: $(grep -e 'Socket errors' -e 'Non-2xx' "$work/wrk.out")"
     fi
@@ -180,10 +177,9 @@ run() {
 printf '%-6s %-5s %9s %14s %15s\n' round file sessions 'µs/session' 'sidecar µs/s.'
 results=$work/results
 for round in $(seq 1 "$ROUNDS"); do
-    case $((round % 3)) in
-        1) order="log none file" ;;
-        2) order="none file log" ;;
-        0) order="file log none" ;;
+    case $((round % 2)) in
+        1) order="log none" ;;
+        0) order="none log" ;;
     esac
     for file in $order; do
         run "$file"
@@ -207,14 +203,14 @@ awk '
         return n % 2 ? values[(n + 1) / 2] : (values[n / 2] + values[n / 2 + 1]) / 2
     }
     END {
-        split("none log file", files, " ")
-        for (f = 1; f <= 3; f++) {
+        split("none log", files, " ")
+        for (f = 1; f <= 2; f++) {
             n = 0; for (r in rounds) values[++n] = us[files[f], r]
             printf "  %-5s %6.1f µs of nginx CPU per session\n", files[f], median(values, n)
         }
         n = 0; for (r in rounds) values[++n] = sidecar["log", r]
         printf "  the sidecar: %.1f µs per session\n", median(values, n)
-        for (f = 2; f <= 3; f++) {
+        for (f = 2; f <= 2; f++) {
             n = 0; for (r in rounds) values[++n] = us[files[f], r] / us["none", r]
             m = median(values, n)
             printf "  %s ÷ none, within each round: %.3f× (%.2f–%.2f)\n", files[f], m, values[1], values[n]

@@ -945,17 +945,18 @@ async fn the_metrics_sidecar_counts_the_sessions_nginx_logs_per_backend() {
     let Some(bin) = nginx_binary() else { return };
     let backends = tcp_backends(&["v1", "v2", "v3"]).await;
     let address = addresses(&backends);
-    let log_port = free_udp_port();
-    let render = |p| nginx::render("example-balancer", &admitted(sample_spec(p)), &[], Some(log_port), &address);
-    let (_nginx, listen) = start_nginx(&bin, free_tcp_port, render).await;
     let dir = TempDir::new().expect("temp dir");
+    let log_file = dir.path().join("access.log");
+    let log = log_file.to_str().expect("a UTF-8 path");
+    let render = |p| nginx::render("example-balancer", &admitted(sample_spec(p)), &[], Some(log), &address);
+    let (_nginx, listen) = start_nginx(&bin, free_tcp_port, render).await;
     let config = dir.path().join("nginx.conf");
     fs::write(&config, render(listen)).expect("nginx.conf");
     let model = ProxyConfig::of(
         "example-balancer",
         &admitted(sample_spec(listen)),
         &[],
-        Some(log_port),
+        Some(log),
         &ServiceUpstreams(&address),
     );
     fs::write(dir.path().join(MODEL_FILE), model.to_json()).expect("its model");
@@ -963,7 +964,7 @@ async fn the_metrics_sidecar_counts_the_sessions_nginx_logs_per_backend() {
     let options = exporter::Options {
         source: exporter::Source::File { path: config, hash: Some(nginx::config_hash(&render(listen))) },
         listen: SocketAddr::from((Ipv4Addr::LOCALHOST, metrics_port)),
-        log_port,
+        log_file: log_file.clone(),
         drain: Duration::ZERO,
     };
     let stop = CancellationToken::new();
@@ -981,9 +982,10 @@ async fn the_metrics_sidecar_counts_the_sessions_nginx_logs_per_backend() {
         replies.push(tcp_ask(listen).await);
     }
     let observed = tally(replies);
-    // A garbled line, as anything on the pod's loopback could send: counted and skipped.
-    let garbage = UdpSocket::bind("127.0.0.1:0").await.expect("bind");
-    garbage.send_to(b"\xff\xfe not a log line", ("127.0.0.1", log_port)).await.expect("send");
+    // A garbled line, as anything that can write to the log's volume could write: counted and
+    // skipped.
+    let mut garbage = fs::OpenOptions::new().append(true).open(&log_file).expect("the log, as nginx made it");
+    std::io::Write::write_all(&mut garbage, b"\xff\xfe not a log line\n").expect("append");
 
     let sessions = |text: &str, backend: &str| {
         let labels = format!(
@@ -991,6 +993,7 @@ async fn the_metrics_sidecar_counts_the_sessions_nginx_logs_per_backend() {
         );
         sample_value(text, &labels).unwrap_or(0.0) as usize
     };
+    // nginx writes its buffer within a second.
     let mut text = String::new();
     let deadline = Instant::now() + STEP;
     while Instant::now() < deadline {
@@ -1011,7 +1014,7 @@ async fn the_metrics_sidecar_counts_the_sessions_nginx_logs_per_backend() {
         sample_value(&text, &labels)
     };
     assert_eq!((weight("v1"), weight("v2"), weight("v3")), (Some(40.0), Some(20.0), Some(40.0)));
-    assert_eq!(sample_value(&text, "balancer_proxy_log_lines_lost_total{balancer=\"example-balancer\"}"), Some(0.0));
+    assert_eq!(sample_value(&text, "balancer_proxy_log_unread_bytes{balancer=\"example-balancer\"}"), Some(0.0));
     let skipped = "balancer_proxy_log_lines_skipped_total{balancer=\"example-balancer\",reason=\"malformed\"}";
     assert_eq!(sample_value(&text, skipped), Some(1.0), "{text}");
     let bytes = format!(
@@ -1045,18 +1048,19 @@ async fn the_metrics_sidecar_counts_connect_failures_against_the_refusing_backen
         spec.backends.truncate(2);
         admitted(spec)
     };
-    let log_port = free_udp_port();
-    let render = |p| nginx::render("lb", &spec(p), &[], Some(log_port), &address);
-    let (_nginx, listen) = start_nginx(&bin, free_tcp_port, render).await;
     let dir = TempDir::new().expect("temp dir");
+    let log_file = dir.path().join("access.log");
+    let log = log_file.to_str().expect("a UTF-8 path");
+    let render = |p| nginx::render("lb", &spec(p), &[], Some(log), &address);
+    let (_nginx, listen) = start_nginx(&bin, free_tcp_port, render).await;
     fs::write(dir.path().join("nginx.conf"), render(listen)).expect("nginx.conf");
-    let model = ProxyConfig::of("lb", &spec(listen), &[], Some(log_port), &ServiceUpstreams(&address));
+    let model = ProxyConfig::of("lb", &spec(listen), &[], Some(log), &ServiceUpstreams(&address));
     fs::write(dir.path().join(MODEL_FILE), model.to_json()).expect("its model");
     let metrics_port = free_tcp_port();
     let options = exporter::Options {
         source: exporter::Source::File { path: dir.path().join("nginx.conf"), hash: None },
         listen: SocketAddr::from((Ipv4Addr::LOCALHOST, metrics_port)),
-        log_port,
+        log_file: log_file.clone(),
         drain: Duration::ZERO,
     };
     let stop = CancellationToken::new();
@@ -1075,8 +1079,10 @@ async fn the_metrics_sidecar_counts_connect_failures_against_the_refusing_backen
     let served = format!(
         "balancer_proxy_sessions_total{{balancer=\"lb\",port=\"{listen}\",protocol=\"TCP\",backend=\"v1\",outcome=\"ok\"}}"
     );
+    // nginx writes its buffer within a second.
     let mut text = String::new();
-    for _ in 0..100 {
+    let deadline = Instant::now() + STEP;
+    while Instant::now() < deadline {
         text = scrape(metrics_port).await.unwrap_or_default();
         if sample_value(&text, &served) == Some(20.0) {
             break;

@@ -63,9 +63,10 @@ pub struct ProxyMetricsArgs {
     /// Address of the plain-HTTP /metrics server.
     #[arg(long, default_value = "0.0.0.0:9113")]
     pub listen: SocketAddr,
-    /// UDP port on 127.0.0.1 where nginx sends its log.
-    #[arg(long, default_value_t = 5514)]
-    pub log_port: u16,
+    /// The file nginx appends its log to, on a volume shared with the proxy container: read as
+    /// it grows, and freed as it is read (created when missing).
+    #[arg(long, default_value = crate::proxy::access_log::LOG_FILE)]
+    pub log_file: PathBuf,
     /// How long, after SIGTERM, to go on counting and serving the last count at most (e.g. 10s).
     #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
     pub drain: Duration,

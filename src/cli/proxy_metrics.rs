@@ -22,7 +22,7 @@ pub(super) fn command(args: ProxyMetricsArgs) -> ExitCode {
         (None, Some(path)) => Source::File { path, hash: args.config_hash.filter(|h| !h.is_empty()) },
         (None, None) => return fail("either --config or --configmap is required"),
     };
-    let options = Options { source, listen: args.listen, log_port: args.log_port, drain: args.drain };
+    let options = Options { source, listen: args.listen, log_file: args.log_file, drain: args.drain };
     let result = runtime.block_on(async move {
         let signals = Signals::listen().map_err(|e| format!("cannot listen for signals: {e}"))?;
         let stop = CancellationToken::new();

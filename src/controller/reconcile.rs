@@ -227,7 +227,7 @@ async fn ask_proxy_pods(ctx: &Context, owner: &Owner, spec: &Admitted, nginx_con
     // which the front Service also selects while it takes over.
     let ours = format!("{}-", api::proxy_deployment_name(&owner.name));
     let pods = ctx.children.endpoint_slices.live_addresses(&owner.namespace, &owner.name, &ours);
-    let port = proxy::access_log::SidecarPorts::of(spec).metrics;
+    let port = proxy::access_log::metrics_port(spec);
     programmed::count(&pods, port, &programmed::config_id(nginx_conf)).await
 }
 

@@ -84,15 +84,13 @@ pub(super) struct ProxyMetrics {
     connect: Family<BackendLabels, Histogram, fn() -> Histogram>,
     connect_failures: Family<BackendLabels, Counter>,
     skipped: Family<ReasonLabels, Counter>,
-    lost: Family<BalancerLabels, Counter>,
+    unread: Family<BalancerLabels, Gauge>,
     weights: Family<BackendLabels, Gauge>,
     reloads: Family<BalancerLabels, Counter>,
     refused: Family<ReasonLabels, Counter>,
     config: Family<ConfigLabels, Gauge>,
     /// The id of the configuration nginx serves.
     served_id: Mutex<String>,
-    /// The kernel's drop count for the log socket when last read.
-    lost_seen: std::sync::atomic::AtomicU64,
     /// Each backend's series, by port, as made so far.
     series_by_backend: Mutex<SeriesByBackend>,
 }
@@ -162,17 +160,15 @@ impl ProxyMetrics {
             connect: Family::new_with_constructor(connect_histogram),
             connect_failures: Family::default(),
             skipped: Family::default(),
-            lost: Family::default(),
+            unread: Family::default(),
             weights: Family::default(),
             reloads: Family::default(),
             refused: Family::default(),
             config: Family::default(),
             served_id: Mutex::new(String::new()),
-            lost_seen: std::sync::atomic::AtomicU64::new(0),
             series_by_backend: Mutex::default(),
         };
-        // Present from the start, so that a rate over them is defined before the first loss.
-        metrics.lost_up_to(0);
+        metrics.set_unread(0);
         let reasons = LineError::ALL.map(|e| e.name()).into_iter().chain([UNKNOWN_PORT, UNKNOWN_SERVER]);
         for reason in reasons {
             let labels = ReasonLabels { balancer: metrics.balancer.clone(), reason: reason.to_string() };
@@ -238,9 +234,9 @@ impl ProxyMetrics {
             metrics.skipped.clone(),
         );
         proxy.register(
-            "log_lines_lost",
-            "Log lines dropped before the sidecar read them (the log socket's buffer was full)",
-            metrics.lost.clone(),
+            "log_unread_bytes",
+            "Bytes of the access log nginx has written and the sidecar not yet read: at the log volume's size, nginx drops lines",
+            metrics.unread.clone(),
         );
         metrics
     }
@@ -310,16 +306,16 @@ impl ProxyMetrics {
         }
     }
 
-    /// Counts one datagram from nginx.
-    pub(super) fn record(&self, datagram: &[u8]) {
-        let line = std::str::from_utf8(datagram).map_err(|_| Skip::Line(LineError::Malformed));
+    /// Counts one line of nginx's access log.
+    pub(super) fn record(&self, line: &[u8]) {
+        let line = std::str::from_utf8(line).map_err(|_| Skip::Line(LineError::Malformed));
         if let Err(reason) = line.and_then(|line| self.count(line)) {
             self.skip(reason.name());
         }
     }
 
-    fn count(&self, datagram: &str) -> Result<(), Skip> {
-        let session = crate::proxy::access_log::parse(datagram).map_err(Skip::Line)?;
+    fn count(&self, line: &str) -> Result<(), Skip> {
+        let session = crate::proxy::access_log::parse(line).map_err(Skip::Line)?;
         let served = self.read();
         if !served.listens(session.port, session.protocol) {
             return Err(Skip::UnknownPort);
@@ -390,11 +386,10 @@ impl ProxyMetrics {
         self.skipped.get_or_create(&labels).inc();
     }
 
-    /// Brings the lost-lines counter up to the kernel's drop count for the log socket.
-    pub(super) fn lost_up_to(&self, drops: u64) {
-        let before = self.lost_seen.fetch_max(drops, std::sync::atomic::Ordering::Relaxed);
+    /// Sets how much of the access log is written and not yet read.
+    pub(super) fn set_unread(&self, bytes: u64) {
         let labels = BalancerLabels { balancer: self.balancer.clone() };
-        self.lost.get_or_create(&labels).inc_by(drops.saturating_sub(before));
+        self.unread.get_or_create(&labels).set(i64::try_from(bytes).unwrap_or(i64::MAX));
     }
 }
 
@@ -455,7 +450,7 @@ mod tests {
             &mut registry,
         );
         for line in lines {
-            metrics.record(format!("<190>Nov 24 12:00:00 balancer: {line}").as_bytes());
+            metrics.record(line.as_bytes());
         }
         let mut text = String::new();
         prometheus_client::encoding::text::encode(&mut text, &registry).expect("encodes");

@@ -5,14 +5,14 @@
 //! It follows the proxy's configuration: live, from the ConfigMap, handing each new
 //! `nginx.conf` to the proxy container (see [`live`]); or, without live configuration, from the
 //! mounted file, read once, when the kubelet has mounted the one the pod was made for. It
-//! receives one datagram per session on the pod's loopback, and serves `/metrics` and
-//! [`CONFIG_PATH`] in plain HTTP.
+//! reads nginx's access log, one line per session, as nginx appends it ([`log_file`]), and
+//! serves `/metrics` and [`CONFIG_PATH`] in plain HTTP.
 //!
 //! [`access_log`]: crate::proxy::access_log
 
 mod live;
+mod log_file;
 mod metrics;
-mod udp;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -43,8 +43,8 @@ pub struct Options {
     pub source: Source,
     /// Where `/metrics` is served.
     pub listen: SocketAddr,
-    /// The UDP port on 127.0.0.1 nginx sends its log to.
-    pub log_port: u16,
+    /// The file nginx appends its log to.
+    pub log_file: PathBuf,
     /// How long, after SIGTERM, the sidecar goes on counting the sessions the proxy drains.
     pub drain: Duration,
 }
@@ -68,8 +68,8 @@ pub enum Error {
     NotRendered { path: String },
     #[error(transparent)]
     Live(#[from] live::StartError),
-    #[error("cannot listen for the log on 127.0.0.1:{port}/udp: {source}")]
-    Log { port: u16, source: std::io::Error },
+    #[error("cannot open the access log {path}: {source}")]
+    Log { path: String, source: std::io::Error },
     #[error("cannot serve metrics on {addr}: {source}")]
     Listen { addr: SocketAddr, source: std::io::Error },
 }
@@ -97,25 +97,13 @@ pub async fn run(options: Options, stop: CancellationToken) -> Result<(), Error>
         let (metrics, stop) = (metrics.clone(), stop.clone());
         tokio::spawn(live::follow(changes, files, first, metrics, stop));
     }
-    let log_addr = SocketAddr::from(([127, 0, 0, 1], options.log_port));
-    let log_error = |source| Error::Log { port: options.log_port, source };
-    let socket = std::net::UdpSocket::bind(log_addr).map_err(log_error)?;
-    // A wait for a line ends this often, so that the stop is seen.
-    socket.set_read_timeout(Some(udp::QUIET)).map_err(log_error)?;
+    let log = log_file::LogFile::open(&options.log_file)
+        .map_err(|source| Error::Log { path: options.log_file.display().to_string(), source })?;
     let (listener, listen) = bind_metrics(options.listen).await?;
-    tracing::info!(log = %log_addr, metrics = %listen, "counting the proxy's sessions");
+    tracing::info!(log = %options.log_file.display(), metrics = %listen, "counting the proxy's sessions");
 
     let registry = Arc::new(registry);
-    let scrape = {
-        let metrics = metrics.clone();
-        let registry = registry.clone();
-        move || {
-            if let Some(drops) = udp::drops(options.log_port) {
-                metrics.lost_up_to(drops);
-            }
-            exposition(axum::extract::State(registry))
-        }
-    };
+    let scrape = move || exposition(axum::extract::State(registry));
     let served_config = {
         let metrics = metrics.clone();
         move || std::future::ready(metrics.served_id() + "\n")
@@ -124,7 +112,7 @@ pub async fn run(options: Options, stop: CancellationToken) -> Result<(), Error>
         Router::new().route("/metrics", get(scrape)).route(CONFIG_PATH, get(served_config)).fallback(not_found);
     let served = CancellationToken::new();
     let server = listener::serve(listener, router, ServeOptions::new(scraper_limits()), served.clone());
-    let counting = tokio::task::spawn_blocking(move || udp::receive(socket, &metrics, &stop, options.drain));
+    let counting = tokio::task::spawn_blocking(move || log_file::follow(log, &metrics, &stop, options.drain));
     tokio::select! {
         () = server => {}
         _ = counting => {}

@@ -15,7 +15,7 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
-use super::access_log::SidecarPorts;
+use super::access_log::{LOG_DIR, LOG_FILE, LOG_VOLUME_BYTES, metrics_port};
 use super::meta::{COMPONENT_PROXY, CONFIG_HASH_ANNOTATION, Owner, labels, metadata, proxy_selector};
 use super::model::MODEL_FILE;
 use super::nginx::{
@@ -104,6 +104,7 @@ const CONFIG_VOLUME: &str = "nginx-conf";
 const TMP_VOLUME: &str = "tmp";
 const LIVE_VOLUME: &str = "live";
 const TOKEN_VOLUME: &str = "token";
+const LOG_VOLUME: &str = "access-log";
 
 /// Where the sidecar finds its token, CA and namespace: the path every Kubernetes client reads
 /// in a pod.
@@ -168,7 +169,10 @@ fn proxy_pod_spec(owner: &Owner, spec: &Admitted, settings: &ProxySettings, deli
         lifecycle: Some(graceful_stop()),
         resources: Some(proxy.resources.unwrap_or_else(default_resources)),
         security_context: Some(security_context.clone()),
-        volume_mounts: Some(vec![config_mount.clone(), tmp_mount]),
+        volume_mounts: Some(match delivery {
+            Delivery::Mounted { .. } => vec![config_mount.clone(), tmp_mount],
+            Delivery::Live => vec![config_mount.clone(), tmp_mount, log_mount()],
+        }),
         ..Container::default()
     };
     let sidecar = settings.metrics_image.as_ref().map(|image| {
@@ -180,12 +184,13 @@ fn proxy_pod_spec(owner: &Owner, spec: &Admitted, settings: &ProxySettings, deli
                 read_only: Some(true),
                 ..VolumeMount::default()
             });
+            mounts.push(log_mount());
         }
         Container {
             security_context: Some(security_context),
             volume_mounts: Some(mounts),
             env,
-            ..metrics_sidecar(image, SidecarPorts::of(spec), sidecar_source(owner, delivery))
+            ..metrics_sidecar(image, metrics_port(spec), sidecar_source(owner, delivery))
         }
     });
     let service_account_name = match delivery {
@@ -237,8 +242,25 @@ fn volumes(owner: &Owner, delivery: Delivery<'_>) -> Vec<Volume> {
             Volume { name: LIVE_VOLUME.into(), empty_dir: Some(EmptyDirVolumeSource::default()), ..Volume::default() },
             tmp,
             token_volume(),
+            log_volume(),
         ],
     }
+}
+
+/// The access log's volume, which nginx writes and the sidecar reads and frees (see
+/// [`access_log`](super::access_log)): a tmpfs of [`LOG_VOLUME_BYTES`], so that a stalled
+/// sidecar makes nginx drop lines, never fill the node's disk or get the pod evicted.
+fn log_volume() -> Volume {
+    let empty_dir = EmptyDirVolumeSource {
+        medium: Some("Memory".into()),
+        size_limit: Some(Quantity(format!("{}Mi", LOG_VOLUME_BYTES >> 20))),
+    };
+    Volume { name: LOG_VOLUME.into(), empty_dir: Some(empty_dir), ..Volume::default() }
+}
+
+/// Where both containers see the access log's volume.
+fn log_mount() -> VolumeMount {
+    VolumeMount { name: LOG_VOLUME.into(), mount_path: LOG_DIR.into(), ..VolumeMount::default() }
 }
 
 /// The sidecar's credentials: a token of the pod's ServiceAccount (which may read the proxy's
@@ -285,7 +307,7 @@ fn sidecar_source(owner: &Owner, delivery: Delivery<'_>) -> Vec<String> {
     }
 }
 
-/// The metrics sidecar: balancer's own image counting the sessions nginx logs to it (see
+/// The metrics sidecar: balancer's own image counting the sessions nginx logs for it (see
 /// [`access_log`](super::access_log)), serving `/metrics` in plain HTTP on the pod network,
 /// as nginx-prometheus-exporter does (proxy pods mount no service-account token, so the sidecar
 /// could not review a scraper's token). No probes: a sidecar in trouble must not take the
@@ -294,15 +316,15 @@ fn sidecar_source(owner: &Owner, delivery: Delivery<'_>) -> Vec<String> {
 /// A native sidecar (an init container that restarts `Always`): the kubelet starts it before
 /// nginx and stops it only once nginx has exited, so it counts every session nginx drains, and
 /// serves the last count for a few seconds more.
-fn metrics_sidecar(image: &str, ports: SidecarPorts, source: Vec<String>) -> Container {
+fn metrics_sidecar(image: &str, port: u16, source: Vec<String>) -> Container {
     let args: Vec<String> = ["proxy-metrics".to_string()]
         .into_iter()
         .chain(source)
         .chain([
             // Both families: the controller asks the sidecar at the pod's address, IPv6 in an
             // IPv6-only cluster; the sidecar falls back to IPv4 on a node without IPv6.
-            format!("--listen=[::]:{}", ports.metrics),
-            format!("--log-port={}", ports.log),
+            format!("--listen=[::]:{port}"),
+            format!("--log-file={LOG_FILE}"),
             format!("--drain={}s", SIDECAR_DRAIN.as_secs()),
         ])
         .collect();
@@ -315,7 +337,7 @@ fn metrics_sidecar(image: &str, ports: SidecarPorts, source: Vec<String>) -> Con
         restart_policy: Some("Always".into()),
         ports: Some(vec![ContainerPort {
             name: Some(METRICS_PORT_NAME.into()),
-            container_port: i32::from(ports.metrics),
+            container_port: i32::from(port),
             protocol: Some(Protocol::Tcp.to_string()),
             ..ContainerPort::default()
         }]),

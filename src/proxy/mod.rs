@@ -98,7 +98,7 @@ pub fn proxy(
     pods: Option<&[Vec<ReadyPod>]>,
 ) -> Proxy {
     let service = ServiceAddresses { owner, spec, hosts };
-    let access_log = settings.metrics_image.as_ref().map(|_| access_log::SidecarPorts::of(spec).log);
+    let access_log = settings.metrics_image.as_ref().map(|_| access_log::LOG_FILE);
     let of = |targets: &dyn Fn(&BackendSpec, AdmittedPort<'_>) -> Targets| {
         let config = ProxyConfig::of(&owner.name, spec, &settings.load_modules, access_log, &targets);
         let conf = nginx::write(&config);

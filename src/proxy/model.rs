@@ -38,9 +38,9 @@ pub struct ProxyConfig {
     pub load_modules: Vec<String>,
     /// How long connections opened before a change go on (nginx's `worker_shutdown_timeout`).
     pub drain_timeout: String,
-    /// The metrics sidecar's log port, when the proxy logs each session to it.
+    /// The file the proxy logs each session to, for the metrics sidecar.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub access_log_port: Option<u16>,
+    pub access_log: Option<String>,
     /// One per Balancer port.
     pub listeners: Vec<Listener>,
 }
@@ -161,14 +161,14 @@ impl ProxyConfig {
         balancer: &str,
         spec: &Admitted,
         load_modules: &[String],
-        access_log_port: Option<u16>,
+        access_log: Option<&str>,
         targets: &impl UpstreamTargets,
     ) -> ProxyConfig {
         ProxyConfig {
             balancer: balancer.to_string(),
             load_modules: load_modules.to_vec(),
             drain_timeout: spec.drain_timeout().to_string(),
-            access_log_port,
+            access_log: access_log.map(str::to_string),
             listeners: spec.ports().map(|port| listener(spec, port, targets)).collect(),
         }
     }

@@ -47,7 +47,7 @@ pub fn render(
     balancer: &str,
     spec: &Admitted,
     load_modules: &[String],
-    access_log: Option<u16>,
+    access_log: Option<&str>,
     upstream: &impl UpstreamAddress,
 ) -> String {
     write(&ProxyConfig::of(balancer, spec, load_modules, access_log, &ServiceUpstreams(upstream)))
@@ -61,7 +61,7 @@ pub fn render(
 /// `auto` would start one per host CPU and outgrow the proxy's memory limit on large nodes.
 /// `load_modules` come first, for images whose stream module is dynamic.
 /// Each upstream server names its backend Service in a comment.
-/// With an access log port (the metrics sidecar's), every session is logged to the sidecar
+/// With an access log (the metrics sidecar's), every session is logged to it
 /// (see [`access_log`](super::access_log)).
 pub fn write(config: &ProxyConfig) -> String {
     let mut conf = String::with_capacity(512);
@@ -74,8 +74,8 @@ pub fn write(config: &ProxyConfig) -> String {
     // `quit_on_term`).
     let _ = writeln!(conf, "worker_shutdown_timeout {};", config.drain_timeout);
     conf.push_str("\nevents {\n    worker_connections 4096;\n}\n\nstream {\n");
-    if let Some(port) = config.access_log_port {
-        conf.push_str(&access_log::directives(port));
+    if let Some(path) = &config.access_log {
+        conf.push_str(&access_log::directives(path));
         conf.push('\n');
     }
     for listener in &config.listeners {

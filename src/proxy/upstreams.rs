@@ -103,7 +103,7 @@ mod tests {
 
     fn config(listeners: Vec<Listener>) -> ProxyConfig {
         let (load_modules, drain_timeout) = (vec![], "1h".to_string());
-        ProxyConfig { balancer: "lb".into(), load_modules, drain_timeout, access_log_port: None, listeners }
+        ProxyConfig { balancer: "lb".into(), load_modules, drain_timeout, access_log: None, listeners }
     }
 
     #[test]

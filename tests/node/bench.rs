@@ -163,11 +163,11 @@ pub async fn the_metrics_sidecar_costs_little(world: &mut World) {
         .into_iter()
         .find_map(|p| p.status?.pod_ip)
         .expect("the copy's pod");
-    let lost = proxy_series(&format!("{pod}:9113"), "balancer_proxy_log_lines_lost_total").await;
+    let unread = proxy_series(&format!("{pod}:9113"), "balancer_proxy_log_unread_bytes").await;
     let counted = proxy_series(&format!("{pod}:9113"), "balancer_proxy_sessions_total").await;
     println!(
         "node: bench: the metrics sidecar's cost, median of 6 interleaved rounds: {:.3}× ({rates:?}); \
-         sessions counted {counted:?}, log lines lost {lost:?}",
+         sessions counted {counted:?}, log bytes unread {unread:?}",
         median(ratios)
     );
     world.kubectl.ok_with(&["delete", "-f", "-", "--wait=false"], &objects);

@@ -58,7 +58,9 @@ use protocols::{
     a_node_port_balancer_with_client_ip_affinity_keeps_each_client_on_one_backend, udp_is_proxied_to_udp_echo_pods,
     with_every_primary_scaled_to_0_the_backup_serves_without_a_failed_request,
 };
-use sidecar::the_metrics_sidecar_counts_the_last_session_after_nginx_exits;
+use sidecar::{
+    a_stalled_metrics_sidecar_costs_lines_not_the_proxy, the_metrics_sidecar_counts_the_last_session_after_nginx_exits,
+};
 use takeover::a_go_operator_balancer_is_taken_over_without_a_failed_request;
 use toolkit::cluster::{ControlPlane, PlaneOptions, commands_first_on_path};
 use toolkit::kubectl::Kubectl;
@@ -228,6 +230,7 @@ async fn run_suite(assets: &Path, images: &Path, tools: [&Path; 2], state: &Path
         the_operator_installs_from_deploy_as_a_user_would,
         the_walkthrough_splits_traffic_by_weight,
         the_metrics_sidecar_counts_the_last_session_after_nginx_exits,
+        a_stalled_metrics_sidecar_costs_lines_not_the_proxy,
         a_backend_without_pods_loses_its_share_without_a_failed_request,
         a_backend_rolled_under_load_fails_no_request,
         the_metrics_sidecar_costs_little,

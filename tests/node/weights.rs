@@ -63,10 +63,11 @@ pub async fn the_walkthrough_splits_traffic_by_weight(world: &mut World) {
     assert_eq!((sidecar.name.as_str(), sidecar.image.as_deref()), ("metrics", Some("localhost/balancer:test")));
 
     let metrics = format!("{}:9113", proxy.status.as_ref().and_then(|s| s.pod_ip.clone()).expect("a pod IP"));
-    // The count before, once the sessions of the requests above are all in.
+    // The count before, once the sessions of the requests above are all in (nginx's workers
+    // write their lines within a second; the sidecar reads them within 0.2 s).
     let before = eventually("the proxy's metrics sidecar to settle", Duration::from_secs(30), || async {
         let first = proxy_sessions(&metrics).await?;
-        tokio::time::sleep(Duration::from_secs(1)).await;
+        tokio::time::sleep(Duration::from_millis(2500)).await;
         (proxy_sessions(&metrics).await? == first).then_some(first)
     })
     .await;

@@ -42,16 +42,17 @@ async fn sidecar_exposition() -> String {
     let policy = balancer::spec::SpecPolicy::default();
     let spec = crate::support::fixtures::admitted("example-balancer", crate::support::fixtures::sample_spec(), &policy);
     let address = |b: &BackendSpec, p: &BalancerPort| format!("{}.test:{}", b.name, p.port);
-    let model = ProxyConfig::of("example-balancer", &spec, &[], Some(5514), &ServiceUpstreams(&address));
-    let conf = nginx::write(&model);
     let dir = tempfile::TempDir::new().unwrap();
+    let log_file = dir.path().join("access.log");
+    let model = ProxyConfig::of("example-balancer", &spec, &[], log_file.to_str(), &ServiceUpstreams(&address));
+    let conf = nginx::write(&model);
     std::fs::write(dir.path().join("nginx.conf"), &conf).unwrap();
     std::fs::write(dir.path().join(MODEL_FILE), model.to_json()).unwrap();
-    let (port, log_port) = (free_port(), free_port());
+    let port = free_port();
     let options = exporter::Options {
         source: exporter::Source::File { path: dir.path().join("nginx.conf"), hash: Some(nginx::config_hash(&conf)) },
         listen: SocketAddr::from((Ipv4Addr::LOCALHOST, port)),
-        log_port,
+        log_file: log_file.clone(),
         drain: Duration::ZERO,
     };
     let stop = CancellationToken::new();
@@ -69,9 +70,9 @@ async fn sidecar_exposition() -> String {
     }
     // A session that failed to connect to v1 and was served by v2: every family gets a sample
     // (a family shows in the exposition once it has one).
-    let line = "<190>Nov 24 12:00:00 balancer: 80 TCP 200 10 20 0.005 \"v1.test:80, v2.test:80\" \"-, 0.001\"";
-    let socket = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
-    socket.send_to(line.as_bytes(), ("127.0.0.1", log_port)).await.unwrap();
+    let line = "80 TCP 200 10 20 0.005 \"v1.test:80, v2.test:80\" \"-, 0.001\"\n";
+    let mut log = std::fs::OpenOptions::new().append(true).create(true).open(&log_file).unwrap();
+    std::io::Write::write_all(&mut log, line.as_bytes()).unwrap();
     // Counted once the session's `ok` is 1: the series of a new backend are made one family
     // after another, so a scrape in between sees some families and not yet the others.
     for _ in 0..200 {
@@ -185,7 +186,7 @@ async fn dashboard_and_alerts_query_only_exported_metrics() {
         "balancer_proxy_upstream_connect_failures",
         "balancer_proxy_received_bytes",
         "balancer_proxy_sent_bytes",
-        "balancer_proxy_log_lines_lost",
+        "balancer_proxy_log_unread_bytes",
     ] {
         assert!(queried.iter().any(|q| q == family), "nothing shows {family}");
     }

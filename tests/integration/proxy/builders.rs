@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use balancer::api::v1beta1::{FrontService, ProxySpec};
 use balancer::api::{BackendSpec, Balancer, BalancerPort, BalancerSpec, Protocol};
-use balancer::proxy::access_log::SidecarPorts;
+use balancer::proxy::access_log::metrics_port;
 use balancer::proxy::model::{MODEL_FILE, ProxyConfig};
 use balancer::proxy::nginx;
 use balancer::proxy::upstreams::Upstreams;
@@ -1014,7 +1014,7 @@ fn the_metrics_sidecar_runs_balancers_image_as_strictly_as_the_proxy() {
             "--configmap=example-balancer-proxy-configmap",
             "--live-dir=/run/balancer",
             "--listen=[::]:9113",
-            "--log-port=5514",
+            "--log-file=/var/log/balancer/access.log",
             "--drain=10s"
         ]
     );
@@ -1028,22 +1028,32 @@ fn the_metrics_sidecar_runs_balancers_image_as_strictly_as_the_proxy() {
         sidecar.volume_mounts.iter().flatten().map(|m| (m.name.as_str(), m.mount_path.as_str(), m.read_only)).collect();
     assert_eq!(
         mounts,
-        [("live", "/run/balancer", None), ("token", proxy::TOKEN_DIR, Some(true))],
-        "writes the configuration for nginx; reads its token"
+        [
+            ("live", "/run/balancer", None),
+            ("token", proxy::TOKEN_DIR, Some(true)),
+            ("access-log", "/var/log/balancer", None)
+        ],
+        "writes the configuration for nginx; reads its token; reads and frees the access log"
+    );
+    let log_volume = pod.volumes.iter().flatten().find(|v| v.name == "access-log").expect("the log's volume");
+    let empty_dir = log_volume.empty_dir.as_ref().expect("an emptyDir");
+    assert_eq!(
+        (empty_dir.medium.as_deref(), empty_dir.size_limit.as_ref().map(|q| q.0.as_str())),
+        (Some("Memory"), Some("8Mi")),
+        "a bounded tmpfs: a stalled sidecar makes nginx drop lines, and never gets the pod evicted"
     );
     assert!(
-        desired.nginx_conf.contains("    access_log syslog:server=127.0.0.1:5514,tag=balancer,nohostname balancer;\n"),
+        desired.nginx_conf.contains("    access_log /var/log/balancer/access.log balancer buffer=64k flush=1s;\n"),
         "{}",
         desired.nginx_conf
     );
 }
 
 #[test]
-fn the_sidecars_ports_stay_clear_of_the_balancers_own() {
+fn the_sidecars_port_stays_clear_of_the_balancers_own() {
     let mut spec = sample().spec;
     spec.ports = vec![port(Some("a"), "TCP", 9113), port(Some("b"), "UDP", 5514), port(Some("c"), "TCP", 9114)];
-    let ports = SidecarPorts::of(&spec);
-    assert_eq!((ports.metrics, ports.log), (9115, 5515));
+    assert_eq!(metrics_port(&spec), 9115);
 }
 
 /// What the sidecar reads from the ConfigMap's model: which backend each server is, the ports
@@ -1122,7 +1132,7 @@ fn with_the_sidecar_a_new_configuration_changes_no_pod_and_only_the_sidecar_hold
     assert_eq!(pod.automount_service_account_token, Some(false), "no token for nginx");
     let (nginx, sidecar) = (&pod.containers[0], &pod.init_containers.as_ref().unwrap()[0]);
     let mounts = |c: &Container| c.volume_mounts.iter().flatten().map(|m| m.name.clone()).collect::<Vec<_>>();
-    assert_eq!(mounts(nginx), ["live", "tmp"]);
+    assert_eq!(mounts(nginx), ["live", "tmp", "access-log"]);
     assert!(mounts(sidecar).contains(&"token".to_string()));
     assert!(nginx.env.is_none() && sidecar.env.is_none(), "no hash to wait for");
 
