@@ -121,11 +121,19 @@ spec:
         app: local
 EOF
 mkdir -p "$work/log" "$work/none"
-"$BALANCER_BIN" render "$work/balancer.yaml" --proxy-metrics-image sidecar "${load[@]}" |
-    awk '/^  nginx.conf: \|/ { inside = 1; next } inside && /^[^ ]/ { inside = 0 } inside { sub(/^    /, ""); print }' |
-    sed -e 's/bench-local-backend\.default\.svc:18080/127.0.0.1:18081/' \
-        -e 's/listen 18080;/listen 127.0.0.1:18080;/' -e '/listen \[::\]:18080;/d' \
-        -e "s|access_log /var/log/balancer/access.log |access_log $work/log/access.log |" >"$work/log/nginx.conf"
+"$BALANCER_BIN" render "$work/balancer.yaml" --proxy-metrics-image sidecar "${load[@]}" >"$work/rendered.yaml"
+# The ConfigMap's key $1 (a literal block, indented 4), pointed at the local backend and log.
+config_map_key() {
+    awk -v key="  $1: " 'index($0, key) == 1 { inside = 1; next } inside && /^  [^ ]/ { inside = 0 }
+        inside && /^[^ ]/ { inside = 0 } inside { sub(/^    /, ""); print }' "$work/rendered.yaml" |
+        sed -e 's/bench-local-backend\.default\.svc:18080/127.0.0.1:18081/' \
+            -e 's/listen 18080;/listen 127.0.0.1:18080;/' -e '/listen \[::\]:18080;/d' \
+            -e "s|/var/log/balancer/access.log|$work/log/access.log|"
+}
+config_map_key nginx.conf >"$work/log/nginx.conf"
+# The model beside it, which the sidecar reads the backends' addresses from.
+config_map_key proxy.json >"$work/log/proxy.json"
+grep -q '"address": "127.0.0.1:18081"' "$work/log/proxy.json" || die "the rendered model has no local server"
 grep -q "access_log $work/log/access.log balancer buffer=" "$work/log/nginx.conf" ||
     die "the rendered nginx.conf has no access log for the sidecar, or it changed shape"
 grep -v -e log_format -e access_log "$work/log/nginx.conf" >"$work/none/nginx.conf"
