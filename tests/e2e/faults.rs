@@ -6,7 +6,12 @@
 //! Three operators run at once, each on a namespace of its own: one without leader election,
 //! and two electing a leader (a 6 s Lease). They serve `/metrics` on the probe port
 //! (`--insecure-metrics`): a protected scrape needs the API server to review its token.
+//!
+//! These scenarios run beside the other scenarios, in two tracks, each on a control plane of
+//! its own: they kill its processes, and their 3½ minutes are mostly spent waiting.
 
+use std::path::{Path, PathBuf};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::ConfigMap;
@@ -17,8 +22,8 @@ use kube::api::ListParams;
 
 use crate::operator::Operator;
 use crate::toolkit::cluster::OPERATOR;
-use crate::toolkit::runner::eventually;
-use crate::{World, apply, register_webhooks, unregister_webhooks, webhook_answers};
+use crate::toolkit::runner::{self, Filter, Scenario, eventually, scenarios};
+use crate::{World, apply, apply_shipped_rbac, diagnose, install_shipped_crd, register_webhooks, webhook_answers};
 
 /// The namespaces of the two operators the fault scenarios run: one alone, one elected leader.
 const PLAIN: &str = "faults-plain";
@@ -40,6 +45,89 @@ fn recovery_limit() -> Duration {
     Duration::from_secs(if measuring() { 180 } else { 30 })
 }
 
+/// The outages, in tracks that run at once, each on a control plane of its own (the first
+/// scenario of each starts its operators); within a track, in order.
+fn tracks() -> Vec<Vec<(&'static str, Scenario<World>)>> {
+    vec![
+        scenarios![World:
+            the_controller_catches_up_after_the_api_server_restarts,
+            the_controller_catches_up_after_etcd_restarts,
+        ],
+        scenarios![World: the_controller_catches_up_after_two_minutes_without_the_api_server],
+    ]
+}
+
+/// The outages running beside the other scenarios, a thread per track. Dropped before
+/// [`Outages::finish`] (the other scenarios' thread panicked), it still waits for them, so
+/// that their control planes and operators are stopped, not left behind.
+pub struct Outages(Vec<JoinHandle<(usize, usize)>>);
+
+impl Outages {
+    /// Starts the tracks that hold a scenario the command line selects, each on a new control
+    /// plane with the shipped CRD and RBAC.
+    pub fn start(assets: &Path) -> Outages {
+        let selected = tracks().into_iter().filter(|track| {
+            let names: Vec<&str> = track.iter().map(|(name, _)| *name).collect();
+            runner::selects_any(&names, Filter::RunsUpToTheNamed)
+        });
+        let threads = selected.map(|track| {
+            let assets: PathBuf = assets.to_path_buf();
+            std::thread::spawn(move || {
+                let runtime = tokio::runtime::Runtime::new().expect("runtime");
+                runtime.block_on(async move {
+                    let mut world = World::start(&assets).await;
+                    install_shipped_crd(&world);
+                    apply_shipped_rbac(&world);
+                    let outcome = runner::run(&mut world, track, Filter::RunsUpToTheNamed, diagnose).await;
+                    world.stop();
+                    outcome
+                })
+            })
+        });
+        Outages(threads.collect())
+    }
+
+    /// Waits for every track to end: how many scenarios passed and failed (a track whose setup
+    /// panicked, one failure).
+    pub fn finish(mut self) -> (usize, usize) {
+        let (mut passed, mut failed) = (0, 0);
+        for thread in std::mem::take(&mut self.0) {
+            let (track_passed, track_failed) = thread.join().unwrap_or_else(|_| {
+                println!("e2e: a control plane for the outages could not be set up");
+                (0, 1)
+            });
+            passed += track_passed;
+            failed += track_failed;
+        }
+        (passed, failed)
+    }
+}
+
+impl Drop for Outages {
+    fn drop(&mut self) {
+        for thread in self.0.drain(..) {
+            let _ = thread.join();
+        }
+    }
+}
+
+async fn the_controller_catches_up_after_the_api_server_restarts(world: &mut World) {
+    start_operators(world).await;
+    let fault = Fault { process: "kube-apiserver", down: Duration::from_secs(15) };
+    survive(world, fault, 20).await;
+}
+
+async fn the_controller_catches_up_after_etcd_restarts(world: &mut World) {
+    let fault = Fault { process: "etcd", down: Duration::from_secs(15) };
+    survive(world, fault, 30).await;
+}
+
+async fn the_controller_catches_up_after_two_minutes_without_the_api_server(world: &mut World) {
+    start_operators(world).await;
+    let fault = Fault { process: "kube-apiserver", down: Duration::from_secs(120) };
+    survive(world, fault, 40).await;
+}
+
 fn balancer(namespace: &str, name: &str, weight: u32) -> String {
     format!(
         "apiVersion: exposer.hliangzhao.io/v1beta1\nkind: Balancer\nmetadata:\n  name: {name}\n  namespace: {namespace}\n\
@@ -56,7 +144,7 @@ async fn configured(world: &World, namespace: &str, name: &str, weight: u32) -> 
 }
 
 /// The three operators of these scenarios, started once.
-pub async fn start_operators(world: &mut World) {
+async fn start_operators(world: &mut World) {
     for mut op in world.operators.drain(..) {
         op.stop();
     }
@@ -98,14 +186,14 @@ pub async fn start_operators(world: &mut World) {
 
 /// A control-plane process killed, and how long it stays down.
 #[derive(Clone, Copy)]
-pub struct Fault {
-    pub process: &'static str,
-    pub down: Duration,
+struct Fault {
+    process: &'static str,
+    down: Duration,
 }
 
 /// Kills `fault.process`, waits, starts it again, changes `moving` in both namespaces to `weight`,
 /// and checks how the operators come back.
-pub async fn survive(world: &mut World, fault: Fault, weight: u32) {
+async fn survive(world: &mut World, fault: Fault, weight: u32) {
     let audit_mark = world.plane.audit_events().len();
     let fault_at = Timestamp::now();
     world.plane.process(fault.process).kill();
@@ -274,17 +362,4 @@ async fn events_since(world: &World, at: Timestamp) -> Vec<String> {
         }
     }
     found
-}
-
-/// Stops the operators and removes what the fault scenarios made.
-pub fn clean_up(world: &mut World) {
-    for mut op in world.operators.drain(..) {
-        op.stop();
-    }
-    unregister_webhooks(world);
-    for namespace in [PLAIN, ELECTED] {
-        let (ok, out, err) =
-            world.plane.kubectl("admin").run(&["delete", "namespace", namespace, "--wait=false"], None);
-        assert!(ok, "{out}{err}");
-    }
 }

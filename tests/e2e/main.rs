@@ -1,6 +1,8 @@
 //! End-to-end against a real kube-apiserver, etcd and kube-controller-manager (envtest-style).
 //!
-//! One control plane serves every scenario, in order, each reported as a test.
+//! One control plane serves the scenarios, in order, each reported as a test; the control-plane
+//! outages (`faults.rs`) run beside them on control planes of their own, since they kill their
+//! processes and spend their 3½ minutes mostly waiting.
 //! Binaries come from KUBEBUILDER_ASSETS, or the Kubernetes release that
 //! `tests/kubernetes/build.sh` builds from the Go module proxy and caches under
 //! ~/.cache/balancer/kubernetes. Without them the suite is skipped with one
@@ -13,7 +15,7 @@ mod faults;
 mod operator;
 mod scale;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
@@ -88,14 +90,13 @@ fn main() -> ExitCode {
         // The benchmarks: not tests, never run by default (`-- --ignored scale`).
         return runtime.block_on(scale::run(&assets));
     }
+    let outages = faults::Outages::start(&assets);
     runtime.block_on(async move {
-        let plane = ControlPlane::start(&assets).await;
-        let admin = plane.client("admin").await;
-        match admin.apiserver_version().await {
+        let mut world = World::start(&assets).await;
+        match world.admin.apiserver_version().await {
             Ok(version) => println!("e2e: API server {} ({})", version.git_version, assets.display()),
             Err(e) => println!("e2e: API server version unknown: {e}"),
         }
-        let mut world = World { plane, admin, operators: Vec::new() };
         let all = scenarios![World:
             crd_is_accepted_and_established,
             operator_runs_with_only_the_shipped_rbac,
@@ -113,33 +114,46 @@ fn main() -> ExitCode {
             webhook_down_blocks_writes_until_it_is_back,
             metrics_need_a_token_allowed_to_get_them,
             an_unreadable_stored_balancer_is_reported_on_itself,
-            the_controller_catches_up_after_the_api_server_restarts,
-            the_controller_catches_up_after_etcd_restarts,
-            the_controller_catches_up_after_two_minutes_without_the_api_server,
             the_operator_calls_no_deprecated_api,
         ];
-        let (passed, failed) = runner::run(&mut world, all, Filter::RunsUpToTheNamed, |world| {
-            let tail = |log: String| {
-                log.lines().rev().take(30).collect::<Vec<_>>().into_iter().rev().collect::<Vec<_>>().join("\n")
-            };
-            for op in &world.operators {
-                println!("--- last lines of {}:\n{}", op.name, tail(op.log(&world.plane)));
-            }
-            let apiserver =
-                std::fs::read_to_string(world.plane.dir.path().join("kube-apiserver.log")).unwrap_or_default();
-            println!("--- last lines of kube-apiserver:\n{}", tail(apiserver));
-        })
-        .await;
+        let (mut passed, mut failed) = runner::run(&mut world, all, Filter::RunsUpToTheNamed, diagnose).await;
+        world.stop();
+        let (outages_passed, outages_failed) = outages.finish();
+        passed += outages_passed;
+        failed += outages_failed;
         println!("e2e: {passed} passed, {failed} failed");
-        // Operators first, then the control plane.
-        world.operators.clear();
-        drop(world);
         if failed == 0 { ExitCode::SUCCESS } else { ExitCode::FAILURE }
     })
 }
 
+impl World {
+    /// A control plane of its own, with no operator yet.
+    async fn start(assets: &Path) -> World {
+        let plane = ControlPlane::start(assets).await;
+        let admin = plane.client("admin").await;
+        World { plane, admin, operators: Vec::new() }
+    }
+
+    /// Operators first, then the control plane.
+    fn stop(mut self) {
+        self.operators.clear();
+    }
+}
+
+/// After a failed scenario: the last lines of each operator's log and of the API server's.
+fn diagnose(world: &World) {
+    let tail =
+        |log: String| log.lines().rev().take(30).collect::<Vec<_>>().into_iter().rev().collect::<Vec<_>>().join("\n");
+    for op in &world.operators {
+        println!("--- last lines of {}:\n{}", op.name, tail(op.log(&world.plane)));
+    }
+    let apiserver = std::fs::read_to_string(world.plane.dir.path().join("kube-apiserver.log")).unwrap_or_default();
+    println!("--- last lines of kube-apiserver:\n{}", tail(apiserver));
+}
+
 /// Last, over every request of every scenario before it: the API server's audit log marks a
 /// request to a deprecated API (core/v1 Endpoints, say, since v1.33), and the operator made none.
+/// (The outages' operators run the same binary's calls, Leases and events among them.)
 async fn the_operator_calls_no_deprecated_api(world: &mut World) {
     let events = world.plane.audit_events();
     let operators: Vec<&Value> = events.iter().filter(|e| e["user"]["username"] == OPERATOR.name).collect();
@@ -1461,25 +1475,4 @@ async fn an_unreadable_stored_balancer_is_reported_on_itself(world: &mut World) 
         (!left.iter().any(|b| ["unreadable", "healthy"].contains(&b.name_any().as_str()))).then_some(())
     })
     .await;
-}
-
-// ---------------------------------------------------------------------------
-// 11. The control plane goes away (see tests/e2e/faults.rs)
-// ---------------------------------------------------------------------------
-
-async fn the_controller_catches_up_after_the_api_server_restarts(world: &mut World) {
-    faults::start_operators(world).await;
-    let fault = faults::Fault { process: "kube-apiserver", down: Duration::from_secs(15) };
-    faults::survive(world, fault, 20).await;
-}
-
-async fn the_controller_catches_up_after_etcd_restarts(world: &mut World) {
-    let fault = faults::Fault { process: "etcd", down: Duration::from_secs(15) };
-    faults::survive(world, fault, 30).await;
-}
-
-async fn the_controller_catches_up_after_two_minutes_without_the_api_server(world: &mut World) {
-    let fault = faults::Fault { process: "kube-apiserver", down: Duration::from_secs(120) };
-    faults::survive(world, fault, 40).await;
-    faults::clean_up(world);
 }

@@ -63,6 +63,12 @@ impl Selection {
     }
 }
 
+/// Whether the command line selects any of the scenarios `names`, and does not skip it.
+pub fn selects_any(names: &[&str], filter: Filter) -> bool {
+    let selection = Selection::from_args();
+    (0..names.len()).any(|index| selection.selects(names, index, filter) && !selection.skips(names[index]))
+}
+
 /// Runs the scenarios of `all` that the command line selects, in order, and stops at the
 /// first failure after `diagnose`. `--skip NAME` leaves out the scenarios whose names contain
 /// NAME (with [`Filter::RunsUpToTheNamed`], only those that no later one builds on). Returns
