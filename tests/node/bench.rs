@@ -318,6 +318,30 @@ impl Drop for KubeletsPaused<'_> {
 /// probes and statuses) away from the measurement.
 const KUBELETS_CATCH_UP: Duration = Duration::from_secs(1);
 
+/// The machine's CPU time so far (`/proc/stat`), in ticks: all of it, and what the hypervisor
+/// gave to others while this virtual machine wanted to run (steal). A run's p99 on a virtual
+/// machine includes the stalls of a virtual CPU descheduled, which no path controls.
+struct CpuTimes {
+    total: u64,
+    steal: u64,
+}
+
+impl CpuTimes {
+    fn now() -> Option<CpuTimes> {
+        let stat = std::fs::read_to_string("/proc/stat").ok()?;
+        // cpu  user nice system idle iowait irq softirq steal guest guest_nice
+        let ticks: Vec<u64> =
+            stat.lines().next()?.split_whitespace().skip(1).take(8).filter_map(|t| t.parse().ok()).collect();
+        Some(CpuTimes { total: ticks.iter().sum(), steal: *ticks.get(7)? })
+    }
+
+    /// The share of the CPU time since `before` that was stolen.
+    fn stolen_since(&self, before: &CpuTimes) -> f64 {
+        let total = self.total.saturating_sub(before.total).max(1);
+        self.steal.saturating_sub(before.steal) as f64 / total as f64
+    }
+}
+
 /// Rounds of the data-plane benchmark: its figures are medians, since a round's p99 ratio
 /// ranges from 0.14× to 14× on this shared node. `BALANCER_NODE_BENCH_ROUNDS` changes it:
 /// docs/performance.md's figures are two runs of 11 rounds.
@@ -470,10 +494,12 @@ pub async fn the_data_plane_keeps_up_with_haproxy(world: &mut World) {
                     tokio::time::sleep(CLOSE_RUNS_APART.saturating_sub(ended.elapsed())).await;
                 }
                 let full = settled_conntrack().await;
+                let before = CpuTimes::now();
                 let run = {
                     let _still = KubeletsPaused::new(&world.nodes);
                     wrk(address, mode).await
                 };
+                let stolen = before.and_then(|before| Some(CpuTimes::now()?.stolen_since(&before)));
                 // The kubelets' work of the pause, done before the next run.
                 tokio::time::sleep(KUBELETS_CATCH_UP).await;
                 if new_connections {
@@ -481,9 +507,10 @@ pub async fn the_data_plane_keeps_up_with_haproxy(world: &mut World) {
                 }
                 let Some(run) = run else { continue };
                 println!(
-                    "node: bench round {round}, {name}, {} (conntrack {:.0} % full): {run:?}",
+                    "node: bench round {round}, {name}, {} (conntrack {:.0} % full, stolen {}): {run:?}",
                     mode.name(),
-                    full * 100.0
+                    full * 100.0,
+                    stolen.map_or("?".to_string(), |s| format!("{:.1} %", s * 100.0)),
                 );
                 runs.entry((name.clone(), mode)).or_default().insert(round, run);
             }
