@@ -71,12 +71,18 @@ fn container_runs(id: &str) -> bool {
 /// The metrics sidecar is a native sidecar: it outlives nginx. A session open through a proxy
 /// pod when the pod is deleted is served during nginx's stop, and its bytes can be scraped
 /// from the sidecar once nginx has exited, before the pod is gone.
-pub async fn the_metrics_sidecar_counts_the_last_session_after_nginx_exits(world: &mut World) {
+/// The sample with one proxy pod: the pods' API in its namespace, the pod, and its address.
+async fn the_samples_one_proxy_pod(world: &mut World) -> (Api<Pod>, Pod, String) {
     world.ensure_sample(Sample::ANY.replicas(1)).await;
     let pods: Api<Pod> = Api::namespaced(world.admin.clone(), NS);
     let params = ListParams::default().labels(&format!("balancer.exposer.hliangzhao.io/balancer-name={SAMPLE}"));
     let pod = pods.list(&params).await.expect("pods").items.into_iter().next().expect("a proxy pod");
     let ip = pod.status.as_ref().and_then(|s| s.pod_ip.clone()).expect("a pod IP");
+    (pods, pod, ip)
+}
+
+pub async fn the_metrics_sidecar_counts_the_last_session_after_nginx_exits(world: &mut World) {
+    let (pods, pod, ip) = the_samples_one_proxy_pod(world).await;
     let metrics = format!("{ip}:9113");
     let received = || sidecar_counts(&metrics, "balancer_proxy_received_bytes_total", "");
     // Once the lines of earlier sessions are all in: nginx's workers write theirs within a
@@ -187,11 +193,7 @@ impl Drop for LogVolumeFilled {
 /// tmpfs, nginx's writes to a full one fail, and nginx serves every request meanwhile; the pod
 /// is neither evicted nor restarted. Let go, the sidecar counts again and its backlog clears.
 pub async fn a_stalled_metrics_sidecar_costs_lines_not_the_proxy(world: &mut World) {
-    world.ensure_sample(Sample::ANY.replicas(1)).await;
-    let pods: Api<Pod> = Api::namespaced(world.admin.clone(), NS);
-    let params = ListParams::default().labels(&format!("balancer.exposer.hliangzhao.io/balancer-name={SAMPLE}"));
-    let pod = pods.list(&params).await.expect("pods").items.into_iter().next().expect("a proxy pod");
-    let ip = pod.status.as_ref().and_then(|s| s.pod_ip.clone()).expect("a pod IP");
+    let (pods, pod, ip) = the_samples_one_proxy_pod(world).await;
     let nginx = container_id(&pod, "nginx").and_then(|id| container_process(&id, "nginx")).expect("nginx's master");
     let sidecar = container_id(&pod, "metrics").and_then(|id| container_process(&id, "balancer")).expect("the sidecar");
     let mounts = std::fs::read_to_string(format!("/proc/{nginx}/mounts")).expect("nginx's mounts");
