@@ -143,7 +143,7 @@ async fn configured(world: &World, namespace: &str, name: &str, weight: u32) -> 
     cm.data.and_then(|d| d.get("nginx.conf").cloned()).is_some_and(|conf| conf.contains(&format!("weight={weight} ")))
 }
 
-/// The three operators of these scenarios, started once.
+/// The three operators of a track, started by its first scenario.
 async fn start_operators(world: &mut World) {
     for mut op in world.operators.drain(..) {
         op.stop();
