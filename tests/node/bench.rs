@@ -344,7 +344,7 @@ impl CpuTimes {
 
 /// Rounds of the data-plane benchmark: its figures are medians, since a round's p99 ratio
 /// ranges from 0.14× to 14× on this shared node. `BALANCER_NODE_BENCH_ROUNDS` changes it:
-/// docs/performance.md's figures are two runs of 11 rounds.
+/// docs/performance.md's latest figures pool four runs (11, 11, 11 and 22 rounds).
 const ROUNDS: usize = 11;
 
 /// The median throughput and the median p99 of `runs`, taken separately.
