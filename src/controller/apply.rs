@@ -17,6 +17,7 @@ use serde_json::json;
 use super::cache::{self, Cached};
 use super::context::Context;
 use super::plan::{controlled_by, obsolete_backends};
+use super::reasons::Reason;
 use super::report::{Verb, Written, publish};
 use super::ssa::{fold_created_into_applied, is_subset};
 use super::stored::StoredBalancer;
@@ -131,7 +132,7 @@ pub(super) async fn delete_budget(
         return Ok(());
     }
     let note = format!("deleted PodDisruptionBudget {name}: the proxy has one pod at most");
-    publish(balancer, ctx, Note { type_: EventType::Normal, reason: "Deleted", note: &note, related: None }).await;
+    publish(balancer, ctx, Note::new(EventType::Normal, Reason::Deleted, &note)).await;
     Ok(())
 }
 
@@ -184,7 +185,7 @@ pub(super) async fn delete_go_proxy(balancer: &StoredBalancer, ctx: &Context, ow
         "deleted the Go operator's proxy Deployment {name}: {} serves",
         crate::api::proxy_deployment_name(&owner.name)
     );
-    publish(balancer, ctx, Note { type_: EventType::Normal, reason: "Migrated", note: &note, related: None }).await;
+    publish(balancer, ctx, Note::new(EventType::Normal, Reason::Migrated, &note)).await;
     Ok(())
 }
 
@@ -204,7 +205,7 @@ pub(super) async fn delete_obsolete_backends(
         ctx.metrics.child_deleted("Service");
         let note = format!("deleted obsolete backend Service {name}");
         let related = Some(service.object_ref(&()));
-        publish(balancer, ctx, Note { type_: EventType::Normal, reason: "Deleted", note: &note, related }).await;
+        publish(balancer, ctx, Note::new(EventType::Normal, Reason::Deleted, &note).related(related)).await;
     }
     Ok(())
 }

@@ -10,11 +10,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use k8s_openapi::jiff::Timestamp;
 
 use super::conditions::{ConditionType, Finding};
+use super::reasons::Reason;
 use super::stored::StoredBalancer;
 use crate::api::{BackendStatus, BalancerSpec, ConditionStatus};
-
-const ENDPOINTS_READY: &str = "EndpointsReady";
-const NO_READY_ENDPOINTS: &str = "NoReadyEndpoints";
 
 /// The backends' part of a status.
 #[derive(Debug, Clone, PartialEq)]
@@ -78,22 +76,22 @@ pub(super) fn backends(
     let (status, reason, message) = match missing.as_slice() {
         [] => (
             ConditionStatus::True,
-            ENDPOINTS_READY,
+            Reason::EndpointsReady,
             format!("every backend with a weight has a ready endpoint ({summary} backends ready)"),
         ),
         names if names.len() == weighted => (
             ConditionStatus::False,
-            NO_READY_ENDPOINTS,
+            Reason::NoReadyEndpoints,
             format!("no backend has a ready endpoint: {}; new connections fail", names.join(", ")),
         ),
         names if only_backups_missing => (
             ConditionStatus::False,
-            NO_READY_ENDPOINTS,
+            Reason::NoReadyEndpoints,
             format!("no ready endpoint behind backup {}: it cannot take over", names.join(", ")),
         ),
         names => (
             ConditionStatus::False,
-            NO_READY_ENDPOINTS,
+            Reason::NoReadyEndpoints,
             format!("no ready endpoint behind {}; their share goes to the other backends", names.join(", ")),
         ),
     };
@@ -179,7 +177,7 @@ mod tests {
         assert_eq!(seen.summary, "2/3");
         let condition = &seen.condition;
         assert_eq!((condition.type_.as_str(), condition.status.as_str()), ("BackendsAvailable", "False"));
-        assert_eq!(condition.reason, NO_READY_ENDPOINTS);
+        assert_eq!(condition.reason, Reason::NoReadyEndpoints.as_str());
         assert!(condition.message.contains("v2") && !condition.message.contains("v1"), "{}", condition.message);
         assert_eq!(condition.observed_generation, Some(4));
     }

@@ -4,6 +4,7 @@
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 
+use super::reasons::Reason;
 use super::stored::StoredBalancer;
 use crate::api::{BalancerStatus, ConditionStatus};
 
@@ -43,7 +44,7 @@ pub(super) fn is_true(condition: &Condition) -> bool {
 pub(super) struct Finding<'a> {
     pub type_: ConditionType,
     pub status: ConditionStatus,
-    pub reason: &'a str,
+    pub reason: Reason,
     pub message: &'a str,
 }
 
@@ -65,7 +66,7 @@ impl Finding<'_> {
         Condition {
             type_: self.type_.as_str().into(),
             status: self.status.as_str().into(),
-            reason: self.reason.into(),
+            reason: self.reason.as_str().into(),
             message: self.message.into(),
             observed_generation: None,
             last_transition_time: Time(now),

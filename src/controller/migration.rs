@@ -21,18 +21,13 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use k8s_openapi::jiff::Timestamp;
 
 use super::conditions::{ConditionType, Finding, find};
-use super::status::PROXY_REASONS;
+use super::reasons::Reason;
 use super::stored::StoredBalancer;
 use crate::api::ConditionStatus;
 use crate::proxy::BALANCER_NAME_LABEL;
 
 /// Time between the front Service leaving the Go operator's proxy pods and their deletion.
 pub(super) const DRAIN: Duration = Duration::from_secs(10);
-
-const SERVING: &str = "Serving";
-const DRAINING: &str = "Draining";
-const REMOVED: &str = "Removed";
-const NOT_CONTROLLED: &str = "NotControlled";
 
 /// The Go operator's proxy Deployment of a Balancer.
 pub(super) fn deployment_name(balancer: &str) -> String {
@@ -74,13 +69,15 @@ pub(super) enum Found {
 pub(super) fn stage(balancer: &StoredBalancer) -> Stage {
     let Some(status) = balancer.status.as_ref() else { return Stage::Done };
     match find(Some(status), ConditionType::GoOperatorProxy) {
-        Some(c) if c.reason == SERVING => Stage::Serving,
-        Some(c) if c.reason == DRAINING => Stage::Draining { since: c.last_transition_time.0 },
+        Some(c) if Reason::of(&c.reason) == Some(Reason::Serving) => Stage::Serving,
+        Some(c) if Reason::of(&c.reason) == Some(Reason::Draining) => {
+            Stage::Draining { since: c.last_transition_time.0 }
+        }
         Some(_) => Stage::Done,
         // Only a reconcile that got as far as the proxy writes these reasons. One that failed or
         // refused the spec before that point never looked for the Go proxy.
         None => match find(Some(status), ConditionType::Ready) {
-            Some(ready) if PROXY_REASONS.contains(&ready.reason.as_str()) => Stage::Done,
+            Some(ready) if Reason::of(&ready.reason).is_some_and(|r| Reason::PROXY_READY.contains(&r)) => Stage::Done,
             _ => Stage::Unchecked,
         },
     }
@@ -121,7 +118,7 @@ pub(super) fn step(balancer: &str, stage: &Stage, found: Option<Found>, availabl
         (Stage::Unchecked, Some(Found::NotControlled)) => {
             let message = format!("Deployment {go} is not controlled by this Balancer: left alone");
             return Step {
-                condition: Some(condition(ConditionStatus::False, NOT_CONTROLLED, message, now)),
+                condition: Some(condition(ConditionStatus::False, Reason::NotControlled, message, now)),
                 ..Step::NONE
             };
         }
@@ -134,7 +131,7 @@ pub(super) fn step(balancer: &str, stage: &Stage, found: Option<Found>, availabl
             let message = format!("the Go operator's proxy Deployment {go} was deleted once {ours} served");
             return Step {
                 delete: true,
-                condition: Some(condition(ConditionStatus::False, REMOVED, message, now)),
+                condition: Some(condition(ConditionStatus::False, Reason::Removed, message, now)),
                 ..Step::NONE
             };
         }
@@ -143,7 +140,7 @@ pub(super) fn step(balancer: &str, stage: &Stage, found: Option<Found>, availabl
     if available {
         let message = format!("{ours} serves alone; the Go operator's proxy Deployment {go} is deleted in {DRAIN:?}");
         Step {
-            condition: Some(condition(ConditionStatus::False, DRAINING, message, now)),
+            condition: Some(condition(ConditionStatus::False, Reason::Draining, message, now)),
             requeue: Some(DRAIN),
             ..Step::NONE
         }
@@ -152,14 +149,14 @@ pub(super) fn step(balancer: &str, stage: &Stage, found: Option<Found>, availabl
         let recorded = *stage == Stage::Serving;
         Step {
             shared_front: true,
-            condition: (!recorded).then(|| condition(ConditionStatus::True, SERVING, message, now)),
+            condition: (!recorded).then(|| condition(ConditionStatus::True, Reason::Serving, message, now)),
             ..Step::NONE
         }
     }
 }
 
 /// The takeover's condition: written once per stage, so it has no earlier time to keep.
-fn condition(status: ConditionStatus, reason: &str, message: String, now: Timestamp) -> Condition {
+fn condition(status: ConditionStatus, reason: Reason, message: String, now: Timestamp) -> Condition {
     Finding { type_: ConditionType::GoOperatorProxy, status, reason, message: &message }.at(now)
 }
 
@@ -175,13 +172,13 @@ mod tests {
     fn the_go_proxy_serves_until_ours_is_available_then_drains_then_goes() {
         let first = step("b", &Stage::Unchecked, Some(Found::Controlled), false, at(0));
         assert!(first.shared_front && !first.delete);
-        assert_eq!(first.condition.as_ref().map(|c| c.reason.as_str()), Some(SERVING));
+        assert_eq!(first.condition.as_ref().map(|c| c.reason.as_str()), Some(Reason::Serving.as_str()));
         let waiting = step("b", &Stage::Serving, None, false, at(5));
         assert_eq!((waiting.shared_front, waiting.condition), (true, None), "nothing new to record");
         let switched = step("b", &Stage::Serving, None, true, at(9));
         assert!(!switched.shared_front && !switched.delete);
         assert_eq!(switched.requeue, Some(DRAIN));
-        assert_eq!(switched.condition.as_ref().map(|c| c.reason.as_str()), Some(DRAINING));
+        assert_eq!(switched.condition.as_ref().map(|c| c.reason.as_str()), Some(Reason::Draining.as_str()));
         let early = step("b", &Stage::Draining { since: at(9) }, None, true, at(15));
         assert_eq!((early.delete, early.requeue), (false, Some(Duration::from_secs(4))));
         let done = step("b", &Stage::Draining { since: at(9) }, None, true, at(19));
@@ -196,7 +193,7 @@ mod tests {
     fn a_namesake_or_nothing_is_left_alone() {
         let other = step("b", &Stage::Unchecked, Some(Found::NotControlled), true, at(0));
         assert!(!other.shared_front && !other.delete);
-        assert_eq!(other.condition.map(|c| c.reason), Some(NOT_CONTROLLED.to_string()));
+        assert_eq!(other.condition.map(|c| c.reason), Some(Reason::NotControlled.as_str().to_string()));
         assert_eq!(step("b", &Stage::Unchecked, Some(Found::Absent), true, at(0)), Step::NONE);
         assert_eq!(step("b", &Stage::Done, None, true, at(0)), Step::NONE);
     }

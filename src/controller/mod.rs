@@ -9,7 +9,7 @@
 //! - orchestration: `reconcile`, which reads the clock once, and `runner`, which runs
 //!   kube-runtime's `Controller` over the `watches`;
 //! - pure decisions: `conditions` (the condition types, and how a new one keeps its transition
-//!   time), `status` (what was observed, which change deserves an event, when a
+//!   time), `reasons` (every reason balancer writes, by its wire name), `status` (what was observed, which change deserves an event, when a
 //!   status write waits), `backends` (each backend's endpoints and share), `plan`
 //!   (whose a child is, what is obsolete), `ssa` (server-side apply bookkeeping), `migration`
 //!   (taking over from the Go operator) and `exposure` (addresses);
@@ -31,6 +31,7 @@ pub(crate) mod metrics;
 mod migration;
 mod plan;
 mod programmed;
+mod reasons;
 mod reconcile;
 mod report;
 mod runner;
@@ -45,6 +46,7 @@ pub use context::{Clients, Context, Options, Scope, error_policy};
 pub use endpoint_slices::{ReadyEndpointSlices, ReadySlice};
 pub use error::{Error, ErrorKind};
 pub use metrics::ControllerMetrics;
+pub use reasons::Reason;
 pub use reconcile::reconcile;
 pub use runner::run;
 pub use status::READINESS_WRITE_INTERVAL;

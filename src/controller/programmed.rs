@@ -16,6 +16,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use k8s_openapi::jiff::Timestamp;
 
 use super::conditions::{ConditionType, Finding};
+use super::reasons::Reason;
 use super::stored::StoredBalancer;
 use crate::api::ConditionStatus;
 use crate::proxy::nginx::config_hash;
@@ -46,23 +47,21 @@ impl Programmed {
     pub(super) fn condition(self, balancer: &StoredBalancer, now: Timestamp) -> Condition {
         let Programmed { serving, pods } = self;
         let (status, reason, message) = match (self.all(), pods) {
-            (true, _) => {
-                (ConditionStatus::True, ALL_SERVE, format!("all {pods} proxy pods serve the current configuration"))
-            }
-            (false, 0) => (ConditionStatus::False, NO_PODS, "no proxy pod is running".to_string()),
+            (true, _) => (
+                ConditionStatus::True,
+                Reason::Applied,
+                format!("all {pods} proxy pods serve the current configuration"),
+            ),
+            (false, 0) => (ConditionStatus::False, Reason::NoProxyPods, "no proxy pod is running".to_string()),
             (false, _) => (
                 ConditionStatus::False,
-                APPLYING,
+                Reason::Applying,
                 format!("{serving} of {pods} proxy pods serve the current configuration"),
             ),
         };
         Finding { type_: ConditionType::Programmed, status, reason, message: &message }.replacing(balancer, now)
     }
 }
-
-const ALL_SERVE: &str = "Applied";
-const APPLYING: &str = "Applying";
-const NO_PODS: &str = "NoProxyPods";
 
 /// The short id a sidecar gives for `nginx_conf` (see [`CONFIG_PATH`]).
 pub(super) fn config_id(nginx_conf: &str) -> String {
@@ -185,13 +184,13 @@ mod tests {
         let now = Timestamp::UNIX_EPOCH;
         let condition = |serving, pods| Programmed { serving, pods }.condition(&balancer, now);
         let all = condition(2, 2);
-        assert_eq!((all.status.as_str(), all.reason.as_str()), ("True", ALL_SERVE));
+        assert_eq!((all.status.as_str(), all.reason.as_str()), ("True", Reason::Applied.as_str()));
         assert_eq!(all.message, "all 2 proxy pods serve the current configuration");
         let some = condition(1, 2);
         assert_eq!(
             (some.status.as_str(), some.message.as_str()),
             ("False", "1 of 2 proxy pods serve the current configuration")
         );
-        assert_eq!(condition(0, 0).reason, NO_PODS);
+        assert_eq!(condition(0, 0).reason, Reason::NoProxyPods.as_str());
     }
 }

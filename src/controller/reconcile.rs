@@ -22,6 +22,7 @@ use super::exposure::Exposure;
 use super::metrics::ReconcileResult;
 use super::plan::{cluster_ip, obsolete_backends};
 use super::programmed::{self, Programmed};
+use super::reasons::Reason;
 use super::report::{StatusWrite, Written, announce, observed_from_cache, publish, write_status};
 use super::status::{Observed, ProxyCounts, names_spec, proxy_condition, ready_condition, served_when_ready};
 use super::stored::StoredBalancer;
@@ -269,12 +270,7 @@ async fn apply_proxy(
     if let Err(e) = budgeted {
         tracing::warn!(balancer = %owner.name, error = %e, "no PodDisruptionBudget for the proxy");
         let note = e.to_string();
-        publish(
-            balancer,
-            ctx,
-            Note { type_: EventType::Warning, reason: "DisruptionBudget", note: &note, related: None },
-        )
-        .await;
+        publish(balancer, ctx, Note::new(EventType::Warning, Reason::DisruptionBudget, &note)).await;
     }
     Ok(deployment)
 }
@@ -305,14 +301,13 @@ async fn refuse(
 ) -> Result<Action, Error> {
     let message = denial_message(&owner.name, errors);
     let observed = observed_from_cache(balancer, ctx);
-    let ready = ready_condition(balancer, ConditionStatus::False, "InvalidSpec", &message, now);
+    let ready = ready_condition(balancer, ConditionStatus::False, Reason::InvalidSpec, &message, now);
     match write_status(balancer, ctx, observed, ready, None, now).await {
         Ok(_) => {}
         // The API server validates the whole object on a status write: one stored under a looser
         // schema cannot get a status until its spec is fixed, so the error goes into an event.
         Err(Error::Api { source: kube::Error::Api(status), .. }) if status.code == 422 && names_spec(&status) => {
-            let note = Note { type_: EventType::Warning, reason: "InvalidSpec", note: &message, related: None };
-            publish(balancer, ctx, note).await;
+            publish(balancer, ctx, Note::new(EventType::Warning, Reason::InvalidSpec, &message)).await;
         }
         Err(e) => return Err(e),
     }
@@ -323,8 +318,8 @@ async fn refuse(
 async fn report_failure(balancer: &StoredBalancer, ctx: &Context, error: &Error, now: Timestamp) {
     let observed = observed_from_cache(balancer, ctx);
     let reason = match error {
-        Error::Conflict { .. } => "Conflict",
-        _ => "ReconcileError",
+        Error::Conflict { .. } => Reason::Conflict,
+        _ => Reason::ReconcileError,
     };
     let ready = ready_condition(balancer, ConditionStatus::False, reason, &error.to_string(), now);
     if let Err(e) = write_status(balancer, ctx, observed, ready, None, now).await {

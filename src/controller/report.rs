@@ -15,6 +15,7 @@ use super::conditions::{ConditionType, find};
 use super::context::Context;
 use super::exposure::Exposure;
 use super::plan::owned_backend_services;
+use super::reasons::Reason;
 use super::status::{Observed, ProxyCounts, hold, interval_left, next_status, ready_event};
 use super::stored::StoredBalancer;
 use crate::proxy::Owner;
@@ -60,7 +61,7 @@ pub(super) async fn announce(balancer: &StoredBalancer, ctx: &Context, written: 
         (!names.is_empty()).then(|| names.join(", "))
     };
     let (created, updated) = (list(Verb::Created), list(Verb::Updated));
-    let reason = if created.is_some() { "Created" } else { "Updated" };
+    let reason = if created.is_some() { Reason::Created } else { Reason::Updated };
     let parts: Vec<String> = [("created", created), ("updated", updated)]
         .into_iter()
         .filter_map(|(verb, names)| names.map(|n| format!("{verb} {n}")))
@@ -68,7 +69,7 @@ pub(super) async fn announce(balancer: &StoredBalancer, ctx: &Context, written: 
     // The first child written becomes the event's `related` object: it is part of what
     // identifies a series, so events about different children are not folded together.
     let note = parts.join("; ");
-    publish(balancer, ctx, Note { type_: EventType::Normal, reason, note: &note, related: Some(first.clone()) }).await;
+    publish(balancer, ctx, Note::new(EventType::Normal, reason, &note).related(Some(first.clone()))).await;
 }
 
 /// What the caches alone show (when a reconcile could not finish): owned backend Services the
@@ -126,9 +127,10 @@ pub(super) async fn write_status(
     api.patch_status(&name, &PatchParams::default(), &patch).await.map_err(status_error)?;
     ctx.status_writes().insert(uid, now);
     let was = find(balancer.status.as_ref(), ConditionType::Ready);
-    if let Some(type_) = ready_event(was, &ready) {
-        let note = Note { type_, reason: &ready.reason, note: &ready.message, related: None };
-        publish(balancer, ctx, note).await;
+    if let Some(type_) = ready_event(was, &ready)
+        && let Some(reason) = Reason::of(&ready.reason)
+    {
+        publish(balancer, ctx, Note::new(type_, reason, &ready.message)).await;
     }
     Ok(StatusWrite::Done)
 }
@@ -139,8 +141,8 @@ pub(super) async fn write_status(
 pub(super) async fn publish(balancer: &StoredBalancer, ctx: &Context, note: Note<'_>) {
     // The events API refuses notes over 1 KiB.
     let cut_note = cut(note.note, 1024);
-    let Note { type_, reason, related, .. } = note;
-    match ctx.events.publish(&balancer.object_ref(&()), Note { type_, reason, note: &cut_note, related }).await {
+    let reason = note.reason();
+    match ctx.events.publish(&balancer.object_ref(&()), note.with_note(&cut_note)).await {
         Ok(Published::Sent) => {}
         Ok(Published::Dropped) => {
             ctx.metrics.event_dropped();

@@ -12,6 +12,7 @@ use super::backends::Backends;
 use super::conditions::{ConditionType, Finding, find, is_true};
 use super::exposure::Exposure;
 use super::programmed::Programmed;
+use super::reasons::Reason;
 use super::stored::StoredBalancer;
 use crate::api::{BalancerStatus, ConditionStatus};
 use crate::proxy;
@@ -74,33 +75,19 @@ pub(super) fn proxy_condition(
     let available = status.available_replicas.unwrap_or(0);
     if want == 0 {
         let message = format!("proxy Deployment {name} is scaled to zero: no traffic is served");
-        return ready_condition(balancer, ConditionStatus::False, SCALED_TO_ZERO, &message, now);
+        return ready_condition(balancer, ConditionStatus::False, Reason::ScaledToZero, &message, now);
     }
     if observed && updated >= want && old <= 0 && available >= want {
         let message = format!("proxy Deployment {name} is available ({available}/{want}); {active} backends active");
-        ready_condition(balancer, ConditionStatus::True, PROXY_AVAILABLE, &message, now)
+        ready_condition(balancer, ConditionStatus::True, Reason::ProxyAvailable, &message, now)
     } else {
         // The message gives only the available count: the updated count changes as the
         // Deployment controller starts a rollout, and every change of the message costs a status
         // write.
         let message = format!("waiting for proxy Deployment {name} to roll out ({available}/{want} available)");
-        ready_condition(balancer, ConditionStatus::False, PROXY_NOT_AVAILABLE, &message, now)
+        ready_condition(balancer, ConditionStatus::False, Reason::ProxyNotAvailable, &message, now)
     }
 }
-
-/// The `Ready` reasons of a reconcile that got as far as the proxy: available, rolling out,
-/// scaled to zero.
-const PROXY_AVAILABLE: &str = "ProxyAvailable";
-
-pub(super) const PROXY_NOT_AVAILABLE: &str = "ProxyNotAvailable";
-
-const SCALED_TO_ZERO: &str = "ScaledToZero";
-
-/// Available, but not every proxy pod serves the configuration yet (live delivery).
-const CONFIGURATION_NOT_SERVED: &str = "ConfigurationNotServed";
-
-pub(super) const PROXY_REASONS: [&str; 4] =
-    [PROXY_AVAILABLE, PROXY_NOT_AVAILABLE, SCALED_TO_ZERO, CONFIGURATION_NOT_SERVED];
 
 /// `ready`, unless the Balancer is becoming Ready (with live delivery) while some proxy pod
 /// does not serve the current configuration yet, or while its front Service lists no ready
@@ -121,14 +108,14 @@ pub(super) fn served_when_ready(
         (true, 0) => "waiting for the front Service to list a ready proxy pod".to_string(),
         (true, _) => return ready,
     };
-    ready_condition(balancer, ConditionStatus::False, CONFIGURATION_NOT_SERVED, &message, now)
+    ready_condition(balancer, ConditionStatus::False, Reason::ConfigurationNotServed, &message, now)
 }
 
 /// The `Ready` condition with `status` for `reason`, as of `now`.
 pub(super) fn ready_condition(
     balancer: &StoredBalancer,
     status: ConditionStatus,
-    reason: &str,
+    reason: Reason,
     message: &str,
     now: Timestamp,
 ) -> Condition {
@@ -237,7 +224,7 @@ pub(super) fn names_spec(status: &kube::core::Status) -> bool {
 /// The event a change of `Ready` deserves, if any: every change of status or reason, but not a
 /// new Balancer waiting for its first proxy pods (progress, not a warning).
 pub(super) fn ready_event(was: Option<&Condition>, ready: &Condition) -> Option<EventType> {
-    let first_rollout = was.is_none() && ready.reason == PROXY_NOT_AVAILABLE;
+    let first_rollout = was.is_none() && ready.reason == Reason::ProxyNotAvailable.as_str();
     let changed = was.is_none_or(|c| c.status != ready.status || c.reason != ready.reason);
     match (first_rollout, changed) {
         (false, true) if is_true(ready) => Some(EventType::Normal),
@@ -301,15 +288,20 @@ mod tests {
         let stale = DeploymentStatus { observed_generation: Some(2), ..rolled_out(2) };
         let old_pod_left = DeploymentStatus { replicas: Some(3), ..rolled_out(2) };
         let cases = [
-            (deployment(2, rolled_out(2)), "True", PROXY_AVAILABLE),
-            (deployment(2, stale), "False", PROXY_NOT_AVAILABLE),
-            (deployment(2, old_pod_left), "False", PROXY_NOT_AVAILABLE),
-            (deployment(2, rolled_out(1)), "False", PROXY_NOT_AVAILABLE),
-            (deployment(0, rolled_out(0)), "False", SCALED_TO_ZERO),
+            (deployment(2, rolled_out(2)), "True", Reason::ProxyAvailable),
+            (deployment(2, stale), "False", Reason::ProxyNotAvailable),
+            (deployment(2, old_pod_left), "False", Reason::ProxyNotAvailable),
+            (deployment(2, rolled_out(1)), "False", Reason::ProxyNotAvailable),
+            (deployment(0, rolled_out(0)), "False", Reason::ScaledToZero),
         ];
         for (deployment, status, reason) in cases {
             let ready = proxy_condition(&balancer(None), &deployment, 3, at(NOW));
-            assert_eq!((ready.status.as_str(), ready.reason.as_str()), (status, reason), "{:?}", deployment.status);
+            assert_eq!(
+                (ready.status.as_str(), ready.reason.as_str()),
+                (status, reason.as_str()),
+                "{:?}",
+                deployment.status
+            );
             assert_eq!(ready.observed_generation, Some(2));
         }
     }
@@ -317,28 +309,47 @@ mod tests {
     #[test]
     fn the_transition_time_moves_only_when_the_status_flips() {
         use ConditionStatus::{False, True};
-        let moved_at = |was: Option<(&str, &str)>, status: ConditionStatus, reason: &str| {
+        let moved_at = |was: Option<(&str, &str)>, status: ConditionStatus, reason: Reason| {
             ready_condition(&balancer(was), status, reason, "", at(NOW)).last_transition_time
         };
-        assert_eq!(moved_at(Some(("True", PROXY_AVAILABLE)), True, PROXY_AVAILABLE), Time(at(EARLIER)));
-        let reason_only = moved_at(Some(("False", "InvalidSpec")), False, SCALED_TO_ZERO);
+        assert_eq!(
+            moved_at(Some(("True", Reason::ProxyAvailable.as_str())), True, Reason::ProxyAvailable),
+            Time(at(EARLIER))
+        );
+        let reason_only = moved_at(Some(("False", Reason::InvalidSpec.as_str())), False, Reason::ScaledToZero);
         assert_eq!(reason_only, Time(at(EARLIER)), "the same status with a new reason");
-        assert_eq!(moved_at(Some(("False", PROXY_NOT_AVAILABLE)), True, PROXY_AVAILABLE), Time(at(NOW)));
-        assert_eq!(moved_at(None, False, PROXY_NOT_AVAILABLE), Time(at(NOW)));
+        assert_eq!(
+            moved_at(Some(("False", Reason::ProxyNotAvailable.as_str())), True, Reason::ProxyAvailable),
+            Time(at(NOW))
+        );
+        assert_eq!(moved_at(None, False, Reason::ProxyNotAvailable), Time(at(NOW)));
     }
 
     #[test]
     fn every_change_of_ready_is_an_event_but_a_first_rollout() {
-        let ready =
-            |status: &str, reason: &str| ready_condition(&balancer(None), status.parse().unwrap(), reason, "", at(NOW));
+        let ready = |status: &str, reason: Reason| {
+            ready_condition(&balancer(None), status.parse().unwrap(), reason, "", at(NOW))
+        };
         let cases = [
-            (None, ready("False", PROXY_NOT_AVAILABLE), None),
-            (None, ready("True", PROXY_AVAILABLE), Some(EventType::Normal)),
-            (None, ready("False", "InvalidSpec"), Some(EventType::Warning)),
-            (Some(ready("False", PROXY_NOT_AVAILABLE)), ready("True", PROXY_AVAILABLE), Some(EventType::Normal)),
-            (Some(ready("True", PROXY_AVAILABLE)), ready("True", PROXY_AVAILABLE), None),
-            (Some(ready("True", PROXY_AVAILABLE)), ready("False", PROXY_NOT_AVAILABLE), Some(EventType::Warning)),
-            (Some(ready("False", PROXY_NOT_AVAILABLE)), ready("False", SCALED_TO_ZERO), Some(EventType::Warning)),
+            (None, ready("False", Reason::ProxyNotAvailable), None),
+            (None, ready("True", Reason::ProxyAvailable), Some(EventType::Normal)),
+            (None, ready("False", Reason::InvalidSpec), Some(EventType::Warning)),
+            (
+                Some(ready("False", Reason::ProxyNotAvailable)),
+                ready("True", Reason::ProxyAvailable),
+                Some(EventType::Normal),
+            ),
+            (Some(ready("True", Reason::ProxyAvailable)), ready("True", Reason::ProxyAvailable), None),
+            (
+                Some(ready("True", Reason::ProxyAvailable)),
+                ready("False", Reason::ProxyNotAvailable),
+                Some(EventType::Warning),
+            ),
+            (
+                Some(ready("False", Reason::ProxyNotAvailable)),
+                ready("False", Reason::ScaledToZero),
+                Some(EventType::Warning),
+            ),
         ];
         for (was, now, event) in cases {
             assert_eq!(
@@ -370,7 +381,7 @@ mod tests {
 
     #[test]
     fn the_next_status_replaces_ready_and_keeps_other_conditions() {
-        let mut stored = balancer(Some(("False", PROXY_NOT_AVAILABLE)));
+        let mut stored = balancer(Some(("False", Reason::ProxyNotAvailable.as_str())));
         let other = Condition { type_: "Other".into(), ..stored.status.as_ref().unwrap().conditions[0].clone() };
         stored.status.as_mut().unwrap().conditions.push(other.clone());
         let counts = Observed {
@@ -381,7 +392,7 @@ mod tests {
             backends: None,
             programmed: None,
         };
-        let ready = ready_condition(&stored, ConditionStatus::True, PROXY_AVAILABLE, "serving", at(NOW));
+        let ready = ready_condition(&stored, ConditionStatus::True, Reason::ProxyAvailable, "serving", at(NOW));
         let status = next_status(&stored, counts, ready.clone(), None);
         assert_eq!(status.conditions, vec![ready, other], "replaced in place");
         assert_eq!((status.active_backends, status.obsolete_backends), (3, 1));
@@ -391,16 +402,20 @@ mod tests {
 
     #[test]
     fn a_new_balancer_is_ready_only_once_its_proxies_serve_and_its_front_lists_one() {
-        let available = |b: &StoredBalancer| ready_condition(b, ConditionStatus::True, PROXY_AVAILABLE, "ok", at(NOW));
-        let (new, ready) = (balancer(Some(("False", PROXY_NOT_AVAILABLE))), balancer(Some(("True", PROXY_AVAILABLE))));
+        let available =
+            |b: &StoredBalancer| ready_condition(b, ConditionStatus::True, Reason::ProxyAvailable, "ok", at(NOW));
+        let (new, ready) = (
+            balancer(Some(("False", Reason::ProxyNotAvailable.as_str()))),
+            balancer(Some(("True", Reason::ProxyAvailable.as_str()))),
+        );
         let half = Some(Programmed { serving: 1, pods: 2 });
         let all = Some(Programmed { serving: 2, pods: 2 });
         let reason = |b: &StoredBalancer, p: Option<Programmed>, front: u32| {
             let c = served_when_ready(b, available(b), p, front, at(NOW));
             (c.status, c.reason)
         };
-        let waiting = ("False".to_string(), CONFIGURATION_NOT_SERVED.to_string());
-        let served = ("True".to_string(), PROXY_AVAILABLE.to_string());
+        let waiting = ("False".to_string(), Reason::ConfigurationNotServed.as_str().to_string());
+        let served = ("True".to_string(), Reason::ProxyAvailable.as_str().to_string());
         assert_eq!(reason(&new, half, 2), waiting, "a pod on an earlier configuration");
         assert_eq!(reason(&new, all, 0), waiting, "nothing reaches the proxy yet");
         assert_eq!(reason(&new, all, 2), served);

@@ -36,13 +36,40 @@ pub enum EventType {
     Warning,
 }
 
+/// A reason an event gives: the typed enum of the layer that publishes it, written by its wire
+/// name. This layer knows no Balancer, so the reasons themselves live with the controller.
+pub trait EventReason: Copy + Into<&'static str> {}
+
 /// One event: about `regarding`, optionally naming a `related` object.
 #[derive(Debug, Clone)]
 pub struct Note<'a> {
     pub type_: EventType,
-    pub reason: &'a str,
+    /// Only from an [`EventReason`], so that no event carries a reason written inline.
+    reason: &'static str,
     pub note: &'a str,
     pub related: Option<ObjectReference>,
+}
+
+impl<'a> Note<'a> {
+    /// A note for `reason`, about no other object.
+    pub fn new(type_: EventType, reason: impl EventReason, note: &'a str) -> Self {
+        Note { type_, reason: reason.into(), note, related: None }
+    }
+
+    /// The same note, naming `related` (part of what tells two series apart).
+    pub fn related(self, related: Option<ObjectReference>) -> Self {
+        Note { related, ..self }
+    }
+
+    /// The same note with another text (a cut one, say).
+    pub fn with_note<'b>(self, note: &'b str) -> Note<'b> {
+        Note { type_: self.type_, reason: self.reason, note, related: self.related }
+    }
+
+    /// The reason's wire name.
+    pub fn reason(&self) -> &'static str {
+        self.reason
+    }
 }
 
 /// Whether an event went out.
@@ -194,7 +221,12 @@ mod tests {
     #[test]
     fn the_same_event_has_the_same_digest_and_another_note_another() {
         let regarding = ObjectReference { uid: Some("u".into()), name: Some("b".into()), ..Default::default() };
-        let note = |text| Note { type_: EventType::Normal, reason: "Updated", note: text, related: None };
+        #[derive(Clone, Copy, strum::IntoStaticStr)]
+        enum Test {
+            Updated,
+        }
+        impl EventReason for Test {}
+        let note = |text| Note::new(EventType::Normal, Test::Updated, text);
         assert_eq!(digest(&regarding, &note("updated ConfigMap x")), digest(&regarding, &note("updated ConfigMap x")));
         assert_ne!(digest(&regarding, &note("updated ConfigMap x")), digest(&regarding, &note("updated Deployment y")));
     }

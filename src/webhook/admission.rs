@@ -29,15 +29,17 @@ use crate::util::echo::cut;
 /// Most warnings returned in one answer.
 pub const MAX_WARNINGS: usize = 16;
 
-/// Which webhook serves a review.
-#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+/// Which webhook serves a review; the metrics' `webhook` label.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, strum::IntoStaticStr, strum::VariantArray)]
+#[strum(serialize_all = "snake_case")]
 pub enum Webhook {
     Validate,
     Mutate,
 }
 
-/// How a review ended.
-#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+/// How a review ended; the metrics' `outcome` label.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, strum::IntoStaticStr, strum::VariantArray)]
+#[strum(serialize_all = "snake_case")]
 pub enum Outcome {
     /// Allowed with no changes.
     Allowed,
@@ -50,22 +52,16 @@ pub enum Outcome {
 }
 
 impl Webhook {
+    /// The webhook as its metrics label names it.
     pub fn as_str(self) -> &'static str {
-        match self {
-            Webhook::Validate => "validate",
-            Webhook::Mutate => "mutate",
-        }
+        self.into()
     }
 }
 
 impl Outcome {
+    /// The outcome as its metrics label names it.
     pub fn as_str(self) -> &'static str {
-        match self {
-            Outcome::Allowed => "allowed",
-            Outcome::Denied => "denied",
-            Outcome::Patched => "patched",
-            Outcome::BadRequest => "bad_request",
-        }
+        self.into()
     }
 }
 

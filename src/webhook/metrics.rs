@@ -67,8 +67,10 @@ struct AdmissionSeries {
     requests: [Counter; 4],
 }
 
-const OUTCOMES: [Outcome; 4] = [Outcome::Allowed, Outcome::Denied, Outcome::Patched, Outcome::BadRequest];
-const WEBHOOKS: [Webhook; 2] = [Webhook::Validate, Webhook::Mutate];
+const OUTCOMES: &[Outcome] = <Outcome as strum::VariantArray>::VARIANTS;
+const WEBHOOKS: &[Webhook] = <Webhook as strum::VariantArray>::VARIANTS;
+// The series arrays are sized by these: a new variant must grow them.
+const _: () = assert!(WEBHOOKS.len() == 2 && OUTCOMES.len() == 4);
 
 /// The webhooks: reviews by outcome, their latency, and those in flight.
 pub struct AdmissionMetrics {
@@ -91,10 +93,15 @@ impl AdmissionMetrics {
             duration.clone(),
         );
         registry.register("admission_in_flight_requests", "Admission reviews being answered now", in_flight.clone());
-        let series = WEBHOOKS.map(|webhook| AdmissionSeries {
-            in_flight: in_flight.get_or_create(&WebhookLabels { webhook }).clone(),
-            duration: duration.get_or_create(&WebhookLabels { webhook }).clone(),
-            requests: OUTCOMES.map(|outcome| requests.get_or_create(&AdmissionLabels { webhook, outcome }).clone()),
+        let series = std::array::from_fn(|w| {
+            let webhook = WEBHOOKS[w];
+            AdmissionSeries {
+                in_flight: in_flight.get_or_create(&WebhookLabels { webhook }).clone(),
+                duration: duration.get_or_create(&WebhookLabels { webhook }).clone(),
+                requests: std::array::from_fn(|o| {
+                    requests.get_or_create(&AdmissionLabels { webhook, outcome: OUTCOMES[o] }).clone()
+                }),
+            }
         });
         let conversions = Family::<ConversionLabels, Counter>::default();
         let conversion_duration = latency_histogram();

@@ -8,8 +8,8 @@ use axum::http::{Method, Response, StatusCode};
 use balancer::api::{Balancer, BalancerStatus};
 use balancer::controller::StoredBalancer;
 use balancer::controller::{
-    self, Cached, ChildCaches, Context, ErrorKind, IdentityCaches, ReadyEndpointSlices, ReadySlice, error_policy,
-    reconcile,
+    self, Cached, ChildCaches, Context, ErrorKind, IdentityCaches, ReadyEndpointSlices, ReadySlice, Reason,
+    error_policy, reconcile,
 };
 use balancer::manager::Metrics;
 use balancer::proxy::{self, BackendHosts, Owner, ProxySettings};
@@ -904,7 +904,7 @@ async fn a_repeated_event_is_folded_into_its_series() {
         ok(respond, &event);
     });
     for _ in 0..2 {
-        let note = Note { type_: EventType::Normal, reason: "Updated", note: "updated ConfigMap x", related: None };
+        let note = Note::new(EventType::Normal, Reason::Updated, "updated ConfigMap x");
         assert_eq!(events.publish(&regarding, note).await.unwrap(), Published::Sent);
     }
     verifier.await.unwrap();
