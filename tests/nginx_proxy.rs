@@ -34,7 +34,7 @@ use std::time::{Duration, Instant};
 
 use balancer::api::{BackendSpec, BalancerPort, BalancerSpec};
 use balancer::exporter;
-use balancer::proxy::model::{MODEL_FILE, ProxyConfig, ServiceUpstreams, Targets};
+use balancer::proxy::model::{Destination, MODEL_FILE, ProxyConfig, ServiceUpstreams, Targets};
 use balancer::proxy::nginx;
 use balancer::spec::ObjectName;
 use balancer::spec::SpecPolicy;
@@ -346,10 +346,10 @@ async fn udp_backend(name: &str, ip: Ipv4Addr, reply: String) -> Backend {
 }
 
 /// Where nginx reaches each backend: its own loopback address and server port.
-fn addresses(backends: &[Backend]) -> impl Fn(&BackendSpec, &BalancerPort) -> String + '_ {
+fn addresses(backends: &[Backend]) -> impl Fn(&BackendSpec, &BalancerPort) -> Destination + '_ {
     move |backend: &BackendSpec, _: &BalancerPort| {
         let server = backends.iter().find(|b| b.name == backend.name).expect("a server per backend");
-        server.addr.to_string()
+        Destination::Address(server.addr)
     }
 }
 
@@ -631,7 +631,7 @@ async fn tcp_and_udp_on_the_same_port_number_reach_their_own_servers() {
     }
     let address = |b: &BackendSpec, p: &BalancerPort| {
         let servers = if p.written_protocol() == "UDP" { &udp } else { &tcp };
-        servers.iter().find(|s| s.name == b.name).expect("server").addr.to_string()
+        Destination::Address(servers.iter().find(|s| s.name == b.name).expect("server").addr)
     };
     let spec = |p: u16| {
         admitted(BalancerSpec {
@@ -714,10 +714,10 @@ async fn udp_sessions_end_once_answered() {
 // ---------------------------------------------------------------------------
 
 /// Distinct loopback addresses for up to 254 backends, at the Balancer port's number.
-fn loopback_addresses(spec: &BalancerSpec) -> impl Fn(&BackendSpec, &BalancerPort) -> String + '_ {
+fn loopback_addresses(spec: &BalancerSpec) -> impl Fn(&BackendSpec, &BalancerPort) -> Destination + '_ {
     move |backend: &BackendSpec, port: &BalancerPort| {
         let i = spec.backends.iter().position(|b| b.name == backend.name).expect("backend of this spec");
-        format!("127.0.0.{}:{}", i + 2, port.port)
+        format!("127.0.0.{}:{}", i + 2, port.port).parse().map(Destination::Address).expect("an address")
     }
 }
 
@@ -890,8 +890,8 @@ async fn refused_attempts(bin: &NginxBinary, max_fails: i32) -> (usize, usize) {
     // A port nothing listens on: connections to it are refused at once.
     let dead = TcpListener::bind((BACKEND_IPS[1], 0)).await.expect("bind").local_addr().expect("addr");
     let address = move |backend: &BackendSpec, _: &BalancerPort| match backend.name.as_str() {
-        "live" => live.addr.to_string(),
-        _ => dead.to_string(),
+        "live" => Destination::Address(live.addr),
+        _ => Destination::Address(dead),
     };
     let spec = |p: u16| {
         let mut spec = sample_spec(p);
@@ -1040,8 +1040,8 @@ async fn the_metrics_sidecar_counts_connect_failures_against_the_refusing_backen
     drop(refusing);
     let live = &backends;
     let address = move |backend: &BackendSpec, _: &BalancerPort| match live.iter().find(|b| b.name == backend.name) {
-        Some(server) => server.addr.to_string(),
-        None => refused_addr.to_string(),
+        Some(server) => Destination::Address(server.addr),
+        None => Destination::Address(refused_addr),
     };
     let spec = |p| {
         let mut spec = sample_spec(p);
@@ -1174,8 +1174,8 @@ async fn a_backup_takes_connections_only_when_the_others_refuse() {
     let spare = tcp_backend("spare", BACKEND_IPS[1], "spare".into()).await;
     let (primary_addr, spare_addr) = (primary.addr, spare.addr);
     let address = move |backend: &BackendSpec, _: &BalancerPort| match backend.name.as_str() {
-        "primary" => primary_addr.to_string(),
-        _ => spare_addr.to_string(),
+        "primary" => Destination::Address(primary_addr),
+        _ => Destination::Address(spare_addr),
     };
     let spec = |p| {
         let mut spec = sample_spec(p);
@@ -1252,7 +1252,7 @@ async fn proxy_protocol_backend(bin: &NginxBinary) -> (Nginx, SocketAddr) {
 async fn the_proxy_protocol_carries_the_clients_address_to_the_backend() {
     let Some(bin) = nginx_binary() else { return };
     let (_backend, backend_addr) = proxy_protocol_backend(&bin).await;
-    let address = move |_: &BackendSpec, _: &BalancerPort| backend_addr.to_string();
+    let address = move |_: &BackendSpec, _: &BalancerPort| Destination::Address(backend_addr);
     let spec = |p, accept: bool| {
         let mut spec = sample_spec(p);
         spec.backends = vec![backend("v1", 1)];
@@ -1366,11 +1366,12 @@ fn pod_upstream_conf(spec: &Admitted, pods: &[Vec<Backend>], dead: &[SocketAddr]
         |backend: &BackendSpec| spec.backends.iter().position(|b| b.name == backend.name).expect("a backend");
     let targets = |backend: &BackendSpec, _: AdmittedPort<'_>| {
         let i = position(backend);
-        let mut addresses: Vec<String> = pods[i].iter().map(|p| p.addr.to_string()).collect();
+        let mut addresses: Vec<SocketAddr> = pods[i].iter().map(|p| p.addr).collect();
         if i == 0 {
-            addresses.extend(dead.iter().map(SocketAddr::to_string));
+            addresses.extend(dead);
         }
-        Targets::Pods { service: format!("127.0.0.{}:1", 10 + i), pods: addresses }
+        let service = format!("127.0.0.{}:1", 10 + i).parse().map(Destination::Address).expect("an address");
+        Targets::Pods { service, pods: addresses }
     };
     nginx::write(&ProxyConfig::of("pods", spec, &[], None, &&targets))
 }
@@ -1469,8 +1470,8 @@ async fn an_ipv6_client_is_served() {
                     server { listen 127.0.0.3:9001; return \"v2\\n\"; }\n}\n";
     let _backends = Nginx::start_in(Some(&netns.0), &bin, backends).await.expect("the backends start");
     let address = |backend: &BackendSpec, _: &BalancerPort| match backend.name.as_str() {
-        "v1" => "127.0.0.2:9001".to_string(),
-        _ => "127.0.0.3:9001".to_string(),
+        "v1" => Destination::Address(SocketAddr::from(([127, 0, 0, 2], 9001))),
+        _ => Destination::Address(SocketAddr::from(([127, 0, 0, 3], 9001))),
     };
     let mut spec = sample_spec(listen);
     spec.backends = vec![backend("v1", 3), backend("v2", 1)];

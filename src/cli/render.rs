@@ -10,7 +10,7 @@ use super::args::RenderArgs;
 use super::io::rewrite;
 use super::yaml::{YamlError, admit_document, balancer_documents, doc_name};
 use crate::api::{GROUP, KIND, STORAGE_VERSION};
-use crate::proxy::{BackendHosts, Owner, ProxySettings, backend_services, proxy, proxy_disruption_budget};
+use crate::proxy::{BackendTarget, Owner, ProxySettings, backend_services, proxy, proxy_disruption_budget};
 use crate::spec::denial_message;
 
 /// Stands in for the uid the API server assigns, which a file does not have.
@@ -52,7 +52,7 @@ pub fn render_yaml(
                 block_owner_deletion: Some(true),
             },
         };
-        let proxy = proxy(&owner, &spec, settings, BackendHosts::ServiceNames, None);
+        let proxy = proxy(&owner, &spec, settings, &BackendTarget::previews(&spec));
         let _ = writeln!(out, "# Balancer {namespace}/{name} ({source_name}, document {document})");
         let _ = writeln!(out, "# ownerReferences carry a placeholder uid; the API server assigns the real one.");
         let _ = writeln!(out, "# nginx.conf names the backend Services; the controller writes their cluster IPs.");

@@ -19,6 +19,7 @@
 //! each, and is bounded per slice (see [`MAX_ENDPOINTS_PER_SLICE`]).
 
 use std::collections::{HashMap, HashSet};
+use std::net::IpAddr;
 use std::sync::{Arc, RwLock};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -71,12 +72,12 @@ pub struct ReadySlice {
     live: Arc<[LiveEndpoint]>,
 }
 
-/// A ready endpoint: what it stands for (see [`ReadySlice`]) and its first address (empty when
-/// it has none).
+/// A ready endpoint: what it stands for (see [`ReadySlice`]) and its first address, when that
+/// is an IP address.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub struct ReadyEndpoint {
     identity: Box<str>,
-    address: Box<str>,
+    address: Option<IpAddr>,
 }
 
 /// A pod behind a front Service that is not terminating: its name (from `targetRef`) and its
@@ -84,7 +85,7 @@ pub struct ReadyEndpoint {
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub struct LiveEndpoint {
     pub pod: Box<str>,
-    pub address: Box<str>,
+    pub address: IpAddr,
 }
 
 impl ReadySlice {
@@ -201,18 +202,18 @@ fn bounded(mut identity: String) -> Box<str> {
     identity.into_boxed_str()
 }
 
-/// An endpoint's first address, written as nginx writes it (`$upstream_addr`), when it is an IP
-/// address; empty for a name (an `FQDN` slice's), which the proxy cannot send to.
-fn ip_address(endpoint: &Endpoint) -> String {
+/// An endpoint's first address, when it is an IP address; `None` for a name (an `FQDN`
+/// slice's), which the proxy cannot send to.
+fn ip_address(endpoint: &Endpoint) -> Option<IpAddr> {
     let first = endpoint.addresses.iter().flatten().find(|a| !a.is_empty());
-    first.and_then(|a| a.parse::<std::net::IpAddr>().ok()).map(|ip| ip.to_string()).unwrap_or_default()
+    first.and_then(|a| a.parse().ok())
 }
 
 /// The ready endpoints, sorted by identity and distinct, [`MAX_ENDPOINTS_PER_SLICE`] at most.
 fn ready_endpoints(endpoints: &[Endpoint], slice_namespace: &str) -> Arc<[ReadyEndpoint]> {
     let ready_endpoint = |endpoint: &Endpoint| {
         let identity = bounded(endpoint.identity(slice_namespace)?);
-        Some(ReadyEndpoint { identity, address: ip_address(endpoint).into_boxed_str() })
+        Some(ReadyEndpoint { identity, address: ip_address(endpoint) })
     };
     let mut ready: Vec<ReadyEndpoint> = endpoints
         .iter()
@@ -231,8 +232,7 @@ fn live_endpoints(endpoints: &[Endpoint]) -> Arc<[LiveEndpoint]> {
     let terminating = |e: &Endpoint| e.conditions.as_ref().and_then(|c| c.terminating).unwrap_or(false);
     let live_endpoint = |endpoint: &Endpoint| {
         let pod = endpoint.target_ref.as_ref()?.name.clone().filter(|n| !n.is_empty())?;
-        let address = endpoint.addresses.iter().flatten().find(|a| !a.is_empty())?.clone();
-        Some(LiveEndpoint { pod: bounded(pod), address: bounded(address) })
+        Some(LiveEndpoint { pod: bounded(pod), address: ip_address(endpoint)? })
     };
     let mut live: Vec<LiveEndpoint> = endpoints
         .iter()
@@ -279,8 +279,8 @@ impl<'de> Deserialize<'de> for ReadySlice {
 }
 
 /// Where [`ReadyEndpointSlices::ready_pods`] takes an endpoint from: its rank (IPv6, then the
-/// slice's key), the endpoint, and the slice's ports.
-type Listing<'a> = ((bool, &'a str), &'a ReadyEndpoint, &'a Arc<[PodPort]>);
+/// slice's key), the endpoint's address, and the slice's ports.
+type Listing<'a> = ((bool, &'a str), IpAddr, &'a Arc<[PodPort]>);
 
 /// The ready endpoints of every backend Service, from the watch of their slices.
 #[derive(Clone, Default)]
@@ -362,35 +362,34 @@ impl ReadyEndpointSlices {
         let mut by_identity: HashMap<&str, Listing<'_>> = HashMap::new();
         let slices = table.slices.iter().filter(|(_, slice)| slice.service == service);
         for (name, slice) in slices {
-            for endpoint in slice.ready.iter().filter(|e| !e.address.is_empty()) {
+            for (endpoint, address) in slice.ready.iter().filter_map(|e| Some((e, e.address?))) {
                 let rank = (slice.ipv6, &**name);
-                let entry = by_identity.entry(&endpoint.identity).or_insert((rank, endpoint, &slice.ports));
+                let entry = by_identity.entry(&endpoint.identity).or_insert((rank, address, &slice.ports));
                 if rank < entry.0 {
-                    *entry = (rank, endpoint, &slice.ports);
+                    *entry = (rank, address, &slice.ports);
                 }
             }
         }
-        let mut pods: Vec<ReadyPod> = by_identity
-            .into_values()
-            .map(|(_, endpoint, ports)| ReadyPod { address: endpoint.address.to_string(), ports: ports.to_vec() })
-            .collect();
-        pods.sort_unstable();
+        let mut pods: Vec<ReadyPod> =
+            by_identity.into_values().map(|(_, address, ports)| ReadyPod { address, ports: ports.to_vec() }).collect();
+        // By the address as text, the order nginx.conf lists the servers in.
+        pods.sort_unstable_by_key(|pod| (pod.address.to_string(), pod.ports.clone()));
         pods
     }
 
     /// The addresses of the front Service `name`'s endpoints that are not terminating and whose
     /// pod's name starts with `pod_prefix` (its proxy pods, ready or not yet, and not a Go
     /// operator's proxy pod it also selects during a takeover), across its slices, distinct.
-    pub fn live_addresses(&self, namespace: &str, name: &str, pod_prefix: &str) -> Vec<String> {
+    pub fn live_addresses(&self, namespace: &str, name: &str, pod_prefix: &str) -> Vec<IpAddr> {
         let service = key(namespace, name);
         let table = self.read();
-        let mut live: Vec<String> = table
+        let mut live: Vec<IpAddr> = table
             .slices
             .values()
             .filter(|slice| slice.service == service)
             .flat_map(|slice| slice.live.iter())
             .filter(|endpoint| endpoint.pod.starts_with(pod_prefix))
-            .map(|endpoint| endpoint.address.to_string())
+            .map(|endpoint| endpoint.address)
             .collect();
         live.sort_unstable();
         live.dedup();
@@ -520,8 +519,9 @@ mod tests {
         let first = front_slice("lb-aaaaa", vec![pod("a", "10.244.0.5", ready()), pod("b", "10.244.0.6", starting)]);
         let second = front_slice("lb-bbbbb", vec![pod("c", "10.244.1.5", leaving), pod("a", "10.244.0.5", ready())]);
         let table = listed(&[first, second, slice("lb-v1-ccccc", "lb-v1", vec![pod("d", "10.244.2.5", ready())])]);
-        assert_eq!(table.live_addresses("ns", "lb", ""), ["10.244.0.5", "10.244.0.6"]);
-        assert_eq!(table.live_addresses("ns", "lb", "b"), ["10.244.0.6"], "only the pods named so");
+        let ip = |text: &str| text.parse::<IpAddr>().unwrap();
+        assert_eq!(table.live_addresses("ns", "lb", ""), [ip("10.244.0.5"), ip("10.244.0.6")]);
+        assert_eq!(table.live_addresses("ns", "lb", "b"), [ip("10.244.0.6")], "only the pods named so");
         assert!(table.live_addresses("ns", "lb-v1", "").is_empty(), "a backend's slice keeps no addresses");
         assert_eq!(table.get("ns", "lb"), 1, "and the front's ready count as before");
     }
@@ -660,7 +660,7 @@ mod tests {
         let fqdn = ported_slice("lb-v1-c", "FQDN", vec![pod("e", "backend.example.com", ready())], json!([]));
         let table = listed(&[ipv6, ipv4, fqdn]);
         let pods = table.ready_pods("ns", "lb-v1");
-        let addresses: Vec<&str> = pods.iter().map(|p| p.address.as_str()).collect();
+        let addresses: Vec<String> = pods.iter().map(|p| p.address.to_string()).collect();
         assert_eq!(addresses, ["10.244.0.5", "10.244.0.6", "fd00::7"], "IPv4 first, written canonically, no name");
         let wanted = [
             PodPort { name: "dns".into(), protocol: crate::api::Protocol::Udp, port: 53 },

@@ -1,6 +1,7 @@
 //! What to keep and what to delete, decided from the caches alone: whose a child is, and which
 //! backend Services a Balancer no longer names.
 
+use std::net::IpAddr;
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Service;
@@ -16,9 +17,8 @@ pub(super) fn controlled_by(object: &impl Resource, owner: &Owner) -> bool {
 }
 
 /// The cluster IP the API server gave a backend Service: where nginx sends its traffic.
-pub(super) fn cluster_ip(service: &Service) -> Option<String> {
-    let ip = service.spec.as_ref()?.cluster_ip.as_deref()?;
-    (!ip.is_empty() && ip != "None").then(|| ip.to_string())
+pub(super) fn cluster_ip(service: &Service) -> Option<IpAddr> {
+    service.spec.as_ref()?.cluster_ip.as_deref()?.parse().ok()
 }
 
 /// Backend Services this Balancer controls but no longer names.

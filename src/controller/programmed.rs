@@ -6,6 +6,7 @@
 //! The pods are the front Service's endpoints that are not terminating, from its
 //! EndpointSlices, which the controller already watches: it reads no pod.
 
+use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -74,23 +75,20 @@ const ASKED_AT_ONCE: usize = 32;
 /// Asks the sidecar of every pod at `addresses` (on `port`) which configuration it serves,
 /// [`ASKED_AT_ONCE`] at a time; counts those that say `id`. A pod that does not answer in time
 /// serves nothing.
-pub(super) async fn count(addresses: &[String], port: u16, id: &str) -> Programmed {
+pub(super) async fn count(addresses: &[IpAddr], port: u16, id: &str) -> Programmed {
     // Owned addresses: a stream of futures borrowing them would not be `Send` for every lifetime,
     // as the controller's future must be.
-    let asks = addresses.iter().cloned().map(move |address| async move { served_by(&address, port).await });
+    let asks = addresses.to_vec().into_iter().map(move |ip| async move { served_by(SocketAddr::new(ip, port)).await });
     let answers: Vec<Option<String>> = futures::stream::iter(asks).buffer_unordered(ASKED_AT_ONCE).collect().await;
     let serving = answers.iter().filter(|answer| answer.as_deref() == Some(id)).count();
     Programmed { serving, pods: addresses.len() }
 }
 
-/// The id the sidecar at `address:port` gives; `None` when it gives none in time.
-async fn served_by(address: &str, port: u16) -> Option<String> {
-    let host = match address.contains(':') {
-        true => format!("[{address}]:{port}"),
-        false => format!("{address}:{port}"),
-    };
+/// The id the sidecar at `address` gives; `None` when it gives none in time.
+async fn served_by(address: SocketAddr) -> Option<String> {
+    let host = address.to_string();
     let ask = async {
-        let stream = tokio::net::TcpStream::connect(&host).await.ok()?;
+        let stream = tokio::net::TcpStream::connect(address).await.ok()?;
         let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.ok()?;
         let connection = tokio::spawn(connection);
         let request = hyper::Request::get(CONFIG_PATH).header("host", &host).body(Empty::<Bytes>::new()).ok()?;
@@ -138,7 +136,7 @@ mod tests {
     async fn only_pods_whose_sidecar_names_the_current_configuration_count() {
         let current = config_id("stream {}\n");
         let serving = sidecar(Box::leak(current.clone().into_boxed_str())).await;
-        let pods = vec!["127.0.0.1".to_string()];
+        let pods = vec![IpAddr::from([127, 0, 0, 1])];
         assert_eq!(count(&pods, serving, &current).await, Programmed { serving: 1, pods: 1 });
         let stale = sidecar("0123456789abcdef").await;
         assert_eq!(count(&pods, stale, &current).await, Programmed { serving: 0, pods: 1 });
@@ -161,7 +159,7 @@ mod tests {
             }
         });
         let started = std::time::Instant::now();
-        let counted = count(&["127.0.0.1".to_string()], port, "0123456789abcdef").await;
+        let counted = count(&[IpAddr::from([127, 0, 0, 1])], port, "0123456789abcdef").await;
         assert_eq!(counted, Programmed { serving: 0, pods: 1 });
         assert!(started.elapsed() < ANSWER_TIMEOUT + Duration::from_millis(500), "{:?}", started.elapsed());
     }

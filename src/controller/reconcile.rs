@@ -28,7 +28,7 @@ use super::status::{Observed, ProxyCounts, names_spec, proxy_condition, ready_co
 use super::stored::StoredBalancer;
 use super::{Error, RESYNC, migration};
 use crate::api::{self, ConditionStatus, backend_service_name};
-use crate::proxy::{self, BackendHosts, Owner, Proxy};
+use crate::proxy::{self, BackendTarget, Owner, Proxy};
 use crate::runtime::events::{EventType, Note};
 use crate::spec::{Admitted, FieldError, ObjectName, admit, denial_message};
 
@@ -100,9 +100,7 @@ async fn converge(
     let go_proxy = look_for_go_proxy(balancer, ctx, &owner).await?;
 
     let backends = apply_backend_services(ctx, &owner, &spec, written).await?;
-    let pods = proxy::pod_upstreams(&spec, &ctx.settings).then(|| ready_pods(ctx, &owner, &spec));
-    let hosts = BackendHosts::ClusterIps(&backends.cluster_ips);
-    let mut proxy = proxy::proxy(&owner, &spec, &ctx.settings, hosts, pods.as_deref());
+    let mut proxy = proxy::proxy(&owner, &spec, &ctx.settings, &backends.targets);
     let deployment = apply_proxy(balancer, ctx, &owner, &spec, &proxy, written).await?;
     let programmed = match ctx.settings.metrics_image {
         Some(_) => Some(ask_proxy_pods(ctx, &owner, &spec, &proxy.nginx_conf).await),
@@ -166,25 +164,32 @@ async fn look_for_go_proxy(balancer: &StoredBalancer, ctx: &Context, owner: &Own
     Ok(GoProxy { stage, found })
 }
 
-/// The backend Services as applied, in spec order, and their cluster IPs.
-struct BackendServices {
+/// The backend Services as applied, in spec order, and where the proxy reaches each backend.
+struct BackendServices<'a> {
     services: Vec<Service>,
-    cluster_ips: Vec<String>,
+    targets: Vec<BackendTarget<'a>>,
 }
 
-async fn apply_backend_services(
+/// Applies each backend's Service, then reads its cluster IP and, for pod upstreams, its ready
+/// pods from its EndpointSlices.
+async fn apply_backend_services<'a>(
     ctx: &Context,
     owner: &Owner,
-    spec: &Admitted,
+    spec: &'a Admitted,
     written: &mut Written,
-) -> Result<BackendServices, Error> {
-    let services = proxy::backend_services(owner, spec);
-    let mut cluster_ips = Vec::with_capacity(services.len());
-    for service in &services {
-        let applied = ensure(ctx, owner, &ctx.children.services, service, written).await?;
-        cluster_ips.push(cluster_ip(&applied).ok_or_else(|| Error::NoClusterIp { name: applied.name_any() })?);
+) -> Result<BackendServices<'a>, Error> {
+    let read_pods = proxy::pod_upstreams(spec, &ctx.settings);
+    let mut applied = BackendServices { services: Vec::new(), targets: Vec::new() };
+    for backend in &spec.backends {
+        let service = proxy::backend_service(owner, spec, backend);
+        let live = ensure(ctx, owner, &ctx.children.services, &service, written).await?;
+        let ip = cluster_ip(&live).ok_or_else(|| Error::NoClusterIp { name: live.name_any() })?;
+        let ready_pods =
+            read_pods.then(|| ctx.children.endpoint_slices.ready_pods(&owner.namespace, &service.name_any()));
+        applied.targets.push(BackendTarget { spec: backend, cluster_ip: Some(ip), ready_pods });
+        applied.services.push(service);
     }
-    Ok(BackendServices { services, cluster_ips })
+    Ok(applied)
 }
 
 /// When to look again while some proxy pods do not serve `nginx_conf` yet (see
@@ -211,15 +216,6 @@ fn applying_since(
         }
     };
     Some(programmed::recheck(since, now))
-}
-
-/// Each backend's ready pods, in the spec's order, from its Service's EndpointSlices.
-fn ready_pods(ctx: &Context, owner: &Owner, spec: &Admitted) -> Vec<Vec<proxy::ReadyPod>> {
-    let slices = &ctx.children.endpoint_slices;
-    let of = |backend: &api::BackendSpec| {
-        slices.ready_pods(&owner.namespace, &backend_service_name(&owner.name, &backend.name))
-    };
-    spec.backends.iter().map(of).collect()
 }
 
 /// How many of the proxy pods serve `nginx_conf`, as their sidecars say.

@@ -28,23 +28,36 @@ pub use meta::{
 };
 pub use services::{backend_service, backend_services, front_service};
 
+use std::net::{IpAddr, SocketAddr};
+
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Service};
 
-use self::model::{ProxyConfig, Targets, UpstreamTargets};
+use self::model::{Destination, ProxyConfig, Targets, UpstreamTargets};
 use crate::api::{self, BackendSpec, Protocol, UpstreamKind};
 use crate::spec::{Admitted, AdmittedPort};
 
-#[derive(Debug, Clone, Copy)]
-pub enum BackendHosts<'a> {
-    /// The backend Services' cluster IPs, in the spec's backend order, as the API server
-    /// assigned them (an empty or missing one falls back to the Service's name). The proxy
-    /// then needs no cluster DNS: nginx refuses to start when it cannot resolve an upstream
-    /// name, so a DNS outage would stop proxy pods from restarting.
-    ClusterIps(&'a [String]),
-    /// `<service>.<namespace>.svc` names: what an offline preview (`balancer render`) shows,
-    /// since no cluster IP exists before the Services do.
-    ServiceNames,
+/// One backend as the proxy reaches it: its spec, its Service's cluster IP, and its ready pods.
+#[derive(Debug, Clone)]
+pub struct BackendTarget<'a> {
+    /// The backend as the spec gives it.
+    pub spec: &'a BackendSpec,
+    /// Its Service's cluster IP, as the API server assigned it; `None` before there is one (an
+    /// offline preview), when the proxy names the Service instead. With the IP the proxy needs
+    /// no cluster DNS: nginx refuses to start when it cannot resolve an upstream name, so a DNS
+    /// outage would stop proxy pods from restarting.
+    pub cluster_ip: Option<IpAddr>,
+    /// Its ready pods, from its Service's EndpointSlices; `None` when they were not read (an
+    /// offline preview, or a proxy that sends to the Services).
+    pub ready_pods: Option<Vec<ReadyPod>>,
+}
+
+impl<'a> BackendTarget<'a> {
+    /// Each backend of `spec` as an offline preview knows it: by its Service's name, no pod.
+    pub fn previews(spec: &'a Admitted) -> Vec<BackendTarget<'a>> {
+        let preview = |spec| BackendTarget { spec, cluster_ip: None, ready_pods: None };
+        spec.backends.iter().map(preview).collect()
+    }
 }
 
 /// The proxy side of a Balancer, built once its backend Services have cluster IPs.
@@ -61,9 +74,9 @@ pub struct Proxy {
 
 /// One ready pod of a backend, as its Service's EndpointSlices list it: its address and the
 /// ports of the Service's ports on it.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ReadyPod {
-    pub address: String,
+    pub address: IpAddr,
     pub ports: Vec<PodPort>,
 }
 
@@ -83,43 +96,44 @@ pub fn pod_upstreams(spec: &Admitted, settings: &ProxySettings) -> bool {
     settings.metrics_image.is_some() && spec.upstreams() == UpstreamKind::Pods
 }
 
-/// The ConfigMap, Deployment and front Service of a defaulted, valid spec.
+/// The ConfigMap, Deployment and front Service of a defaulted, valid spec, its backends at
+/// `backends` (one per backend of the spec).
 ///
-/// `pods` (each backend's ready pods, in the spec's order) makes the upstreams pods, when
-/// [`pod_upstreams`] allows it and the result fits a ConfigMap (see [`model::fits`]); else each
-/// backend is its Service. Without live delivery the pod template carries the hash of
-/// `nginx.conf`, which holds the backends' addresses: a new configuration, or a backend Service
-/// recreated with a new cluster IP, rolls the proxy pods.
-pub fn proxy(
-    owner: &Owner,
-    spec: &Admitted,
-    settings: &ProxySettings,
-    hosts: BackendHosts<'_>,
-    pods: Option<&[Vec<ReadyPod>]>,
-) -> Proxy {
-    let service = ServiceAddresses { owner, spec, hosts };
+/// The upstreams are the backends' ready pods when [`pod_upstreams`] allows it, every backend's
+/// pods were read, and the result fits a ConfigMap (see [`model::fits`]); else each backend is
+/// its Service. Without live delivery the pod template carries the hash of `nginx.conf`, which
+/// holds the backends' addresses: a new configuration, or a backend Service recreated with a new
+/// cluster IP, rolls the proxy pods.
+pub fn proxy(owner: &Owner, spec: &Admitted, settings: &ProxySettings, backends: &[BackendTarget<'_>]) -> Proxy {
     let access_log = settings.metrics_image.as_ref().map(|_| access_log::LOG_FILE);
-    let of = |targets: &dyn Fn(&BackendSpec, AdmittedPort<'_>) -> Targets| {
-        let config = ProxyConfig::of(&owner.name, spec, &settings.load_modules, access_log, &targets);
+    let of = |targets: &dyn Fn(&BackendTarget<'_>, AdmittedPort<'_>) -> Targets| {
+        // Backend names are unique within a spec.
+        let by_name =
+            |backend: &BackendSpec, port: AdmittedPort<'_>| match backends.iter().find(|t| t.spec.name == backend.name)
+            {
+                Some(target) => targets(target, port),
+                None => targets(&BackendTarget { spec: backend, cluster_ip: None, ready_pods: None }, port),
+            };
+        let config = ProxyConfig::of(&owner.name, spec, &settings.load_modules, access_log, &&by_name);
         let conf = nginx::write(&config);
         let json = config.to_json();
         (conf, json)
     };
-    let pod_targets = pods.filter(|_| pod_upstreams(spec, settings)).map(|pods| {
-        of(&|backend: &BackendSpec, port: AdmittedPort<'_>| {
-            let ready = spec.backends.iter().position(|b| b.name == backend.name).and_then(|i| pods.get(i));
-            let mut addresses: Vec<String> =
-                ready.into_iter().flatten().filter_map(|pod| pod_address(pod, port)).collect();
+    let service = |backend: &BackendTarget<'_>, port: AdmittedPort<'_>| service_destination(owner, backend, port);
+    let pods_read = backends.iter().all(|b| b.ready_pods.is_some());
+    let pod_targets = (pods_read && pod_upstreams(spec, settings)).then(|| {
+        of(&|backend: &BackendTarget<'_>, port: AdmittedPort<'_>| {
+            let mut addresses: Vec<SocketAddr> =
+                backend.ready_pods.iter().flatten().filter_map(|pod| pod_address(pod, port)).collect();
             addresses.dedup();
-            Targets::Pods { service: service.address(backend, port), pods: addresses }
+            Targets::Pods { service: service(backend, port), pods: addresses }
         })
     });
     let (pod_upstreams, (nginx_conf, model)) = match pod_targets.filter(|(conf, json)| model::fits(conf, json)) {
         Some(rendered) => (true, rendered),
-        None => (
-            false,
-            of(&|backend: &BackendSpec, port: AdmittedPort<'_>| Targets::Service(service.address(backend, port))),
-        ),
+        None => {
+            (false, of(&|backend: &BackendTarget<'_>, port: AdmittedPort<'_>| Targets::Service(service(backend, port))))
+        }
     };
     Proxy {
         config_map: proxy_config_map(owner, &nginx_conf, &model),
@@ -136,39 +150,21 @@ impl<F: Fn(&BackendSpec, AdmittedPort<'_>) -> Targets + ?Sized> UpstreamTargets 
     }
 }
 
-/// `ip:port` (`[ip]:port` for IPv6) of `pod` at the Balancer port `port`: the pod's port of the
-/// backend Service's port of the same name and protocol; `None` when the pod has none.
-fn pod_address(pod: &ReadyPod, port: AdmittedPort<'_>) -> Option<String> {
+/// `pod`'s address at the Balancer port `port`: the pod's port of the backend Service's port of
+/// the same name and protocol; `None` when the pod has none.
+fn pod_address(pod: &ReadyPod, port: AdmittedPort<'_>) -> Option<SocketAddr> {
     let name = port.name.as_deref().unwrap_or_default();
     let on_pod = pod.ports.iter().find(|p| p.name == name && p.protocol == port.protocol)?;
-    Some(host_port(&pod.address, on_pod.port))
+    Some(SocketAddr::new(pod.address, on_pod.port))
 }
 
-fn host_port(host: &str, port: impl std::fmt::Display) -> String {
-    match host.contains(':') {
-        true => format!("[{host}]:{port}"),
-        false => format!("{host}:{port}"),
-    }
-}
-
-/// Each backend's Service address, as `hosts` says.
-struct ServiceAddresses<'a> {
-    owner: &'a Owner,
-    spec: &'a Admitted,
-    hosts: BackendHosts<'a>,
-}
-
-impl ServiceAddresses<'_> {
-    fn address(&self, backend: &BackendSpec, port: AdmittedPort<'_>) -> String {
-        let service = api::backend_service_name(&self.owner.name, &backend.name);
-        let position = self.spec.backends.iter().position(|b| b.name == backend.name);
-        let host = match self.hosts {
-            BackendHosts::ClusterIps(ips) => position.and_then(|i| ips.get(i)).map_or("", String::as_str),
-            BackendHosts::ServiceNames => "",
-        };
-        match host {
-            "" => format!("{service}.{}.svc:{}", self.owner.namespace, port.port),
-            ip => host_port(ip, port.port),
+/// A backend's Service at `port`: its cluster IP, or its name when it has none yet.
+fn service_destination(owner: &Owner, backend: &BackendTarget<'_>, port: AdmittedPort<'_>) -> Destination {
+    match backend.cluster_ip {
+        Some(ip) => Destination::Address(SocketAddr::new(ip, port.number())),
+        None => {
+            let service = api::backend_service_name(&owner.name, &backend.spec.name);
+            Destination::Name { host: format!("{service}.{}.svc", owner.namespace), port: port.number() }
         }
     }
 }

@@ -10,6 +10,9 @@
 //! [`Targets`]). With pods, each backend's weight is shared across its pods ([`pod_weights`]),
 //! so the split between backends stays the spec's whatever their pod counts.
 
+use std::fmt;
+use std::net::SocketAddr;
+
 use serde::{Deserialize, Serialize};
 
 use crate::api::{Algorithm, BackendSpec, BalancerPort, Protocol, SessionAffinity};
@@ -108,14 +111,34 @@ pub struct Server {
     pub backup: bool,
 }
 
+/// Where nginx sends one server's connections, written as nginx reads it and logs it
+/// (`$upstream_addr`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Destination {
+    /// An IP address and port: `ip:port`, or `[ipv6]:port` (`SocketAddr` brackets IPv6).
+    Address(SocketAddr),
+    /// A Service's cluster DNS name and port, `<service>.<namespace>.svc:port`: what an offline
+    /// preview shows, before the Service has a cluster IP.
+    Name { host: String, port: u16 },
+}
+
+impl fmt::Display for Destination {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Destination::Address(address) => address.fmt(f),
+            Destination::Name { host, port } => write!(f, "{host}:{port}"),
+        }
+    }
+}
+
 /// Where the proxy reaches one backend at one port.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Targets {
-    /// The backend's Service: one address (a cluster IP or a name) standing for all its pods.
-    Service(String),
-    /// The backend's ready pods, `ip:port` each; `service` (as above) is kept, marked down, when
-    /// there are none, so the backend still shows in the upstream.
-    Pods { service: String, pods: Vec<String> },
+    /// The backend's Service: one destination (its cluster IP or its name) for all its pods.
+    Service(Destination),
+    /// The backend's ready pods; `service` (as above) is kept, marked down, when there are none,
+    /// so the backend still shows in the upstream.
+    Pods { service: Destination, pods: Vec<SocketAddr> },
 }
 
 /// Where each backend is, at each port.
@@ -123,13 +146,13 @@ pub trait UpstreamTargets {
     fn targets(&self, backend: &BackendSpec, port: AdmittedPort<'_>) -> Targets;
 }
 
-/// Where the proxy reaches one backend at one port, `host:port`: its Service.
+/// Where the proxy reaches one backend at one port: its Service.
 pub trait UpstreamAddress {
-    fn address(&self, backend: &BackendSpec, port: &BalancerPort) -> String;
+    fn address(&self, backend: &BackendSpec, port: &BalancerPort) -> Destination;
 }
 
-impl<F: Fn(&BackendSpec, &BalancerPort) -> String> UpstreamAddress for F {
-    fn address(&self, backend: &BackendSpec, port: &BalancerPort) -> String {
+impl<F: Fn(&BackendSpec, &BalancerPort) -> Destination> UpstreamAddress for F {
+    fn address(&self, backend: &BackendSpec, port: &BalancerPort) -> Destination {
         self(backend, port)
     }
 }
@@ -209,7 +232,7 @@ fn listener(spec: &Admitted, port: AdmittedPort<'_>, targets: &impl UpstreamTarg
     }
     // The spec's backend order, within each group; servers of one backend stay together.
     Listener {
-        port: u16::try_from(port.port).unwrap_or_default(),
+        port: port.number(),
         protocol: port.protocol,
         accept_proxy_protocol: port.accepts_proxy_protocol(),
         send_proxy_protocol: port.sends_proxy_protocol(),
@@ -248,7 +271,7 @@ fn pod_count(targets: &Targets) -> usize {
 /// A backend's servers: its Service with the spec's weight, or each ready pod with `pod_weight`
 /// and the backend's connection limit shared out; the Service, down, when it sends nothing.
 fn servers_of(backend: &BackendSpec, targets: &Targets, pod_weight: u32) -> Vec<Server> {
-    let server = |address: &str, weight: u32, max_conns: Option<i32>| Server {
+    let server = |address: &dyn fmt::Display, weight: u32, max_conns: Option<i32>| Server {
         address: address.to_string(),
         backend: backend.name.clone(),
         weight,

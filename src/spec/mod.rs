@@ -76,6 +76,13 @@ pub struct AdmittedPort<'a> {
     pub protocol: Protocol,
 }
 
+impl AdmittedPort<'_> {
+    /// The port's number, which validation keeps within 1–65535.
+    pub fn number(&self) -> u16 {
+        u16::try_from(self.spec.port).unwrap_or_default()
+    }
+}
+
 impl Deref for AdmittedPort<'_> {
     type Target = BalancerPort;
 

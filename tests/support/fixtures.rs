@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 
 use balancer::api::{BackendSpec, Balancer, BalancerPort, BalancerSpec};
 use balancer::proxy::ProxySettings;
+use balancer::proxy::model::Destination;
 use balancer::spec::{Admitted, ObjectName, SpecPolicy, admit, with_defaults};
 use serde_json::{Value, json};
 
@@ -81,6 +82,11 @@ pub fn port(name: Option<&str>, protocol: &str, number: i32) -> BalancerPort {
 }
 
 /// A backend `name` of weight `weight`, selecting the pods labelled `version: <name>`.
+/// A backend at `<backend name>:<port>`: a stand-in address for a rendering that is only read.
+pub fn named(backend: &BackendSpec, port: &BalancerPort) -> Destination {
+    Destination::Name { host: backend.name.clone(), port: u16::try_from(port.port).expect("a port") }
+}
+
 pub fn backend(name: &str, weight: i32) -> BackendSpec {
     BackendSpec {
         name: name.into(),

@@ -12,7 +12,7 @@ use balancer::controller::{
     error_policy, reconcile,
 };
 use balancer::manager::Metrics;
-use balancer::proxy::{self, BackendHosts, Owner, ProxySettings};
+use balancer::proxy::{self, BackendTarget, Owner, ProxySettings};
 use balancer::runtime::throttle::{Rate, ThrottleLayer};
 use balancer::spec::Admitted;
 use balancer::spec::SpecPolicy;
@@ -120,8 +120,10 @@ fn converged(caches: &mut Caches, balancer: &Balancer) {
     let owner = Owner::of(balancer).unwrap();
     let spec = admitted(balancer);
     let backend_services = proxy::backend_services(&owner, &spec);
-    let ips = vec![CLUSTER_IP.to_string(); backend_services.len()];
-    let proxy = proxy::proxy(&owner, &spec, &settings(), BackendHosts::ClusterIps(&ips), None);
+    let at_cluster_ip =
+        |backend| BackendTarget { spec: backend, cluster_ip: CLUSTER_IP.parse().ok(), ready_pods: None };
+    let targets: Vec<BackendTarget<'_>> = spec.backends.iter().map(at_cluster_ip).collect();
+    let proxy = proxy::proxy(&owner, &spec, &settings(), &targets);
     let replicas = spec.replicas();
     let stored = |mut value: Value| {
         value["metadata"]["uid"] = json!("child-uid");

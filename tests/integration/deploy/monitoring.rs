@@ -9,7 +9,7 @@ use std::time::Duration;
 use balancer::api::{BackendSpec, BalancerPort};
 use balancer::controller::ControllerMetrics;
 use balancer::exporter;
-use balancer::proxy::model::{MODEL_FILE, ProxyConfig, ServiceUpstreams};
+use balancer::proxy::model::{Destination, MODEL_FILE, ProxyConfig, ServiceUpstreams};
 use balancer::proxy::nginx;
 use tokio_util::sync::CancellationToken;
 
@@ -41,7 +41,10 @@ async fn exported_families() -> BTreeSet<String> {
 async fn sidecar_exposition() -> String {
     let policy = balancer::spec::SpecPolicy::default();
     let spec = crate::support::fixtures::admitted("example-balancer", crate::support::fixtures::sample_spec(), &policy);
-    let address = |b: &BackendSpec, p: &BalancerPort| format!("{}.test:{}", b.name, p.port);
+    let address = |b: &BackendSpec, p: &BalancerPort| Destination::Name {
+        host: format!("{}.test", b.name),
+        port: u16::try_from(p.port).expect("a port"),
+    };
     let dir = tempfile::TempDir::new().unwrap();
     let log_file = dir.path().join("access.log");
     let model = ProxyConfig::of("example-balancer", &spec, &[], log_file.to_str(), &ServiceUpstreams(&address));

@@ -2,15 +2,16 @@
 //! `nginx.conf` the proxy reads (`balancer::proxy::nginx`), checked field by field.
 
 use std::collections::BTreeMap;
+use std::net::IpAddr;
 
 use balancer::api::v1beta1::{FrontService, ProxySpec};
 use balancer::api::{BackendSpec, Balancer, BalancerPort, BalancerSpec, Protocol};
 use balancer::proxy::access_log::metrics_port;
-use balancer::proxy::model::{MODEL_FILE, ProxyConfig};
+use balancer::proxy::model::{Destination, MODEL_FILE, ProxyConfig};
 use balancer::proxy::nginx;
 use balancer::proxy::upstreams::Upstreams;
 use balancer::proxy::{
-    self, BACKEND_LABEL, BALANCER_NAME_LABEL, BackendHosts, COMPONENT_LABEL, CONFIG_HASH_ANNOTATION, MANAGED_BY_LABEL,
+    self, BACKEND_LABEL, BALANCER_NAME_LABEL, BackendTarget, COMPONENT_LABEL, CONFIG_HASH_ANNOTATION, MANAGED_BY_LABEL,
     Owner, OwnerError, PodPort, ProxySettings, ReadyPod,
 };
 use balancer::spec::Admitted;
@@ -52,12 +53,23 @@ struct Desired {
 }
 
 /// Stand-ins for the cluster IPs the API server gives the backend Services: 10.96.0.10, .11, …
-fn cluster_ips(spec: &BalancerSpec) -> Vec<String> {
-    (0..spec.backends.len()).map(|i| format!("10.96.0.{}", 10 + i)).collect()
+fn cluster_ips(spec: &BalancerSpec) -> Vec<IpAddr> {
+    (0..spec.backends.len()).map(|i| IpAddr::from([10, 96, 0, 10 + i as u8])).collect()
 }
 
-fn desired_with(owner: &Owner, spec: &Admitted, settings: &ProxySettings, ips: &[String]) -> Desired {
-    let proxy = proxy::proxy(owner, spec, settings, BackendHosts::ClusterIps(ips), None);
+/// Each backend of `spec` at its cluster IP in `ips`, with its ready pods in `pods` when given
+/// (both in the spec's order).
+fn targets<'a>(spec: &'a Admitted, ips: &[IpAddr], pods: Option<&[Vec<ReadyPod>]>) -> Vec<BackendTarget<'a>> {
+    let target = |(i, backend): (usize, &'a BackendSpec)| BackendTarget {
+        spec: backend,
+        cluster_ip: ips.get(i).copied(),
+        ready_pods: pods.map(|pods| pods[i].clone()),
+    };
+    spec.backends.iter().enumerate().map(target).collect()
+}
+
+fn desired_with(owner: &Owner, spec: &Admitted, settings: &ProxySettings, ips: &[IpAddr]) -> Desired {
+    let proxy = proxy::proxy(owner, spec, settings, &targets(spec, ips, None));
     Desired {
         backend_services: proxy::backend_services(owner, spec),
         config_map: proxy.config_map,
@@ -704,7 +716,7 @@ fn nginx_conf_sends_traffic_to_the_backend_cluster_ips_and_names_the_services() 
 #[test]
 fn ipv6_cluster_ips_are_bracketed() {
     let balancer = sample();
-    let ips = ["fd00::a".to_string(), "fd00::b".into(), "fd00::c".into()];
+    let ips: Vec<IpAddr> = ["fd00::a", "fd00::b", "fd00::c"].map(|ip| ip.parse().unwrap()).into();
     let settings = settings();
     let conf = desired_with(&owner(&balancer), &admitted(&balancer, &settings), &settings, &ips).nginx_conf;
     assert!(conf.contains("server [fd00::b]:80 weight=20 "), "{conf}");
@@ -716,7 +728,7 @@ fn an_offline_preview_names_the_backend_services() {
     balancer.metadata.namespace = Some("edge".into());
     let settings = settings();
     let spec = admitted(&balancer, &settings);
-    let proxy = proxy::proxy(&owner(&balancer), &spec, &settings, BackendHosts::ServiceNames, None);
+    let proxy = proxy::proxy(&owner(&balancer), &spec, &settings, &BackendTarget::previews(&spec));
     assert!(
         proxy.nginx_conf.contains("server example-balancer-v2-backend.edge.svc:80 weight=20 "),
         "{}",
@@ -761,7 +773,10 @@ fn proxy_pods_stop_gracefully() {
 #[test]
 fn render_uses_the_given_addresses_in_spec_order() {
     let spec = sample().spec;
-    let address = |b: &BackendSpec, p: &BalancerPort| format!("{}.test:{}", b.name, p.port + 1);
+    let address = |b: &BackendSpec, p: &BalancerPort| Destination::Name {
+        host: format!("{}.test", b.name),
+        port: u16::try_from(p.port + 1).expect("a port"),
+    };
     let conf = nginx::render("x", &fixtures::admitted("x", spec, &SpecPolicy::default()), &[], None, &address);
     let servers: Vec<&str> = conf
         .lines()
@@ -787,7 +802,7 @@ fn render_uses_the_given_addresses_in_spec_order() {
 fn output_is_deterministic() {
     let balancer = sample();
     let spec = &admitted(&balancer, &settings());
-    let address = |b: &BackendSpec, p: &BalancerPort| format!("{}:{}", b.name, p.port);
+    let address = fixtures::named;
     assert_eq!(
         nginx::render("example-balancer", spec, &[], None, &address),
         nginx::render("example-balancer", spec, &[], None, &address)
@@ -813,7 +828,7 @@ fn config_hash_annotation_is_the_hash_of_nginx_conf() {
 #[test]
 fn config_hash_changes_exactly_when_nginx_conf_changes() {
     let base = desired_for(&sample());
-    type Change = fn(&mut Balancer, &mut ProxySettings, &mut Vec<String>);
+    type Change = fn(&mut Balancer, &mut ProxySettings, &mut Vec<IpAddr>);
     // (change, whether it changes nginx.conf)
     let changes: [(&str, Change, bool); 16] = [
         ("weight", |b, _, _| b.spec.backends[0].weight = Some(41), true),
@@ -822,7 +837,7 @@ fn config_hash_changes_exactly_when_nginx_conf_changes() {
         ("backend renamed", |b, _, _| b.spec.backends[2].name = "v9".into(), true),
         ("port number", |b, _, _| b.spec.ports[0].port = 8080, true),
         ("protocol", |b, _, _| b.spec.ports[0].protocol = Some("UDP".into()), true),
-        ("backend cluster IP", |_, _, ips| ips[1] = "10.96.7.7".into(), true),
+        ("backend cluster IP", |_, _, ips| ips[1] = IpAddr::from([10, 96, 7, 7]), true),
         ("module loaded", |_, s, _| s.load_modules = vec!["/m.so".into()], true),
         ("namespace", |b, _, _| b.metadata.namespace = Some("other".into()), false),
         ("proxy image", |_, s, _| s.image = "nginx:1.29".into(), false),
@@ -837,7 +852,7 @@ fn config_hash_changes_exactly_when_nginx_conf_changes() {
         let mut balancer = sample();
         let mut settings = settings();
         // One IP more than the sample has backends, for the one added.
-        let mut ips: Vec<String> = (0..4).map(|i| format!("10.96.0.{}", 10 + i)).collect();
+        let mut ips: Vec<IpAddr> = (0..4).map(|i| IpAddr::from([10, 96, 0, 10 + i])).collect();
         change(&mut balancer, &mut settings, &mut ips);
         let desired = desired_with(&owner(&balancer), &admitted(&balancer, &settings), &settings, &ips);
         let conf_changed = desired.nginx_conf != base.nginx_conf;
@@ -1063,10 +1078,10 @@ fn the_sidecar_reads_every_backend_and_weight_from_the_model_beside_the_file() {
     let mut spec = sample().spec;
     spec.ports.push(port(Some("dns"), "UDP", 53));
     spec.backends[1].weight = Some(0);
-    let ips: Vec<String> = (0..3).map(|i| format!("10.96.0.{}", 10 + i)).collect();
+    let ips: Vec<IpAddr> = (0..3).map(|i| IpAddr::from([10, 96, 0, 10 + i])).collect();
     let spec = fixtures::admitted("example-balancer", spec.clone(), &SpecPolicy::default());
     let settings = ProxySettings { metrics_image: Some("localhost/balancer:dev".into()), ..settings() };
-    let built = proxy::proxy(&owner(&sample()), &spec, &settings, BackendHosts::ClusterIps(&ips), None);
+    let built = proxy::proxy(&owner(&sample()), &spec, &settings, &targets(&spec, &ips, None));
     let data = built.config_map.data.expect("data");
     let model = ProxyConfig::from_json(&data[MODEL_FILE]).expect("a model");
     assert_eq!(nginx::write(&model), data[nginx::CONFIG_FILE], "the file is the model's rendering");
@@ -1204,7 +1219,7 @@ fn algorithms_limits_backups_and_the_proxy_protocol_render_as_nginx_directives()
 /// `count` ready pods of backend `b` (0, 1, 2), each with the sample's `http` port at 5678.
 fn ready_pods(b: u8, count: u8) -> Vec<ReadyPod> {
     let port = PodPort { name: "http".into(), protocol: Protocol::Tcp, port: 5678 };
-    (0..count).map(|i| ReadyPod { address: format!("10.244.{b}.{}", 10 + i), ports: vec![port.clone()] }).collect()
+    (0..count).map(|i| ReadyPod { address: IpAddr::from([10, 244, b, 10 + i]), ports: vec![port.clone()] }).collect()
 }
 
 fn live_settings() -> ProxySettings {
@@ -1220,7 +1235,7 @@ fn pod_upstreams_share_each_backends_weight_across_its_ready_pods() {
     let spec = admitted(&balancer, &live_settings());
     let pods = [ready_pods(0, 1), ready_pods(1, 3), ready_pods(2, 2)];
     let ips = cluster_ips(&spec);
-    let built = proxy::proxy(&owner(&balancer), &spec, &live_settings(), BackendHosts::ClusterIps(&ips), Some(&pods));
+    let built = proxy::proxy(&owner(&balancer), &spec, &live_settings(), &targets(&spec, &ips, Some(&pods)));
     assert!(built.pod_upstreams);
     let servers: Vec<&str> = built.nginx_conf.lines().map(str::trim).filter(|l| l.starts_with("server 10.")).collect();
     assert_eq!(
@@ -1235,8 +1250,7 @@ fn pod_upstreams_share_each_backends_weight_across_its_ready_pods() {
         ]
     );
     let without_v2 = [ready_pods(0, 1), vec![], ready_pods(2, 2)];
-    let built =
-        proxy::proxy(&owner(&balancer), &spec, &live_settings(), BackendHosts::ClusterIps(&ips), Some(&without_v2));
+    let built = proxy::proxy(&owner(&balancer), &spec, &live_settings(), &targets(&spec, &ips, Some(&without_v2)));
     assert!(
         built.nginx_conf.contains("server 10.96.0.11:80 down;  # example-balancer-v2-backend"),
         "{}",
@@ -1254,7 +1268,7 @@ fn pod_upstreams_share_the_connection_limit_and_match_ports_by_name() {
     let spec = admitted(&balancer, &live_settings());
     let pods = [ready_pods(0, 3), ready_pods(1, 1), ready_pods(2, 1)];
     let ips = cluster_ips(&spec);
-    let built = proxy::proxy(&owner(&balancer), &spec, &live_settings(), BackendHosts::ClusterIps(&ips), Some(&pods));
+    let built = proxy::proxy(&owner(&balancer), &spec, &live_settings(), &targets(&spec, &ips, Some(&pods)));
     let conf = &built.nginx_conf;
     assert_eq!(conf.matches("max_conns=33;").count(), 3, "{conf}");
     // No pod has a `dns` port: every backend keeps its Service at 53, down.
@@ -1274,7 +1288,7 @@ fn services_are_the_upstreams_when_asked_or_without_live_delivery() {
     let asked = admitted(&balancer, &live_settings());
     let ips = cluster_ips(&asked);
     for (spec, settings) in [(asked, live_settings()), (admitted(&sample(), &settings()), settings())] {
-        let built = proxy::proxy(&owner(&balancer), &spec, &settings, BackendHosts::ClusterIps(&ips), Some(&pods));
+        let built = proxy::proxy(&owner(&balancer), &spec, &settings, &targets(&spec, &ips, Some(&pods)));
         assert!(!built.pod_upstreams);
         assert!(built.nginx_conf.contains("server 10.96.0.10:80 weight=40"), "{}", built.nginx_conf);
         assert!(!built.nginx_conf.contains("10.244."), "{}", built.nginx_conf);
@@ -1289,13 +1303,13 @@ fn too_many_pods_for_a_config_map_fall_back_to_the_services() {
     let port = PodPort { name: "http".into(), protocol: Protocol::Tcp, port: 5678 };
     let many: Vec<ReadyPod> = (0..6000)
         .map(|i| ReadyPod {
-            address: format!("10.{}.{}.{}", i / 65536, (i / 256) % 256, i % 256),
+            address: IpAddr::from([10, (i / 65536) as u8, ((i / 256) % 256) as u8, (i % 256) as u8]),
             ports: vec![port.clone()],
         })
         .collect();
     let pods = [many.clone(), many.clone(), many];
     let ips = cluster_ips(&spec);
-    let built = proxy::proxy(&owner(&balancer), &spec, &live_settings(), BackendHosts::ClusterIps(&ips), Some(&pods));
+    let built = proxy::proxy(&owner(&balancer), &spec, &live_settings(), &targets(&spec, &ips, Some(&pods)));
     assert!(!built.pod_upstreams, "{} bytes", built.nginx_conf.len());
     assert!(built.nginx_conf.contains("server 10.96.0.10:80 weight=40"));
 }

@@ -184,10 +184,9 @@ fn on_a_node_without_ipv6_nginx_runs_without_the_ipv6_listens() {
 /// The lines the entrypoint removes are the ones the renderer writes.
 #[test]
 fn the_rendered_ipv6_listens_are_the_ones_left_out() {
-    use crate::support::fixtures::{admitted, sample_spec};
+    use crate::support::fixtures::{admitted, named, sample_spec};
     let spec = admitted("example-balancer", sample_spec(), &balancer::spec::SpecPolicy::default());
-    let address = |b: &balancer::api::BackendSpec, p: &balancer::api::BalancerPort| format!("{}:{}", b.name, p.port);
-    let conf = nginx::render("example-balancer", &spec, &[], None, &address);
+    let conf = nginx::render("example-balancer", &spec, &[], None, &named);
     let ipv6: Vec<&str> = conf.lines().filter(|l| l.trim_start().starts_with(nginx::IPV6_LISTEN)).collect();
     assert_eq!(ipv6, ["        listen [::]:80;"]);
 }
