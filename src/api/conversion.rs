@@ -227,12 +227,11 @@ fn to_v1alpha1(object: &mut Fields<'_>) -> Result<(), ConversionError> {
     }
     // An annotation of this name on a v1beta1 object has no meaning, so it is overwritten: the
     // result holds exactly the fields this conversion moved, or no annotation at all.
-    let text = match moved_spec.is_empty() && moved_items.is_empty() {
-        true => None,
-        false => {
-            let moved = Moved { spec: moved_spec, items: moved_items };
-            Some(serde_json::to_string(&moved).map_err(|e| bad_field("metadata.annotations", e))?)
-        }
+    let text = if moved_spec.is_empty() && moved_items.is_empty() {
+        None
+    } else {
+        let moved = Moved { spec: moved_spec, items: moved_items };
+        Some(serde_json::to_string(&moved).map_err(|e| bad_field("metadata.annotations", e))?)
     };
     set_annotation(object, text)
 }
@@ -373,10 +372,11 @@ fn bounded_map<'a, V: serde::Deserialize<'a>>(
 /// server, which never sends an empty one, would).
 fn write_annotations(object: &mut Fields<'_>, annotations: BTreeMap<String, String>) -> Result<(), ConversionError> {
     let mut metadata = object_field(object, "metadata")?.unwrap_or_default();
-    match annotations.is_empty() {
-        true => metadata.remove("annotations"),
-        false => metadata.insert("annotations".into(), encoded(&annotations)?),
-    };
+    if annotations.is_empty() {
+        metadata.remove("annotations");
+    } else {
+        metadata.insert("annotations".into(), encoded(&annotations)?);
+    }
     object.insert("metadata".into(), encoded(&metadata)?);
     Ok(())
 }

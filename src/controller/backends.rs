@@ -50,10 +50,8 @@ pub(super) fn backends(
         })
         .collect();
     let serving = |backups: bool| -> Vec<u64> {
-        let weight = |b: &SeenBackend| match b.ready > 0 && b.backup == backups {
-            true => u64::try_from(b.weight).unwrap_or(0),
-            false => 0,
-        };
+        let weight =
+            |b: &SeenBackend| if b.ready > 0 && b.backup == backups { u64::try_from(b.weight).unwrap_or(0) } else { 0 };
         seen.iter().map(weight).collect()
     };
     let primaries = serving(false);

@@ -18,27 +18,24 @@ impl Exposure {
     pub(super) fn of(service: &Service) -> Self {
         let spec = service.spec.clone().unwrap_or_default();
         let load_balancer = spec.type_.as_deref() == Some(ServiceType::LoadBalancer.as_str());
-        let addresses = match load_balancer {
-            true => {
-                let ingress = service.status.as_ref().and_then(|s| s.load_balancer.as_ref()?.ingress.clone());
-                ingress
-                    .unwrap_or_default()
-                    .into_iter()
-                    .filter_map(|i| match (i.ip, i.hostname) {
-                        (Some(ip), _) if !ip.is_empty() => Some(address("IPAddress", ip)),
-                        (_, Some(host)) if !host.is_empty() => Some(address("Hostname", host)),
-                        _ => None,
-                    })
-                    .collect()
-            }
-            false => {
-                let ips = spec.cluster_ips.filter(|ips| !ips.is_empty()).or(spec.cluster_ip.map(|ip| vec![ip]));
-                ips.unwrap_or_default()
-                    .into_iter()
-                    .filter(|ip| !ip.is_empty() && ip != "None")
-                    .map(|ip| address("IPAddress", ip))
-                    .collect()
-            }
+        let addresses = if load_balancer {
+            let ingress = service.status.as_ref().and_then(|s| s.load_balancer.as_ref()?.ingress.clone());
+            ingress
+                .unwrap_or_default()
+                .into_iter()
+                .filter_map(|i| match (i.ip, i.hostname) {
+                    (Some(ip), _) if !ip.is_empty() => Some(address("IPAddress", ip)),
+                    (_, Some(host)) if !host.is_empty() => Some(address("Hostname", host)),
+                    _ => None,
+                })
+                .collect()
+        } else {
+            let ips = spec.cluster_ips.filter(|ips| !ips.is_empty()).or(spec.cluster_ip.map(|ip| vec![ip]));
+            ips.unwrap_or_default()
+                .into_iter()
+                .filter(|ip| !ip.is_empty() && ip != "None")
+                .map(|ip| address("IPAddress", ip))
+                .collect()
         };
         let node_ports = spec
             .ports

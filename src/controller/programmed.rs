@@ -78,7 +78,7 @@ const ASKED_AT_ONCE: usize = 32;
 pub(super) async fn count(addresses: &[IpAddr], port: u16, id: &str) -> Programmed {
     // Owned addresses: a stream of futures borrowing them would not be `Send` for every lifetime,
     // as the controller's future must be.
-    let asks = addresses.to_vec().into_iter().map(move |ip| async move { served_by(SocketAddr::new(ip, port)).await });
+    let asks = addresses.iter().copied().map(move |ip| async move { served_by(SocketAddr::new(ip, port)).await });
     let answers: Vec<Option<String>> = futures::stream::iter(asks).buffer_unordered(ASKED_AT_ONCE).collect().await;
     let serving = answers.iter().filter(|answer| answer.as_deref() == Some(id)).count();
     Programmed { serving, pods: addresses.len() }

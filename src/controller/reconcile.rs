@@ -257,9 +257,10 @@ async fn apply_proxy(
     let budget = proxy::proxy_disruption_budget(owner);
     // A PodDisruptionBudget is kept only for a proxy of more than one pod: with one pod, it
     // would block every drain of the node.
-    let budgeted = match spec.replicas() > 1 {
-        true => ensure(ctx, owner, &caches.budgets, &budget, written).await.map(drop),
-        false => delete_budget(balancer, ctx, owner, &budget.name_any()).await,
+    let budgeted = if spec.replicas() > 1 {
+        ensure(ctx, owner, &caches.budgets, &budget, written).await.map(drop)
+    } else {
+        delete_budget(balancer, ctx, owner, &budget.name_any()).await
     };
     // Without a budget the proxy still serves, so a refusal (a namesake, a quota) is reported
     // and the reconcile goes on.

@@ -355,9 +355,10 @@ mod tests {
             let text = tokio::fs::read_to_string(&files.desired).await.unwrap_or_default();
             let id = text.lines().next().unwrap_or_default().to_string();
             if !id.is_empty() && id != last {
-                let (path, body) = match text.contains(refuse_weight) {
-                    true => (&files.rejected, format!("{id}\nnginx: [emerg] no\n")),
-                    false => (&files.served, format!("{id}\n")),
+                let (path, body) = if text.contains(refuse_weight) {
+                    (&files.rejected, format!("{id}\nnginx: [emerg] no\n"))
+                } else {
+                    (&files.served, format!("{id}\n"))
                 };
                 tokio::fs::write(path, body).await.expect("the answer");
                 last = id;

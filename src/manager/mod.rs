@@ -112,9 +112,10 @@ pub async fn start(
 
     let webhook_listener = listener::bind(config.webhook_addr, "the webhook").await?;
     let probe_listener = listener::bind(config.probe_addr, "probes").await?;
-    let metrics_listener = match config.insecure_metrics {
-        true => None,
-        false => Some(listener::bind(config.metrics_addr, "protected metrics").await?),
+    let metrics_listener = if config.insecure_metrics {
+        None
+    } else {
+        Some(listener::bind(config.metrics_addr, "protected metrics").await?)
     };
     let bound = Bound {
         webhook: webhook_listener.local_addr()?,

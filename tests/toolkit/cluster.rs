@@ -145,12 +145,21 @@ impl Drop for Processes {
 /// Puts the built release's commands first on this process's PATH, and so on its children's:
 /// kubectl then matches the API server (the machine's own may be versions away), and on a node
 /// containerd finds its own runc shim and `ctr`.
+///
+/// Returns at once when they are first already; else runs this binary again in its place, with
+/// the same arguments and that PATH. Setting a variable of a running process is `unsafe`, which
+/// the crate forbids.
 pub fn commands_first_on_path(assets: &Path) {
+    use std::os::unix::process::CommandExt;
     let path = std::env::var_os("PATH").unwrap_or_default();
+    if std::env::split_paths(&path).next().as_deref() == Some(assets) {
+        return;
+    }
     let dirs = std::iter::once(assets.to_path_buf()).chain(std::env::split_paths(&path));
     let joined = std::env::join_paths(dirs).expect("the assets directory fits in PATH");
-    // SAFETY: called at the start of `main`, before the runtime or any other thread exists.
-    unsafe { std::env::set_var("PATH", joined) };
+    let this = std::env::current_exe().expect("the test binary's path");
+    let error = Command::new(&this).args(std::env::args_os().skip(1)).env("PATH", joined).exec();
+    panic!("could not run {} again with the commands first on PATH: {error}", this.display());
 }
 
 /// `N` distinct free ports on 127.0.0.1, all bound at once before any is released: ports
