@@ -26,6 +26,7 @@ use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::{Map, Value};
 
 use super::endpoint_slices::ReadyEndpointSlices;
+use super::ssa::LAST_APPLIED;
 use super::stored::StoredBalancer;
 use crate::deploy::FIELD_MANAGER;
 
@@ -108,9 +109,6 @@ fn read_metadata(metadata: ObjectMeta) -> ObjectMeta {
         ..ObjectMeta::default()
     }
 }
-
-/// Where `kubectl apply` keeps the last configuration it applied, often the largest annotation.
-const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
 
 impl<'de, K: Serialize + DeserializeOwned> Deserialize<'de> for Cached<K> {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {

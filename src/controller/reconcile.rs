@@ -10,7 +10,6 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::jiff::Timestamp;
 use kube::runtime::controller::Action;
-use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
 use tracing::Instrument;
 
@@ -66,7 +65,7 @@ async fn reconcile_in_span(balancer: Arc<StoredBalancer>, ctx: Arc<Context>) -> 
             ReconcileResult::Success
         }
         Err(e) => {
-            tracing::warn!(balancer = %ObjectRef::from_obj(balancer.as_ref()), error = %e, "reconcile failed");
+            tracing::warn!(error = %e, "reconcile failed");
             // The children written before the failure still get their event.
             announce(&balancer, &ctx, &mut written).await;
             report_failure(&balancer, &ctx, e, now).await;
@@ -265,7 +264,7 @@ async fn apply_proxy(
     // Without a budget the proxy still serves, so a refusal (a namesake, a quota) is reported
     // and the reconcile goes on.
     if let Err(e) = budgeted {
-        tracing::warn!(balancer = %owner.name, error = %e, "no PodDisruptionBudget for the proxy");
+        tracing::warn!(error = %e, "no PodDisruptionBudget for the proxy");
         let note = e.to_string();
         publish(balancer, ctx, Note::new(EventType::Warning, Reason::DisruptionBudget, &note)).await;
     }

@@ -75,8 +75,9 @@ fn value_subset(desired: &Value, actual: &Value) -> bool {
     }
 }
 
-/// kubectl's copy of the whole object it applied, kept in an annotation.
-const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
+/// Where `kubectl apply` keeps its copy of the whole object it applied: often the largest
+/// annotation, and read by no reconcile.
+pub(super) const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
 
 /// Drops what no reconcile reads before an object is cached: `managedFields` (often larger than
 /// the rest of the object) and kubectl's last-applied annotation (a copy of it). The subset

@@ -13,9 +13,7 @@
 //! - A leader that shuts down releases the Lease, for a fast hand-over.
 //!
 //! Attempts are a retry period apart (2 s for a 15 s Lease) whatever failed, so a replica is
-//! back within one period of the API server's return. kube-lease-manager, used before, waited
-//! 1 to 30 s at random after errors, judged expiry by the holder's `renewTime` against the local
-//! clock, and could clear another replica's freshly renewed Lease without a precondition.
+//! back within one period of the API server's return, not after a random back-off.
 
 use std::future::Future;
 use std::time::{Duration, Instant};

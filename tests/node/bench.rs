@@ -342,9 +342,9 @@ impl CpuTimes {
     }
 }
 
-/// Rounds of the data-plane benchmark: its figures are medians, since a round's p99 ratio
-/// ranges from 0.14× to 14× on this shared node. `BALANCER_NODE_BENCH_ROUNDS` changes it:
-/// docs/performance.md's latest figures pool four runs (11, 11, 11 and 22 rounds).
+/// Rounds of the data-plane benchmark: its figures are medians, since one round's p99 ratio
+/// can be far from the others' on a shared node. `BALANCER_NODE_BENCH_ROUNDS` changes it; runs
+/// of the same build can be pooled (docs/performance.md says which were).
 const ROUNDS: usize = 11;
 
 /// The median throughput and the median p99 of `runs`, taken separately.

@@ -2,6 +2,7 @@
 //! against clap, every command example run as written, and every link resolving.
 
 mod api;
+mod change_map;
 mod cli;
 mod examples;
 mod links;

@@ -2,7 +2,7 @@
 //! its PATH that records how it was started, checked, reloaded and stopped: nginx starts on the
 //! sidecar's first accepted file, a new one is checked and applied with one reload, changes
 //! arriving faster than the interval are coalesced, a refused file is reported and not applied,
-//! and the process contract (IPv6, SIGTERM, exit status) is the old entrypoint's.
+//! and the process contract (IPv6, SIGTERM, exit status) is the mounted entrypoint's.
 
 use std::os::unix::fs::PermissionsExt as _;
 use std::path::{Path, PathBuf};
@@ -13,7 +13,7 @@ use balancer::proxy::reload::{
     CONFIG_ID_PREFIX, LiveFiles, RELOAD_POLICY, ReloadPolicy, desired_file, live_entrypoint,
 };
 
-/// A stand-in nginx, in Perl as in the old entrypoint's tests. `-t` checks the `-c` file:
+/// A stand-in nginx, in Perl. `-t` checks the `-c` file:
 /// refused when it holds the word `garbage`, with the whole file in the error. Otherwise it
 /// writes the `pid` of its `-g` to its pid file, runs a "worker" (a child titled as nginx's),
 /// and records `started`, `quit` on SIGQUIT, and on SIGHUP `reload <first line of its -c
