@@ -26,7 +26,6 @@ use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::{Map, Value};
 
 use super::endpoint_slices::ReadyEndpointSlices;
-use super::ssa::LAST_APPLIED;
 use super::stored::StoredBalancer;
 use crate::deploy::FIELD_MANAGER;
 
@@ -87,6 +86,10 @@ pub(super) fn is_created(entry: &ManagedFieldsEntry) -> bool {
         && entry.operation.as_deref() == Some("Update")
         && entry.subresource.as_deref().unwrap_or_default().is_empty()
 }
+
+/// Where `kubectl apply` keeps its copy of the whole object it applied: often the largest
+/// annotation, and read by no reconcile.
+pub(super) const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
 
 /// Only what the reconciles read: name, namespace, uid, generation (a Deployment's rollout is
 /// judged against it), labels (which Balancer and component), annotations (a front Service's

@@ -75,10 +75,6 @@ fn value_subset(desired: &Value, actual: &Value) -> bool {
     }
 }
 
-/// Where `kubectl apply` keeps its copy of the whole object it applied: often the largest
-/// annotation, and read by no reconcile.
-pub(super) const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
-
 /// Drops what no reconcile reads before an object is cached: `managedFields` (often larger than
 /// the rest of the object) and kubectl's last-applied annotation (a copy of it). The subset
 /// comparison reads only the fields balancer sets, and it sets neither.
@@ -86,7 +82,7 @@ pub(super) fn slim<K: Resource>(object: &mut K) {
     let meta = object.meta_mut();
     meta.managed_fields = None;
     if let Some(annotations) = meta.annotations.as_mut() {
-        annotations.remove(LAST_APPLIED);
+        annotations.remove(cache::LAST_APPLIED);
     }
 }
 
