@@ -3,8 +3,7 @@
 
 use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, SocketAddr};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use balancer::api::{BackendSpec, BalancerPort, BalancerSpec};
@@ -12,11 +11,12 @@ use balancer::proxy::model::Destination;
 use balancer::proxy::nginx;
 use balancer::spec::{ObjectName, SpecPolicy, admit};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpStream;
 use tokio::time::timeout;
 
 use crate::backends::{
-    Backend, addresses, admitted, loopback_addresses, sample_spec, tally, tcp_ask, tcp_ask_from, tcp_backend,
+    Backend, addresses, admitted, loopback_addresses, sample_spec, serving_backend, tally, tcp_ask, tcp_ask_from,
+    tcp_backend,
 };
 use crate::process::{Nginx, NginxBinary, free_tcp_port, nginx_binary, nginx_check, start_nginx};
 use crate::support::fixtures::{backend, port};
@@ -24,23 +24,12 @@ use crate::{BACKEND_IPS, STEP};
 
 /// Answers each connection with its name and a newline, then holds it until the client closes.
 async fn holding_backend(name: &str, ip: Ipv4Addr) -> Backend {
-    let listener = TcpListener::bind((ip, 0)).await.expect("bind TCP backend");
-    let addr = listener.local_addr().expect("addr");
-    let served = Arc::new(AtomicUsize::new(0));
-    let counter = served.clone();
-    let reply = format!("{name}\n");
-    let task = tokio::spawn(async move {
-        while let Ok((mut stream, _)) = listener.accept().await {
-            counter.fetch_add(1, Ordering::SeqCst);
-            let reply = reply.clone();
-            tokio::spawn(async move {
-                let _ = stream.write_all(reply.as_bytes()).await;
-                let mut rest = Vec::new();
-                let _ = stream.read_to_end(&mut rest).await;
-            });
-        }
-    });
-    Backend { name: name.to_string(), addr, served, task }
+    serving_backend(name, ip, format!("{name}\n"), |mut stream, reply| async move {
+        let _ = stream.write_all(reply.as_bytes()).await;
+        let mut rest = Vec::new();
+        let _ = stream.read_to_end(&mut rest).await;
+    })
+    .await
 }
 
 /// A connection through nginx kept open: the backend's name, or `None` when nginx closed it

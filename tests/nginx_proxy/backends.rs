@@ -2,6 +2,7 @@
 //! the specs that point at them.
 
 use std::collections::BTreeMap;
+use std::future::Future;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -32,21 +33,31 @@ impl Drop for Backend {
 
 /// Accepts connections on `ip`, writes `reply` on each and closes it.
 pub(crate) async fn tcp_backend(name: &str, ip: Ipv4Addr, reply: String) -> Backend {
+    serving_backend(name, ip, reply, |mut stream, reply| async move {
+        let _ = timeout(STEP, async {
+            stream.write_all(reply.as_bytes()).await?;
+            stream.shutdown().await
+        })
+        .await;
+    })
+    .await
+}
+
+/// A TCP backend named `name` on `ip`: counts each connection it accepts and serves it with
+/// `serve`, given `reply`, in a task of its own.
+pub(crate) async fn serving_backend<F, Served>(name: &str, ip: Ipv4Addr, reply: String, serve: F) -> Backend
+where
+    F: Fn(TcpStream, String) -> Served + Send + 'static,
+    Served: Future<Output = ()> + Send + 'static,
+{
     let listener = TcpListener::bind((ip, 0)).await.expect("bind TCP backend");
     let addr = listener.local_addr().expect("addr");
     let served = Arc::new(AtomicUsize::new(0));
     let counter = served.clone();
     let task = tokio::spawn(async move {
-        while let Ok((mut stream, _)) = listener.accept().await {
+        while let Ok((stream, _)) = listener.accept().await {
             counter.fetch_add(1, Ordering::SeqCst);
-            let reply = reply.clone();
-            tokio::spawn(async move {
-                let _ = timeout(STEP, async {
-                    stream.write_all(reply.as_bytes()).await?;
-                    stream.shutdown().await
-                })
-                .await;
-            });
+            tokio::spawn(serve(stream, reply.clone()));
         }
     });
     Backend { name: name.to_string(), addr, served, task }

@@ -14,12 +14,12 @@ use balancer::proxy::nginx;
 use balancer::proxy::reload::{self, LiveFiles, RELOAD_POLICY, ReloadPolicy};
 use tempfile::TempDir;
 use tokio::io::{AsyncBufReadExt as _, AsyncWriteExt as _, BufReader};
-use tokio::net::{TcpListener, TcpStream, UdpSocket};
+use tokio::net::{TcpStream, UdpSocket};
 use tokio::task::JoinHandle;
 use tokio::time::timeout;
 use tokio_util::sync::CancellationToken;
 
-use crate::backends::{Backend, addresses, admitted, sample_spec};
+use crate::backends::{Backend, addresses, admitted, sample_spec, serving_backend};
 use crate::process::{NginxBinary, free_tcp_port, free_udp_port, nginx_binary, signal};
 use crate::support::fixtures::{backend, port};
 use crate::{BACKEND_IPS, NGINX_DEADLINE, STEP};
@@ -27,27 +27,16 @@ use crate::{BACKEND_IPS, NGINX_DEADLINE, STEP};
 /// Answers every line a client sends with its name and a newline, for as long as the client
 /// holds the connection.
 async fn naming_backend(name: &str, ip: Ipv4Addr) -> Backend {
-    let listener = TcpListener::bind((ip, 0)).await.expect("bind TCP backend");
-    let addr = listener.local_addr().expect("addr");
-    let served = Arc::new(AtomicUsize::new(0));
-    let counter = served.clone();
-    let reply = format!("{name}\n");
-    let task = tokio::spawn(async move {
-        while let Ok((stream, _)) = listener.accept().await {
-            counter.fetch_add(1, Ordering::SeqCst);
-            let reply = reply.clone();
-            tokio::spawn(async move {
-                let (read, mut write) = stream.into_split();
-                let mut lines = BufReader::new(read).lines();
-                while let Ok(Some(_)) = lines.next_line().await {
-                    if write.write_all(reply.as_bytes()).await.is_err() {
-                        break;
-                    }
-                }
-            });
+    serving_backend(name, ip, format!("{name}\n"), |stream, reply| async move {
+        let (read, mut write) = stream.into_split();
+        let mut lines = BufReader::new(read).lines();
+        while let Ok(Some(_)) = lines.next_line().await {
+            if write.write_all(reply.as_bytes()).await.is_err() {
+                break;
+            }
         }
-    });
-    Backend { name: name.to_string(), addr, served, task }
+    })
+    .await
 }
 
 /// A connection through nginx that asks the backend its name on demand.

@@ -3,12 +3,13 @@
 //! configuration, without its IPv6 listens on a node without IPv6, and the kubelet's SIGTERM
 //! becomes nginx's graceful SIGQUIT.
 
-use std::os::unix::fs::PermissionsExt as _;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use balancer::proxy::nginx::{self, CONFIG_HASH_ENV, ProxyFiles};
+
+use super::{Entrypoint, path};
 
 /// A stand-in nginx: records its arguments, and `quit` on SIGQUIT, then exits. In Perl (in every
 /// Debian): like nginx, it sets its own handler over the SIGQUIT that `sh` ignores in a
@@ -21,62 +22,37 @@ record("started @ARGV");
 sleep 1 while 1;
 "#;
 
-struct Pod {
-    dir: tempfile::TempDir,
-    entrypoint: Child,
-}
+/// The mounted proxy container's entrypoint, as a test starts it.
+type Pod = Entrypoint;
 
-impl Pod {
+impl Entrypoint {
     /// Runs the entrypoint as the proxy container does, with `conf` mounted and `hash` set, on a
     /// node with IPv6.
-    fn start(conf: &str, hash: &str) -> Pod {
-        Pod::start_on(conf, hash, true)
+    fn mounted(conf: &str, hash: &str) -> Pod {
+        Pod::mounted_on(conf, hash, true)
     }
 
-    fn start_on(conf: &str, hash: &str, ipv6: bool) -> Pod {
-        let dir = tempfile::tempdir().expect("a temporary directory");
-        let fake = dir.path().join("nginx");
-        std::fs::write(&fake, FAKE_NGINX).expect("the stand-in nginx");
-        std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).expect("executable");
+    fn mounted_on(conf: &str, hash: &str, ipv6: bool) -> Pod {
+        let dir = Entrypoint::prepare(FAKE_NGINX, ipv6);
         std::fs::write(dir.path().join("nginx.conf"), conf).expect("the mounted file");
-        std::fs::write(dir.path().join("nginx.pid"), "12345").expect("a stale pid file");
-        if ipv6 {
-            std::fs::write(dir.path().join("if_inet6"), "").expect("the IPv6 probe");
-        }
         let (mounted, running) = (path(dir.path(), "nginx.conf"), path(dir.path(), "running.conf"));
         let (pid_file, ipv6_probe) = (path(dir.path(), "nginx.pid"), path(dir.path(), "if_inet6"));
         let files = ProxyFiles { mounted: &mounted, running: &running, pid_file: &pid_file, ipv6_probe: &ipv6_probe };
         let script = nginx::entrypoint(&files);
         let search = format!("{}:{}", dir.path().display(), std::env::var("PATH").unwrap_or_default());
-        let entrypoint = Command::new("/bin/sh")
+        let process = Command::new("/bin/sh")
             .args(["-c", &script, "nginx", "-c", "the-conf"])
             .env("PATH", search)
             .env(CONFIG_HASH_ENV, hash)
             .stderr(Stdio::piped())
             .spawn()
             .expect("/bin/sh runs");
-        Pod { dir, entrypoint }
+        Entrypoint { dir, process }
     }
 
     /// The file nginx was started on.
     fn running(&self) -> String {
-        std::fs::read_to_string(self.dir.path().join("running.conf")).unwrap_or_default()
-    }
-
-    fn events(&self) -> String {
-        std::fs::read_to_string(self.dir.path().join("events")).unwrap_or_default()
-    }
-
-    /// Whether `event` was recorded within `timeout`.
-    fn saw(&self, event: &str, timeout: Duration) -> bool {
-        let deadline = Instant::now() + timeout;
-        while Instant::now() < deadline {
-            if self.events().contains(event) {
-                return true;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        false
+        self.read("running.conf")
     }
 
     fn mount(&self, conf: &str) {
@@ -85,37 +61,12 @@ impl Pod {
         std::fs::write(&next, conf).expect("the new file");
         std::fs::rename(next, self.dir.path().join("nginx.conf")).expect("renamed into place");
     }
-
-    fn terminate(&self) {
-        let pid = self.entrypoint.id().to_string();
-        let status = Command::new("kill").args(["-TERM", &pid]).status().expect("kill runs");
-        assert!(status.success());
-    }
-
-    /// The entrypoint's exit code and stderr, waiting at most `timeout`.
-    fn exit(mut self, timeout: Duration) -> (Option<i32>, String) {
-        let events = self.dir.path().join("events");
-        super::exit_of(&mut self.entrypoint, timeout, &events)
-    }
-}
-
-impl Drop for Pod {
-    fn drop(&mut self) {
-        let _ = self.entrypoint.kill();
-        let _ = self.entrypoint.wait();
-        // The stand-in nginx of a test that failed half-way.
-        let _ = Command::new("pkill").args(["-f", &path(self.dir.path(), "nginx")]).status();
-    }
-}
-
-fn path(dir: &Path, file: &str) -> String {
-    PathBuf::from(dir).join(file).display().to_string()
 }
 
 #[test]
 fn nginx_starts_at_once_on_the_pods_own_configuration_and_quits_gracefully() {
     let conf = "stream {}\n";
-    let pod = Pod::start(conf, &nginx::config_hash(conf));
+    let pod = Pod::mounted(conf, &nginx::config_hash(conf));
     assert!(pod.saw("started -c the-conf", Duration::from_secs(5)), "{}", pod.events());
     assert_eq!(pod.running(), conf, "nginx runs a copy of the mounted file");
     assert!(!Path::new(&path(pod.dir.path(), "nginx.pid")).exists(), "the stale pid file is removed first");
@@ -129,7 +80,7 @@ fn nginx_starts_at_once_on_the_pods_own_configuration_and_quits_gracefully() {
 #[test]
 fn nginx_waits_while_the_mounted_configuration_is_an_older_one() {
     let (old, new) = ("stream { old }\n", "stream { new }\n");
-    let pod = Pod::start(old, &nginx::config_hash(new));
+    let pod = Pod::mounted(old, &nginx::config_hash(new));
     assert!(!pod.saw("started", Duration::from_millis(1500)), "started on the old file: {}", pod.events());
     pod.mount(new);
     assert!(pod.saw("started", Duration::from_secs(5)), "not started on the new file: {}", pod.events());
@@ -141,7 +92,7 @@ fn nginx_waits_while_the_mounted_configuration_is_an_older_one() {
 
 #[test]
 fn a_sigterm_while_waiting_ends_the_entrypoint_promptly() {
-    let pod = Pod::start("stream { old }\n", &nginx::config_hash("stream { new }\n"));
+    let pod = Pod::mounted("stream { old }\n", &nginx::config_hash("stream { new }\n"));
     std::thread::sleep(Duration::from_millis(300));
     pod.terminate();
     let started = Instant::now();
@@ -157,7 +108,7 @@ fn a_sigterm_while_waiting_ends_the_entrypoint_promptly() {
 /// Pods written before the hash was passed, or by hand, start as they did.
 #[test]
 fn without_a_hash_nginx_starts_on_whatever_is_mounted() {
-    let pod = Pod::start("stream {}\n", "");
+    let pod = Pod::mounted("stream {}\n", "");
     assert!(pod.saw("started", Duration::from_secs(5)), "{}", pod.events());
 }
 
@@ -167,7 +118,7 @@ fn without_a_hash_nginx_starts_on_whatever_is_mounted() {
 fn on_a_node_without_ipv6_nginx_runs_without_the_ipv6_listens() {
     let conf = "stream {\n    server {\n        listen 80;\n        listen [::]:80;\n    }\n    server {\n        \
                 listen 53 udp;\n        listen [::]:53 udp;\n    }\n}\n";
-    let pod = Pod::start_on(conf, &nginx::config_hash(conf), false);
+    let pod = Pod::mounted_on(conf, &nginx::config_hash(conf), false);
     assert!(pod.saw("started", Duration::from_secs(5)), "{}", pod.events());
     let ipv4_only =
         "stream {\n    server {\n        listen 80;\n    }\n    server {\n        listen 53 udp;\n    }\n}\n";
@@ -176,7 +127,7 @@ fn on_a_node_without_ipv6_nginx_runs_without_the_ipv6_listens() {
     let (_, stderr) = pod.exit(Duration::from_secs(5));
     assert!(stderr.contains("this node has no IPv6"), "{stderr}");
 
-    let pod = Pod::start_on(conf, &nginx::config_hash(conf), true);
+    let pod = Pod::mounted_on(conf, &nginx::config_hash(conf), true);
     assert!(pod.saw("started", Duration::from_secs(5)), "{}", pod.events());
     assert_eq!(pod.running(), conf, "kept where the node has IPv6");
 }

@@ -4,14 +4,14 @@
 //! arriving faster than the interval are coalesced, a refused file is reported and not applied,
 //! and the process contract (IPv6, SIGTERM, exit status) is the mounted entrypoint's.
 
-use std::os::unix::fs::PermissionsExt as _;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use balancer::proxy::reload::{
     CONFIG_ID_PREFIX, LiveFiles, RELOAD_POLICY, ReloadPolicy, desired_file, live_entrypoint,
 };
+
+use super::{Entrypoint, path};
 
 /// A stand-in nginx, in Perl. `-t` checks the `-c` file:
 /// refused when it holds the word `garbage`, with the whole file in the error. Otherwise it
@@ -63,26 +63,17 @@ open(my $p, ">", $pid_file) or die; print $p "$$\n"; close $p;
 sleep 1 while 1;
 "#;
 
-struct Pod {
-    dir: tempfile::TempDir,
-    entrypoint: Child,
-}
+/// The live proxy container's entrypoint, as a test starts it.
+type Pod = Entrypoint;
 
-impl Pod {
+impl Entrypoint {
     /// Runs the entrypoint as the live proxy container does, on a node with IPv6.
-    fn start() -> Pod {
-        Pod::start_on(true, RELOAD_POLICY)
+    fn live() -> Pod {
+        Pod::live_on(true, RELOAD_POLICY)
     }
 
-    fn start_on(ipv6: bool, policy: ReloadPolicy) -> Pod {
-        let dir = tempfile::tempdir().expect("a temporary directory");
-        let fake = dir.path().join("nginx");
-        std::fs::write(&fake, FAKE_NGINX).expect("the stand-in nginx");
-        std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).expect("executable");
-        std::fs::write(dir.path().join("nginx.pid"), "12345").expect("a stale pid file");
-        if ipv6 {
-            std::fs::write(dir.path().join("if_inet6"), "").expect("the IPv6 probe");
-        }
+    fn live_on(ipv6: bool, policy: ReloadPolicy) -> Pod {
+        let dir = Entrypoint::prepare(FAKE_NGINX, ipv6);
         let at = |file| path(dir.path(), file);
         let (desired, running, candidate, pid_file) =
             (at("desired.conf"), at("running.conf"), at("candidate.conf"), at("nginx.pid"));
@@ -100,42 +91,13 @@ impl Pod {
         let (mut shell, tools) = crate::support::shell::shell(dir.path());
         let search = format!("{}:{tools}{}", dir.path().display(), std::env::var("PATH").unwrap_or_default());
         let directives = format!("daemon off; pid {pid_file};");
-        let entrypoint = shell
+        let process = shell
             .args(["-c", &script, "nginx", "-c", &running, "-e", "stderr", "-g", &directives])
             .env("PATH", search)
             .stderr(Stdio::piped())
             .spawn()
             .expect("/bin/sh runs");
-        Pod { dir, entrypoint }
-    }
-
-    fn read(&self, file: &str) -> String {
-        std::fs::read_to_string(self.dir.path().join(file)).unwrap_or_default()
-    }
-
-    fn events(&self) -> String {
-        self.read("events")
-    }
-
-    fn count(&self, event: &str) -> usize {
-        self.events().lines().filter(|l| l.starts_with(event)).count()
-    }
-
-    /// Whether `done` held within `timeout`.
-    fn within(&self, timeout: Duration, done: impl Fn(&Pod) -> bool) -> bool {
-        let deadline = Instant::now() + timeout;
-        while Instant::now() < deadline {
-            if done(self) {
-                return true;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        false
-    }
-
-    /// Whether `event` was recorded within `timeout`.
-    fn saw(&self, event: &str, timeout: Duration) -> bool {
-        self.within(timeout, |pod| pod.events().contains(event))
+        Entrypoint { dir, process }
     }
 
     /// As the sidecar does: the file written next to its place, then renamed into it.
@@ -151,37 +113,6 @@ impl Pod {
         self.write(&file);
         id_line(&file)
     }
-
-    fn signal(&self, signal: &str, pid: &str) {
-        let status = Command::new("kill").args([signal, pid]).status().expect("kill runs");
-        assert!(status.success());
-    }
-
-    fn terminate(&self) {
-        self.signal("-TERM", &self.entrypoint.id().to_string());
-    }
-
-    /// The entrypoint's exit code and stderr, waiting at most `timeout`.
-    fn exit(mut self, timeout: Duration) -> (Option<i32>, String) {
-        let events = self.dir.path().join("events");
-        super::exit_of(&mut self.entrypoint, timeout, &events)
-    }
-}
-
-impl Drop for Pod {
-    fn drop(&mut self) {
-        let _ = self.entrypoint.kill();
-        let _ = self.entrypoint.wait();
-        // The stand-in nginx of a test that failed half-way.
-        let pid = self.read("nginx.pid");
-        if let Ok(pid) = pid.trim().parse::<u32>() {
-            let _ = Command::new("kill").args(["-KILL", &pid.to_string()]).stderr(Stdio::null()).status();
-        }
-    }
-}
-
-fn path(dir: &Path, file: &str) -> String {
-    PathBuf::from(dir).join(file).display().to_string()
 }
 
 fn id_line(file: &str) -> String {
@@ -199,7 +130,7 @@ fn the_desired_file_begins_with_the_id_of_the_rest() {
 
 #[test]
 fn nginx_waits_for_the_sidecars_first_file_and_starts_on_it() {
-    let pod = Pod::start();
+    let pod = Pod::live();
     assert!(!pod.saw("started", Duration::from_millis(700)), "started without a file: {}", pod.events());
     pod.write("stream { not yet }\n");
     assert!(!pod.saw("started", Duration::from_millis(700)), "started on a file without an id: {}", pod.events());
@@ -220,7 +151,7 @@ fn nginx_waits_for_the_sidecars_first_file_and_starts_on_it() {
 
 #[test]
 fn a_new_configuration_is_checked_and_applied_with_one_reload() {
-    let pod = Pod::start();
+    let pod = Pod::live();
     pod.desire("stream { first }\n");
     assert!(pod.saw("started", 5 * SECOND), "{}", pod.events());
     let written = Instant::now();
@@ -238,7 +169,7 @@ fn a_new_configuration_is_checked_and_applied_with_one_reload() {
 #[test]
 fn changes_arriving_within_one_interval_are_applied_once_the_newest() {
     // An interval long enough that a loaded machine still writes within it.
-    let pod = Pod::start_on(true, ReloadPolicy { min_interval: 2 * SECOND, ..RELOAD_POLICY });
+    let pod = Pod::live_on(true, ReloadPolicy { min_interval: 2 * SECOND, ..RELOAD_POLICY });
     pod.desire("stream { first }\n");
     assert!(pod.saw("started", 5 * SECOND), "{}", pod.events());
     let id = pod.desire("stream { second }\n");
@@ -255,7 +186,7 @@ fn changes_arriving_within_one_interval_are_applied_once_the_newest() {
 
 #[test]
 fn a_refused_configuration_is_reported_and_nginx_keeps_the_last_good_one() {
-    let pod = Pod::start();
+    let pod = Pod::live();
     let good = pod.desire("stream { good }\n");
     assert!(pod.saw("started", 5 * SECOND), "{}", pod.events());
     let bad = pod.desire("stream {\n    garbage;\n}\n");
@@ -283,7 +214,7 @@ fn a_refused_configuration_is_reported_and_nginx_keeps_the_last_good_one() {
 /// then keeps its workers and the previous file, and says so in its log.
 #[test]
 fn a_configuration_nginx_does_not_load_is_reported_and_not_tried_again() {
-    let pod = Pod::start();
+    let pod = Pod::live();
     let good = pod.desire("stream { good }\n");
     assert!(pod.saw("started", 5 * SECOND), "{}", pod.events());
     let unloadable = pod.desire("stream { unloadable }\n");
@@ -303,7 +234,7 @@ fn a_configuration_nginx_does_not_load_is_reported_and_not_tried_again() {
 /// A refused first file leaves the pod waiting (unready: no nginx, no pid file).
 #[test]
 fn a_refused_first_configuration_keeps_the_pod_waiting() {
-    let pod = Pod::start();
+    let pod = Pod::live();
     let bad = pod.desire("garbage\n");
     assert!(pod.within(5 * SECOND, |pod| pod.read("rejected").starts_with(&bad)), "{}", pod.events());
     assert!(!pod.saw("started", SECOND), "{}", pod.events());
@@ -316,7 +247,7 @@ fn a_refused_first_configuration_keeps_the_pod_waiting() {
 /// The refusal's output is bounded, whatever nginx -t prints.
 #[test]
 fn the_rejected_file_holds_at_most_4_kib_of_nginx_output() {
-    let pod = Pod::start();
+    let pod = Pod::live();
     pod.desire("stream { good }\n");
     assert!(pod.saw("started", 5 * SECOND), "{}", pod.events());
     // The stand-in prints the refused file in its error.
@@ -333,7 +264,7 @@ fn on_a_node_without_ipv6_nginx_runs_and_reloads_without_the_ipv6_listens() {
         format!("stream {{\n    server {{\n        listen {port};\n        listen [::]:{port};\n    }}\n}}\n")
     };
     let ipv4 = |port: u16| format!("stream {{\n    server {{\n        listen {port};\n    }}\n}}\n");
-    let pod = Pod::start_on(false, RELOAD_POLICY);
+    let pod = Pod::live_on(false, RELOAD_POLICY);
     let first = pod.desire(&conf(80));
     assert!(pod.saw("started", 5 * SECOND), "{}", pod.events());
     assert_eq!(pod.read("running.conf"), format!("{first}\n{}", ipv4(80)));
@@ -344,7 +275,7 @@ fn on_a_node_without_ipv6_nginx_runs_and_reloads_without_the_ipv6_listens() {
     let (_, stderr) = pod.exit(5 * SECOND);
     assert_eq!(stderr.matches("this node has no IPv6").count(), 1, "{stderr}");
 
-    let pod = Pod::start_on(true, RELOAD_POLICY);
+    let pod = Pod::live_on(true, RELOAD_POLICY);
     pod.desire(&conf(80));
     assert!(pod.saw("started", 5 * SECOND), "{}", pod.events());
     assert_eq!(pod.read("running.conf"), desired_file(&conf(80)), "kept where the node has IPv6");
@@ -352,7 +283,7 @@ fn on_a_node_without_ipv6_nginx_runs_and_reloads_without_the_ipv6_listens() {
 
 #[test]
 fn sigterm_becomes_nginx_graceful_quit() {
-    let pod = Pod::start();
+    let pod = Pod::live();
     pod.desire("stream {}\n");
     assert!(pod.saw("started", 5 * SECOND), "{}", pod.events());
     pod.terminate();
@@ -363,7 +294,7 @@ fn sigterm_becomes_nginx_graceful_quit() {
 
 #[test]
 fn a_sigterm_while_waiting_ends_the_entrypoint_promptly() {
-    let pod = Pod::start();
+    let pod = Pod::live();
     std::thread::sleep(Duration::from_millis(300));
     pod.terminate();
     let started = Instant::now();
@@ -374,11 +305,11 @@ fn a_sigterm_while_waiting_ends_the_entrypoint_promptly() {
 
 #[test]
 fn nginx_exiting_by_itself_ends_the_entrypoint_with_its_status() {
-    let pod = Pod::start();
+    let pod = Pod::live();
     pod.desire("stream {}\n");
     assert!(pod.saw("started", 5 * SECOND), "{}", pod.events());
     // The stand-in's own pid, once written whole (not the stale one, and not a half-written file).
-    let own_pid = |pod: &Pod| {
+    let own_pid = |pod: &Entrypoint| {
         let pid = pod.read("nginx.pid").trim().to_string();
         (pid != "12345" && pid.parse::<u32>().is_ok()).then_some(pid)
     };
