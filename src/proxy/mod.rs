@@ -107,13 +107,11 @@ pub fn pod_upstreams(spec: &Admitted, settings: &ProxySettings) -> bool {
 pub fn proxy(owner: &Owner, spec: &Admitted, settings: &ProxySettings, backends: &[BackendTarget<'_>]) -> Proxy {
     let access_log = settings.metrics_image.as_ref().map(|_| access_log::LOG_FILE);
     let of = |targets: &dyn Fn(&BackendTarget<'_>, AdmittedPort<'_>) -> Targets| {
-        // Backend names are unique within a spec.
-        let by_name =
-            |backend: &BackendSpec, port: AdmittedPort<'_>| match backends.iter().find(|t| t.spec.name == backend.name)
-            {
-                Some(target) => targets(target, port),
-                None => targets(&BackendTarget { spec: backend, cluster_ip: None, ready_pods: None }, port),
-            };
+        // By name, unique within a spec; a backend not given is reached by its Service's name.
+        let by_name = |backend: &BackendSpec, port: AdmittedPort<'_>| {
+            let unknown = BackendTarget { spec: backend, cluster_ip: None, ready_pods: None };
+            targets(backends.iter().find(|t| t.spec.name == backend.name).unwrap_or(&unknown), port)
+        };
         let config = ProxyConfig::of(&owner.name, spec, &settings.load_modules, access_log, &&by_name);
         let conf = nginx::write(&config);
         let json = config.to_json();
