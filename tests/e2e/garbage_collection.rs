@@ -4,8 +4,8 @@ use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Service};
-use kube::api::{DeleteParams, ListParams};
 use kube::Api;
+use kube::api::{DeleteParams, ListParams};
 
 use crate::toolkit::runner::eventually;
 use crate::{NS, SAMPLE, World, balancers};
