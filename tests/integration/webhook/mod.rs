@@ -1,3 +1,5 @@
-//! The HTTPS webhook server over real sockets.
+//! The HTTPS webhook server over real sockets: admission and the server's limits (`server`), and
+//! conversion.
 
+mod conversion;
 mod server;
