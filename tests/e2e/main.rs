@@ -32,6 +32,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
+use crate::toolkit::repo::repo_file;
 use balancer::api::Balancer;
 use base64::Engine;
 use k8s_openapi::api::core::v1::{Pod, Service};
@@ -174,10 +175,6 @@ fn diagnose(world: &World) {
     }
     let apiserver = std::fs::read_to_string(world.plane.dir.path().join("kube-apiserver.log")).unwrap_or_default();
     println!("--- last lines of kube-apiserver:\n{}", tail(apiserver));
-}
-
-fn repo_file(path: &str) -> String {
-    std::fs::read_to_string(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(path)).expect("repository file")
 }
 
 fn yaml_docs(text: &str) -> Vec<Value> {

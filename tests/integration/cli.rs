@@ -9,13 +9,10 @@ use base64::Engine;
 use serde_json::{Value, json};
 
 use crate::support;
+use crate::support::repo::repo;
 
 fn balancer() -> Command {
     Command::new(env!("CARGO_BIN_EXE_balancer"))
-}
-
-fn repo(path: &str) -> std::path::PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join(path)
 }
 
 /// Like `verify-codegen`: the committed CRD must be exactly what the binary prints.

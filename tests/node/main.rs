@@ -64,6 +64,7 @@ use sidecar::{
 use takeover::a_go_operator_balancer_is_taken_over_without_a_failed_request;
 use toolkit::cluster::{ControlPlane, PlaneOptions, commands_first_on_path};
 use toolkit::kubectl::Kubectl;
+use toolkit::repo::repo;
 use toolkit::runner::{self, Filter, scenarios};
 use weights::{
     a_backend_rolled_under_load_fails_no_request, a_backend_without_pods_loses_its_share_without_a_failed_request,
@@ -104,10 +105,6 @@ struct World {
     /// Which of the fixtures shared by several scenarios the cluster already has.
     fixtures: fixtures::Present,
     host: Host,
-}
-
-fn repo(path: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(path)
 }
 
 /// Runs a build script and returns the directory it prints, or panics with its error output.

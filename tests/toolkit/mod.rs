@@ -11,5 +11,6 @@
 pub mod cluster;
 pub mod kubectl;
 pub mod load;
+pub mod repo;
 pub mod runner;
 pub mod wait;

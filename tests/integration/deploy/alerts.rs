@@ -9,10 +9,7 @@ use std::process::Command;
 use serde_json::{Value, json};
 
 use crate::support;
-
-fn repo(path: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join(path)
-}
+use crate::support::repo::repo;
 
 fn yaml(path: &str) -> Value {
     let text = std::fs::read_to_string(repo(path)).expect("a repository file");

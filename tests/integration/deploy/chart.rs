@@ -4,12 +4,12 @@
 //! Helm's own labels and the exceptions listed in `listed_exceptions`, each with its reason.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use serde_json::{Number, Value};
 
 use crate::support;
+use crate::support::repo::repo;
 
 const CHART: &str = "charts/balancer";
 const NAMESPACE: &str = "balancer-system";
@@ -18,10 +18,6 @@ const CRD: &str = "CustomResourceDefinition";
 /// The labels Helm's conventions add to every object; kustomize has no release to name.
 const HELM_LABELS: [&str; 4] =
     ["helm.sh/chart", "app.kubernetes.io/managed-by", "app.kubernetes.io/instance", "app.kubernetes.io/version"];
-
-fn repo(path: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join(path)
-}
 
 /// Rendered objects keyed `Kind namespace/name`, so that order and text do not matter.
 type Objects = BTreeMap<String, Value>;

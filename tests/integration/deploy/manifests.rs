@@ -2,17 +2,13 @@
 //! with the server's routes and flags, and with what the controller uses.
 
 use std::collections::BTreeSet;
-use std::path::Path;
 
 use balancer::deploy::{CLUSTER_PERMISSIONS, LEADER_ELECTION_PERMISSIONS, Permission};
 use serde_json::{Value, json};
 
 use crate::support;
 use crate::support::find;
-
-fn repo(path: &str) -> std::path::PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join(path)
-}
+use crate::support::repo::repo;
 
 /// The rendered installation, or `None` (skipped loudly outside CI) without kubectl.
 fn rendered() -> Option<Vec<Value>> {

@@ -6,7 +6,8 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::path::Path;
+
+use crate::support::repo::repo;
 
 use balancer::api::BalancerSpec;
 use balancer::spec::{SpecPolicy, with_defaults};
@@ -40,10 +41,6 @@ const EMBEDDED: &[(&str, &str, &str)] = &[
         "https://kubernetes.io/docs/reference/kubernetes-api/common-definitions/object-meta/",
     ),
 ];
-
-fn repo() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-}
 
 /// The CRD as `balancer crd` prints it.
 fn crd() -> Value {
@@ -283,7 +280,7 @@ fn generate() -> String {
 
 #[test]
 fn the_api_reference_is_what_the_code_generates() {
-    let path = repo().join("docs/api.md");
+    let path = repo("docs/api.md");
     let generated = generate();
     if std::env::var_os("BALANCER_REGENERATE").is_some() {
         std::fs::write(&path, &generated).expect("docs/api.md is writable");

@@ -4,13 +4,11 @@
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
-fn repo() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-}
+use crate::support::repo::repo;
 
 fn pages() -> Vec<PathBuf> {
-    let mut pages = vec![repo().join("README.md"), repo().join("CHANGELOG.md")];
-    for entry in std::fs::read_dir(repo().join("docs")).expect("docs/ reads") {
+    let mut pages = vec![repo("README.md"), repo("CHANGELOG.md")];
+    for entry in std::fs::read_dir(repo("docs")).expect("docs/ reads") {
         let path = entry.expect("an entry").path();
         if path.extension().is_some_and(|e| e == "md") {
             pages.push(path);
