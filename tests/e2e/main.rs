@@ -83,7 +83,7 @@ fn assets() -> Option<PathBuf> {
         return Some(dir);
     }
     let mandatory = std::env::var("BALANCER_E2E").as_deref() == Ok("1");
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/kubernetes/build.sh");
+    let script = crate::toolkit::repo::repo("tests/kubernetes/build.sh");
     let mut build = std::process::Command::new("bash");
     build.arg(&script);
     if !mandatory {

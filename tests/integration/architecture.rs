@@ -4,6 +4,8 @@
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
+use crate::support::repo::repo;
+
 /// The layers, lowest first, each with what it may import (all of it listed earlier).
 const LAYERS: &[(&str, &[&str])] = &[
     ("util", &[]),
@@ -20,7 +22,7 @@ const LAYERS: &[(&str, &[&str])] = &[
 ];
 
 fn src() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("src")
+    repo("src")
 }
 
 fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {

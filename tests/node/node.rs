@@ -14,6 +14,7 @@ use k8s_openapi::api::core::v1::Node as NodeObject;
 use kube::Api;
 use kube::api::{Patch, PatchParams};
 
+use crate::repo;
 use crate::toolkit::cluster::{ControlPlane, Proc, Processes, free_ports};
 
 /// One node on this machine: its name, its address (the host's on its pod bridge, which is
@@ -44,7 +45,7 @@ pub const KUBERNETES_SERVICE_IP: &str = "10.0.0.1";
 pub const PAUSE_IMAGE: &str = "localhost/pause:3.4.1";
 
 fn script(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/node").join(name)
+    repo("tests/node").join(name)
 }
 
 /// Runs `host.sh ACTION STATE`; `up` must succeed, the rest is best effort.

@@ -286,7 +286,7 @@ pub fn kustomize_deploy_with(name: &str, components: &[&str]) -> Vec<Value> {
     let overlay = Path::new(env!("CARGO_TARGET_TMPDIR")).join(name);
     std::fs::create_dir_all(&overlay).expect("overlay folder");
     let overlay = overlay.canonicalize().expect("overlay path");
-    let deploy = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy").canonicalize().expect("deploy/");
+    let deploy = repo::repo("deploy").canonicalize().expect("deploy/");
     let (from, to): (Vec<Component>, Vec<Component>) = (overlay.components().collect(), deploy.components().collect());
     let common = from.iter().zip(&to).take_while(|(a, b)| a == b).count();
     let mut base: PathBuf = std::iter::repeat_n(Component::ParentDir, from.len() - common).collect();

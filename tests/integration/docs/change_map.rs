@@ -1,7 +1,7 @@
 //! `docs/development.md`'s map of where a change travels names real places: every file it links
 //! exists and defines the function or type named beside it.
 
-use std::path::Path;
+use crate::support::repo::{repo, repo_file};
 
 /// The section of `text` under the heading `title`, up to the next heading of its level.
 fn section<'a>(text: &'a str, title: &str) -> &'a str {
@@ -32,14 +32,12 @@ fn defines(code: &str, name: &str) -> bool {
 
 #[test]
 fn every_step_of_the_change_map_names_a_file_and_what_it_defines() {
-    let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let page = std::fs::read_to_string(repo.join("docs/development.md")).expect("docs/development.md reads");
+    let page = repo_file("docs/development.md");
     let map = section(&page, "Where a change travels");
     let steps = steps(map);
     assert!(steps.len() >= 20, "the weight's, the pod's and the port's ways: {steps:?}");
     for (file, name) in steps {
-        let code =
-            std::fs::read_to_string(repo.join(file)).unwrap_or_else(|e| panic!("{file} is named by the map: {e}"));
+        let code = std::fs::read_to_string(repo(file)).unwrap_or_else(|e| panic!("{file} is named by the map: {e}"));
         assert!(defines(&code, name), "{file} defines no `{name}`, which the map names");
     }
 }
@@ -48,7 +46,7 @@ fn every_step_of_the_change_map_names_a_file_and_what_it_defines() {
 fn a_step_that_names_a_gone_function_is_caught() {
     let map = "1. [`src/proxy/model.rs`](../src/proxy/model.rs) `pod_weights`: shared.\n\
                2. [`src/proxy/model.rs`](../src/proxy/model.rs) `no_such_function`: gone.\n";
-    let code = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("src/proxy/model.rs")).unwrap();
+    let code = repo_file("src/proxy/model.rs");
     let steps = steps(map);
     assert_eq!(steps, [("src/proxy/model.rs", "pod_weights"), ("src/proxy/model.rs", "no_such_function")]);
     assert!(defines(&code, "pod_weights"));

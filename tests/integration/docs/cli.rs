@@ -6,9 +6,11 @@ use std::collections::BTreeMap;
 use balancer::cli::Cli;
 use clap::CommandFactory;
 
+use crate::support::repo::repo_file;
+
 /// The table's rows: flag → (env, default) cells.
 fn documented() -> BTreeMap<String, (String, String)> {
-    let page = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/cli.md")).expect("docs/cli.md");
+    let page = repo_file("docs/cli.md");
     let table = page.split("`balancer run` flags:").nth(1).expect("the run flags table");
     let mut rows = BTreeMap::new();
     for line in table.lines().skip_while(|l| !l.starts_with('|')).take_while(|l| l.starts_with('|')) {

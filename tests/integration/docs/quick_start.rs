@@ -6,10 +6,11 @@ use base64::Engine;
 use serde_json::Value;
 
 use crate::support::TestServer;
+use crate::support::repo::repo_file;
 
 /// The README's quick start section.
 fn quick_start() -> String {
-    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).expect("README.md");
+    let readme = repo_file("README.md");
     let start = readme.find("\n## Quick start").expect("a quick start section");
     let rest = &readme[start + 1..];
     let end = rest[3..].find("\n## ").map_or(rest.len(), |i| i + 3);
