@@ -1,3 +1,5 @@
+//! `balancer`: the webhooks, the controller and the tools in one binary (see `balancer --help`).
+
 use std::process::ExitCode;
 
 use balancer::cli::{self, Cli};

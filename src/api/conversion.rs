@@ -73,7 +73,9 @@ const SHARED_STATUS_FIELDS: [&str; 4] =
 /// A served version of the Balancer API.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Version {
+    /// `exposer.hliangzhao.io/v1alpha1`, the Go project's.
     V1alpha1,
+    /// `exposer.hliangzhao.io/v1beta1`, the stored version.
     V1beta1,
 }
 
@@ -98,6 +100,7 @@ impl Version {
 }
 
 /// Why an object cannot be converted.
+#[allow(missing_docs, reason = "each variant's #[error] message says what it is, naming its fields")]
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum ConversionError {
     #[error("not a JSON object with an apiVersion: {0}")]

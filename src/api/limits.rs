@@ -16,13 +16,17 @@ pub const MAX_REPLICAS: i32 = 100;
 pub const MAX_MAX_CONNECTIONS: i32 = 1_000_000;
 /// Passive health checks and timeouts (v1beta1), as nginx writes durations.
 pub const DEFAULT_MAX_FAILS: i32 = 1;
+/// Largest `maxFails`.
 pub const MAX_MAX_FAILS: i32 = 100;
+/// `failTimeout` when unset.
 pub const DEFAULT_FAIL_TIMEOUT: &str = "10s";
+/// A port's `connectTimeout` when unset.
 pub const DEFAULT_CONNECT_TIMEOUT: &str = "5s";
 /// How long connections opened before a configuration change go on, unless
 /// `spec.proxy.drainTimeout` says: an hour, so that a database session, a stream or a
 /// websocket outlives every step of a canary.
 pub const DEFAULT_DRAIN_TIMEOUT: &str = "1h";
+/// A TCP port's `idleTimeout` when unset.
 pub const DEFAULT_TCP_IDLE_TIMEOUT: &str = "10m";
 /// UDP is treated as request/response (DNS-like): a silent session ends soon.
 pub const DEFAULT_UDP_IDLE_TIMEOUT: &str = "10s";
@@ -31,6 +35,7 @@ pub const MAX_SOURCE_RANGES: usize = 64;
 /// Most annotations in `spec.service.annotations`, and the longest value (cloud providers'
 /// load-balancer settings are short; a certificate ARN list is a few hundred characters).
 pub const MAX_SERVICE_ANNOTATIONS: usize = 64;
+/// Longest value of one of those annotations.
 pub const MAX_ANNOTATION_VALUE_LEN: usize = 4096;
 /// All of them together (keys and values), well within Kubernetes' 256 KiB for an object's
 /// annotations, with room for the others a Service or pod gets.
@@ -39,9 +44,12 @@ pub const MAX_ANNOTATIONS_BYTES: usize = 64 * 1024;
 /// each of `resources`, `tolerations`, `affinity` and `topologySpreadConstraints` (a
 /// Kubernetes type read from a client is counted as it is read: see `bounded::optional_capped`).
 pub const MAX_TOLERATIONS: usize = 32;
+/// Most topology spread constraints.
 pub const MAX_SPREAD_CONSTRAINTS: usize = 8;
+/// Most JSON values in each of those fields.
 pub const MAX_PROXY_VALUES: usize = 512;
 /// Longest string, and most items or entries, anywhere inside those Kubernetes types in the
 /// CRD schema (the API server enforces them even without the webhook).
 pub const MAX_NESTED_STRING_LEN: usize = 1024;
+/// Most items or entries in one list or map inside them.
 pub const MAX_NESTED_ITEMS: usize = 64;

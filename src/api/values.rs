@@ -42,8 +42,10 @@ macro_rules! wire_name {
 #[strum(serialize_all = "UPPERCASE")]
 #[serde(rename_all = "UPPERCASE")]
 pub enum Protocol {
+    /// `TCP`.
     #[default]
     Tcp,
+    /// `UDP`.
     Udp,
 }
 
@@ -53,7 +55,9 @@ pub enum Algorithm {
     /// nginx's weighted round robin.
     #[default]
     RoundRobin,
+    /// nginx's `least_conn`: the backend with the fewest active connections, by weight.
     LeastConnections,
+    /// nginx's `random two least_conn`: two backends at random, by weight, then the less loaded.
     PowerOfTwoChoices,
 }
 
@@ -70,6 +74,7 @@ pub enum UpstreamKind {
 /// `spec.sessionAffinity`, as a Service's.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Display, EnumString, IntoStaticStr, VariantNames)]
 pub enum SessionAffinity {
+    /// No affinity: each connection is balanced on its own.
     #[default]
     None,
     /// Every connection from one client address goes to the same backend.
@@ -80,26 +85,34 @@ pub enum SessionAffinity {
 /// `spec.service.type`: how the front Service is exposed.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Display, EnumString, IntoStaticStr, VariantNames)]
 pub enum ServiceType {
+    /// A cluster-internal virtual IP.
     #[default]
     #[strum(serialize = "ClusterIP")]
     ClusterIp,
+    /// The cluster IP, and a port on every node.
     NodePort,
+    /// A node port, and a load balancer the cloud provider makes.
     LoadBalancer,
 }
 
 /// `spec.service.externalTrafficPolicy`; unset is Kubernetes' default, `Cluster`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Display, EnumString, IntoStaticStr, VariantNames)]
 pub enum ExternalTrafficPolicy {
+    /// Any node forwards to any proxy pod (the client's address is lost).
     #[default]
     Cluster,
+    /// Only nodes with a proxy pod take traffic, and the client's address is kept.
     Local,
 }
 
 /// A condition's `status`, as Kubernetes writes it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Display, EnumString, IntoStaticStr, VariantNames)]
 pub enum ConditionStatus {
+    /// The condition holds.
     True,
+    /// The condition does not hold.
     False,
+    /// Whether it holds is not known.
     Unknown,
 }
 

@@ -16,7 +16,9 @@ use crate::spec::{Report, SpecPolicy};
 pub struct Finding {
     /// 1-based position of the document in its file.
     pub document: usize,
+    /// The Balancer's name, or where it was read when it has none.
     pub name: String,
+    /// Every rule it breaks, and its warnings.
     pub report: Report,
 }
 

@@ -9,6 +9,7 @@ use crate::api::conversion::Version;
 use crate::spec::FieldError;
 
 /// Why `balancer convert` cannot rewrite a file.
+#[allow(missing_docs, reason = "each variant's #[error] message says what it is, naming its fields")]
 #[derive(Debug, thiserror::Error)]
 pub enum ConvertFileError {
     #[error(transparent)]

@@ -16,6 +16,7 @@ use crate::spec::denial_message;
 /// Stands in for the uid the API server assigns, which a file does not have.
 pub const PLACEHOLDER_UID: &str = "00000000-0000-0000-0000-000000000000";
 
+#[allow(missing_docs, reason = "each variant's #[error] message says what it is, naming its fields")]
 #[derive(Debug, thiserror::Error)]
 pub enum RenderError {
     #[error(transparent)]

@@ -8,6 +8,7 @@ use crate::api::conversion::{Version, convert};
 use crate::api::{GROUP, KIND};
 use crate::spec::{Admitted, FieldError, ObjectName, Report, SpecPolicy, admit, parse_spec};
 
+#[allow(missing_docs, reason = "each variant's #[error] message says what it is, naming its fields")]
 #[derive(Debug, thiserror::Error)]
 #[error("{source_name}: not valid YAML: {reason}")]
 pub struct YamlError {

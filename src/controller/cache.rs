@@ -173,9 +173,13 @@ impl<K: Resource<DynamicType = ()>> Resource for Cached<K> {
 /// not manage are not watched: creating a child is a POST, which a taken name refuses.
 #[derive(Clone)]
 pub struct ChildCaches {
+    /// The backend and front Services.
     pub services: Store<Cached<Service>>,
+    /// The proxies' ConfigMaps.
     pub config_maps: Store<Cached<ConfigMap>>,
+    /// The proxy Deployments.
     pub deployments: Store<Cached<Deployment>>,
+    /// The proxies' PodDisruptionBudgets.
     pub budgets: Store<Cached<PodDisruptionBudget>>,
     /// The proxy pods' ServiceAccounts, Roles and RoleBindings (with the metrics sidecar only).
     pub identity: IdentityCaches,
@@ -225,8 +229,11 @@ impl ChildCaches {
 /// let it read the proxy's ConfigMap.
 #[derive(Clone)]
 pub struct IdentityCaches {
+    /// The proxies' ServiceAccounts.
     pub accounts: Store<Cached<ServiceAccount>>,
+    /// The Roles that let a proxy's token read its ConfigMap.
     pub roles: Store<Cached<Role>>,
+    /// Their RoleBindings.
     pub bindings: Store<Cached<RoleBinding>>,
 }
 

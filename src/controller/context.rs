@@ -33,14 +33,18 @@ pub struct Clients {
 /// Which namespaces the controller watches.
 #[derive(Debug, Clone)]
 pub enum Scope {
+    /// Every namespace.
     All,
+    /// This namespace only.
     Namespace(String),
 }
 
 /// How the controller runs and what it builds.
 #[derive(Debug, Clone)]
 pub struct Options {
+    /// Which namespaces are watched.
     pub scope: Scope,
+    /// How the proxies are built.
     pub proxy: ProxySettings,
     /// Balancers reconciled at the same time. kube-runtime's default is no bound at all, and
     /// 1,000 new Balancers then send thousands of requests at once.
@@ -49,10 +53,15 @@ pub struct Options {
 
 /// What reconciles share: the client, the children's caches and the settings.
 pub struct Context {
+    /// The client every reconcile's request goes through (the throttled one).
     pub client: Client,
+    /// The event recorder.
     pub events: Events,
+    /// The children's caches, from their watches.
     pub children: ChildCaches,
+    /// How the proxies are built.
     pub settings: ProxySettings,
+    /// The controller's metrics.
     pub metrics: Arc<ControllerMetrics>,
     /// Consecutive failures per Balancer uid (a recreated namesake starts afresh), for backoff.
     failures: Mutex<HashMap<String, u32>>,
@@ -65,6 +74,7 @@ pub struct Context {
 }
 
 impl Context {
+    /// A context with no Balancer's bookkeeping yet.
     pub fn new(
         client: Client,
         children: ChildCaches,

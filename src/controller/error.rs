@@ -2,6 +2,7 @@
 
 use crate::proxy::OwnerError;
 
+#[allow(missing_docs, reason = "each variant's #[error] message says what it is, naming its fields")]
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error("cannot {verb} {kind} {name}: {source}")]
@@ -19,9 +20,13 @@ pub enum Error {
 /// What kind of failure an [`Error`] is: the one list, for metrics and logs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, strum::IntoStaticStr)]
 pub enum ErrorKind {
+    /// The API server refused a request, or did not answer.
     ApiError,
+    /// An object could not be read or built.
     InvalidObject,
+    /// A child's name is taken by an object the Balancer does not control.
     Conflict,
+    /// A backend Service has no cluster IP (one set to `None` by hand, say).
     #[strum(serialize = "NoClusterIP")]
     NoClusterIp,
 }
@@ -43,6 +48,7 @@ impl Error {
         Error::Api { verb, kind: kind.into(), name: name.into(), source }
     }
 
+    /// The error's kind, as the metrics label it.
     pub fn kind(&self) -> ErrorKind {
         match self {
             Error::Api { .. } => ErrorKind::ApiError,

@@ -78,6 +78,7 @@ pub struct ControllerMetrics {
 }
 
 impl ControllerMetrics {
+    /// Registers the controller's series in `registry`.
     pub fn register(registry: &mut Registry) -> Self {
         let metrics = ControllerMetrics {
             reconciles: Family::default(),
@@ -144,6 +145,7 @@ impl ControllerMetrics {
         InFlight::enter(&self.reconciles_in_flight)
     }
 
+    /// Counts a finished reconcile, with its error's kind when it failed, and times it.
     pub fn reconciled(&self, result: ReconcileResult, error_kind: Option<ErrorKind>, elapsed: Duration) {
         self.reconciles.get_or_create(&ReconcileLabels { result }).inc();
         if let Some(kind) = error_kind {
@@ -152,14 +154,17 @@ impl ControllerMetrics {
         self.reconcile_duration.observe(elapsed.as_secs_f64());
     }
 
+    /// Counts a child of `kind` written.
     pub fn child_applied(&self, kind: &str) {
         self.children_applied.get_or_create(&KindLabels { kind: kind.to_string() }).inc();
     }
 
+    /// Counts a child of `kind` deleted.
     pub fn child_deleted(&self, kind: &str) {
         self.children_deleted.get_or_create(&KindLabels { kind: kind.to_string() }).inc();
     }
 
+    /// Counts an event the budget dropped.
     pub fn event_dropped(&self) {
         self.events_dropped.inc();
     }
@@ -180,6 +185,7 @@ impl ControllerMetrics {
         }
     }
 
+    /// Records whether this replica holds the leader Lease.
     pub fn set_leader(&self, leading: bool) {
         self.leader.set(i64::from(leading));
     }

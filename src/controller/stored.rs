@@ -24,9 +24,11 @@ use crate::spec::parse_spec;
 /// A stored Balancer whose spec may be unreadable.
 #[derive(Clone, Debug, PartialEq)]
 pub struct StoredBalancer {
+    /// The Balancer's metadata.
     pub metadata: ObjectMeta,
     /// The spec, or why it cannot be read (with the field at fault).
     pub spec: Result<BalancerSpec, FieldError>,
+    /// Its status, as the controller last wrote it.
     pub status: Option<BalancerStatus>,
 }
 

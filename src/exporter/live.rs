@@ -148,6 +148,7 @@ pub(super) async fn answer(files: &SharedFiles, id: &str) -> Answer {
 }
 
 /// Why a live sidecar cannot start.
+#[allow(missing_docs, reason = "each variant's #[error] message says what it is, naming its fields")]
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
     #[error("cannot reach the API server from this pod: {0}")]

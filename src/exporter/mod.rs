@@ -54,12 +54,18 @@ pub struct Options {
 pub enum Source {
     /// A mounted file, read once; `hash` is the SHA-256 (hex) of the file this pod was made for
     /// (`None`: whatever is there).
-    File { path: PathBuf, hash: Option<String> },
+    File {
+        /// Where the ConfigMap is mounted.
+        path: PathBuf,
+        /// The SHA-256 the file must have.
+        hash: Option<String>,
+    },
     /// The ConfigMap, followed live (see [`live`]).
     Live(LiveSource),
 }
 
 /// Why the sidecar cannot run.
+#[allow(missing_docs, reason = "each variant's #[error] message says what it is, naming its fields")]
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error("cannot read {path}: {source}")]

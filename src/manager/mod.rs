@@ -30,6 +30,7 @@ use crate::runtime::tls::{self, CA_FILE, CertPaths, CertWatcher, TlsError};
 use crate::runtime::{leader, metrics};
 use crate::webhook::{AppState, Limits, WebhookService};
 
+#[allow(missing_docs, reason = "each variant's #[error] message says what it is, naming its fields")]
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {
     #[error(transparent)]
@@ -43,7 +44,9 @@ pub enum RunError {
 /// Addresses the servers actually listen on (useful when binding port 0).
 #[derive(Debug, Clone, Copy)]
 pub struct Bound {
+    /// Where the webhooks listen.
     pub webhook: SocketAddr,
+    /// Where the health probes listen.
     pub probe: SocketAddr,
     /// The protected metrics listener; `None` with --insecure-metrics.
     pub metrics: Option<SocketAddr>,

@@ -16,11 +16,17 @@ use crate::webhook::metrics::AdmissionMetrics;
 /// already exports them: `rate()` sees the first increment and `absent()` alerts mean what
 /// they say.
 pub struct Metrics {
+    /// The one registry every series is registered in.
     pub registry: Arc<Registry>,
+    /// The webhooks' series.
     pub admission: Arc<AdmissionMetrics>,
+    /// The serving certificate's series.
     pub tls: Arc<TlsMetrics>,
+    /// The controller's series.
     pub controller: Arc<ControllerMetrics>,
+    /// The client throttle's series.
     pub throttle: ThrottleMetrics,
+    /// Whether the API server answers.
     pub contact: Contact,
 }
 

@@ -121,19 +121,24 @@ pub struct Attempt<'a> {
 /// One session, as its log line tells it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Session<'a> {
+    /// The port nginx took the session on.
     pub port: u16,
+    /// Its protocol.
     pub protocol: Protocol,
+    /// How the session went, and to which server.
     pub outcome: Outcome,
     /// Bytes from the client.
     pub bytes_received: u64,
     /// Bytes to the client.
     pub bytes_sent: u64,
+    /// The session's duration, in seconds.
     pub seconds: f64,
     /// The servers tried, in order; the last one served the session if any did.
     pub attempts: Vec<Attempt<'a>>,
 }
 
 /// Why a line was not counted: each is a label value of the sidecar's skipped-lines counter.
+#[allow(missing_docs, reason = "each variant's #[error] message says what it is")]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error, strum::IntoStaticStr)]
 #[strum(serialize_all = "snake_case")]
 pub enum LineError {

@@ -11,6 +11,7 @@ use crate::util::hash::sha256_hex;
 
 /// Label every child carries: who manages it.
 pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
+/// The `app.kubernetes.io/managed-by` value of everything balancer makes.
 pub const MANAGED_BY: &str = "balancer";
 /// Label every child carries: which Balancer owns it.
 pub const BALANCER_NAME_LABEL: &str = "balancer.exposer.hliangzhao.io/balancer-name";
@@ -28,17 +29,25 @@ pub const CONFIG_HASH_ANNOTATION: &str = "balancer.exposer.hliangzhao.io/config-
 /// child as it is would otherwise find every field still asked for present, and do nothing.
 pub const DESIRED_HASH_ANNOTATION: &str = "balancer.exposer.hliangzhao.io/desired-hash";
 
+/// The `component` label of a backend Service.
 pub const COMPONENT_BACKEND: &str = "backend";
+/// The `component` label of the proxy pods and their Deployment, ConfigMap and identity.
 pub const COMPONENT_PROXY: &str = "proxy";
+/// The `component` label of the front Service.
 pub const COMPONENT_FRONTEND: &str = "frontend";
 
+/// The Balancer a child belongs to: its name, namespace, and the ownerReference children carry.
 #[derive(Debug, Clone)]
 pub struct Owner {
+    /// The Balancer's name.
     pub name: String,
+    /// The Balancer's namespace, every child's.
     pub namespace: String,
+    /// The controller reference to the Balancer.
     pub reference: OwnerReference,
 }
 
+#[allow(missing_docs, reason = "each variant's #[error] message says what it is, naming its fields")]
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum OwnerError {
     #[error("the Balancer has no metadata.name")]

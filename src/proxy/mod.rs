@@ -63,8 +63,11 @@ impl<'a> BackendTarget<'a> {
 /// The proxy side of a Balancer, built once its backend Services have cluster IPs.
 #[derive(Debug, Clone)]
 pub struct Proxy {
+    /// The proxy's ConfigMap: `nginx.conf` and its model.
     pub config_map: ConfigMap,
+    /// The proxy Deployment.
     pub deployment: Deployment,
+    /// The front Service.
     pub front_service: Service,
     /// The rendered `nginx.conf` (also inside `config_map`, with its model).
     pub nginx_conf: String,
@@ -76,7 +79,9 @@ pub struct Proxy {
 /// ports of the Service's ports on it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ReadyPod {
+    /// The pod's address.
     pub address: IpAddr,
+    /// The pod's ports of the Service's ports.
     pub ports: Vec<PodPort>,
 }
 
@@ -84,8 +89,11 @@ pub struct ReadyPod {
 /// and the pod's port number (the `targetPort`, resolved).
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub struct PodPort {
+    /// The Service port's name, empty for an unnamed one.
     pub name: String,
+    /// The Service port's protocol.
     pub protocol: Protocol,
+    /// The pod's port number.
     pub port: u16,
 }
 

@@ -52,7 +52,9 @@ pub struct ProxyConfig {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct Listener {
+    /// The port nginx listens on.
     pub port: u16,
+    /// TCP or UDP.
     pub protocol: Protocol,
     /// Clients must send the PROXY protocol header.
     #[serde(default)]
@@ -60,10 +62,13 @@ pub struct Listener {
     /// nginx sends the PROXY protocol header to the backends.
     #[serde(default)]
     pub send_proxy_protocol: bool,
+    /// nginx's `proxy_connect_timeout`, when the spec sets one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub connect_timeout: Option<String>,
+    /// nginx's `proxy_timeout`, when the spec sets one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub idle_timeout: Option<String>,
+    /// How a server is picked.
     pub method: Method,
     /// Never empty: a backend without an address to send to keeps one server, marked down.
     pub servers: Vec<Server>,
@@ -83,6 +88,7 @@ impl Listener {
 pub enum Method {
     /// Weighted round robin, nginx's default.
     RoundRobin,
+    /// The server with the fewest active connections, by weight.
     LeastConn,
     /// Two servers at random (by weight), then the one with fewer connections.
     RandomTwoLeastConn,
@@ -100,10 +106,13 @@ pub struct Server {
     pub backend: String,
     /// nginx's weight; 0 marks the server down (nginx's own weight is at least 1).
     pub weight: u32,
+    /// nginx's `max_fails`, when the spec sets it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_fails: Option<i32>,
+    /// nginx's `fail_timeout`, when the spec sets it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fail_timeout: Option<String>,
+    /// nginx's `max_conns`, when the spec limits connections.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_conns: Option<i32>,
     /// Takes connections only when no other server can.
@@ -119,7 +128,12 @@ pub enum Destination {
     Address(SocketAddr),
     /// A Service's cluster DNS name and port, `<service>.<namespace>.svc:port`: what an offline
     /// preview shows, before the Service has a cluster IP.
-    Name { host: String, port: u16 },
+    Name {
+        /// `<service>.<namespace>.svc`.
+        host: String,
+        /// The Service's port.
+        port: u16,
+    },
 }
 
 impl fmt::Display for Destination {
@@ -138,16 +152,23 @@ pub enum Targets {
     Service(Destination),
     /// The backend's ready pods; `service` (as above) is kept, marked down, when there are none,
     /// so the backend still shows in the upstream.
-    Pods { service: Destination, pods: Vec<SocketAddr> },
+    Pods {
+        /// The backend's Service, kept down when no pod is ready.
+        service: Destination,
+        /// Each ready pod's address at the port.
+        pods: Vec<SocketAddr>,
+    },
 }
 
 /// Where each backend is, at each port.
 pub trait UpstreamTargets {
+    /// Where `backend` is at `port`.
     fn targets(&self, backend: &BackendSpec, port: AdmittedPort<'_>) -> Targets;
 }
 
 /// Where the proxy reaches one backend at one port: its Service.
 pub trait UpstreamAddress {
+    /// The address of `backend`'s Service at `port`.
     fn address(&self, backend: &BackendSpec, port: &BalancerPort) -> Destination;
 }
 

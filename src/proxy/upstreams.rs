@@ -26,9 +26,13 @@ pub struct Upstreams {
 /// nothing while the others serve. `weight / sum(weight)` at a port is the backend's share.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Weight {
+    /// The listener's port.
     pub port: u16,
+    /// The listener's protocol.
     pub protocol: Protocol,
+    /// The backend.
     pub backend: String,
+    /// The sum of its servers' weights there.
     pub weight: u32,
 }
 

@@ -25,6 +25,7 @@ use crate::util::token_bucket::TokenBucket;
 
 /// Events one Balancer may publish at once; then one per [`REFILL`].
 pub const BURST: f64 = 8.0;
+/// How often a Balancer's budget gains one event back.
 pub const REFILL: Duration = Duration::from_secs(60);
 /// How long a published event is remembered, to fold a repeat into its series (kube's figure).
 const REMEMBER: Duration = Duration::from_secs(360);
@@ -32,7 +33,9 @@ const REMEMBER: Duration = Duration::from_secs(360);
 /// Normal or Warning.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum EventType {
+    /// Something went as it should.
     Normal,
+    /// Something a person may need to look at.
     Warning,
 }
 
@@ -43,10 +46,13 @@ pub trait EventReason: Copy + Into<&'static str> {}
 /// One event: about `regarding`, optionally naming a `related` object.
 #[derive(Debug, Clone)]
 pub struct Note<'a> {
+    /// Normal or Warning.
     pub type_: EventType,
     /// Only from an [`EventReason`], so that no event carries a reason written inline.
     reason: &'static str,
+    /// What happened, for a person (at most 1 KiB).
     pub note: &'a str,
+    /// The object the event is about besides the Balancer (a child), if any.
     pub related: Option<ObjectReference>,
 }
 
@@ -104,6 +110,7 @@ struct Series {
 }
 
 impl Events {
+    /// A publisher that reports as `reporter`.
     pub fn new(client: Client, reporter: &str) -> Self {
         Events { client, reporter: reporter.into(), state: Mutex::default() }
     }

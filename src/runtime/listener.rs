@@ -182,6 +182,7 @@ impl Drop for Counted {
 pub struct ServeOptions {
     /// Over TLS with this configuration, else plain HTTP.
     pub tls: Option<Arc<ServerConfig>>,
+    /// The bounds on connections.
     pub limits: ConnectionLimits,
     /// On these threads, else on the caller's runtime.
     pub workers: Option<Workers>,

@@ -73,6 +73,7 @@ pub enum Verdict {
 
 /// Why a token could not be reviewed. Cloneable because callers sharing a review
 /// share its outcome.
+#[allow(missing_docs, reason = "each variant's #[error] message says what it is, naming its fields")]
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum ReviewError {
     #[error("cannot review the token with the API server: {0}")]

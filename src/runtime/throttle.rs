@@ -53,7 +53,9 @@ const MIN_QPS: f64 = 1.0;
 /// The steady rate and the burst: the most requests that may start at once after a lull.
 #[derive(Debug, Clone, Copy)]
 pub struct Rate {
+    /// Requests a second, on average.
     pub qps: f64,
+    /// Requests that may go at once after a quiet time.
     pub burst: u32,
 }
 
@@ -71,6 +73,7 @@ pub struct ThrottleMetrics {
 }
 
 impl ThrottleMetrics {
+    /// Registers the throttle's series in `registry`.
     pub fn register(registry: &mut Registry) -> Self {
         let metrics = ThrottleMetrics { refusals: Family::default(), waited: Counter::default() };
         registry.register(
@@ -87,10 +90,12 @@ impl ThrottleMetrics {
         metrics
     }
 
+    /// Counts a request the API server refused with `code` (429, say).
     pub fn refused(&self, code: u16) {
         self.refusals.get_or_create(&CodeLabels { code: code.to_string() }).inc();
     }
 
+    /// Records how long a request waited for the throttle.
     pub fn waited(&self, waited: Duration) {
         self.waited.inc_by(waited.as_secs_f64());
     }

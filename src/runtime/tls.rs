@@ -28,9 +28,12 @@ use tokio_util::sync::CancellationToken;
 
 /// File names, matching the keys of a cert-manager / `kubernetes.io/tls` Secret.
 pub const CA_FILE: &str = "ca.crt";
+/// The certificate's file name in a certificate directory (a Secret's key).
 pub const CERT_FILE: &str = "tls.crt";
+/// The private key's file name there.
 pub const KEY_FILE: &str = "tls.key";
 
+#[allow(missing_docs, reason = "each variant's #[error] message says what it is, naming its fields")]
 #[derive(Debug, thiserror::Error)]
 pub enum TlsError {
     #[error("cannot read {path}: {source}")]
@@ -56,7 +59,9 @@ pub enum TlsError {
 /// Where the serving certificate and key live.
 #[derive(Debug, Clone)]
 pub struct CertPaths {
+    /// The PEM certificate chain.
     pub cert: PathBuf,
+    /// The PEM private key.
     pub key: PathBuf,
 }
 
@@ -113,6 +118,7 @@ pub struct CertResolver {
 }
 
 impl CertResolver {
+    /// A resolver that serves `initial` until it is replaced.
     pub fn new(initial: CertifiedKey) -> Self {
         CertResolver { current: RwLock::new(Arc::new(initial)) }
     }
@@ -147,7 +153,9 @@ pub fn server_config(resolver: Arc<CertResolver>) -> Result<ServerConfig, TlsErr
 /// Result of an attempt to load a changed certificate.
 #[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
 pub enum ReloadResult {
+    /// The changed files were read, and their certificate is served now.
     Success,
+    /// They could not be read or did not match; the previous certificate is still served.
     Failure,
 }
 
@@ -173,6 +181,7 @@ pub struct TlsMetrics {
 }
 
 impl TlsMetrics {
+    /// Registers the certificate's series in `registry`.
     pub fn register(registry: &mut Registry) -> Self {
         let reloads = Family::<ReloadLabels, Counter>::default();
         registry.register(
@@ -192,10 +201,12 @@ impl TlsMetrics {
         TlsMetrics { reloads, certificate_expiry }
     }
 
+    /// Counts a reload of the certificate files.
     pub fn reloaded(&self, result: ReloadResult) {
         self.reloads.get_or_create(&ReloadLabels { result }).inc();
     }
 
+    /// Records when the served certificate expires, in seconds since the Unix epoch.
     pub fn set_certificate_expiry(&self, unix_seconds: i64) {
         self.certificate_expiry.set(unix_seconds);
     }
@@ -267,8 +278,11 @@ impl CertWatcher {
 
 /// A CA and a serving certificate it signed, PEM-encoded.
 pub struct GeneratedCerts {
+    /// The CA's certificate, PEM.
     pub ca_pem: String,
+    /// The serving certificate, PEM, signed by the CA.
     pub cert_pem: String,
+    /// The serving certificate's private key, PEM.
     pub key_pem: String,
 }
 

@@ -72,7 +72,9 @@ fn read<T: FromStr>(text: Option<&String>) -> Option<Option<T>> {
 /// One port of an admitted spec, with its protocol.
 #[derive(Clone, Copy, Debug)]
 pub struct AdmittedPort<'a> {
+    /// The port as the spec gives it.
     pub spec: &'a BalancerPort,
+    /// Its protocol, read.
     pub protocol: Protocol,
 }
 
@@ -108,6 +110,7 @@ impl Admitted {
         self.spec.proxy.as_ref().and_then(|p| p.drain_timeout.as_deref()).unwrap_or(crate::api::DEFAULT_DRAIN_TIMEOUT)
     }
 
+    /// How the proxy picks a backend for a new connection.
     pub fn algorithm(&self) -> Algorithm {
         self.typed.algorithm
     }
@@ -117,6 +120,7 @@ impl Admitted {
         self.typed.upstreams
     }
 
+    /// Whether a client's connections stick to one backend.
     pub fn session_affinity(&self) -> SessionAffinity {
         self.typed.session_affinity
     }

@@ -19,6 +19,7 @@ pub struct FieldError {
 }
 
 impl FieldError {
+    /// A problem `detail` with the field at `field`.
     pub fn new(field: impl Into<String>, detail: impl Into<String>) -> Self {
         FieldError { field: field.into(), detail: detail.into() }
     }
@@ -33,11 +34,14 @@ impl fmt::Display for FieldError {
 /// The verdict on one Balancer: hard errors and legal-but-suspicious warnings.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Report {
+    /// Every rule broken, in the order they were checked.
     pub errors: Vec<FieldError>,
+    /// Legal but suspicious things, for the webhook's warnings.
     pub warnings: Vec<String>,
 }
 
 impl Report {
+    /// Whether no rule is broken.
     pub fn is_valid(&self) -> bool {
         self.errors.is_empty()
     }
@@ -51,12 +55,16 @@ impl Report {
 /// or `metadata.generateName` plus the suffix the API server will add.
 #[derive(Debug, Clone, Copy)]
 pub enum ObjectName<'a> {
+    /// `metadata.name`.
     Name(&'a str),
+    /// `metadata.generateName`: the API server adds a suffix.
     GenerateName(&'a str),
+    /// Neither (a request without a name).
     Unknown,
 }
 
 impl<'a> ObjectName<'a> {
+    /// The name a Balancer's metadata gives.
     pub fn from_meta(name: Option<&'a str>, generate_name: Option<&'a str>) -> Self {
         match (name.filter(|n| !n.is_empty()), generate_name.filter(|n| !n.is_empty())) {
             (Some(name), _) => ObjectName::Name(name),

@@ -33,7 +33,9 @@ pub const MAX_WARNINGS: usize = 16;
 #[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, strum::IntoStaticStr, strum::VariantArray)]
 #[strum(serialize_all = "snake_case")]
 pub enum Webhook {
+    /// `POST /validate`.
     Validate,
+    /// `POST /mutate`.
     Mutate,
 }
 
@@ -67,7 +69,9 @@ impl Outcome {
 
 /// The answer to one review, ready to serialize.
 pub struct Answer {
+    /// The review to send back.
     pub review: AdmissionReview<DynamicObject>,
+    /// How it ended, for the metrics.
     pub outcome: Outcome,
 }
 

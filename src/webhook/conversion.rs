@@ -85,7 +85,9 @@ struct ResultOut {
 
 /// The answer to one ConversionReview, encoded, and whether every object converted.
 pub struct Converted {
+    /// The ConversionReview answer, encoded.
     pub body: Vec<u8>,
+    /// Whether every object was converted.
     pub success: bool,
 }
 

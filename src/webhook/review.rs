@@ -27,7 +27,9 @@ pub const CONVERSION_REVIEW_API_VERSION: &str = "apiextensions.k8s.io/v1";
 /// Which review a body was sent as (the webhook server answers two).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ReviewKind {
+    /// An AdmissionReview.
     Admission,
+    /// A ConversionReview.
     Conversion,
 }
 
@@ -65,6 +67,7 @@ impl std::fmt::Display for ReviewKind {
 }
 
 /// Why a body cannot be answered as a review at all.
+#[allow(missing_docs, reason = "each variant's #[error] message says what it is, naming its fields")]
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum BadRequest {
     #[error("the body is not a usable {0}: {1}")]
