@@ -373,7 +373,7 @@ impl ReadyEndpointSlices {
         let mut pods: Vec<ReadyPod> =
             by_identity.into_values().map(|(_, address, ports)| ReadyPod { address, ports: ports.to_vec() }).collect();
         // By the address as text, the order nginx.conf lists the servers in.
-        pods.sort_unstable_by_key(|pod| (pod.address.to_string(), pod.ports.clone()));
+        pods.sort_by_cached_key(|pod| (pod.address.to_string(), pod.ports.clone()));
         pods
     }
 
