@@ -52,6 +52,32 @@ fn pod_upstreams_share_each_backends_weight_across_its_ready_pods() {
     );
 }
 
+/// The weights are exact (`weight × lcm(pods) / pods`) while that stays within 1,000 units per
+/// pod, as it does for 1:3 over 29 and 31 pods (31 and 87, 3,596 units); with ClientIP affinity
+/// nginx's hash holds 50 units per pod at most (3,000 here), so the same split is rounded into
+/// it (26 and 73), each backend still within a point of its share.
+#[test]
+fn pod_weights_are_exact_within_the_methods_budget() {
+    let weights = |affinity: Option<&str>| {
+        let mut balancer = sample();
+        balancer.spec.backends.truncate(2);
+        (balancer.spec.backends[0].weight, balancer.spec.backends[1].weight) = (Some(1), Some(3));
+        balancer.spec.session_affinity = affinity.map(Into::into);
+        let spec = admitted(&balancer, &live_settings());
+        let pods = [ready_pods(0, 29), ready_pods(1, 31)];
+        let built =
+            proxy::proxy(&owner(&balancer), &spec, &live_settings(), &targets(&spec, &cluster_ips(&spec), Some(&pods)));
+        let weight_of = |pod: &str| {
+            let line =
+                built.nginx_conf.lines().find(|l| l.trim().starts_with(&format!("server {pod}:5678 "))).expect(pod);
+            line.split("weight=").nth(1).and_then(|w| w.split(' ').next()).expect("a weight").to_string()
+        };
+        (weight_of("10.244.0.10"), weight_of("10.244.1.10"))
+    };
+    assert_eq!(weights(None), ("31".to_string(), "87".to_string()), "exact: 31 × 29 : 87 × 31 is 1 : 3");
+    assert_eq!(weights(Some("ClientIP")), ("26".to_string(), "73".to_string()), "within the hash's budget");
+}
+
 /// `maxConnections` is shared across the backend's pods, at least 1 each; a port the pods do not
 /// have (by the Service port's name and protocol) leaves the backend without a server there.
 #[test]
