@@ -408,6 +408,11 @@ mod tests {
     #[test]
     fn a_backend_without_weight_or_pods_gets_nothing_and_the_hash_budget_holds() {
         assert_eq!(pod_weights(&[(0, 3), (40, 0), (60, 2)], 5000), [0, 0, 1]);
+        // The same where the weights are rounded into the budget (1:99 over 37 and 41 pods is
+        // not exact within 4,096 units).
+        let rounded = pod_weights(&[(0, 3), (40, 0), (1, 37), (99, 41)], 4096);
+        assert_eq!(rounded[..2], [0, 0], "{rounded:?}");
+        assert!(rounded[2] > 0 && rounded[3] > rounded[2], "{rounded:?}");
         assert_eq!(pod_weights(&[], 1000), Vec::<u32>::new());
         let budget = hash_weight_budget(1000);
         assert_eq!((hash_weight_budget(3), budget), (1024, 4096));

@@ -50,6 +50,17 @@ fn pod_upstreams_share_each_backends_weight_across_its_ready_pods() {
         "{}",
         built.nginx_conf
     );
+    // A backend of weight 0 keeps its Service, down, whatever pods it has.
+    let mut weightless = balancer.clone();
+    weightless.spec.backends[1].weight = Some(0);
+    let spec = admitted(&weightless, &live_settings());
+    let built = proxy::proxy(&owner(&weightless), &spec, &live_settings(), &targets(&spec, &ips, Some(&pods)));
+    assert!(
+        built.nginx_conf.contains("server 10.96.0.11:80 down;  # example-balancer-v2-backend"),
+        "{}",
+        built.nginx_conf
+    );
+    assert!(!built.nginx_conf.contains("server 10.244.1."), "{}", built.nginx_conf);
 }
 
 /// The weights are exact (`weight × lcm(pods) / pods`) while that stays within 1,000 units per
