@@ -14,7 +14,7 @@
 # balancer0 (10.244.0.0/24, the host is .1), node B's on balancer1
 # (10.244.1.0/24), the rest of 10.244.0.0/16 is unreachable (also while a
 # bridge is down), Service IPs (10.0.0.0/24) are routed to a bridge with no
-# ports, and forwarded pod traffic leaving by any other interface is dropped.
+# ports (and refused when kube-proxy has not rewritten them), and forwarded pod traffic leaving by any other interface is dropped.
 set -uo pipefail
 
 action="$1"
@@ -26,6 +26,7 @@ NODE_ADDRESSES=(10.244.0.1/24 10.244.1.1/24)
 SERVICE_CIDR=10.0.0.0/24
 SERVICE_BRIDGE=balancer-svc0
 FENCE=BALANCER-NODE-FENCE
+UNTRANSLATED=BALANCER-NODE-UNTRANSLATED
 # What the kubelet, kube-proxy and this script change.
 SYSCTLS=(kernel.panic kernel.panic_on_oops vm.overcommit_memory net.ipv4.conf.all.route_localnet
   net.ipv4.ip_forward net.bridge.bridge-nf-call-iptables)
@@ -57,6 +58,16 @@ up() {
   iptables -t mangle -A "$FENCE" -s "$CLUSTER_CIDR" -d "$SERVICE_CIDR" -o "$SERVICE_BRIDGE" -j RETURN
   iptables -t mangle -A "$FENCE" -s "$CLUSTER_CIDR" -j DROP
   iptables -t mangle -I FORWARD 1 -j "$FENCE"
+  # A connection to a Service IP that kube-proxy has not rewritten yet (a Service it has not
+  # synced) is refused here, in filter, after nat: its conntrack entry is then never confirmed.
+  # Let through, it would leave an untranslated entry for two minutes, and a later connection
+  # that happened on the same source port would follow that entry to the bridge with no ports
+  # and fail with "no route to host".
+  iptables -t filter -N "$UNTRANSLATED"
+  iptables -t filter -A "$UNTRANSLATED" -d "$SERVICE_CIDR" -m conntrack ! --ctstate DNAT \
+    -j REJECT --reject-with icmp-host-unreachable
+  iptables -t filter -I OUTPUT 1 -j "$UNTRANSLATED"
+  iptables -t filter -I FORWARD 1 -j "$UNTRANSLATED"
   sysctl -qw net.ipv4.ip_forward=1 net.bridge.bridge-nf-call-iptables=1
   # Pods resolve nothing: no nameserver at all (glibc then tries only the pod's own loopback).
   printf 'options ndots:1\n' >"$state/resolv.conf"
@@ -117,6 +128,11 @@ down() {
     iptables -t "$table" -F "$FENCE" 2>/dev/null
     iptables -t "$table" -X "$FENCE" 2>/dev/null
   done
+  for hook in OUTPUT FORWARD; do
+    iptables -t filter -D "$hook" -j "$UNTRANSLATED" 2>/dev/null
+  done
+  iptables -t filter -F "$UNTRANSLATED" 2>/dev/null
+  iptables -t filter -X "$UNTRANSLATED" 2>/dev/null
   for tool in iptables ip6tables; do
     # The chains kube-proxy, the kubelet and the CNI plugins made, and the rules jumping to them.
     local saved

@@ -60,8 +60,9 @@ fn node_script(action: &str, node_dir: &Path) {
 }
 
 /// What the suite could leave on the host by mistake, one line each: network namespaces pinned
-/// under /var/run/netns, veth and bridge interfaces, and iptables chains of kube-proxy and the
-/// CNI plugins. Taken before the suite and after its teardown, which must leave nothing new.
+/// under /var/run/netns, veth and bridge interfaces, and iptables chains of kube-proxy, the CNI
+/// plugins and `host.sh`. Taken before the suite and after its teardown, which must leave
+/// nothing new.
 pub fn host_traces() -> BTreeSet<String> {
     let mut traces = BTreeSet::new();
     if let Ok(entries) = std::fs::read_dir("/var/run/netns") {
@@ -77,7 +78,8 @@ pub fn host_traces() -> BTreeSet<String> {
     for tool in ["iptables-save", "ip6tables-save"] {
         let saved = Command::new(tool).output().map(|o| String::from_utf8_lossy(&o.stdout).into_owned());
         let saved = saved.unwrap_or_default();
-        let chains = saved.lines().filter(|l| l.starts_with(":KUBE-") || l.starts_with(":CNI-"));
+        let ours = |l: &&str| [":KUBE-", ":CNI-", ":BALANCER-"].iter().any(|prefix| l.starts_with(prefix));
+        let chains = saved.lines().filter(ours);
         traces.extend(chains.filter_map(|l| l[1..].split(' ').next().map(|chain| format!("{tool} chain {chain}"))));
     }
     traces

@@ -191,8 +191,10 @@ impl Load {
 /// on the node suite's host, an ARP that went unanswered): its connections to that address
 /// still waiting for an answer, as conntrack holds them (the reply's source says where the
 /// SYN went: a pod if kube-proxy rewrote a cluster IP, the address itself if not), and the
-/// neighbours it could not reach. Printed by [`Load`] for its first three, since the cause of
-/// the rare one seen at a front Service is not known.
+/// neighbours it could not reach. Printed by [`Load`] for its first three. The one it caught
+/// at a front Service was a conntrack entry left untranslated by an earlier connect, made
+/// before kube-proxy had synced the Service, and met again on the same source port;
+/// `host.sh` now refuses such connects before their entry is kept.
 async fn no_route_to_host(address: &str) -> String {
     let ip = address.rsplit_once(':').map_or(address, |(ip, _)| ip).to_string();
     let capture = tokio::task::spawn_blocking(move || {
