@@ -49,3 +49,16 @@ pub const CLUSTER_PERMISSIONS: &[Permission] = &[
 /// Leader election's permissions, in the operator's own namespace.
 pub const LEADER_ELECTION_PERMISSIONS: &[Permission] =
     &[("coordination.k8s.io", "leases", &["get", "create", "update"])];
+
+/// The Role, in the operator's own namespace, for the Secret holding the key that signs proxy
+/// configurations: `get` of [`SIGNING_SECRET`] only, and `create` (which RBAC cannot limit to
+/// a name) for the first start.
+pub const SIGNING_ROLE: &str = "balancer-config-signing";
+/// What [`SIGNING_ROLE`] grants.
+pub const SIGNING_PERMISSIONS: &[Permission] = &[("", "secrets", &["get", "create"])];
+
+/// The Secret, in the operator's namespace, holding the key that signs proxy configurations
+/// (made by the operator when missing; see `manager::signing`).
+pub const SIGNING_SECRET: &str = "balancer-config-signing";
+/// The Secret's key: an Ed25519 private key in PKCS#8 (DER).
+pub const SIGNING_KEY_FILE: &str = "ed25519.pk8";

@@ -14,6 +14,7 @@ use crate::api::conversion::Version;
 use crate::controller::{self, Scope};
 use crate::manager::{Certificate, ClusterConfig, Config, LeaderElection};
 use crate::proxy::ProxySettings;
+use crate::proxy::signature::ConfigKey;
 use crate::runtime::logging::LogFormat;
 use crate::runtime::throttle::Rate;
 use crate::spec::SpecPolicy;
@@ -60,6 +61,10 @@ pub struct ProxyMetricsArgs {
     /// The directory the sidecar shares with the proxy container (with --configmap).
     #[arg(long, default_value = "/run/balancer")]
     pub live_dir: PathBuf,
+    /// The operator's public key (base64 Ed25519): with --configmap, only configurations it
+    /// signed for this pod's Balancer are applied. The controller sets it on proxy pods.
+    #[arg(long, env = "BALANCER_CONFIG_KEY")]
+    pub config_key: Option<ConfigKey>,
     /// The SHA-256 (hex) the config must have: the sidecar waits until the mounted file is that
     /// one. The controller sets it on proxy pods.
     #[arg(long, env = "BALANCER_CONFIG_HASH")]
@@ -261,6 +266,7 @@ impl ProxyArgs {
             load_modules: self.proxy_load_modules.clone(),
             metrics_image: self.proxy_metrics_image.clone(),
             policy: self.policy.spec_policy(),
+            signer: None,
         }
     }
 }

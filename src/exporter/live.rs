@@ -24,6 +24,7 @@ use super::metrics::{ProxyMetrics, Refusal};
 use crate::proxy::model::{MAX_CONFIG_BYTES, MODEL_FILE, ProxyConfig};
 use crate::proxy::nginx::{self, CONFIG_FILE};
 use crate::proxy::reload::{CONFIG_ID_PREFIX, desired_file, short_id};
+use crate::proxy::signature::{ConfigKey, SIGNATURE_FILE};
 use crate::proxy::upstreams::Upstreams;
 use crate::runtime::retry::{RetryDelay, relist_at_once};
 use crate::util::hash::sha256_hex;
@@ -35,6 +36,26 @@ pub struct LiveSource {
     pub config_map: String,
     /// The directory the proxy container shares with the sidecar.
     pub dir: PathBuf,
+    /// The operator's public key: only configurations it signed for this pod's namespace and
+    /// Balancer are applied. `None`: any rendering for the Balancer (a pod the operator did
+    /// not make, from `balancer render`).
+    pub key: Option<ConfigKey>,
+}
+
+/// Whose configurations this pod applies: those signed with `key` for its `namespace`.
+#[derive(Debug, Clone)]
+pub(super) struct Trust {
+    key: Option<ConfigKey>,
+    namespace: String,
+}
+
+impl Trust {
+    /// Whether `signature` is the operator's for this configuration of `balancer`.
+    fn signed(&self, balancer: &str, conf: &str, model: &str, signature: Option<&String>) -> bool {
+        self.key.is_none_or(|key| {
+            signature.is_some_and(|signature| key.verifies(&self.namespace, balancer, conf, model, signature))
+        })
+    }
 }
 
 /// The most of the proxy container's answers read: an id line and 4 KiB of `nginx -t`.
@@ -73,7 +94,7 @@ pub(super) struct Candidate {
 
 /// Reads a ConfigMap's `nginx.conf` and its model, or says why they cannot be applied.
 /// `balancer` is the one this pod proxies for (`None` before its first configuration).
-pub(super) fn candidate(config_map: &ConfigMap, balancer: Option<&str>) -> Result<Candidate, Refusal> {
+pub(super) fn candidate(config_map: &ConfigMap, balancer: Option<&str>, trust: &Trust) -> Result<Candidate, Refusal> {
     let data = config_map.data.as_ref();
     let conf = data.and_then(|d| d.get(CONFIG_FILE)).ok_or(Refusal::NotRendered)?;
     let model = data.and_then(|d| d.get(MODEL_FILE)).ok_or(Refusal::NotRendered)?;
@@ -83,6 +104,9 @@ pub(super) fn candidate(config_map: &ConfigMap, balancer: Option<&str>) -> Resul
     let upstreams = rendered_upstreams(conf, model).ok_or(Refusal::NotRendered)?;
     if balancer.is_some_and(|b| b != upstreams.balancer) {
         return Err(Refusal::NotRendered);
+    }
+    if !trust.signed(&upstreams.balancer, conf, model, data.and_then(|d| d.get(SIGNATURE_FILE))) {
+        return Err(Refusal::Unsigned);
     }
     Ok(Candidate { id: sha256_hex(conf), conf: conf.clone(), upstreams })
 }
@@ -161,9 +185,10 @@ pub enum StartError {
 pub(super) async fn start(
     source: &LiveSource,
     stop: &CancellationToken,
-) -> Result<Option<(ConfigMapChanges, Candidate)>, StartError> {
+) -> Result<Option<(ConfigMapChanges, Candidate, Trust)>, StartError> {
     let config = kube::Config::incluster().map_err(|e| StartError::Client(e.to_string()))?;
     let client = kube::Client::try_from(config).map_err(|e| StartError::Client(e.to_string()))?;
+    let trust = Trust { key: source.key, namespace: client.default_namespace().to_string() };
     let mut changes: ConfigMapChanges = Box::pin(watch_config_map(client, &source.config_map));
     let mut told = false;
     loop {
@@ -172,8 +197,8 @@ pub(super) async fn start(
             () = stop.cancelled() => return Ok(None),
         };
         match next {
-            Some(Ok(config_map)) => match candidate(&config_map, None) {
-                Ok(first) => return Ok(Some((changes, first))),
+            Some(Ok(config_map)) => match candidate(&config_map, None, &trust) {
+                Ok(first) => return Ok(Some((changes, first, trust))),
                 Err(reason) => {
                     tracing::warn!(reason = reason.as_str(), "the proxy's ConfigMap holds no configuration to serve")
                 }
@@ -208,6 +233,7 @@ pub(super) async fn follow(
     changes: impl Stream<Item = Result<ConfigMap, watcher::Error>>,
     files: SharedFiles,
     first: Candidate,
+    trust: Trust,
     metrics: Arc<ProxyMetrics>,
     stop: CancellationToken,
 ) {
@@ -246,7 +272,7 @@ pub(super) async fn follow(
             }
             None => return,
         };
-        match candidate(&config_map, Some(&balancer)) {
+        match candidate(&config_map, Some(&balancer), &trust) {
             Ok(candidate) if candidate.id == handed => {}
             Ok(candidate) => {
                 handed = candidate.id.clone();
@@ -325,7 +351,7 @@ mod tests {
     #[test]
     fn only_balancers_rendering_for_this_balancer_within_the_bound_is_a_candidate() {
         let good = rendered("lb", 1);
-        let candidate = candidate(&config_map(Some(&good)), Some("lb")).expect("a candidate");
+        let candidate = candidate(&config_map(Some(&good)), Some("lb"), &unsigned()).expect("a candidate");
         assert_eq!(candidate.id, config_hash(&good.0));
         assert_eq!(candidate.upstreams.backend("10.0.0.1:80"), Some("v1"), "read from the model");
         let refused = |data: Option<(String, String)>| candidate_reason(&config_map(data.as_ref()));
@@ -346,7 +372,37 @@ mod tests {
     }
 
     fn candidate_reason(config_map: &ConfigMap) -> Option<Refusal> {
-        candidate(config_map, Some("lb")).err()
+        candidate(config_map, Some("lb"), &unsigned()).err()
+    }
+
+    #[test]
+    fn a_pod_with_the_operators_key_takes_only_what_the_operator_signed_for_its_balancer() {
+        use crate::proxy::signature::ConfigSigner;
+        let signer = ConfigSigner::from_pkcs8(&ConfigSigner::generate().expect("a key")).expect("a signer");
+        let trust = Trust { key: Some(signer.public_key()), namespace: "ns".into() };
+        let signed = |namespace: &str, (conf, model): &(String, String)| {
+            let mut config_map = config_map(Some(&(conf.clone(), model.clone())));
+            let signature = signer.sign(namespace, "lb", conf, model);
+            config_map.data.get_or_insert_default().insert(SIGNATURE_FILE.into(), signature);
+            config_map
+        };
+        let good = rendered("lb", 1);
+        assert!(candidate(&signed("ns", &good), Some("lb"), &trust).is_ok());
+        assert_eq!(candidate(&config_map(Some(&good)), Some("lb"), &trust).err(), Some(Refusal::Unsigned), "unsigned");
+        let elsewhere = candidate(&signed("other", &good), Some("lb"), &trust).err();
+        assert_eq!(elsewhere, Some(Refusal::Unsigned), "signed for another namespace's namesake");
+        // A well-formed model with another upstream, under the signature of the operator's.
+        let mut forged = signed("ns", &good);
+        let (conf, model) = rendered("lb", 1);
+        let data = forged.data.get_or_insert_default();
+        data.insert(CONFIG_FILE.into(), conf.replace("10.0.0.1:80", "169.254.169.254:80"));
+        data.insert(MODEL_FILE.into(), model.replace("10.0.0.1:80", "169.254.169.254:80"));
+        assert_eq!(candidate(&forged, Some("lb"), &trust).err(), Some(Refusal::Unsigned), "forged upstream");
+    }
+
+    /// A pod that checks no signature.
+    fn unsigned() -> Trust {
+        Trust { key: None, namespace: "ns".into() }
     }
 
     /// What the proxy container does: serves every id it is handed, except a refused one.
@@ -372,12 +428,12 @@ mod tests {
     async fn each_new_configuration_is_handed_to_nginx_and_counted_once_served_or_refused() {
         let dir = tempfile::tempdir().expect("a directory");
         let files = SharedFiles::in_dir(dir.path());
-        let first = candidate(&config_map(Some(&rendered("lb", 1))), None).expect("the first");
+        let first = candidate(&config_map(Some(&rendered("lb", 1))), None, &unsigned()).expect("the first");
         let mut registry = Registry::default();
         let metrics = Arc::new(ProxyMetrics::register(None, first.upstreams.clone(), &mut registry));
         let stop = CancellationToken::new();
         let (sender, changes) = futures::channel::mpsc::unbounded();
-        let following = tokio::spawn(follow(changes, files.clone(), first.clone(), metrics.clone(), stop.clone()));
+        let following = tokio::spawn(follow(changes, files.clone(), first.clone(), unsigned(), metrics.clone(), stop.clone()));
         // Handed over, and not yet said to be served: nginx has not started on it.
         tokio::time::sleep(Duration::from_millis(300)).await;
         let handed = std::fs::read_to_string(&files.desired).expect("the desired file");

@@ -401,6 +401,9 @@ pub(super) enum Refusal {
     TooLarge,
     /// Not a file balancer rendered, or one for another Balancer.
     NotRendered,
+    /// Not signed by the operator for this pod's Balancer (see
+    /// [`signature`](crate::proxy::signature)): written by someone else.
+    Unsigned,
     /// nginx's own check (`nginx -t`) refused it.
     Nginx,
 }

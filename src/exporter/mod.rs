@@ -92,16 +92,16 @@ pub async fn run(options: Options, stop: CancellationToken) -> Result<(), Error>
             (Some(id), upstreams, None)
         }
         Source::Live(source) => {
-            let Some((changes, first)) = live::start(source, &stop).await? else { return Ok(()) };
+            let Some((changes, first, trust)) = live::start(source, &stop).await? else { return Ok(()) };
             // Served only once the proxy container says so (see `live::follow`).
-            (None, first.upstreams.clone(), Some((changes, live::SharedFiles::in_dir(&source.dir), first)))
+            (None, first.upstreams.clone(), Some((changes, live::SharedFiles::in_dir(&source.dir), first, trust)))
         }
     };
     let mut registry = Registry::default();
     let metrics = Arc::new(ProxyMetrics::register(id.as_deref(), upstreams, &mut registry));
-    if let Some((changes, files, first)) = follower {
+    if let Some((changes, files, first, trust)) = follower {
         let (metrics, stop) = (metrics.clone(), stop.clone());
-        tokio::spawn(live::follow(changes, files, first, metrics, stop));
+        tokio::spawn(live::follow(changes, files, first, trust, metrics, stop));
     }
     let log = log_file::LogFile::open(&options.log_file)
         .map_err(|source| Error::Log { path: options.log_file.display().to_string(), source })?;

@@ -4,6 +4,7 @@
 
 mod config;
 mod registry;
+mod signing;
 
 pub use config::{Certificate, ClusterConfig, Config, LeaderElection};
 pub use registry::Metrics;
@@ -273,7 +274,10 @@ async fn supervise(
     synced: Arc<AtomicBool>,
     shutdown: CancellationToken,
 ) {
-    let options = cluster.controller;
+    let mut options = cluster.controller;
+    let namespace = own_namespace(cluster.leader_election.as_ref(), &clients.direct);
+    let Some(signer) = signing::signer(&clients.direct, &namespace, &shutdown).await else { return };
+    options.proxy.signer = Some(signer);
     let Some(election) = cluster.leader_election else {
         metrics.set_leader(true);
         controller::run(clients, options, metrics.clone(), synced, shutdown).await;
@@ -295,13 +299,18 @@ async fn supervise(
     leader::run_while_leading(&lease_client, election, leading, &shutdown, reconcile).await;
 }
 
-/// The Lease: in the configured namespace, else the pod's namespace, else the client's.
-fn leader_options(election: &LeaderElection, client: &Client) -> leader::Options {
-    let namespace = election
-        .namespace
-        .clone()
+/// The operator's own namespace, where its Lease and signing key live: the Lease's configured
+/// namespace, else the pod's namespace, else the client's.
+fn own_namespace(election: Option<&LeaderElection>, client: &Client) -> String {
+    election
+        .and_then(|e| e.namespace.clone())
         .or_else(|| std::env::var("POD_NAMESPACE").ok())
-        .unwrap_or_else(|| client.default_namespace().to_string());
+        .unwrap_or_else(|| client.default_namespace().to_string())
+}
+
+/// The Lease, in the operator's own namespace.
+fn leader_options(election: &LeaderElection, client: &Client) -> leader::Options {
+    let namespace = own_namespace(Some(election), client);
     leader::Options {
         name: election.lease.clone(),
         namespace,

@@ -22,6 +22,7 @@ use super::nginx::{
     CONFIG_DIR, CONFIG_FILE, CONFIG_HASH_ENV, POD_FILES, entrypoint, nginx_args, running_readiness_command,
 };
 use super::reload::{LIVE_DIR, LIVE_POD_FILES, RELOAD_POLICY, live_entrypoint};
+use super::signature::{CONFIG_KEY_ENV, ConfigSigner, SIGNATURE_FILE};
 use super::stop::{SIDECAR_DRAIN, TERMINATION_GRACE_SECONDS, graceful_stop};
 use crate::api::{self, Protocol};
 use crate::spec::{Admitted, SpecPolicy};
@@ -42,14 +43,24 @@ pub struct ProxySettings {
     /// The operator's spec policy: the `spec.replicas` of a Balancer that sets none, and the
     /// proxy images a Balancer may choose.
     pub policy: SpecPolicy,
+    /// The operator's key, which signs every configuration, and whose public half the live
+    /// proxies check it with (see [`signature`](super::signature)); `None` (`balancer render`):
+    /// unsigned, and the proxies check nothing.
+    pub signer: Option<ConfigSigner>,
 }
 
-/// `<balancer>-proxy-configmap` holding `nginx.conf` and its model (see [`super::model`]).
-pub fn proxy_config_map(owner: &Owner, nginx_conf: &str, model_json: &str) -> ConfigMap {
-    let data = [(CONFIG_FILE, nginx_conf), (MODEL_FILE, model_json)];
+/// `<balancer>-proxy-configmap` holding `nginx.conf` and its model (see [`super::model`]), and
+/// the operator's signature of both when it has a `signer`.
+pub fn proxy_config_map(owner: &Owner, nginx_conf: &str, model_json: &str, signer: Option<&ConfigSigner>) -> ConfigMap {
+    let mut data: BTreeMap<String, String> =
+        [(CONFIG_FILE, nginx_conf), (MODEL_FILE, model_json)].map(|(k, v)| (k.to_string(), v.to_string())).into();
+    if let Some(signer) = signer {
+        let signature = signer.sign(&owner.namespace, &owner.name, nginx_conf, model_json);
+        data.insert(SIGNATURE_FILE.to_string(), signature);
+    }
     ConfigMap {
         metadata: metadata(owner, api::proxy_configmap_name(&owner.name), labels(&owner.name, COMPONENT_PROXY)),
-        data: Some(data.into_iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()),
+        data: Some(data),
         ..ConfigMap::default()
     }
 }
@@ -186,6 +197,14 @@ fn proxy_pod_spec(owner: &Owner, spec: &Admitted, settings: &ProxySettings, deli
             });
             mounts.push(log_mount());
         }
+        // Live, the sidecar checks each configuration's signature with the operator's key.
+        let key = |signer: &ConfigSigner| {
+            vec![EnvVar { name: CONFIG_KEY_ENV.into(), value: Some(signer.public_key().to_string()), value_from: None }]
+        };
+        let env = match delivery {
+            Delivery::Live => settings.signer.as_ref().map(key),
+            Delivery::Mounted { .. } => env,
+        };
         Container {
             security_context: Some(security_context),
             volume_mounts: Some(mounts),

@@ -13,6 +13,7 @@ pub mod model;
 pub mod nginx;
 pub mod reload;
 mod services;
+pub mod signature;
 pub mod stop;
 pub mod upstreams;
 
@@ -142,7 +143,7 @@ pub fn proxy(owner: &Owner, spec: &Admitted, settings: &ProxySettings, backends:
         }
     };
     Proxy {
-        config_map: proxy_config_map(owner, &nginx_conf, &model),
+        config_map: proxy_config_map(owner, &nginx_conf, &model, settings.signer.as_ref()),
         deployment: proxy_deployment(owner, spec, settings, &nginx::config_hash(&nginx_conf)),
         front_service: front_service(owner, spec),
         nginx_conf,

@@ -104,5 +104,6 @@ pub fn proxy_settings(replicas: i32) -> ProxySettings {
         load_modules: Vec::new(),
         metrics_image: None,
         policy: SpecPolicy { replicas, ..SpecPolicy::default() },
+        signer: None,
     }
 }

@@ -66,6 +66,7 @@ async fn the_controller_lists_then_watches_each_cache_endpoint_slices_included_a
         load_modules: Vec::new(),
         metrics_image: None,
         policy: SpecPolicy::default(),
+        signer: None,
     };
     let options = Options { scope: Scope::Namespace(NS.into()), proxy, concurrency: 4 };
     let (synced, stop) = (Arc::new(AtomicBool::new(false)), CancellationToken::new());

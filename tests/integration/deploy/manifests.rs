@@ -3,7 +3,9 @@
 
 use std::collections::BTreeSet;
 
-use balancer::deploy::{CLUSTER_PERMISSIONS, LEADER_ELECTION_PERMISSIONS, Permission};
+use balancer::deploy::{
+    CLUSTER_PERMISSIONS, LEADER_ELECTION_PERMISSIONS, Permission, SIGNING_PERMISSIONS, SIGNING_ROLE, SIGNING_SECRET,
+};
 use serde_json::{Value, json};
 
 use crate::support;
@@ -221,9 +223,14 @@ fn rbac_grants_exactly_what_the_controller_uses() {
         grants(&find(&docs, "Role", "balancer-leader-election")["rules"]),
         expected(LEADER_ELECTION_PERMISSIONS)
     );
+    let signing = &find(&docs, "Role", SIGNING_ROLE)["rules"];
+    assert_eq!(grants(signing), expected(SIGNING_PERMISSIONS));
+    let named = |verb: &str| signing.as_array().unwrap().iter().find(|r| r["verbs"] == json!([verb])).cloned();
+    assert_eq!(named("get").expect("a get rule")["resourceNames"], json!([SIGNING_SECRET]), "the one Secret");
     for (kind, name, role) in [
         ("ClusterRoleBinding", "balancer-manager", "balancer-manager"),
         ("RoleBinding", "balancer-leader-election", "balancer-leader-election"),
+        ("RoleBinding", SIGNING_ROLE, SIGNING_ROLE),
     ] {
         let binding = find(&docs, kind, name);
         assert_eq!(binding["roleRef"]["name"], role);

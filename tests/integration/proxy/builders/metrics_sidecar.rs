@@ -189,3 +189,30 @@ fn with_the_sidecar_a_new_configuration_changes_no_pod_and_only_the_sidecar_hold
     let account = proxy::proxy_service_account(&owner);
     assert_eq!(account.automount_service_account_token, Some(false));
 }
+
+/// With the operator's key, every configuration is signed for its Balancer, and the live
+/// sidecar, which checks it, is given the public key.
+#[test]
+fn the_operator_signs_each_configuration_and_gives_the_live_sidecar_its_public_key() {
+    use balancer::proxy::signature::{CONFIG_KEY_ENV, ConfigSigner, SIGNATURE_FILE};
+    let signer = ConfigSigner::from_pkcs8(&ConfigSigner::generate().expect("a key")).expect("a signer");
+    let balancer = sample();
+    let owner = owner(&balancer);
+    let sidecar_env = |settings: &ProxySettings| {
+        let desired = desired(&owner, &admitted(&balancer, settings), settings);
+        let pod = pod_spec(&desired.deployment);
+        let sidecar = pod.init_containers.iter().flatten().find(|c| c.name == proxy::METRICS_CONTAINER).cloned();
+        (desired.config_map, sidecar.and_then(|c| c.env).unwrap_or_default())
+    };
+    let live = ProxySettings { signer: Some(signer.clone()), ..with_sidecar() };
+    let (config_map, env) = sidecar_env(&live);
+    let data = config_map.data.expect("data");
+    let (conf, model) = (&data[nginx::CONFIG_FILE], &data[MODEL_FILE]);
+    let key = signer.public_key();
+    assert!(key.verifies(&owner.namespace, &owner.name, conf, model, &data[SIGNATURE_FILE]), "signed for it");
+    assert!(!key.verifies(&owner.namespace, "another", conf, model, &data[SIGNATURE_FILE]));
+    let given: Vec<_> = env.iter().filter(|e| e.name == CONFIG_KEY_ENV).map(|e| e.value.clone()).collect();
+    assert_eq!(given, [Some(key.to_string())], "the public key, and nothing of the private one");
+    let (unsigned, _) = sidecar_env(&with_sidecar());
+    assert!(!unsigned.data.expect("data").contains_key(SIGNATURE_FILE), "`balancer render` signs nothing");
+}
