@@ -433,7 +433,8 @@ mod tests {
         let metrics = Arc::new(ProxyMetrics::register(None, first.upstreams.clone(), &mut registry));
         let stop = CancellationToken::new();
         let (sender, changes) = futures::channel::mpsc::unbounded();
-        let following = tokio::spawn(follow(changes, files.clone(), first.clone(), unsigned(), metrics.clone(), stop.clone()));
+        let following =
+            tokio::spawn(follow(changes, files.clone(), first.clone(), unsigned(), metrics.clone(), stop.clone()));
         // Handed over, and not yet said to be served: nginx has not started on it.
         tokio::time::sleep(Duration::from_millis(300)).await;
         let handed = std::fs::read_to_string(&files.desired).expect("the desired file");

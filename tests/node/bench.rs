@@ -65,14 +65,13 @@ async fn mounted_template(world: &World) -> Value {
     let deployments: Api<Deployment> = Api::namespaced(world.admin.clone(), NS);
     let live = deployments.get("example-balancer-proxy").await.expect("the proxy Deployment");
     let image = live.spec.and_then(|s| s.template.spec?.containers.into_iter().next()?.image).expect("an image");
-    let settings =
-        ProxySettings {
-            image,
-            load_modules: Vec::new(),
-            metrics_image: None,
-            policy: SpecPolicy::default(),
-            signer: None,
-        };
+    let settings = ProxySettings {
+        image,
+        load_modules: Vec::new(),
+        metrics_image: None,
+        policy: SpecPolicy::default(),
+        signer: None,
+    };
     let deployment = balancer::proxy::proxy_deployment(&owner, &spec, &settings, "");
     serde_json::to_value(deployment.spec.expect("spec").template).expect("template")
 }
