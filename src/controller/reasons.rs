@@ -57,6 +57,9 @@ pub enum Reason {
     Migrated,
     /// The proxy's PodDisruptionBudget could not be written.
     DisruptionBudget,
+    /// The proxy's ConfigMap held a configuration balancer did not sign for the Balancer; the
+    /// proxies refused it, and balancer wrote its own back.
+    ForeignConfiguration,
 }
 
 impl Reason {
@@ -113,6 +116,7 @@ mod tests {
                 "Deleted",
                 "Migrated",
                 "DisruptionBudget",
+                "ForeignConfiguration",
             ]
         );
         for &reason in Reason::ALL {

@@ -7,9 +7,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::core::v1::{ConfigMap, Service};
 use k8s_openapi::jiff::Timestamp;
 use kube::runtime::controller::Action;
+use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
 use tracing::Instrument;
 
@@ -19,7 +20,7 @@ use super::conditions::is_true;
 use super::context::Context;
 use super::exposure::Exposure;
 use super::metrics::ReconcileResult;
-use super::plan::{cluster_ip, obsolete_backends};
+use super::plan::{cluster_ip, controlled_by, obsolete_backends};
 use super::programmed::{self, Programmed};
 use super::reasons::Reason;
 use super::report::{StatusWrite, Written, announce, observed_from_cache, publish, write_status};
@@ -251,6 +252,10 @@ async fn apply_proxy(
     if ctx.settings.metrics_image.is_some() {
         apply_proxy_identity(ctx, owner, written).await?;
     }
+    if let Some(forged) = foreign_configuration(ctx, owner, &proxy.config_map) {
+        tracing::warn!(config_map = %proxy.config_map.name_any(), "the proxy's ConfigMap held a configuration balancer did not sign; writing balancer's back");
+        publish(balancer, ctx, Note::new(EventType::Warning, Reason::ForeignConfiguration, &forged)).await;
+    }
     ensure(ctx, owner, &caches.config_maps, &proxy.config_map, written).await?;
     let deployment = ensure(ctx, owner, &caches.deployments, &proxy.deployment, written).await?;
     let budget = proxy::proxy_disruption_budget(owner);
@@ -269,6 +274,22 @@ async fn apply_proxy(
         publish(balancer, ctx, Note::new(EventType::Warning, Reason::DisruptionBudget, &note)).await;
     }
     Ok(deployment)
+}
+
+/// What to tell of the proxy's ConfigMap, as cached, when it is this Balancer's and holds a
+/// configuration someone else wrote (see [`proxy::written_by_another`]); the live proxies refuse
+/// such a file, and [`ensure`] then writes balancer's back. A ConfigMap balancer does not
+/// control is reported as a conflict instead.
+fn foreign_configuration(ctx: &Context, owner: &Owner, desired: &ConfigMap) -> Option<String> {
+    let key = ctx.settings.signer.as_ref()?.public_key();
+    let name = desired.name_any();
+    let cached = ctx.children.config_maps.get(&ObjectRef::new(&name).within(&owner.namespace))?;
+    let current = cached.object().ok()?;
+    (controlled_by(&current, owner) && proxy::written_by_another(&current, desired, owner, &key)).then(|| {
+        format!(
+            "ConfigMap {name} held a configuration balancer did not sign for this Balancer: the proxies refuse it and serve the last one balancer made, which is written back"
+        )
+    })
 }
 
 /// Deletes the backend Services the spec no longer names once the proxy serves without them

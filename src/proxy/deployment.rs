@@ -22,7 +22,7 @@ use super::nginx::{
     CONFIG_DIR, CONFIG_FILE, CONFIG_HASH_ENV, POD_FILES, entrypoint, nginx_args, running_readiness_command,
 };
 use super::reload::{LIVE_DIR, LIVE_POD_FILES, RELOAD_POLICY, live_entrypoint};
-use super::signature::{CONFIG_KEY_ENV, ConfigSigner, SIGNATURE_FILE};
+use super::signature::{CONFIG_KEY_ENV, ConfigKey, ConfigSigner, SIGNATURE_FILE};
 use super::stop::{SIDECAR_DRAIN, TERMINATION_GRACE_SECONDS, graceful_stop};
 use crate::api::{self, Protocol};
 use crate::spec::{Admitted, SpecPolicy};
@@ -63,6 +63,20 @@ pub fn proxy_config_map(owner: &Owner, nginx_conf: &str, model_json: &str, signe
         data: Some(data),
         ..ConfigMap::default()
     }
+}
+
+/// Whether the proxy's ConfigMap as it is (`current`) holds a configuration someone else wrote:
+/// neither the one balancer wants (`desired`, signed or not: a ConfigMap written before
+/// configurations were signed is not someone else's) nor one it signed for the Balancer.
+pub fn written_by_another(current: &ConfigMap, desired: &ConfigMap, owner: &Owner, key: &ConfigKey) -> bool {
+    let file = |config_map: &ConfigMap, name: &str| config_map.data.as_ref().and_then(|d| d.get(name)).cloned();
+    let files = |config_map: &ConfigMap| (file(config_map, CONFIG_FILE), file(config_map, MODEL_FILE));
+    let (conf, model) = files(current);
+    if (&conf, &model) == (&files(desired).0, &files(desired).1) {
+        return false;
+    }
+    let (Some(conf), Some(model), Some(signature)) = (conf, model, file(current, SIGNATURE_FILE)) else { return true };
+    !key.verifies(&owner.namespace, &owner.name, &conf, &model, &signature)
 }
 
 /// `<balancer>-proxy`: unprivileged nginx. With the metrics sidecar, the sidecar follows the

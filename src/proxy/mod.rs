@@ -20,6 +20,7 @@ pub mod upstreams;
 pub use budget::proxy_disruption_budget;
 pub use deployment::{
     METRICS_CONTAINER, METRICS_PORT_NAME, ProxySettings, TOKEN_DIR, proxy_config_map, proxy_deployment,
+    written_by_another,
 };
 pub use identity::{CONFIG_READER_VERBS, proxy_config_reader, proxy_config_reader_binding, proxy_service_account};
 pub use meta::{

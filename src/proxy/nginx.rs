@@ -237,12 +237,13 @@ pub const CONFIG_HASH_ENV: &str = "BALANCER_CONFIG_HASH";
 ///   lags behind while its watch reconnects (after an API server restart, up to a minute): a
 ///   pod of a new rollout would start on the previous `nginx.conf`, and nginx never reads the
 ///   file again. The waiting pod is not Ready, so the rollout keeps the old pods serving meanwhile.
-///   An image without `sha256sum` starts at once, with a warning;
+///   The hash also keeps out a file someone else wrote into the ConfigMap: an image without
+///   `sha256sum` therefore does not start (the container exits 1, saying why);
 /// - on a node without IPv6 (booted with `ipv6.disable=1`, where `listen [::]` fails) it
 ///   leaves the IPv6 `listen` lines out of the copy;
 /// - it turns the kubelet's SIGTERM into SIGQUIT, nginx's graceful quit (see [`quit_on_term`]).
 ///
-/// Needs `/bin/sh`, `cat`, `grep` and `mv`, as nginx images have.
+/// Needs `/bin/sh`, `cat`, `grep`, `mv` and `sha256sum`, as nginx images have.
 pub fn entrypoint(files: &ProxyFiles<'_>) -> String {
     let ProxyFiles { mounted, running, pid_file, ipv6_probe } = files;
     let quit = quit_on_term();
@@ -251,8 +252,8 @@ pub fn entrypoint(files: &ProxyFiles<'_>) -> String {
 rm -f {pid_file}
 check=${CONFIG_HASH_ENV}
 if [ -n "$check" ] && ! command -v sha256sum >/dev/null; then
-  check=
-  echo "balancer: no sha256sum in the image; nginx starts without checking {mounted}" >&2
+  echo "balancer: no sha256sum in the image; nginx does not start on {mounted} unchecked" >&2
+  exit 1
 fi
 until cat {mounted} > {running} && {{ [ -z "$check" ] || {{ sum=$(sha256sum {running}) && [ "${{sum%% *}}" = "$check" ]; }}; }}; do
   [ -n "$told" ] || echo "balancer: waiting for the kubelet to mount {mounted} with hash $check" >&2

@@ -216,3 +216,40 @@ fn the_operator_signs_each_configuration_and_gives_the_live_sidecar_its_public_k
     let (unsigned, _) = sidecar_env(&with_sidecar());
     assert!(!unsigned.data.expect("data").contains_key(SIGNATURE_FILE), "`balancer render` signs nothing");
 }
+
+/// The controller tells a ConfigMap someone else wrote from its own: the one it wants, an older
+/// one it signed for the Balancer, or the unsigned one an earlier release wrote are its own.
+#[test]
+fn a_configuration_balancer_did_not_sign_for_the_balancer_is_written_by_another() {
+    use balancer::proxy::signature::{ConfigSigner, SIGNATURE_FILE};
+    let signer = ConfigSigner::from_pkcs8(&ConfigSigner::generate().expect("a key")).expect("a signer");
+    let key = signer.public_key();
+    let balancer = sample();
+    let owner = owner(&balancer);
+    let settings = ProxySettings { signer: Some(signer.clone()), ..with_sidecar() };
+    let desired = desired(&owner, &admitted(&balancer, &settings), &settings).config_map;
+    let data = desired.data.clone().expect("data");
+    let with = |changes: &[(&str, Option<String>)]| {
+        let mut current = desired.clone();
+        let data = current.data.get_or_insert_default();
+        for (name, value) in changes {
+            match value {
+                Some(value) => data.insert(name.to_string(), value.clone()),
+                None => data.remove(*name),
+            };
+        }
+        proxy::written_by_another(&current, &desired, &owner, &key)
+    };
+    let (conf, model) = (&data[nginx::CONFIG_FILE], &data[MODEL_FILE]);
+    let forged_conf = conf.replace("server ", "server 169.254.169.254:80; #");
+    let older = (conf.replace("weight=", "weight=1"), model.clone());
+    assert!(forged_conf != *conf && older.0 != *conf, "both differ from the wanted file");
+    assert!(!with(&[]), "its own");
+    assert!(!with(&[(SIGNATURE_FILE, None)]), "its own, as an earlier release wrote it");
+    let older_signature = signer.sign(&owner.namespace, &owner.name, &older.0, &older.1);
+    assert!(!with(&[(nginx::CONFIG_FILE, Some(older.0.clone())), (SIGNATURE_FILE, Some(older_signature))]), "older");
+    assert!(with(&[(nginx::CONFIG_FILE, Some(forged_conf.clone()))]), "a forged file under its signature");
+    assert!(with(&[(nginx::CONFIG_FILE, Some(forged_conf)), (SIGNATURE_FILE, None)]), "a forged unsigned file");
+    let elsewhere = signer.sign("another-namespace", &owner.name, &older.0, &older.1);
+    assert!(with(&[(nginx::CONFIG_FILE, Some(older.0)), (SIGNATURE_FILE, Some(elsewhere))]), "signed for a namesake");
+}
