@@ -1,16 +1,14 @@
-//! What reconciles share: clients, caches, settings, metrics, and each Balancer's failures
-//! for the backoff.
+//! What reconciles share: clients, caches, settings, metrics, and each Balancer's record.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::jiff::Timestamp;
 use kube::runtime::controller::Action;
 use kube::{Client, ResourceExt};
 
 use super::cache::ChildCaches;
 use super::metrics::ControllerMetrics;
+use super::records::Records;
 use super::stored::StoredBalancer;
 use super::{Error, RESYNC};
 use crate::deploy::FIELD_MANAGER;
@@ -63,14 +61,8 @@ pub struct Context {
     pub settings: ProxySettings,
     /// The controller's metrics.
     pub metrics: Arc<ControllerMetrics>,
-    /// Consecutive failures per Balancer uid (a recreated namesake starts afresh), for backoff.
-    failures: Mutex<HashMap<String, u32>>,
-    /// When each Balancer's status was last written, by uid: a change of backend readiness
-    /// alone waits for [`READINESS_WRITE_INTERVAL`](super::status::READINESS_WRITE_INTERVAL).
-    status_writes: Mutex<HashMap<String, Timestamp>>,
-    /// Since when each Balancer's proxy pods have been taking up which configuration (its id),
-    /// by uid, while not all of them serve it: the reconcile looks again often at first.
-    applying: Mutex<HashMap<String, (String, Timestamp)>>,
+    /// What the controller remembers of each Balancer between reconciles.
+    pub(super) records: Records,
 }
 
 impl Context {
@@ -82,29 +74,17 @@ impl Context {
         metrics: Arc<ControllerMetrics>,
     ) -> Self {
         let events = Events::new(client.clone(), FIELD_MANAGER);
-        let (failures, status_writes, applying) = (Mutex::default(), Mutex::default(), Mutex::default());
-        Context { client, events, children, settings, metrics, failures, status_writes, applying }
-    }
-
-    pub(super) fn failures(&self) -> std::sync::MutexGuard<'_, HashMap<String, u32>> {
-        self.failures.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    pub(super) fn applying(&self) -> std::sync::MutexGuard<'_, HashMap<String, (String, Timestamp)>> {
-        self.applying.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    pub(super) fn status_writes(&self) -> std::sync::MutexGuard<'_, HashMap<String, Timestamp>> {
-        self.status_writes.lock().unwrap_or_else(|e| e.into_inner())
+        Context { client, events, children, settings, metrics, records: Records::default() }
     }
 }
 
 /// Requeues a failed Balancer with exponential backoff: 1 s, 2 s, 4 s … up to 5 minutes.
 pub fn error_policy(balancer: Arc<StoredBalancer>, _error: &Error, ctx: Arc<Context>) -> Action {
-    let mut failures = ctx.failures();
-    let count = failures.entry(balancer.uid().unwrap_or_default()).or_insert(0);
-    *count = count.saturating_add(1);
-    Action::requeue(backoff(*count))
+    let failures = ctx.records.with(&balancer.uid().unwrap_or_default(), |record| {
+        record.failures = record.failures.saturating_add(1);
+        record.failures
+    });
+    Action::requeue(backoff(failures))
 }
 
 /// `2^(failures-1)` seconds, capped at [`RESYNC`].

@@ -75,6 +75,8 @@ pub struct ControllerMetrics {
     leader: Gauge,
     balancers: Family<ReadyLabels, Gauge>,
     backends_unavailable: Family<BalancerLabels, Gauge>,
+    /// Balancers with a record in memory (see `records`).
+    records: Gauge,
 }
 
 impl ControllerMetrics {
@@ -91,7 +93,13 @@ impl ControllerMetrics {
             leader: Gauge::default(),
             balancers: Family::default(),
             backends_unavailable: Family::default(),
+            records: Gauge::default(),
         };
+        registry.register(
+            "records",
+            "Balancers the controller keeps a record of in memory (failures, status writes, changes being applied), as of the last count",
+            metrics.records.clone(),
+        );
         registry.register(
             "backends_unavailable",
             "Backends with a weight and no ready endpoint, per Balancer that has any, as the leader sees them",
@@ -174,6 +182,11 @@ impl ControllerMetrics {
         for (label, count) in [("true", ready), ("false", not_ready), ("unknown", unknown)] {
             self.balancers.get_or_create(&ReadyLabels { ready: label }).set(count);
         }
+    }
+
+    /// How many Balancers the controller keeps a record of in memory.
+    pub fn set_records(&self, records: usize) {
+        self.records.set(i64::try_from(records).unwrap_or(i64::MAX));
     }
 
     /// The Balancers that have backends with a weight and no ready endpoint, and how many:

@@ -33,6 +33,7 @@ mod plan;
 mod programmed;
 mod reasons;
 mod reconcile;
+mod records;
 mod report;
 mod runner;
 mod ssa;

@@ -61,7 +61,7 @@ async fn reconcile_in_span(balancer: Arc<StoredBalancer>, ctx: Arc<Context>) -> 
     let result = converge(&balancer, &ctx, &mut written, now).await;
     let outcome = match &result {
         Ok(action) => {
-            ctx.failures().remove(&balancer.uid().unwrap_or_default());
+            ctx.records.with(&balancer.uid().unwrap_or_default(), |record| record.failures = 0);
             tracing::debug!(elapsed = ?started.elapsed(), next = ?action, "reconciled");
             ReconcileResult::Success
         }
@@ -88,8 +88,7 @@ async fn converge(
 ) -> Result<Action, Error> {
     if balancer.meta().deletion_timestamp.is_some() {
         // Garbage collection removes the children through their ownerReferences.
-        ctx.failures().remove(&balancer.uid().unwrap_or_default());
-        ctx.applying().remove(&balancer.uid().unwrap_or_default());
+        ctx.records.forget(&balancer.uid().unwrap_or_default());
         return Ok(Action::await_change());
     }
     let owner = Owner::of(balancer)?;
@@ -201,21 +200,21 @@ fn applying_since(
     nginx_conf: &str,
     now: Timestamp,
 ) -> Option<Duration> {
-    let uid = balancer.uid().unwrap_or_default();
-    let mut applying = ctx.applying();
-    if programmed.pods == 0 || programmed.all() {
-        applying.remove(&uid);
-        return None;
-    }
     let id = programmed::config_id(nginx_conf);
-    let since = match applying.get(&uid) {
-        Some((taking_up, since)) if *taking_up == id => *since,
-        _ => {
-            applying.insert(uid, (id, now));
-            now
+    ctx.records.with(&balancer.uid().unwrap_or_default(), |record| {
+        if programmed.pods == 0 || programmed.all() {
+            record.applying = None;
+            return None;
         }
-    };
-    Some(programmed::recheck(since, now))
+        let since = match &record.applying {
+            Some((taking_up, since)) if *taking_up == id => *since,
+            _ => {
+                record.applying = Some((id, now));
+                now
+            }
+        };
+        Some(programmed::recheck(since, now))
+    })
 }
 
 /// How many of the proxy pods serve `nginx_conf`, as their sidecars say.

@@ -110,7 +110,7 @@ pub(super) async fn write_status(
 ) -> Result<StatusWrite, Error> {
     let status = next_status(balancer, observed, ready.clone(), takeover);
     let uid = balancer.uid().unwrap_or_default();
-    let last = ctx.status_writes().get(&uid).copied();
+    let last = ctx.records.with(&uid, |record| record.status_written);
     if balancer.status.as_ref() == Some(&status) {
         // Right after a write of its own, the cache may not show it yet: look again then.
         return Ok(interval_left(last, now).map_or(StatusWrite::Done, StatusWrite::Held));
@@ -125,7 +125,7 @@ pub(super) async fn write_status(
     let patch = Patch::Merge(json!({ "status": status }));
     let status_error = |e| Error::api("update status of", "Balancer", &name, e);
     api.patch_status(&name, &PatchParams::default(), &patch).await.map_err(status_error)?;
-    ctx.status_writes().insert(uid, now);
+    ctx.records.with(&uid, |record| record.status_written = Some(now));
     let was = find(balancer.status.as_ref(), ConditionType::Ready);
     if let Some(type_) = ready_event(was, &ready)
         && let Some(reason) = Reason::of(&ready.reason)

@@ -150,8 +150,7 @@ async fn count_balancers(balancers: Store<StoredBalancer>, ctx: Arc<Context>, st
         }
         ctx.metrics.set_balancers(ready, not_ready, unknown);
         ctx.metrics.set_backends_unavailable(unavailable);
-        ctx.failures().retain(|uid, _| uids.contains(uid));
-        ctx.status_writes().retain(|uid, _| uids.contains(uid));
+        ctx.metrics.set_records(ctx.records.keep_only(&uids));
     }
 }
 

@@ -38,7 +38,7 @@ use std::time::{Duration, Instant};
 use balancer::api::Balancer;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Service};
-use kube::api::ListParams;
+use kube::api::{ListParams, Patch, PatchParams};
 use kube::{Api, Client};
 use serde::Deserialize;
 use serde_json::json;
@@ -138,8 +138,44 @@ pub async fn run(assets: &Path) -> ExitCode {
     for line in metrics.lines().filter(|l| l.starts_with("balancer_reconcile") || l.starts_with("balancer_api_")) {
         println!("scale:   {line}");
     }
+    let held = records_held(&world).await;
+    let records = forget_every_balancer(&world, n).await;
+    println!(
+        "scale: Balancers the operator holds a record of: {held:?} with all {n}, {records:?} once all were deleted (half in the middle of a change)"
+    );
     drop(world);
-    if converged_in.is_some() { ExitCode::SUCCESS } else { ExitCode::FAILURE }
+    if converged_in.is_some() && records == Some(0) { ExitCode::SUCCESS } else { ExitCode::FAILURE }
+}
+
+/// `balancer_records`, from the operator's metrics.
+async fn records_held(world: &World) -> Option<i64> {
+    let metrics = world.operators[0].metrics(&world.plane).await;
+    metrics.lines().find_map(|l| l.strip_prefix("balancer_records ")?.trim().parse().ok())
+}
+
+/// Changes the weights of every other Balancer, deletes them all at once (so that half are
+/// deleted in the middle of a change), and returns how many Balancers the operator still holds a
+/// record of (`balancer_records`) once its next count is due.
+async fn forget_every_balancer(world: &World, n: usize) -> Option<i64> {
+    let balancers: Api<Balancer> = Api::namespaced(world.admin.clone(), NS);
+    let backend = |name: &str, weight: u32| json!({"name": name, "weight": weight, "selector": {"version": name}});
+    let change = json!({"spec": {"backends": [backend("v1", 20), backend("v2", 40), backend("v3", 40)]}});
+    for i in (0..n).step_by(2) {
+        let _ = balancers.patch(&format!("scale-{i:05}"), &PatchParams::default(), &Patch::Merge(&change)).await;
+    }
+    let kubectl = world.plane.kubectl("admin");
+    tokio::task::spawn_blocking(move || kubectl.ok(&["-n", NS, "delete", "balancers", "--all", "--wait=false"]))
+        .await
+        .expect("the delete");
+    // The records are counted, and those of deleted Balancers dropped, every 10 s.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        tokio::time::sleep(Duration::from_secs(11)).await;
+        let records = records_held(world).await;
+        if records == Some(0) || Instant::now() > deadline {
+            return records;
+        }
+    }
 }
 
 /// `12.3 s`, or `NOT within …` for what did not happen before `timeout`.
