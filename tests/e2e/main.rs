@@ -48,7 +48,9 @@ use crate::crd::crd_is_accepted_and_established;
 use crate::garbage_collection::deleting_a_balancer_collects_its_children;
 use crate::leader_election::leader_election_hands_over;
 use crate::metrics::metrics_need_a_token_allowed_to_get_them;
-use crate::rbac::operator_runs_with_only_the_shipped_rbac;
+use crate::rbac::{
+    operator_runs_with_only_the_shipped_rbac, the_admission_policy_holds_the_operator_to_the_proxy_identity,
+};
 use crate::reconcile::{
     a_balancer_is_exposed_by_node_ports_and_a_load_balancer, a_dropped_port_leaves_every_child,
     a_namesake_is_never_adopted, balancers_are_reconciled_into_children_and_status,
@@ -126,6 +128,7 @@ fn main() -> ExitCode {
         let all = scenarios![World:
             crd_is_accepted_and_established,
             operator_runs_with_only_the_shipped_rbac,
+            the_admission_policy_holds_the_operator_to_the_proxy_identity,
             webhooks_are_called_by_the_api_server,
             balancers_are_reconciled_into_children_and_status,
             each_backends_ready_endpoints_are_in_the_status,
