@@ -77,3 +77,39 @@ pub fn defaults_patch(spec: &BalancerSpec, defaults: &SpecPolicy) -> Result<Patc
     };
     Ok(json_patch::diff(&at_spec(spec)?, &at_spec(&with_defaults(spec, defaults))?))
 }
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    /// A spec of `ports` ports and `backends` backends, none defaulted. Reading refuses longer
+    /// lists than validation allows, so they are pushed after.
+    fn spec(ports: usize, backends: usize) -> BalancerSpec {
+        let port = |i: usize| json!({"name": format!("p{i}"), "port": 1000 + i});
+        let backend = |i: usize| json!({"name": format!("b{i}"), "selector": {"app": format!("b{i}")}});
+        let mut spec: BalancerSpec =
+            serde_json::from_value(json!({"ports": [port(0)], "backends": [backend(0)]})).expect("a spec");
+        for i in 1..ports {
+            spec.ports.push(serde_json::from_value(port(i)).expect("a port"));
+        }
+        for i in 1..backends {
+            spec.backends.push(serde_json::from_value(backend(i)).expect("a backend"));
+        }
+        spec
+    }
+
+    /// Any spec that reads is within the limits; one built in memory beyond them costs no
+    /// defaulting.
+    #[test]
+    fn a_list_longer_than_validation_allows_is_not_defaulted() {
+        let defaults = SpecPolicy::default();
+        for (ports, backends) in [(MAX_PORTS + 1, 1), (1, MAX_BACKENDS + 1)] {
+            let too_long = spec(ports, backends);
+            assert_eq!(with_defaults(&too_long, &defaults), too_long, "{ports} ports, {backends} backends");
+        }
+        let within = spec(MAX_PORTS, MAX_BACKENDS);
+        assert_ne!(with_defaults(&within, &defaults), within, "defaulted up to the limits");
+    }
+}
