@@ -17,7 +17,7 @@ use crate::proxy::ProxySettings;
 use crate::proxy::signature::ConfigKey;
 use crate::runtime::logging::LogFormat;
 use crate::runtime::throttle::Rate;
-use crate::spec::SpecPolicy;
+use crate::spec::{SchedulingPolicy, SpecPolicy};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -234,11 +234,43 @@ pub struct PolicyArgs {
     /// its proxy pods.
     #[arg(long = "allowed-proxy-images", value_delimiter = ',', value_parser = image_prefix)]
     pub allowed_proxy_images: Vec<String>,
+    /// PriorityClasses a Balancer's spec.proxy.priorityClassName may name; repeat or separate
+    /// with commas, or give an empty value to allow none. Unset, the default: any.
+    #[arg(long, env = "BALANCER_ALLOWED_PRIORITY_CLASSES", value_delimiter = ',')]
+    pub allowed_priority_classes: Option<Vec<String>>,
+    /// Node label keys a Balancer's spec.proxy.nodeSelector and node affinity may use
+    /// (metadata.name for a term's matchFields); repeat or separate with commas, or give an
+    /// empty value to allow none. Unset, the default: any.
+    #[arg(long, env = "BALANCER_ALLOWED_NODE_LABEL_KEYS", value_delimiter = ',')]
+    pub allowed_node_label_keys: Option<Vec<String>>,
+    /// Taint keys a Balancer's spec.proxy.tolerations may tolerate (* for a toleration without
+    /// a key, which tolerates every taint); repeat or separate with commas, or give an empty
+    /// value to allow none. Unset, the default: any.
+    #[arg(long, env = "BALANCER_ALLOWED_TOLERATION_KEYS", value_delimiter = ',')]
+    pub allowed_toleration_keys: Option<Vec<String>>,
+    /// Prefixes a Balancer's spec.proxy.podAnnotations keys must start with (e.g.
+    /// prometheus.io/); repeat or separate with commas, or give an empty value to allow none.
+    /// Unset, the default: any.
+    #[arg(long, env = "BALANCER_ALLOWED_POD_ANNOTATION_PREFIXES", value_delimiter = ',')]
+    pub allowed_pod_annotation_prefixes: Option<Vec<String>>,
 }
 
 impl PolicyArgs {
     pub fn spec_policy(&self) -> SpecPolicy {
-        SpecPolicy { replicas: self.proxy_replicas, allowed_images: self.allowed_proxy_images.clone() }
+        // An empty value allows none.
+        let listed = |values: &Option<Vec<String>>| {
+            values.as_ref().map(|v| v.iter().filter(|s| !s.is_empty()).cloned().collect::<Vec<_>>())
+        };
+        SpecPolicy {
+            replicas: self.proxy_replicas,
+            allowed_images: self.allowed_proxy_images.clone(),
+            scheduling: SchedulingPolicy {
+                priority_classes: listed(&self.allowed_priority_classes),
+                node_label_keys: listed(&self.allowed_node_label_keys),
+                toleration_keys: listed(&self.allowed_toleration_keys),
+                pod_annotation_prefixes: listed(&self.allowed_pod_annotation_prefixes),
+            },
+        }
     }
 }
 

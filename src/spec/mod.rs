@@ -15,10 +15,10 @@ pub(crate) mod report;
 pub mod validation;
 
 pub use defaults::{defaults_patch, fill_defaults, with_defaults};
-pub use policy::SpecPolicy;
+pub use policy::{SchedulingPolicy, SpecPolicy};
 pub use read::{parse_spec, read_spec};
 pub use report::{FieldError, ObjectName, Report, denial_message};
-pub use validation::{unchangeable, validate};
+pub use validation::{ANY_TAINT, unchangeable, validate};
 
 use crate::api::{
     Algorithm, BalancerPort, BalancerSpec, ExternalTrafficPolicy, Protocol, ServiceType, SessionAffinity, UpstreamKind,

@@ -1,6 +1,7 @@
 //! Where the proxy runs and how it is exposed: `spec.service` and `spec.proxy`.
 
 use super::fields::*;
+use super::scheduling::validate_scheduling;
 use crate::api::formats::{check_label_key, is_dns1123_subdomain};
 use crate::api::v1beta1::ProxySpec;
 use crate::api::{
@@ -76,13 +77,14 @@ pub fn unchangeable(old: &BalancerSpec, new: &BalancerSpec) -> Vec<FieldError> {
     Vec::new()
 }
 
-/// `spec.proxy`: the image against the operator's allowlist, and the fields the API server
+/// `spec.proxy`: the image and the scheduling fields against the operator's policy, and the fields the API server
 /// would otherwise refuse only on the Deployment, where the user would not see why.
 pub(super) fn validate_proxy(proxy: Option<&ProxySpec>, policy: &SpecPolicy, report: &mut Report) {
     let Some(proxy) = proxy else { return };
     if let Some(image) = &proxy.image {
         validate_image(image, &policy.allowed_images, report);
     }
+    validate_scheduling(proxy, &policy.scheduling, report);
     validate_selector(&"spec.proxy.nodeSelector", proxy.node_selector.as_ref(), report);
     validate_annotations("spec.proxy.podAnnotations", proxy.pod_annotations.as_ref(), report);
     validate_duration(&"spec.proxy.drainTimeout", proxy.drain_timeout.as_deref(), DRAIN_TIMEOUT, report);

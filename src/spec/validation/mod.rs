@@ -8,8 +8,10 @@ mod backends;
 mod exposure;
 mod fields;
 mod ports;
+mod scheduling;
 
 pub use exposure::unchangeable;
+pub use scheduling::ANY_TAINT;
 
 use backends::validate_backends;
 use exposure::{validate_proxy, validate_service};

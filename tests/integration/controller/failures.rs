@@ -115,3 +115,35 @@ async fn an_unreadable_spec_is_reported_even_when_its_status_cannot_be_written()
     assert_eq!(action, Action::await_change());
     verifier.await.unwrap();
 }
+
+/// A stored Balancer that a newly configured scheduling policy refuses is reported on itself,
+/// naming the field, and nothing of it is written: its running proxy is left as it was.
+#[tokio::test]
+async fn a_stored_balancer_outside_a_new_scheduling_policy_is_reported_and_its_proxy_left_alone() {
+    use balancer::api::v1beta1::ProxySpec;
+    use balancer::controller::Context;
+    use balancer::manager::Metrics;
+    use balancer::proxy::ProxySettings;
+    use balancer::spec::{SchedulingPolicy, SpecPolicy};
+    let (client, mut server) = crate::support::mock_api::pair();
+    let (children, _caches) = super::harness::child_caches();
+    let scheduling =
+        SchedulingPolicy { priority_classes: Some(vec!["balancer-proxy".into()]), ..SchedulingPolicy::ANY };
+    let settings = super::harness::settings();
+    let settings = ProxySettings { policy: SpecPolicy { scheduling, ..settings.policy.clone() }, ..settings };
+    let ctx = Arc::new(Context::new(client, children, settings, Metrics::default().controller));
+    let mut balancer = sample();
+    balancer.spec.proxy =
+        Some(ProxySpec { priority_class_name: Some("system-node-critical".into()), ..ProxySpec::default() });
+    let verifier = tokio::spawn(async move {
+        let status = expect_status(&mut server, &sample()).await;
+        let message = "Balancer \"example-balancer\" is invalid: spec.proxy.priorityClassName: is not one of the \
+                       priority classes the operator allows (--allowed-priority-classes): \"balancer-proxy\"; got \
+                       \"system-node-critical\"";
+        assert_status(&status, (0, 0), (0, 0), json!({"status": "False", "reason": "InvalidSpec", "message": message}));
+        expect_event(&mut server, "InvalidSpec").await;
+    });
+    let action = reconcile(Arc::new(balancer.into()), ctx).await.expect("a refused spec is not a reconcile error");
+    assert_eq!(action, Action::await_change());
+    verifier.await.unwrap();
+}

@@ -270,6 +270,8 @@ fn proxy_and_scope_values_become_the_operators_flags() {
         "proxy.replicas=3",
         "proxy.loadModules={/usr/lib/nginx/modules/ngx_stream_module.so}",
         "proxy.allowedImages={registry.example.com/nginx/}",
+        "proxy.scheduling.allowedPriorityClasses={balancer-proxy,system-cluster-critical}",
+        "proxy.scheduling.allowedPodAnnotationPrefixes={prometheus.io/}",
         "proxy.metrics.enabled=false",
         "watchNamespace=shop",
     ]);
@@ -281,9 +283,13 @@ fn proxy_and_scope_values_become_the_operators_flags() {
         "--proxy-replicas=3",
         "--proxy-load-module=/usr/lib/nginx/modules/ngx_stream_module.so",
         "--allowed-proxy-images=registry.example.com/nginx/",
+        "--allowed-priority-classes=balancer-proxy,system-cluster-critical",
+        "--allowed-pod-annotation-prefixes=prometheus.io/",
     ] {
         assert!(args.contains(&flag), "{flag} not in {args:?}");
     }
+    let unset = ["--allowed-node-label-keys", "--allowed-toleration-keys"];
+    assert!(!args.iter().any(|a| unset.iter().any(|u| a.starts_with(u))), "unset values give no flag: {args:?}");
     assert!(!container["env"].to_string().contains("BALANCER_PROXY_METRICS_IMAGE"), "no sidecar without metrics");
     assert!(!chart.contains_key("ClusterRoleBinding /balancer-manager"), "no cluster-wide manager binding");
     assert_eq!(chart["RoleBinding shop/balancer-manager"]["roleRef"]["name"], "balancer-manager");

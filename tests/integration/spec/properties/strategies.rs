@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use balancer::api::v1beta1::{FrontService, ProxySpec};
 use balancer::api::{Algorithm, BackendSpec, BalancerPort, BalancerSpec};
-use balancer::spec::{SpecPolicy, with_defaults};
+use balancer::spec::{SchedulingPolicy, SpecPolicy, with_defaults};
 use json_patch::Patch;
 use k8s_openapi::api::core::v1::{ResourceRequirements, Toleration};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -21,7 +21,8 @@ pub(super) const CASES: u32 = 256;
 
 /// What the webhooks default with in these tests (`--proxy-replicas 3`: not the type's default,
 /// so a test cannot pass by accident with `SpecPolicy::default()`).
-pub(super) const DEFAULTS: SpecPolicy = SpecPolicy { replicas: 3, allowed_images: Vec::new() };
+pub(super) const DEFAULTS: SpecPolicy =
+    SpecPolicy { replicas: 3, allowed_images: Vec::new(), scheduling: SchedulingPolicy::ANY };
 
 /// The defaults patch, which cannot fail to encode for a spec of strings and numbers.
 pub(super) fn defaults_patch(spec: &BalancerSpec) -> Patch {

@@ -14,5 +14,6 @@ mod names;
 mod ports;
 mod proxy;
 mod rendering;
+mod scheduling;
 mod table;
 mod whole_spec;

@@ -4,8 +4,8 @@
 use std::collections::BTreeMap;
 
 use balancer::api::{BackendSpec, BalancerPort, BalancerSpec};
-use balancer::spec::SpecPolicy;
 use balancer::spec::{ObjectName, Report, validate};
+use balancer::spec::{SchedulingPolicy, SpecPolicy};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use crate::support::fixtures;
@@ -18,11 +18,17 @@ pub(super) struct Subject {
     pub(super) spec: BalancerSpec,
     /// The operator's `--allowed-proxy-images`.
     pub(super) allowed_images: Vec<String>,
+    /// The operator's scheduling policy (`--allowed-priority-classes` and the like).
+    pub(super) scheduling: SchedulingPolicy,
 }
 
 impl Subject {
     pub(super) fn report(&self) -> Report {
-        let policy = SpecPolicy { replicas: 1, allowed_images: self.allowed_images.clone() };
+        let policy = SpecPolicy {
+            replicas: 1,
+            allowed_images: self.allowed_images.clone(),
+            scheduling: self.scheduling.clone(),
+        };
         validate(ObjectName::from_meta(self.name.as_deref(), self.generate_name.as_deref()), &self.spec, &policy)
     }
 }
@@ -56,6 +62,7 @@ pub(super) fn sample() -> Subject {
         name: Some(fixtures::SAMPLE.into()),
         generate_name: None,
         allowed_images: Vec::new(),
+        scheduling: SchedulingPolicy::ANY,
         spec: BalancerSpec { replicas: Some(1), ..fixtures::sample_spec() },
     }
 }
