@@ -130,13 +130,14 @@ pub(crate) async fn an_unreadable_stored_balancer_is_reported_on_itself(world: &
     let limit = delay + Duration::from_secs(10);
     assert_exits_on_sigterm(&world.plane, &mut world.operators[0], limit);
 
-    // ... and with a controller that cannot even list Balancers (a user without RBAC).
+    // ... and with a controller that cannot even read its signing key, its first request, let
+    // alone list Balancers (a user without RBAC).
     let blind = Operator::start_alive(&world.plane, "operator-f", NOBODY.name, &[&shutdown_delay]).await;
     world.operators.push(blind);
-    eventually("the list as nobody to be forbidden", Duration::from_secs(20), || async {
+    eventually("the signing key's read as nobody to be forbidden", Duration::from_secs(20), || async {
         let forbidden = world.plane.audit_events().iter().any(|e| {
             e["user"]["username"] == NOBODY.name
-                && e["objectRef"]["resource"] == "balancers"
+                && e["objectRef"]["resource"] == "secrets"
                 && e["responseStatus"]["code"] == 403
         });
         forbidden.then_some(())

@@ -63,3 +63,18 @@ fn denial_message_from_a_real_report() {
          spec.backends[1].weight: must be between 0 and 100, got 150]"
     );
 }
+
+/// A denial lists the first 16 errors and counts the rest, so that its size is bounded however
+/// many errors a spec has.
+#[test]
+fn denial_message_lists_sixteen_errors_and_counts_the_rest() {
+    let errors = |n: usize| -> Vec<FieldError> {
+        (0..n).map(|i| field_error(&format!("spec.ports[{i}].port"), "must be between 1 and 65535, got 0")).collect()
+    };
+    let sixteen = denial_message("lb", &errors(16));
+    assert!(sixteen.ends_with("spec.ports[15].port: must be between 1 and 65535, got 0]"), "{sixteen}");
+    assert!(!sixteen.contains("more errors"), "{sixteen}");
+    let eighteen = denial_message("lb", &errors(18));
+    assert!(eighteen.contains("spec.ports[15].port") && !eighteen.contains("spec.ports[16].port"), "{eighteen}");
+    assert!(eighteen.ends_with(", and 2 more errors]"), "{eighteen}");
+}
