@@ -59,17 +59,25 @@ pub async fn a_configmap_writer_cannot_steer_the_proxy(world: &mut World) {
         println!("node: {what}: the operator's file back {:.2} s after the write", (back - replaced).as_secs_f64());
         every_sidecar_refused_one_more(&sidecars, &refused, what).await;
     }
-    let events = world.kubectl.ok(&[
-        "-n",
-        NS,
-        "get",
-        "events",
-        "--field-selector",
-        &format!("reason=ForeignConfiguration,involvedObject.name={SAMPLE}"),
-        "-o",
-        "name",
-    ]);
-    assert!(!events.trim().is_empty(), "no ForeignConfiguration event on the Balancer");
+    // The Balancer's event budget (a burst, then one a minute) may be spent by the scenarios
+    // before: the controller tells again at each forgery, so forge until it is told.
+    let told = || {
+        let selector = format!("reason=ForeignConfiguration,involvedObject.name={SAMPLE}");
+        let events = world.kubectl.ok(&["-n", NS, "get", "events", "--field-selector", &selector, "-o", "name"]);
+        !events.trim().is_empty()
+    };
+    let deadline = Instant::now() + Duration::from_secs(90);
+    while !told() {
+        assert!(Instant::now() < deadline, "no ForeignConfiguration event on the Balancer within 90 s");
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        replace_as_writer(world, &original, &forgeries[0].1, true);
+    }
+    eventually("the operator's file back", Duration::from_secs(5), || {
+        let configmaps = configmaps.clone();
+        let (name, files) = (name.clone(), files.clone());
+        async move { (configmaps.get(&name).await.ok()?.data? == files).then_some(()) }
+    })
+    .await;
 
     // Without the ownerReference the operator never adopts the ConfigMap back.
     let refused = unsigned_refusals(&sidecars).await;
