@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use kube::runtime::controller::Action;
 use kube::{Client, ResourceExt};
+use tokio::sync::Notify;
 
 use super::cache::ChildCaches;
 use super::metrics::ControllerMetrics;
@@ -63,6 +64,9 @@ pub struct Context {
     pub metrics: Arc<ControllerMetrics>,
     /// What the controller remembers of each Balancer between reconciles.
     pub(super) records: Records,
+    /// Told when a reconcile wants something new known of its proxy pods (see
+    /// [`prober`](super::prober)).
+    pub(super) probes_wanted: Notify,
 }
 
 impl Context {
@@ -74,7 +78,15 @@ impl Context {
         metrics: Arc<ControllerMetrics>,
     ) -> Self {
         let events = Events::new(client.clone(), FIELD_MANAGER);
-        Context { client, events, children, settings, metrics, records: Records::default() }
+        Context {
+            client,
+            events,
+            children,
+            settings,
+            metrics,
+            records: Records::default(),
+            probes_wanted: Notify::new(),
+        }
     }
 }
 

@@ -12,8 +12,10 @@
 //!   time), `reasons` (every reason balancer writes, by its wire name), `status` (what was observed, which change deserves an event, when a
 //!   status write waits), `backends` (each backend's endpoints and share), `plan`
 //!   (whose a child is, what is obsolete), `ssa` (server-side apply bookkeeping), `migration`
-//!   (taking over from the Go operator) and `exposure` (addresses);
-//! - I/O: `apply` (writes and deletions) and `report` (status writes and events);
+//!   (taking over from the Go operator), `exposure` (addresses) and `probing` (when proxy pods
+//!   are asked which configuration they serve, and what their answers count to);
+//! - I/O: `apply` (writes and deletions), `report` (status writes and events), and `prober`
+//!   with `programmed`, which ask the proxy pods outside the reconciles;
 //! - the controller's own parts: the lenient `stored` Balancer, the compact child `cache`, and
 //!   the backends' ready endpoints as their EndpointSlices tell them, `endpoint_slices`.
 
@@ -30,6 +32,8 @@ mod exposure;
 pub(crate) mod metrics;
 mod migration;
 mod plan;
+mod prober;
+mod probing;
 mod programmed;
 mod reasons;
 mod reconcile;

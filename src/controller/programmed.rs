@@ -69,19 +69,20 @@ pub(super) fn config_id(nginx_conf: &str) -> String {
     short_id(&config_hash(nginx_conf)).to_string()
 }
 
-/// How many sidecars are asked at once.
-const ASKED_AT_ONCE: usize = 32;
+/// How many of one Balancer's sidecars are asked at once: with [`ANSWER_TIMEOUT`], a bound on
+/// what its silent pods cost the prober (see [`prober`](super::prober)).
+pub(super) const ASKED_PER_BALANCER: usize = 4;
+
+/// What each pod's sidecar said it serves; `None` for a pod that said nothing in time.
+pub(super) type Answers = Vec<(IpAddr, Option<String>)>;
 
 /// Asks the sidecar of every pod at `addresses` (on `port`) which configuration it serves,
-/// [`ASKED_AT_ONCE`] at a time; counts those that say `id`. A pod that does not answer in time
-/// serves nothing.
-pub(super) async fn count(addresses: &[IpAddr], port: u16, id: &str) -> Programmed {
+/// [`ASKED_PER_BALANCER`] at a time; a pod that does not answer in time says nothing (`None`).
+pub(super) async fn ask(addresses: &[IpAddr], port: u16) -> Answers {
     // Owned addresses: a stream of futures borrowing them would not be `Send` for every lifetime,
     // as the controller's future must be.
-    let asks = addresses.iter().copied().map(move |ip| async move { served_by(SocketAddr::new(ip, port)).await });
-    let answers: Vec<Option<String>> = futures::stream::iter(asks).buffer_unordered(ASKED_AT_ONCE).collect().await;
-    let serving = answers.iter().filter(|answer| answer.as_deref() == Some(id)).count();
-    Programmed { serving, pods: addresses.len() }
+    let asks = addresses.iter().copied().map(move |ip| async move { (ip, served_by(SocketAddr::new(ip, port)).await) });
+    futures::stream::iter(asks).buffer_unordered(ASKED_PER_BALANCER).collect().await
 }
 
 /// The id the sidecar at `address` gives; `None` when it gives none in time.
@@ -133,18 +134,18 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn only_pods_whose_sidecar_names_the_current_configuration_count() {
+    async fn each_sidecar_says_which_configuration_its_pod_serves() {
         let current = config_id("stream {}\n");
         let serving = sidecar(Box::leak(current.clone().into_boxed_str())).await;
-        let pods = vec![IpAddr::from([127, 0, 0, 1])];
-        assert_eq!(count(&pods, serving, &current).await, Programmed { serving: 1, pods: 1 });
+        let pod = IpAddr::from([127, 0, 0, 1]);
+        assert_eq!(ask(&[pod], serving).await, vec![(pod, Some(current))]);
         let stale = sidecar("0123456789abcdef").await;
-        assert_eq!(count(&pods, stale, &current).await, Programmed { serving: 0, pods: 1 });
-        // Nothing listens there: a pod whose sidecar does not answer serves nothing.
+        assert_eq!(ask(&[pod], stale).await, vec![(pod, Some("0123456789abcdef".to_string()))]);
+        // Nothing listens there: a pod whose sidecar does not answer says nothing.
         let closed = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("a port");
         let port = closed.local_addr().expect("an address").port();
         drop(closed);
-        assert_eq!(count(&pods, port, &current).await, Programmed { serving: 0, pods: 1 });
+        assert_eq!(ask(&[pod], port).await, vec![(pod, None)]);
     }
 
     #[tokio::test]
@@ -159,8 +160,8 @@ mod tests {
             }
         });
         let started = std::time::Instant::now();
-        let counted = count(&[IpAddr::from([127, 0, 0, 1])], port, "0123456789abcdef").await;
-        assert_eq!(counted, Programmed { serving: 0, pods: 1 });
+        let pod = IpAddr::from([127, 0, 0, 1]);
+        assert_eq!(ask(&[pod], port).await, vec![(pod, None)]);
         assert!(started.elapsed() < ANSWER_TIMEOUT + Duration::from_millis(500), "{:?}", started.elapsed());
     }
 

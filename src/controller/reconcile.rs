@@ -4,7 +4,7 @@
 //! [`report`](super::report). The clock is read once, here.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Service};
@@ -21,6 +21,7 @@ use super::context::Context;
 use super::exposure::Exposure;
 use super::metrics::ReconcileResult;
 use super::plan::{cluster_ip, controlled_by, obsolete_backends};
+use super::probing::{PodProbe, Want};
 use super::programmed::{self, Programmed};
 use super::reasons::Reason;
 use super::report::{StatusWrite, Written, announce, observed_from_cache, publish, write_status};
@@ -102,7 +103,7 @@ async fn converge(
     let mut proxy = proxy::proxy(&owner, &spec, &ctx.settings, &backends.targets);
     let deployment = apply_proxy(balancer, ctx, &owner, &spec, &proxy, written).await?;
     let programmed = match ctx.settings.metrics_image {
-        Some(_) => Some(ask_proxy_pods(ctx, &owner, &spec, &proxy.nginx_conf).await),
+        Some(_) => Some(learnt_serving(balancer, ctx, &owner, &spec, &proxy.nginx_conf, now)),
         None => None,
     };
     let available = proxy_condition(balancer, &deployment, backends.services.len(), now);
@@ -131,8 +132,7 @@ async fn converge(
         backends: Some(backends_of(balancer, &spec, ready_endpoints, now)),
         programmed: programmed.map(|p| (i32::try_from(p.serving).unwrap_or(i32::MAX), p.condition(balancer, now))),
     };
-    let applying = programmed.and_then(|p| applying_since(balancer, ctx, p, &proxy.nginx_conf, now));
-    let requeue = [takeover.requeue, applying].into_iter().flatten().min().unwrap_or(RESYNC);
+    let requeue = takeover.requeue.unwrap_or(RESYNC);
     match write_status(balancer, ctx, observed, ready, takeover.condition, now).await? {
         StatusWrite::Done => Ok(Action::requeue(requeue)),
         StatusWrite::Held(wait) => Ok(Action::requeue(wait.min(requeue))),
@@ -191,40 +191,31 @@ async fn apply_backend_services<'a>(
     Ok(applied)
 }
 
-/// When to look again while some proxy pods do not serve `nginx_conf` yet (see
-/// [`programmed::recheck`]); `None` once they all do, or while there is no pod to ask.
-fn applying_since(
+/// How many of the proxy pods serve `nginx_conf`, as their sidecars last told the
+/// [`prober`](super::prober), which this asks to look again; it wakes this Balancer's reconcile
+/// when the count changes.
+fn learnt_serving(
     balancer: &StoredBalancer,
     ctx: &Context,
-    programmed: Programmed,
+    owner: &Owner,
+    spec: &Admitted,
     nginx_conf: &str,
     now: Timestamp,
-) -> Option<Duration> {
-    let id = programmed::config_id(nginx_conf);
-    ctx.records.with(&balancer.uid().unwrap_or_default(), |record| {
-        if programmed.pods == 0 || programmed.all() {
-            record.applying = None;
-            return None;
-        }
-        let since = match &record.applying {
-            Some((taking_up, since)) if *taking_up == id => *since,
-            _ => {
-                record.applying = Some((id, now));
-                now
-            }
-        };
-        Some(programmed::recheck(since, now))
-    })
-}
-
-/// How many of the proxy pods serve `nginx_conf`, as their sidecars say.
-async fn ask_proxy_pods(ctx: &Context, owner: &Owner, spec: &Admitted, nginx_conf: &str) -> Programmed {
+) -> Programmed {
     // This operator's proxy pods (`<name>-proxy-…`), not the Go operator's (`<name>proxy-…`),
     // which the front Service also selects while it takes over.
     let ours = format!("{}-", api::proxy_deployment_name(&owner.name));
-    let pods = ctx.children.endpoint_slices.live_addresses(&owner.namespace, &owner.name, &ours);
-    let port = proxy::access_log::metrics_port(spec);
-    programmed::count(&pods, port, &programmed::config_id(nginx_conf)).await
+    let want = Want {
+        pods: ctx.children.endpoint_slices.live_addresses(&owner.namespace, &owner.name, &ours),
+        port: proxy::access_log::metrics_port(spec),
+        id: programmed::config_id(nginx_conf),
+    };
+    let balancer_ref = ObjectRef::from_obj(balancer);
+    let programmed = ctx.records.with(&balancer.uid().unwrap_or_default(), |record| {
+        PodProbe::observe(&mut record.probe, balancer_ref, want, Instant::now(), now)
+    });
+    ctx.probes_wanted.notify_one();
+    programmed
 }
 
 /// Applies the proxy pods' ServiceAccount, and the Role and RoleBinding that let its token read

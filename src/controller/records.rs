@@ -6,6 +6,8 @@ use std::sync::Mutex;
 
 use k8s_openapi::jiff::Timestamp;
 
+use super::probing::PodProbe;
+
 /// What the controller remembers of one Balancer. A record that holds nothing is not kept.
 #[derive(Debug, Default, Clone, PartialEq)]
 pub(super) struct BalancerRecord {
@@ -14,9 +16,8 @@ pub(super) struct BalancerRecord {
     /// When its status was last written: a change of backend readiness alone waits for
     /// [`READINESS_WRITE_INTERVAL`](super::status::READINESS_WRITE_INTERVAL).
     pub status_written: Option<Timestamp>,
-    /// Since when its proxy pods have been taking up which configuration (its id), while not all
-    /// of them serve it: the reconcile looks again often at first.
-    pub applying: Option<(String, Timestamp)>,
+    /// Which configuration its proxy pods serve, as the [`prober`](super::prober) learns it.
+    pub probe: Option<PodProbe>,
 }
 
 /// Every Balancer's record.
@@ -37,6 +38,25 @@ impl Records {
             records.insert(uid.to_string(), record);
         }
         out
+    }
+
+    /// Changes the record of the Balancer `uid` when there is one: what finishes after a
+    /// Balancer is gone makes no record for it.
+    pub(super) fn existing<T>(&self, uid: &str, f: impl FnOnce(&mut BalancerRecord) -> T) -> Option<T> {
+        let mut records = self.lock();
+        let record = records.get_mut(uid)?;
+        let out = f(record);
+        if *record == BalancerRecord::default() {
+            records.remove(uid);
+        }
+        Some(out)
+    }
+
+    /// Reads every record, by uid.
+    pub(super) fn each(&self, mut f: impl FnMut(&str, &BalancerRecord)) {
+        for (uid, record) in self.lock().iter() {
+            f(uid, record);
+        }
     }
 
     /// Drops the record of the Balancer `uid`.
@@ -63,13 +83,14 @@ mod tests {
         assert_eq!(records.with("a", |r| r.failures), 0);
         assert_eq!(records.keep_only(&both), 0, "reading kept nothing");
         let now = Timestamp::now();
-        records.with("a", |r| r.applying = Some(("id".into(), now)));
         records.with("a", |r| r.failures = 2);
         records.with("b", |r| r.status_written = Some(now));
         records.with("c", |r| r.failures = 3);
         records.with("c", |r| r.failures = 0);
         assert_eq!(records.keep_only(&both), 2, "c held nothing more");
-        assert_eq!(records.with("a", |r| r.clone()).failures, 2, "a keeps all it holds");
+        assert_eq!(records.existing("a", |r| r.failures), Some(2), "a keeps all it holds");
+        assert_eq!(records.existing("d", |r| r.failures = 1), None, "no record is made for d");
+        records.each(|uid, _| assert_ne!(uid, "d"));
         records.forget("a");
         assert_eq!(records.with("a", |r| r.clone()), BalancerRecord::default(), "a dropped whole");
         assert_eq!(records.keep_only(&both), 1);

@@ -22,6 +22,7 @@ use super::conditions::{ConditionType, find};
 use super::context::{Clients, Context, Options, error_policy};
 use super::endpoint_slices::ReadyEndpointSlices;
 use super::metrics::ControllerMetrics;
+use super::prober;
 use super::reconcile::reconcile;
 use super::stored::StoredBalancer;
 use super::watches::{Reflected, service_endpoint_slices};
@@ -63,6 +64,9 @@ pub async fn run(
     let caches = Caches { balancers: balancers.store.clone(), children: children.clone() };
     let ctx = Arc::new(Context::new(throttled, children, options.proxy, metrics.clone()));
     let census = count_balancers(balancers.store.clone(), ctx.clone(), stop.clone());
+    // The prober wakes a Balancer whose proxy pods' count changed, outside the reconcile workers.
+    let (wake, woken) = futures::channel::mpsc::unbounded();
+    let prober = prober::run(ctx.clone(), wake, stop.clone());
     let readiness = {
         let caches = caches.clone();
         async move {
@@ -96,6 +100,7 @@ pub async fn run(
         .owns_stream(roles.changes)
         .owns_stream(bindings.changes)
         .watches_stream(slice_changes, |slice| slice.balancer())
+        .reconcile_on(woken)
         .with_config(config)
         .graceful_shutdown_on(stop.cancelled_owned())
         .run(reconcile, error_policy, ctx)
@@ -111,7 +116,7 @@ pub async fn run(
             _ = stopped_unsynced => tracing::info!("stopped before the Balancer cache synced: nothing to drain"),
         }
     };
-    tokio::join!(controller, readiness, census);
+    tokio::join!(controller, readiness, census, prober);
     metrics.set_balancers(0, 0, 0);
     metrics.set_backends_unavailable([]);
 }

@@ -22,6 +22,7 @@ mod certificates;
 mod faults;
 mod fixtures;
 mod install;
+mod isolation;
 mod node;
 mod nodes;
 mod prometheus;
@@ -48,6 +49,7 @@ use faults::{
     the_other_replica_takes_over_when_the_leader_pod_is_deleted,
 };
 use install::the_operator_installs_from_deploy_as_a_user_would;
+use isolation::a_tenant_whose_sidecars_never_answer_does_not_slow_another_tenant;
 use node::{ClusterServices, Host, KUBERNETES_SERVICE_IP, NODE_A, NODE_B, NODE_IP, Node, SERVICE_CIDR, host_traces};
 use nodes::{
     a_drain_respects_the_budgets_and_fails_no_request, a_lost_node_costs_a_bounded_failure,
@@ -237,6 +239,7 @@ async fn run_suite(assets: &Path, images: &Path, tools: [&Path; 2], state: &Path
         weights_change_live_without_a_new_pod_or_a_cut_connection,
         churn_fails_nothing_and_stays_under_the_memory_limit,
         a_configmap_writer_cannot_steer_the_proxy,
+        a_tenant_whose_sidecars_never_answer_does_not_slow_another_tenant,
         scaling_the_balancer_brings_up_proxy_pods,
         udp_is_proxied_to_udp_echo_pods,
         a_backend_behind_the_proxy_sees_the_client_pods_address,

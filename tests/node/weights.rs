@@ -435,7 +435,11 @@ async fn only_answer(address: String, answer: &'static str, written: Instant) ->
 }
 
 /// Seconds from `written` until `read` gives something other than `before`.
-async fn changed_after<T: PartialEq, F: Future<Output = T>>(written: Instant, before: T, read: impl Fn() -> F) -> f64 {
+pub async fn changed_after<T: PartialEq, F: Future<Output = T>>(
+    written: Instant,
+    before: T,
+    read: impl Fn() -> F,
+) -> f64 {
     loop {
         if read().await != before {
             return written.elapsed().as_secs_f64();

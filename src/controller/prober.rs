@@ -1,0 +1,109 @@
+//! Which configuration each proxy pod serves, learnt outside the reconcile workers: the prober
+//! asks the sidecars the reconciles want known (see [`probing`](super::probing)) and wakes the
+//! Balancer's reconcile when the count of pods serving changes. So a sidecar that never answers
+//! costs its own Balancer's probe, never a reconcile worker: at most
+//! [`programmed::ASKED_PER_BALANCER`] of its pods are asked at once, each for
+//! 1 s at most, and the Balancers asked about at once are bounded by [`probing::pick`].
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::channel::mpsc::UnboundedSender;
+use k8s_openapi::jiff::Timestamp;
+use kube::runtime::reflector::ObjectRef;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+use super::context::Context;
+use super::probing::{self, Due, PodProbe, Want};
+use super::programmed::{self, Answers};
+use super::stored::StoredBalancer;
+
+/// How long the prober waits when nothing is due (a new want wakes it at once).
+const IDLE: Duration = Duration::from_secs(1);
+
+/// One probe to run: whose, where it counts, and what to ask.
+struct Started {
+    uid: String,
+    namespace: String,
+    want: Want,
+}
+
+/// Runs the prober until `stop`: asks the sidecars the reconciles want known, and sends on
+/// `wake` each Balancer whose count changed.
+pub(super) async fn run(ctx: Arc<Context>, wake: UnboundedSender<ObjectRef<StoredBalancer>>, stop: CancellationToken) {
+    let mut probes: JoinSet<(Started, Answers)> = JoinSet::new();
+    let mut running: HashMap<String, usize> = HashMap::new();
+    loop {
+        let (started, next) = start_due(&ctx, &running, Instant::now());
+        for start in started {
+            *running.entry(start.namespace.clone()).or_default() += 1;
+            probes.spawn(async move {
+                let answers = programmed::ask(&start.want.pods, start.want.port).await;
+                (start, answers)
+            });
+        }
+        let idle = next.unwrap_or_else(|| Instant::now() + IDLE);
+        tokio::select! {
+            _ = stop.cancelled() => {
+                probes.abort_all();
+                return;
+            }
+            Some(done) = probes.join_next() => {
+                // A probe does not panic; one that did is asked again when its entry is next due.
+                if let Ok((start, answers)) = done {
+                    finish(&ctx, &wake, &mut running, start, answers);
+                }
+            }
+            _ = ctx.probes_wanted.notified() => {}
+            _ = tokio::time::sleep_until(idle.into()) => {}
+        }
+    }
+}
+
+/// Marks the probes that start now as asking; returns them, and when the next one is due.
+fn start_due(ctx: &Context, running: &HashMap<String, usize>, now: Instant) -> (Vec<Started>, Option<Instant>) {
+    let mut due: Vec<Due<String>> = Vec::new();
+    let mut next: Option<Instant> = None;
+    ctx.records.each(|uid, record| {
+        let Some(probe) = &record.probe else { return };
+        match probe.candidate(uid.to_string(), now) {
+            Some(candidate) => due.push(candidate),
+            None => next = next.into_iter().chain(probe.next_due()).min(),
+        }
+    });
+    let started = probing::pick(due, running)
+        .into_iter()
+        .filter_map(|Due { key: uid, namespace, .. }| {
+            let want = ctx.records.existing(&uid, |record| record.probe.as_mut().map(PodProbe::start))??;
+            Some(Started { uid, namespace, want })
+        })
+        .collect();
+    (started, next)
+}
+
+/// Takes a finished probe's answers into its Balancer's record (if it still has one) and wakes
+/// the Balancer when its count changed.
+fn finish(
+    ctx: &Context,
+    wake: &UnboundedSender<ObjectRef<StoredBalancer>>,
+    running: &mut HashMap<String, usize>,
+    start: Started,
+    answers: Answers,
+) {
+    if let Some(count) = running.get_mut(&start.namespace) {
+        *count = count.saturating_sub(1);
+        if *count == 0 {
+            running.remove(&start.namespace);
+        }
+    }
+    let (now, clock) = (Instant::now(), Timestamp::now());
+    let woken = ctx.records.existing(&start.uid, |record| {
+        record.probe.as_mut().and_then(|probe| probe.answered(&start.want, answers, now, clock))
+    });
+    if let Some(balancer) = woken.flatten() {
+        // The controller has stopped when nobody receives: nothing is left to wake.
+        let _ = wake.unbounded_send(balancer);
+    }
+}
