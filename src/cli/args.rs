@@ -44,6 +44,9 @@ pub enum Command {
     Render(RenderArgs),
     /// Rewrite the Balancers in FILE to another API version, as the conversion webhook would.
     Convert(ConvertArgs),
+    /// Rewrite ingress-nginx's tcp-services and udp-services ConfigMaps in FILE, with the Services
+    /// they name, as Balancers serving the same ports with the same pods.
+    FromIngressNginx(FromIngressNginxArgs),
     /// Count a proxy pod's sessions from nginx's log and serve them as Prometheus metrics (the
     /// sidecar the controller adds to proxy pods with --proxy-metrics-image).
     ProxyMetrics(ProxyMetricsArgs),
@@ -335,6 +338,23 @@ pub struct CheckArgs {
     /// The operator's policy flags, to check as its webhook would.
     #[command(flatten)]
     pub policy: PolicyArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct FromIngressNginxArgs {
+    /// YAML with the ConfigMaps and the Services their entries name (`kubectl get -A
+    /// configmaps,services -o yaml`); `-` reads standard input.
+    pub file: PathBuf,
+    /// The ConfigMap given to ingress-nginx's `--tcp-services-configmap`, as namespace/name.
+    #[arg(long, default_value = "ingress-nginx/tcp-services")]
+    pub tcp_services: String,
+    /// The ConfigMap given to ingress-nginx's `--udp-services-configmap`, as namespace/name.
+    #[arg(long, default_value = "ingress-nginx/udp-services")]
+    pub udp_services: String,
+    /// The type of each Balancer's front Service: clients reached ingress-nginx through its
+    /// own Service, most often a LoadBalancer.
+    #[arg(long, value_parser = ["ClusterIP", "NodePort", "LoadBalancer"], default_value = "LoadBalancer")]
+    pub service_type: String,
 }
 
 #[derive(Debug, Args)]

@@ -6,6 +6,7 @@ mod certs;
 pub mod check;
 pub mod convert;
 mod crd;
+pub mod ingress_nginx;
 mod io;
 mod proxy_metrics;
 pub mod render;
@@ -29,6 +30,7 @@ pub fn main(cli: Cli) -> ExitCode {
         Command::Check(args) => check::command(&args),
         Command::Render(args) => render::command(&args),
         Command::Convert(args) => convert::command(&args),
+        Command::FromIngressNginx(args) => ingress_nginx::command(&args),
         Command::ProxyMetrics(args) => proxy_metrics::command(args),
     }
 }

@@ -1,0 +1,399 @@
+//! `balancer from-ingress-nginx`: ingress-nginx's `tcp-services` and `udp-services` ConfigMaps
+//! rewritten as Balancers, one per Service they name, serving the same ports with the same pods.
+//!
+//! Each entry of those ConfigMaps reads `"PORT": "namespace/service:port[:PROXY][:PROXY]"`: the
+//! controller's PORT forwards to the Service's port (a number or a name); the first `PROXY`
+//! expects the PROXY protocol from clients (`acceptProxyProtocol`), the second sends it to the
+//! backends (`proxyProtocol`). A Balancer selects pods, so it takes the Service's selector, and
+//! the Service port's `targetPort`. What cannot be carried over is said, entry by entry.
+
+use std::collections::BTreeMap;
+use std::process::ExitCode;
+
+use k8s_openapi::api::core::v1::{ConfigMap, Service, ServicePort};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use serde_json::{Value, json};
+
+use super::args::FromIngressNginxArgs;
+use super::io::{fail, out, read_input};
+use super::yaml::{YamlError, admit_document, doc_kind, is_list, yaml_documents};
+use crate::api::{GROUP, KIND, STORAGE_VERSION};
+use crate::spec::{SpecPolicy, denial_message};
+
+/// Why `balancer from-ingress-nginx` cannot read its input.
+#[allow(missing_docs, reason = "each variant's #[error] message says what it is, naming its fields")]
+#[derive(Debug, thiserror::Error)]
+pub enum FromIngressNginxError {
+    #[error(transparent)]
+    Yaml(#[from] YamlError),
+    #[error("{source_name}: neither ConfigMap {tcp} nor {udp} is in it")]
+    NoConfigMap { source_name: String, tcp: String, udp: String },
+    #[error("cannot encode YAML: {0}")]
+    Encode(String),
+}
+
+/// What the conversion made: Balancer documents, and what it could not carry over.
+#[derive(Debug, Default, PartialEq)]
+pub struct Migration {
+    /// The Balancers, as v1beta1 documents.
+    pub balancers: Vec<Value>,
+    /// One line per entry (or Service) left behind, saying why.
+    pub left_behind: Vec<String>,
+}
+
+/// Which protocol a ConfigMap's entries carry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Protocol {
+    Tcp,
+    Udp,
+}
+
+impl Protocol {
+    fn as_str(self) -> &'static str {
+        match self {
+            Protocol::Tcp => "TCP",
+            Protocol::Udp => "UDP",
+        }
+    }
+}
+
+/// One entry of a `tcp-services` or `udp-services` ConfigMap, read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Entry {
+    /// The port clients connect to.
+    port: i32,
+    protocol: Protocol,
+    namespace: String,
+    service: String,
+    /// The Service's port: its number or its name.
+    service_port: IntOrString,
+    /// `:PROXY` third: clients send the PROXY protocol.
+    decode_proxy: bool,
+    /// `:PROXY` fourth: the backends receive it.
+    encode_proxy: bool,
+}
+
+/// Reads one entry: `"PORT": "namespace/service:port[:PROXY][:PROXY]"`.
+fn parse_entry(key: &str, value: &str, protocol: Protocol) -> Result<Entry, String> {
+    let port = key.trim().parse::<i32>().ok().filter(|p| (1..=65535).contains(p));
+    let port = port.ok_or_else(|| format!("{key:?} is not a port (1-65535)"))?;
+    let mut fields = value.trim().split(':');
+    let (namespace, service) = fields
+        .next()
+        .and_then(|target| target.split_once('/'))
+        .filter(|(ns, name)| !ns.is_empty() && !name.is_empty())
+        .ok_or_else(|| format!("{value:?} does not start with namespace/service"))?;
+    let service_port = match fields.next().filter(|p| !p.is_empty()) {
+        Some(p) => p.parse::<i32>().map_or_else(|_| IntOrString::String(p.to_string()), IntOrString::Int),
+        None => return Err(format!("{value:?} names no port of the Service")),
+    };
+    let mut flag = |place: &str| match fields.next() {
+        None | Some("") => Ok(false),
+        Some("PROXY") => Ok(true),
+        Some(other) => Err(format!("{value:?}: the {place} field is {other:?}, not PROXY")),
+    };
+    let (decode_proxy, encode_proxy) = (flag("third")?, flag("fourth")?);
+    if fields.next().is_some() {
+        return Err(format!("{value:?} has more than four fields"));
+    }
+    Ok(Entry {
+        port,
+        protocol,
+        namespace: namespace.to_string(),
+        service: service.to_string(),
+        service_port,
+        decode_proxy,
+        encode_proxy,
+    })
+}
+
+/// The objects of a YAML text, `List` items included.
+fn objects(source_name: &str, text: &str) -> Result<Vec<Value>, YamlError> {
+    let mut objects = Vec::new();
+    for mut doc in yaml_documents(source_name, text)? {
+        match doc.get_mut("items").map(Value::take) {
+            Some(Value::Array(items)) if is_list(&doc_kind(&doc)) => objects.extend(items),
+            _ => objects.push(doc),
+        }
+    }
+    Ok(objects)
+}
+
+/// `namespace/name` of an object.
+fn key_of(namespace: Option<&String>, name: Option<&String>) -> String {
+    format!("{}/{}", namespace.map_or("default", String::as_str), name.map_or("", String::as_str))
+}
+
+/// Where the entries are, and what the Balancers' front Services are.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Sources<'a> {
+    /// The `tcp-services` ConfigMap, as `namespace/name`.
+    pub tcp: &'a str,
+    /// The `udp-services` ConfigMap, as `namespace/name`.
+    pub udp: &'a str,
+    /// The front Services' type.
+    pub service_type: &'a str,
+}
+
+/// Balancers for the entries of the ConfigMaps `sources` names in `text`, with the Services they
+/// name, also in `text`.
+pub fn from_ingress_nginx(
+    source_name: &str,
+    text: &str,
+    sources: &Sources<'_>,
+) -> Result<Migration, FromIngressNginxError> {
+    let Sources { tcp, udp, service_type } = *sources;
+    let mut services: BTreeMap<String, Service> = BTreeMap::new();
+    let mut config_maps: BTreeMap<String, ConfigMap> = BTreeMap::new();
+    for object in objects(source_name, text)? {
+        match doc_kind(&object).as_str() {
+            "Service" => {
+                if let Ok(service) = serde_json::from_value::<Service>(object) {
+                    services
+                        .insert(key_of(service.metadata.namespace.as_ref(), service.metadata.name.as_ref()), service);
+                }
+            }
+            "ConfigMap" => {
+                if let Ok(map) = serde_json::from_value::<ConfigMap>(object) {
+                    config_maps.insert(key_of(map.metadata.namespace.as_ref(), map.metadata.name.as_ref()), map);
+                }
+            }
+            _ => {}
+        }
+    }
+    if !config_maps.contains_key(tcp) && !config_maps.contains_key(udp) {
+        return Err(FromIngressNginxError::NoConfigMap {
+            source_name: source_name.into(),
+            tcp: tcp.into(),
+            udp: udp.into(),
+        });
+    }
+    let mut migration = Migration::default();
+    let mut entries = Vec::new();
+    for (name, protocol) in [(tcp, Protocol::Tcp), (udp, Protocol::Udp)] {
+        let data = config_maps.get(name).and_then(|map| map.data.clone()).unwrap_or_default();
+        for (key, value) in data {
+            match parse_entry(&key, &value, protocol) {
+                Ok(entry) => entries.push(entry),
+                Err(why) => migration.left_behind.push(format!("{name} {key}: {why}")),
+            }
+        }
+    }
+    let mut by_service: BTreeMap<(String, String), Vec<Entry>> = BTreeMap::new();
+    for entry in entries {
+        by_service.entry((entry.namespace.clone(), entry.service.clone())).or_default().push(entry);
+    }
+    for ((namespace, name), entries) in by_service {
+        let service = services.get(&format!("{namespace}/{name}"));
+        match balancer_for(&namespace, &name, service, &entries, service_type, &mut migration.left_behind) {
+            Some(balancer) => migration.balancers.push(balancer),
+            None => continue,
+        }
+    }
+    Ok(migration)
+}
+
+/// The Balancer that serves `entries` with the pods of `service`; `None` (and why, in
+/// `left_behind`) when none can.
+fn balancer_for(
+    namespace: &str,
+    name: &str,
+    service: Option<&Service>,
+    entries: &[Entry],
+    service_type: &str,
+    left_behind: &mut Vec<String>,
+) -> Option<Value> {
+    let ports: Vec<String> = entries.iter().map(|e| format!("{} {}", e.protocol.as_str(), e.port)).collect();
+    let Some(service) = service else {
+        left_behind.push(format!("{namespace}/{name} ({}): the Service is not in the input", ports.join(", ")));
+        return None;
+    };
+    let spec = service.spec.clone().unwrap_or_default();
+    let Some(selector) = spec.selector.filter(|s| !s.is_empty()) else {
+        left_behind.push(format!(
+            "{namespace}/{name} ({}): the Service has no selector (an ExternalName, or endpoints kept by hand); a Balancer selects pods",
+            ports.join(", ")
+        ));
+        return None;
+    };
+    let service_ports = spec.ports.unwrap_or_default();
+    let mut balancer_ports = Vec::new();
+    for entry in entries {
+        match balancer_port(entry, &service_ports) {
+            Ok(port) => balancer_ports.push(port),
+            Err(why) => {
+                left_behind.push(format!("{namespace}/{name} {} {}: {why}", entry.protocol.as_str(), entry.port))
+            }
+        }
+    }
+    if balancer_ports.is_empty() {
+        return None;
+    }
+    let balancer = json!({
+        "apiVersion": format!("{GROUP}/{STORAGE_VERSION}"),
+        "kind": KIND,
+        "metadata": {"name": format!("{name}-balancer"), "namespace": namespace},
+        "spec": {
+            "service": {"type": service_type},
+            "ports": balancer_ports,
+            "backends": [{"name": "pods", "weight": 100, "selector": selector}],
+        },
+    });
+    match admit_document(&balancer, &SpecPolicy::default()) {
+        Ok(_) => Some(balancer),
+        Err(report) => {
+            left_behind.push(denial_message(&format!("{namespace}/{name}'s Balancer"), &report.errors));
+            None
+        }
+    }
+}
+
+/// The Balancer port for `entry`: its name, protocol, port, the Service port's `targetPort`, and
+/// the PROXY protocol flags.
+fn balancer_port(entry: &Entry, service_ports: &[ServicePort]) -> Result<Value, String> {
+    let found = service_ports.iter().find(|p| match &entry.service_port {
+        IntOrString::Int(number) => p.port == *number,
+        IntOrString::String(name) => p.name.as_deref() == Some(name.as_str()),
+    });
+    let Some(found) = found else {
+        let wanted = match &entry.service_port {
+            IntOrString::Int(n) => n.to_string(),
+            IntOrString::String(s) => s.clone(),
+        };
+        return Err(format!("the Service has no port {wanted}"));
+    };
+    let service_protocol = found.protocol.as_deref().unwrap_or("TCP");
+    if service_protocol != entry.protocol.as_str() {
+        return Err(format!("the Service's port {} is {service_protocol}", found.port));
+    }
+    if entry.protocol == Protocol::Udp && (entry.decode_proxy || entry.encode_proxy) {
+        return Err("the PROXY protocol is TCP only in a Balancer".to_string());
+    }
+    let target = found.target_port.clone().unwrap_or(IntOrString::Int(found.port));
+    let mut port = json!({
+        "name": format!("{}-{}", entry.protocol.as_str().to_ascii_lowercase(), entry.port),
+        "protocol": entry.protocol.as_str(),
+        "port": entry.port,
+        "targetPort": target,
+    });
+    if entry.decode_proxy {
+        port["acceptProxyProtocol"] = json!(true);
+    }
+    if entry.encode_proxy {
+        port["proxyProtocol"] = json!(true);
+    }
+    Ok(port)
+}
+
+/// Runs `balancer from-ingress-nginx`: the Balancers to standard output, what was left behind
+/// to standard error (exit status 1 when anything was).
+pub(super) fn command(args: &FromIngressNginxArgs) -> ExitCode {
+    let (name, text) = match read_input(&args.file) {
+        Ok(input) => input,
+        Err(message) => return fail(&message),
+    };
+    let sources = Sources { tcp: &args.tcp_services, udp: &args.udp_services, service_type: &args.service_type };
+    let migration = match from_ingress_nginx(&name, &text, &sources) {
+        Ok(migration) => migration,
+        Err(e) => return fail(&e.to_string()),
+    };
+    let mut yaml = String::new();
+    for balancer in &migration.balancers {
+        yaml.push_str("---\n");
+        match serde_saphyr::to_string(balancer) {
+            Ok(text) => yaml.push_str(&text),
+            Err(e) => return fail(&FromIngressNginxError::Encode(e.to_string()).to_string()),
+        }
+    }
+    let written = out(&yaml);
+    if migration.left_behind.is_empty() {
+        return written;
+    }
+    for line in &migration.left_behind {
+        eprintln!("left behind: {line}");
+    }
+    ExitCode::from(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_entry_reads_its_service_port_and_proxy_flags() {
+        let entry = parse_entry("9000", "mqtt/broker:1883:PROXY", Protocol::Tcp).expect("reads");
+        assert_eq!((entry.port, entry.service_port.clone()), (9000, IntOrString::Int(1883)));
+        assert_eq!((entry.decode_proxy, entry.encode_proxy), (true, false));
+        let entry = parse_entry("5432", "db/postgres:pg::PROXY", Protocol::Tcp).expect("reads");
+        assert_eq!(entry.service_port, IntOrString::String("pg".into()));
+        assert_eq!((entry.decode_proxy, entry.encode_proxy), (false, true));
+        for (key, value) in [
+            ("0", "a/b:1"),
+            ("x", "a/b:1"),
+            ("1", "b:1"),
+            ("1", "/b:1"),
+            ("1", "a/b"),
+            ("1", "a/b:1:proxy"),
+            ("1", "a/b:1:PROXY:PROXY:PROXY"),
+        ] {
+            assert!(parse_entry(key, value, Protocol::Tcp).is_err(), "{key}: {value}");
+        }
+    }
+
+    const SOURCES: Sources<'static> = Sources { tcp: "edge/tcp", udp: "edge/udp", service_type: "ClusterIP" };
+
+    /// A `List` as `kubectl get -o yaml` prints it: the ConfigMaps `edge/tcp` and `edge/udp`
+    /// with `entries`, and a Service `app/echo` with a TCP port 80 named `web` and a UDP port 53.
+    fn input(tcp: &str, udp: &str) -> String {
+        format!(
+            "apiVersion: v1\nkind: List\nitems:\n\
+             - {{apiVersion: v1, kind: ConfigMap, metadata: {{name: tcp, namespace: edge}}, data: {{{tcp}}}}}\n\
+             - {{apiVersion: v1, kind: ConfigMap, metadata: {{name: udp, namespace: edge}}, data: {{{udp}}}}}\n\
+             - {{apiVersion: v1, kind: Service, metadata: {{name: echo, namespace: app}}, spec: {{selector: {{app: echo}}, \
+                ports: [{{name: web, port: 80, targetPort: 8080}}, {{name: dns, port: 53, protocol: UDP}}]}}}}\n"
+        )
+    }
+
+    #[test]
+    fn each_entry_is_a_port_of_its_services_balancer_or_is_said_to_be_left_behind() {
+        let text = input(
+            r#""8080": "app/echo:web", "9090": "app/echo:81", "9191": "app/echo:53", "1": "nowhere""#,
+            r#""53": "app/echo:dns", "54": "app/echo:dns:PROXY", "55": "app/gone:53""#,
+        );
+        let migration = from_ingress_nginx("in", &text, &SOURCES).expect("reads");
+        assert_eq!(migration.balancers.len(), 1);
+        let balancer = &migration.balancers[0];
+        assert_eq!(balancer["metadata"], json!({"name": "echo-balancer", "namespace": "app"}));
+        assert_eq!(balancer["spec"]["service"], json!({"type": "ClusterIP"}));
+        assert_eq!(balancer["spec"]["backends"], json!([{"name": "pods", "weight": 100, "selector": {"app": "echo"}}]));
+        assert_eq!(
+            balancer["spec"]["ports"],
+            json!([
+                {"name": "tcp-8080", "protocol": "TCP", "port": 8080, "targetPort": 8080},
+                {"name": "udp-53", "protocol": "UDP", "port": 53, "targetPort": 53},
+            ])
+        );
+        assert_eq!(
+            migration.left_behind,
+            [
+                "edge/tcp 1: \"nowhere\" does not start with namespace/service",
+                "app/echo TCP 9090: the Service has no port 81",
+                "app/echo TCP 9191: the Service's port 53 is UDP",
+                "app/echo UDP 54: the PROXY protocol is TCP only in a Balancer",
+                "app/gone (UDP 55): the Service is not in the input",
+            ]
+        );
+    }
+
+    #[test]
+    fn input_without_either_configmap_is_an_error() {
+        let text = input("", "");
+        let elsewhere = Sources { tcp: "ingress-nginx/tcp-services", udp: "ingress-nginx/udp-services", ..SOURCES };
+        let error = from_ingress_nginx("in", &text, &elsewhere).expect_err("no ConfigMap");
+        assert_eq!(
+            error.to_string(),
+            "in: neither ConfigMap ingress-nginx/tcp-services nor ingress-nginx/udp-services is in it"
+        );
+        assert_eq!(from_ingress_nginx("in", &text, &SOURCES).expect("reads"), Migration::default());
+    }
+}
