@@ -25,7 +25,7 @@ use super::metrics::ControllerMetrics;
 use super::prober;
 use super::reconcile::reconcile;
 use super::stored::StoredBalancer;
-use super::watches::{Reflected, service_endpoint_slices};
+use super::watches::{Reflected, balancer_of, service_endpoint_slices};
 use crate::api::ConditionStatus;
 
 /// Runs the controller until `stop` is cancelled; sets `synced` once every cache has listed.
@@ -92,13 +92,13 @@ pub async fn run(
     };
     let config = controller::Config::default().debounce(Duration::from_millis(200)).concurrency(options.concurrency);
     let controller = Controller::for_stream(balancers.changes, balancers.store)
-        .owns_stream(services.changes)
-        .owns_stream(config_maps.changes)
-        .owns_stream(deployments.changes)
-        .owns_stream(budgets.changes)
-        .owns_stream(accounts.changes)
-        .owns_stream(roles.changes)
-        .owns_stream(bindings.changes)
+        .watches_stream(services.changes, |child| balancer_of(&child))
+        .watches_stream(config_maps.changes, |child| balancer_of(&child))
+        .watches_stream(deployments.changes, |child| balancer_of(&child))
+        .watches_stream(budgets.changes, |child| balancer_of(&child))
+        .watches_stream(accounts.changes, |child| balancer_of(&child))
+        .watches_stream(roles.changes, |child| balancer_of(&child))
+        .watches_stream(bindings.changes, |child| balancer_of(&child))
         .watches_stream(slice_changes, |slice| slice.balancer())
         .reconcile_on(woken)
         .with_config(config)

@@ -6,7 +6,7 @@ use std::fmt::Debug;
 use futures::stream::BoxStream;
 use futures::{Stream, StreamExt, TryStreamExt};
 use k8s_openapi::NamespaceResourceScope;
-use kube::runtime::reflector::{self, Store};
+use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, predicates, watcher};
 use kube::{Api, Client, Resource};
 use serde::Serialize;
@@ -17,7 +17,9 @@ use super::context::Scope;
 use super::endpoint_slices::{ReadyEndpointSlices, ReadySlice};
 use super::ssa::slim;
 use super::stored::StoredBalancer;
-use crate::proxy::{COMPONENT_BACKEND, COMPONENT_FRONTEND, COMPONENT_LABEL, MANAGED_BY, MANAGED_BY_LABEL};
+use crate::proxy::{
+    BALANCER_NAME_LABEL, COMPONENT_BACKEND, COMPONENT_FRONTEND, COMPONENT_LABEL, MANAGED_BY, MANAGED_BY_LABEL,
+};
 use crate::runtime::contact::Contact;
 use crate::runtime::retry::{RetryDelay, relist_at_once};
 
@@ -80,6 +82,24 @@ where
     }
 }
 
+/// The Balancer whose reconcile a change to `child` triggers: its owner, as kube-runtime's
+/// `owns` maps it; or, once someone removed its ownerReference, the Balancer its labels name
+/// (children are watched by balancer's label), whose reconcile then reports the conflict at once
+/// rather than at its next resync.
+pub(super) fn balancer_of<C: Resource>(child: &C) -> Option<ObjectRef<StoredBalancer>> {
+    let meta = child.meta();
+    let namespace = meta.namespace.as_deref()?;
+    let owner = meta.owner_references.iter().flatten().find(|owner| {
+        owner.kind == StoredBalancer::kind(&())
+            && owner.api_version.split_once('/').is_some_and(|(group, _)| group == StoredBalancer::group(&()))
+    });
+    let name = match owner {
+        Some(owner) => owner.name.as_str(),
+        None => meta.labels.as_ref()?.get(BALANCER_NAME_LABEL)?.as_str(),
+    };
+    Some(ObjectRef::new(name).within(namespace))
+}
+
 /// The EndpointSlices of balancer's backend and front Services (they carry the Services'
 /// labels), read into `slices`; every change triggers its Balancer's reconcile, which writes only what
 /// changed (the EndpointSlice controller rewrites a slice only when its endpoints change).
@@ -119,5 +139,43 @@ where
     match scope {
         Scope::All => Api::all(client.clone()),
         Scope::Namespace(ns) => Api::namespaced(client.clone(), ns),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+
+    use super::*;
+
+    fn config_map(owner: Option<(&str, &str, &str)>, label: Option<&str>) -> ConfigMap {
+        let owner_references = owner.map(|(api_version, kind, name)| {
+            vec![OwnerReference {
+                api_version: api_version.into(),
+                kind: kind.into(),
+                name: name.into(),
+                ..OwnerReference::default()
+            }]
+        });
+        let labels = label.map(|name| [(BALANCER_NAME_LABEL.to_string(), name.to_string())].into());
+        ConfigMap {
+            metadata: ObjectMeta { namespace: Some("ns".into()), owner_references, labels, ..ObjectMeta::default() },
+            ..ConfigMap::default()
+        }
+    }
+
+    #[test]
+    fn a_child_triggers_its_owner_or_once_disowned_the_balancer_its_labels_name() {
+        let balancer = |name: &str| Some(ObjectRef::new(name).within("ns"));
+        let owned = config_map(Some(("exposer.hliangzhao.io/v1beta1", "Balancer", "owner")), Some("label"));
+        assert_eq!(balancer_of(&owned), balancer("owner"));
+        let older = config_map(Some(("exposer.hliangzhao.io/v1alpha1", "Balancer", "owner")), None);
+        assert_eq!(balancer_of(&older), balancer("owner"), "either version's ownerReference");
+        let disowned = config_map(None, Some("label"));
+        assert_eq!(balancer_of(&disowned), balancer("label"));
+        let other_owner = config_map(Some(("apps/v1", "Deployment", "owner")), Some("label"));
+        assert_eq!(balancer_of(&other_owner), balancer("label"));
+        assert_eq!(balancer_of(&config_map(None, None)), None);
     }
 }

@@ -78,11 +78,22 @@ pub async fn a_configmap_writer_cannot_steer_the_proxy(world: &mut World) {
     .await;
 
     // Without the ownerReference the operator never adopts the ConfigMap back, and the proxies
-    // go on refusing what it holds. (The change reaches no Balancer's reconcile: the Balancer
-    // reports the conflict at its next one.)
+    // go on refusing what it holds. The change still reaches the Balancer's reconcile (children
+    // are watched by label), which reports the conflict.
     let refused = unsigned_refusals(&sidecars).await;
     let (what, forged) = &forgeries[0];
+    let disowned = Instant::now();
     replace_as_writer(world, &original, forged, false);
+    let conflict = eventually("the Balancer's Ready=False/Conflict", Duration::from_secs(5), || async {
+        let sample = crate::fixtures::balancers(world).get(SAMPLE).await.ok()?;
+        let ready = sample.status?.conditions.into_iter().find(|c| c.type_ == "Ready")?;
+        (ready.reason == "Conflict").then(Instant::now)
+    })
+    .await;
+    println!(
+        "node: without the ownerReference, the Balancer reported the conflict {:.2} s after the write",
+        (conflict - disowned).as_secs_f64()
+    );
     every_sidecar_refused_one_more(&sidecars, &refused, &format!("{what}, without the ownerReference")).await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(served_by(&sidecars).await, served, "nginx serves the operator's configuration throughout");
