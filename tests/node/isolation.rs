@@ -12,11 +12,14 @@ use crate::toolkit::runner::eventually;
 use crate::weights::changed_after;
 use crate::{NS, SAMPLE, World, nodes};
 
-/// The silent tenant's namespace and Balancer.
+/// The silent tenant's namespace, and its Balancers' names (`silent-<i>`).
 const SILENT_NS: &str = "silent-tenant";
 const SILENT: &str = "silent";
-/// Its proxy replicas: eight a node, at a request lowered so that both nodes hold them.
-const SILENT_REPLICAS: i32 = 16;
+/// Its Balancers' proxy replicas: one Balancer with many, and as many Balancers in all as the
+/// controller has reconcile workers (its default `--max-concurrent-reconciles`): a controller
+/// that waited on sidecars inside its reconciles would then have none left for the sample.
+/// Sixteen pods in all, eight a node, at a request lowered so that both nodes hold them.
+const SILENT_REPLICAS: [i32; 8] = [9, 1, 1, 1, 1, 1, 1, 1];
 /// The host chain that drops every packet to its sidecars (the suite's bridge CNI enforces no
 /// NetworkPolicy): the controller's questions go unanswered until they time out.
 const SILENT_CHAIN: &str = "BALANCER-NODE-SILENT";
@@ -25,8 +28,8 @@ const CHANGES: usize = 6;
 /// How often a change's progress is read: the resolution of each time.
 const POLL: Duration = Duration::from_millis(20);
 
-/// A Balancer with 16 proxy pods whose metrics port silently drops packets runs in another
-/// namespace beside the sample: the sample's reconciles (a change to its status'
+/// Balancers with 16 proxy pods in all whose metrics port silently drops packets (one with 9,
+/// seven with 1) run in another namespace beside the sample: the sample's reconciles (a change to its status'
 /// `observedGeneration`) and its changes on the wire (every proxy pod's nginx serving them) stay
 /// within 1.5× of their times without it.
 pub async fn a_tenant_whose_sidecars_never_answer_does_not_slow_another_tenant(world: &mut World) {
@@ -128,29 +131,26 @@ struct SilentTenant {
 }
 
 impl SilentTenant {
-    /// Creates the namespace and the Balancer, waits for its pods, then drops every packet to
+    /// Creates the namespace and the Balancers, waits for their pods, then drops every packet to
     /// their metrics port.
     async fn start(world: &World) -> SilentTenant {
         world.kubectl.ok(&["create", "namespace", SILENT_NS]);
-        let balancer = json!({
-            "apiVersion": format!("{}/{}", balancer::api::GROUP, balancer::api::STORAGE_VERSION),
-            "kind": "Balancer",
-            "metadata": {"name": SILENT, "namespace": SILENT_NS},
-            "spec": {
-                "replicas": SILENT_REPLICAS,
-                "ports": [{"name": "tcp", "protocol": "TCP", "port": 80}],
-                "backends": [{"name": "none", "weight": 1, "selector": {"app": "none"}}],
-                "proxy": {"resources": {"requests": {"cpu": "5m", "memory": "8Mi"}, "limits": {"memory": "128Mi"}}},
-            }
-        });
-        world.kubectl.ok_with(&["apply", "-f", "-"], &balancer.to_string());
         let started = Instant::now();
-        wait_available(world, SILENT_NS, &format!("{SILENT}-proxy"), SILENT_REPLICAS).await;
-        let selector = balancer::proxy::proxy_selector_string(SILENT);
-        let ips = pod_ips(world, SILENT_NS, &selector).await;
-        assert_eq!(ips.len(), usize::try_from(SILENT_REPLICAS).unwrap_or(0), "every silent proxy pod has an address");
+        for (i, replicas) in SILENT_REPLICAS.iter().enumerate() {
+            world.kubectl.ok_with(&["apply", "-f", "-"], &silent_balancer(i, *replicas, 1).to_string());
+        }
+        let mut ips = Vec::new();
+        for (i, replicas) in SILENT_REPLICAS.iter().enumerate() {
+            wait_available(world, SILENT_NS, &format!("{SILENT}-{i}-proxy"), *replicas).await;
+            let pods =
+                pod_ips(world, SILENT_NS, &balancer::proxy::proxy_selector_string(&format!("{SILENT}-{i}"))).await;
+            assert_eq!(pods.len(), usize::try_from(*replicas).unwrap_or(0), "every silent proxy pod has an address");
+            ips.extend(pods);
+        }
         println!(
-            "node: the silent tenant's {SILENT_REPLICAS} proxy pods available in {:.1} s",
+            "node: the silent tenant's {} proxy pods ({} Balancers) available in {:.1} s",
+            ips.len(),
+            SILENT_REPLICAS.len(),
             started.elapsed().as_secs_f64()
         );
         let mut tenant = SilentTenant { chain: false };
@@ -160,17 +160,11 @@ impl SilentTenant {
             iptables(&["-t", "mangle", "-A", SILENT_CHAIN, "-d", ip, "-p", "tcp", "--dport", "9113", "-j", "DROP"]);
         }
         iptables(&["-t", "mangle", "-I", "FORWARD", "1", "-j", SILENT_CHAIN]);
-        // A change the silent tenant's pods must be asked about: the controller then waits on them.
-        world.kubectl.ok(&[
-            "-n",
-            SILENT_NS,
-            "patch",
-            "balancer",
-            SILENT,
-            "--type=merge",
-            "-p",
-            r#"{"spec":{"backends":[{"name":"none","weight":2,"selector":{"app":"none"}}]}}"#,
-        ]);
+        // A change each silent Balancer's pods must be asked about: a controller that waited on
+        // them would wait now.
+        for (i, replicas) in SILENT_REPLICAS.iter().enumerate() {
+            world.kubectl.ok_with(&["apply", "-f", "-"], &silent_balancer(i, *replicas, 2).to_string());
+        }
         tokio::time::sleep(Duration::from_secs(3)).await;
         tenant
     }
@@ -209,18 +203,34 @@ impl Drop for SilentTenant {
     }
 }
 
+/// The silent tenant's Balancer `silent-<i>`: `replicas` proxy pods at a lowered request, and a
+/// backend that selects no pod, of `weight`.
+fn silent_balancer(i: usize, replicas: i32, weight: i32) -> serde_json::Value {
+    json!({
+        "apiVersion": format!("{}/{}", balancer::api::GROUP, balancer::api::STORAGE_VERSION),
+        "kind": "Balancer",
+        "metadata": {"name": format!("{SILENT}-{i}"), "namespace": SILENT_NS},
+        "spec": {
+            "replicas": replicas,
+            "ports": [{"name": "tcp", "protocol": "TCP", "port": 80}],
+            "backends": [{"name": "none", "weight": weight, "selector": {"app": "none"}}],
+            "proxy": {"resources": {"requests": {"cpu": "5m", "memory": "8Mi"}, "limits": {"memory": "128Mi"}}},
+        }
+    })
+}
+
 fn iptables(args: &[&str]) {
     let status = Command::new("iptables").args(args).status().expect("iptables runs");
     assert!(status.success(), "iptables {args:?} failed");
 }
 
-/// The silent tenant's `Programmed` condition, as `status: message`.
+/// The `Programmed` condition of the silent tenant's largest Balancer, as `status: message`.
 async fn silent_programmed(world: &World) -> String {
     let silent: Api<balancer::api::Balancer> = Api::namespaced(world.admin.clone(), SILENT_NS);
     eventually("the silent tenant's Programmed condition", Duration::from_secs(30), || {
         let silent = silent.clone();
         async move {
-            let status = silent.get(SILENT).await.ok()?.status?;
+            let status = silent.get(&format!("{SILENT}-0")).await.ok()?.status?;
             let programmed = status.conditions.iter().find(|c| c.type_ == "Programmed")?;
             Some(format!("{}: {}", programmed.status, programmed.message))
         }

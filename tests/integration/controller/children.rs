@@ -121,6 +121,70 @@ async fn with_the_sidecar_the_proxy_identity_is_created_before_the_config_map() 
     verifier.await.expect("the API server saw exactly the expected requests");
 }
 
+/// The reconcile never asks a proxy pod's sidecar (the prober does, outside the reconcile
+/// workers): with a proxy pod whose sidecar would never answer, the reconcile makes no
+/// connection to it, and the status counts it as not serving yet.
+#[tokio::test]
+async fn a_reconcile_never_waits_for_a_proxy_pods_sidecar() {
+    // A "pod" on a loopback address of its own whose sidecar accepts and never answers.
+    let pod = "127.0.0.77";
+    let sidecar = tokio::net::TcpListener::bind((pod, 9113)).await.expect("the sidecar's port");
+    let accepted = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = accepted.clone();
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((stream, _)) = sidecar.accept().await {
+            counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            held.push(stream);
+        }
+    });
+    let (client, mut server) = mock_api::pair();
+    let (children, caches) = child_caches();
+    let slice: balancer::controller::ReadySlice = serde_json::from_value(json!({
+        "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice", "addressType": "IPv4",
+        "metadata": {"name": format!("{NAME}-front"), "namespace": "ns",
+                     "labels": {"kubernetes.io/service-name": NAME, proxy::BALANCER_NAME_LABEL: NAME,
+                                proxy::COMPONENT_LABEL: proxy::COMPONENT_FRONTEND}},
+        "endpoints": [{"addresses": [pod], "conditions": {"ready": true, "serving": true, "terminating": false},
+                       "targetRef": {"kind": "Pod", "namespace": "ns", "name": format!("{NAME}-proxy-7d9c-x2p4q")}}],
+        "ports": [{"port": 80, "protocol": "TCP"}]
+    }))
+    .expect("an EndpointSlice");
+    caches.endpoint_slices.apply(&watcher::Event::Apply(slice));
+    let settings = ProxySettings { metrics_image: Some("registry.example.com/balancer:1".into()), ..settings() };
+    let ctx = Arc::new(Context::new(client, children, settings, Metrics::default().controller));
+    let verifier = tokio::spawn(async move {
+        for backend in ["v1", "v2", "v3"] {
+            let path = format!("/api/v1/namespaces/ns/services/example-balancer-{backend}-backend");
+            expect_create(&mut server, &path, "Service").await;
+        }
+        let rbac = "/apis/rbac.authorization.k8s.io/v1/namespaces/ns";
+        expect_create(&mut server, "/api/v1/namespaces/ns/serviceaccounts/example-balancer-proxy", "ServiceAccount")
+            .await;
+        expect_create(&mut server, &format!("{rbac}/roles/example-balancer-proxy"), "Role").await;
+        expect_create(&mut server, &format!("{rbac}/rolebindings/example-balancer-proxy"), "RoleBinding").await;
+        expect_create(&mut server, "/api/v1/namespaces/ns/configmaps/example-balancer-proxy-configmap", "ConfigMap")
+            .await;
+        expect_create(&mut server, "/apis/apps/v1/namespaces/ns/deployments/example-balancer-proxy", "Deployment")
+            .await;
+        expect_create(&mut server, "/api/v1/namespaces/ns/services/example-balancer", "Service").await;
+        expect_event(&mut server, "Created").await;
+        let status = expect_status(&mut server, &sample()).await;
+        let conditions = status["conditions"].as_array().cloned().unwrap_or_default();
+        let programmed = conditions.into_iter().find(|c| c["type"] == "Programmed").expect("a Programmed condition");
+        expect_done(&mut server).await;
+        (status["configuredReplicas"].clone(), programmed)
+    });
+    reconcile(Arc::new(sample().into()), ctx).await.expect("reconcile succeeds");
+    let (configured, programmed) = verifier.await.expect("the API server saw exactly the expected requests");
+    assert_eq!(accepted.load(std::sync::atomic::Ordering::SeqCst), 0, "the reconcile connected to the sidecar");
+    assert_eq!(configured, 0);
+    assert_eq!(
+        (&programmed["status"], &programmed["reason"], &programmed["message"]),
+        (&json!("False"), &json!("Applying"), &json!("0 of 1 proxy pods serve the current configuration"))
+    );
+}
+
 #[tokio::test]
 async fn a_converged_balancer_costs_one_status_write_then_nothing() {
     let (ctx, mut server, mut caches) = context();
