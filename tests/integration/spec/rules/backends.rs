@@ -185,6 +185,20 @@ fn backend_rules() {
             strings![same_pods(2, 0)],
         ),
         case(
+            // Selectors over the bound are refused, and not compared (a cost a client would set).
+            "two backends with the same oversized selector are refused, not compared",
+            |s| {
+                let oversized: BTreeMap<String, String> = (0..33).map(|i| (format!("k{i}"), "v".to_string())).collect();
+                s.spec.backends[1].selector = Some(oversized.clone());
+                s.spec.backends[2].selector = Some(oversized);
+            },
+            strings![
+                "spec.backends[1].selector: must have at most 32 labels, got 33",
+                "spec.backends[2].selector: must have at most 32 labels, got 33"
+            ],
+            vec![],
+        ),
+        case(
             "a backend restating spec.selector selects the same pods as one without a selector",
             |s| {
                 s.spec.selector = Some(labels(&[("app", "test"), ("version", "v1")]));
