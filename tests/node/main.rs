@@ -21,6 +21,7 @@ mod bench;
 mod certificates;
 mod faults;
 mod fixtures;
+mod ingress_nginx;
 mod install;
 mod isolation;
 mod node;
@@ -48,6 +49,7 @@ use faults::{
     the_leader_killed_in_the_middle_of_a_change_is_finished_by_a_new_leader,
     the_other_replica_takes_over_when_the_leader_pod_is_deleted,
 };
+use ingress_nginx::ingress_nginx_tcp_and_udp_services_become_balancers;
 use install::the_operator_installs_from_deploy_as_a_user_would;
 use isolation::a_tenant_whose_sidecars_never_answer_does_not_slow_another_tenant;
 use node::{ClusterServices, Host, KUBERNETES_SERVICE_IP, NODE_A, NODE_B, NODE_IP, Node, SERVICE_CIDR, host_traces};
@@ -242,6 +244,7 @@ async fn run_suite(assets: &Path, images: &Path, tools: [&Path; 2], state: &Path
         a_tenant_whose_sidecars_never_answer_does_not_slow_another_tenant,
         scaling_the_balancer_brings_up_proxy_pods,
         udp_is_proxied_to_udp_echo_pods,
+        ingress_nginx_tcp_and_udp_services_become_balancers,
         a_backend_behind_the_proxy_sees_the_client_pods_address,
         with_every_primary_scaled_to_0_the_backup_serves_without_a_failed_request,
         a_node_port_balancer_with_client_ip_affinity_keeps_each_client_on_one_backend,
