@@ -27,6 +27,8 @@ SERVICE_CIDR=10.0.0.0/24
 SERVICE_BRIDGE=balancer-svc0
 FENCE=BALANCER-NODE-FENCE
 UNTRANSLATED=BALANCER-NODE-UNTRANSLATED
+# isolation.rs's chain that drops a silent tenant's sidecar packets (removed by the scenario).
+SILENT=BALANCER-NODE-SILENT
 # What the kubelet, kube-proxy and this script change.
 SYSCTLS=(kernel.panic kernel.panic_on_oops vm.overcommit_memory net.ipv4.conf.all.route_localnet
   net.ipv4.ip_forward net.bridge.bridge-nf-call-iptables)
@@ -133,6 +135,9 @@ down() {
   done
   iptables -t filter -F "$UNTRANSLATED" 2>/dev/null
   iptables -t filter -X "$UNTRANSLATED" 2>/dev/null
+  iptables -t mangle -D FORWARD -j "$SILENT" 2>/dev/null
+  iptables -t mangle -F "$SILENT" 2>/dev/null
+  iptables -t mangle -X "$SILENT" 2>/dev/null
   for tool in iptables ip6tables; do
     # The chains kube-proxy, the kubelet and the CNI plugins made, and the rules jumping to them.
     local saved
