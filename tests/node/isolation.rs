@@ -21,7 +21,8 @@ const SILENT: &str = "silent";
 /// Sixteen pods in all, eight a node, at a request lowered so that both nodes hold them.
 const SILENT_REPLICAS: [i32; 8] = [9, 1, 1, 1, 1, 1, 1, 1];
 /// The host chain that drops every packet to its sidecars (the suite's bridge CNI enforces no
-/// NetworkPolicy): the controller's questions go unanswered until they time out. `host.sh down` removes it too, after a run that was killed.
+/// NetworkPolicy): the controller's questions go unanswered until they time out. `host.sh down`
+/// removes it too, after a run that was killed.
 const SILENT_CHAIN: &str = "BALANCER-NODE-SILENT";
 /// Changes to the sample measured alone, then beside the silent tenant.
 const CHANGES: usize = 6;
