@@ -185,6 +185,12 @@ fn backend_rules() {
             strings![same_pods(2, 0)],
         ),
         case(
+            "a selector of 32 labels, the bound",
+            |s| s.spec.backends[1].selector = Some((0..32).map(|i| (format!("k{i}"), "v".to_string())).collect()),
+            vec![],
+            vec![],
+        ),
+        case(
             // Selectors over the bound are refused, and not compared (a cost a client would set).
             "two backends with the same oversized selector are refused, not compared",
             |s| {

@@ -111,6 +111,33 @@ fn service_rules() {
             vec![],
         ),
         case(
+            "64 annotations, each of 4096 bytes at most, 64 KiB in all",
+            |s| {
+                // 64 keys of 15 bytes, and values of 15 × 4096 + 3136 bytes: 65,536 bytes in all.
+                let value = |i: usize| match i {
+                    0..15 => 4096,
+                    15 => 3136,
+                    _ => 0,
+                };
+                let annotations: std::collections::BTreeMap<String, String> =
+                    (0..64).map(|i| (format!("example.com/a{i:02}"), "x".repeat(value(i)))).collect();
+                s.spec.service = Some(FrontService { annotations: Some(annotations), ..FrontService::default() });
+            },
+            vec![],
+            vec![],
+        ),
+        case(
+            "one byte over 64 KiB of annotations in all",
+            |s| {
+                let annotations = (0..16)
+                    .map(|i| (format!("example.com/a{i:02}"), "x".repeat(if i == 0 { 3857 } else { 4096 })))
+                    .collect();
+                s.spec.service = Some(FrontService { annotations: Some(annotations), ..FrontService::default() });
+            },
+            strings!["spec.service.annotations: must be at most 65536 bytes in all (keys and values), got 65537"],
+            vec![],
+        ),
+        case(
             "an annotation too long",
             |s| {
                 let long = labels(&[("example.com/cert", &"x".repeat(4097))]);
