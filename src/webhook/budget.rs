@@ -11,6 +11,7 @@
 //! ([`super::body`]), which returns what it held.
 
 use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -59,7 +60,6 @@ struct Ledger {
     accounts: HashMap<u64, Account>,
     /// Payments waiting, oldest first; each is granted as soon as it may be.
     queue: VecDeque<Pending>,
-    next_id: u64,
 }
 
 impl Ledger {
@@ -98,6 +98,7 @@ impl Ledger {
 /// A budget of bytes that bodies pay from (see the module's documentation).
 pub struct Budget {
     ledger: Mutex<Ledger>,
+    next_id: AtomicU64,
 }
 
 /// No room came within the wait.
@@ -108,8 +109,8 @@ pub(super) struct Busy;
 impl Budget {
     /// A budget of `total` bytes, none of them held.
     pub fn new(total: usize) -> Arc<Budget> {
-        let ledger = Ledger { free: total, accounts: HashMap::new(), queue: VecDeque::new(), next_id: 0 };
-        Arc::new(Budget { ledger: Mutex::new(ledger) })
+        let ledger = Ledger { free: total, accounts: HashMap::new(), queue: VecDeque::new() };
+        Arc::new(Budget { ledger: Mutex::new(ledger), next_id: AtomicU64::new(0) })
     }
 
     /// Bytes no body holds now.
@@ -124,10 +125,8 @@ impl Budget {
 
     /// A new body's account, which may come to hold `claim` bytes; it pays nothing yet.
     pub(super) fn open(self: &Arc<Self>, claim: usize) -> Tab {
-        let mut ledger = self.ledger();
-        let id = ledger.next_id;
-        ledger.next_id += 1;
-        Tab { budget: self.clone(), id, claim }
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        Tab { budget: self.clone(), id, claim, used: false }
     }
 }
 
@@ -136,11 +135,15 @@ pub(super) struct Tab {
     budget: Arc<Budget>,
     id: u64,
     claim: usize,
+    /// Whether it ever paid or waited: a body that never did (most are small) has nothing to
+    /// return, and leaves without taking the lock.
+    used: bool,
 }
 
 impl Tab {
     /// Pays `amount` more if that may be done at once.
     pub(super) fn try_pay(&mut self, amount: usize) -> bool {
+        self.used = true;
         let mut ledger = self.budget.ledger();
         let may = ledger.may_pay(self.id, self.claim, amount);
         if may {
@@ -151,6 +154,7 @@ impl Tab {
 
     /// Pays `amount` more, waiting at most `wait` for it, behind the payments already waiting.
     pub(super) async fn pay(&mut self, amount: usize, wait: Duration) -> Result<(), Busy> {
+        self.used = true;
         let granted = {
             let mut ledger = self.budget.ledger();
             if ledger.may_pay(self.id, self.claim, amount) {
@@ -207,6 +211,9 @@ impl Drop for Queued<'_> {
 
 impl Drop for Tab {
     fn drop(&mut self) {
+        if !self.used {
+            return;
+        }
         let mut ledger = self.budget.ledger();
         ledger.queue.retain(|pending| pending.id != self.id);
         if let Some(account) = ledger.accounts.remove(&self.id) {
