@@ -232,9 +232,14 @@ where
 async fn convert(State(state): State<AppState>, request: Request) -> Response {
     let started = Instant::now();
     let (result, response) = match read_review_body(request, state.conversion_limit()).await {
+        // Counted by reason, and logged at debug only: a client that trickles its body or
+        // fills the budget (as a hostile pod may, thousands of times a second) must not flood
+        // the log.
         Err(refused) => {
             state.metrics.body_refused(refused.reason);
-            (ConversionResult::BadRequest, refused.response)
+            tracing::debug!(status = %refused.response.status(), reason = ?refused.reason, "refused a conversion body");
+            state.metrics.converted(ConversionResult::BadRequest, started.elapsed());
+            return refused.response;
         }
         // Converting a large page takes seconds of CPU, so it runs off the connection's worker
         // thread, which also serves admission reviews. The budget is held until the answer is
