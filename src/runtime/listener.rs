@@ -6,10 +6,10 @@
 //!   in size (431 past [`ConnectionLimits::max_header_bytes`]); hyper's read buffer is bounded too.
 //! - A client that stops reading its answer is dropped after [`ConnectionLimits::write_timeout`].
 //! - At [`ConnectionLimits::max_connections`], a new client closes another connection rather
-//!   than being refused ([`victim`]): first one open a second without a request, then an upload
-//!   that has fallen behind [`ConnectionLimits::slow_upload`], then a newer connection that has
-//!   not sent its request yet, then the one idle longest between requests (as nginx does), and
-//!   last the slowest other upload. So neither idle sockets nor
+//!   than being refused ([`victim`]): first one silent for a second without a request, then an
+//!   upload that has fallen behind [`ConnectionLimits::slow_upload`], then one in its TLS
+//!   handshake or newer, then the one idle longest between requests (as nginx does), and last
+//!   the slowest other upload. So neither idle sockets nor
 //!   slow uploads can lock out the API server or the kubelet; only when every connection is
 //!   being answered, or has just begun its upload, is the new one refused.
 //! - The handler that reads a request's body reports its progress through the request's
@@ -358,6 +358,10 @@ impl<S: Serve> Connection<S> {
         if first_byte.is_err() {
             return tracing::debug!(%peer, "no first byte in time");
         }
+        let phases = state.clone();
+        if acceptor.is_some() {
+            phases.enter(HANDSHAKING);
+        }
         // A client that stops reading its response must not hold the connection forever.
         let mut io = TimeoutStream::new(tcp);
         io.set_write_timeout(Some(limits.write_timeout));
@@ -393,7 +397,10 @@ impl<S: Serve> Connection<S> {
                     handshake = tokio::time::timeout(limits.handshake_timeout, acceptor.accept(io)) => handshake,
                 };
                 match handshake {
-                    Ok(Ok(stream)) => watcher.watch(builder.serve_connection(TokioIo::new(stream), service)).await,
+                    Ok(Ok(stream)) => {
+                        phases.enter(FRESH);
+                        watcher.watch(builder.serve_connection(TokioIo::new(stream), service)).await
+                    }
                     Ok(Err(e)) => return tracing::debug!(%peer, error = %e, "TLS handshake failed"),
                     Err(_) => return tracing::debug!(%peer, "TLS handshake timed out"),
                 }
@@ -437,14 +444,15 @@ const FRESH: u8 = 0;
 const IDLE: u8 = 1;
 const UPLOADING: u8 = 2;
 const ANSWERING: u8 = 3;
+const HANDSHAKING: u8 = 4;
 
 /// One open connection as the listener sees it.
 struct ConnectionState {
     id: u64,
     epoch: Instant,
-    /// [`FRESH`] until its first request, then [`UPLOADING`] while a request's body arrives,
-    /// [`ANSWERING`] until the answer is written (or while the server holds the body back),
-    /// [`IDLE`] between requests.
+    /// [`FRESH`] until its first request (but [`HANDSHAKING`] during its TLS handshake), then
+    /// [`UPLOADING`] while a request's body arrives, [`ANSWERING`] until the answer is written
+    /// (or while the server holds the body back), [`IDLE`] between requests.
     phase: AtomicU8,
     /// Nanoseconds after the epoch at which the phase began; an upload's start moves later by
     /// the time the server held it back, which is not its client's doing.
@@ -464,6 +472,12 @@ impl ConnectionState {
         self.phase.store(phase, Ordering::Relaxed);
     }
 
+    /// Enters `phase` now.
+    fn enter(&self, phase: u8) {
+        self.since.store(self.now(), Ordering::Relaxed);
+        self.set(phase);
+    }
+
     /// Marks a request in progress (uploading, or answering one without a body) until the
     /// guard is dropped.
     fn request_started(self: &Arc<Self>, without_body: bool) -> BusyGuard {
@@ -478,7 +492,8 @@ impl ConnectionState {
         let since = self.since.load(Ordering::Relaxed);
         let age = Duration::from_nanos(now.saturating_sub(since));
         match self.phase.load(Ordering::Relaxed) {
-            FRESH => Standing::Fresh { age },
+            FRESH => Standing::Fresh { age, handshaking: false },
+            HANDSHAKING => Standing::Fresh { age, handshaking: true },
             IDLE => Standing::Idle { age },
             UPLOADING => Standing::Uploading { age, received: self.received.load(Ordering::Relaxed) },
             _ => Standing::Answering,
@@ -547,8 +562,9 @@ impl Drop for Held<'_> {
 /// A connection as the choice of whom to close for a newcomer sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Standing {
-    /// No request yet (in its handshake, or waiting to send its first request), for `age`.
-    Fresh { age: Duration },
+    /// No request yet: in its TLS handshake for `age`, or else silent for `age` (since it
+    /// connected, or since its handshake ended).
+    Fresh { age: Duration, handshaking: bool },
     /// Between requests, having answered one, for `age`.
     Idle { age: Duration },
     /// A request whose body has been arriving for `age` (time held back by the server left
@@ -561,12 +577,13 @@ enum Standing {
 /// Why a connection was closed for a newcomer; in the order they are chosen.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Eviction {
-    /// Open for [`NEW_CONNECTION_GRACE`] or more without a request: the longest-open first.
+    /// Silent for [`NEW_CONNECTION_GRACE`] or more without a request (since it connected, or
+    /// since its TLS handshake ended): the longest-silent first.
     Unused,
     /// Its upload fell behind [`ConnectionLimits::slow_upload`]: the slowest first.
     SlowUpload,
-    /// Open for less than [`NEW_CONNECTION_GRACE`], in its handshake or about to send its first
-    /// request: the longest-open first.
+    /// Without a request yet, but in its TLS handshake (which its own timeout bounds), or
+    /// silent for less than [`NEW_CONNECTION_GRACE`]: the longest in that state first.
     New,
     /// Idle between requests: the longest-idle first.
     Idle,
@@ -574,9 +591,10 @@ pub enum Eviction {
     Upload,
 }
 
-/// How long a new connection may take to send its first request before it counts as unused.
-/// A client that connects and never speaks is closed before one in its handshake, which under
-/// a flood of connections may take a while.
+/// How long a new connection may stay silent (before its handshake, or between its handshake
+/// and its first request) before it counts as unused. A client in its handshake is closed only
+/// after the unused ones and the slow uploads: under a flood of connections, the API server's
+/// handshake may take a while.
 pub const NEW_CONNECTION_GRACE: Duration = Duration::from_secs(1);
 
 impl Eviction {
@@ -600,8 +618,10 @@ impl Eviction {
 fn rank(standing: Standing, slow: MinRate) -> Option<(Eviction, u64)> {
     let longest_first = |age: Duration| u64::MAX - u64::try_from(age.as_micros()).unwrap_or(u64::MAX);
     match standing {
-        Standing::Fresh { age } if age >= NEW_CONNECTION_GRACE => Some((Eviction::Unused, longest_first(age))),
-        Standing::Fresh { age } => Some((Eviction::New, longest_first(age))),
+        Standing::Fresh { age, handshaking: false } if age >= NEW_CONNECTION_GRACE => {
+            Some((Eviction::Unused, longest_first(age)))
+        }
+        Standing::Fresh { age, .. } => Some((Eviction::New, longest_first(age))),
         Standing::Idle { age } => Some((Eviction::Idle, longest_first(age))),
         Standing::Answering => None,
         Standing::Uploading { age, .. } if age <= slow.grace => None,
@@ -765,9 +785,9 @@ mod tests {
 
     #[test]
     fn unused_connections_go_first_then_slow_uploads_then_idle_ones_then_the_slowest_upload() {
-        let unused = (1, Standing::Fresh { age: secs(1.5) });
+        let unused = (1, Standing::Fresh { age: secs(1.5), handshaking: false });
         let slow = (2, Standing::Uploading { age: secs(5.0), received: 10 });
-        let new = (3, Standing::Fresh { age: secs(0.9) });
+        let new = (3, Standing::Fresh { age: secs(0.9), handshaking: false });
         let idle = (4, Standing::Idle { age: secs(60.0) });
         let keeping_up = (5, Standing::Uploading { age: secs(5.0), received: 1_000_000 });
         let mut open = vec![keeping_up, idle, new, slow, unused, (6, Standing::Answering)];
@@ -786,10 +806,20 @@ mod tests {
 
     #[test]
     fn within_a_kind_the_longest_open_or_idle_and_the_slowest_go_first() {
-        let fresh = [(1, Standing::Fresh { age: secs(1.0) }), (2, Standing::Fresh { age: secs(3.0) })];
-        assert_eq!(victim(fresh, SLOW), Some((2, Eviction::Unused)));
-        let new = [(1, Standing::Fresh { age: secs(0.2) }), (2, Standing::Fresh { age: secs(0.1) })];
-        assert_eq!(victim(new, SLOW), Some((1, Eviction::New)));
+        let silent = |age| Standing::Fresh { age: secs(age), handshaking: false };
+        assert_eq!(victim([(1, silent(1.0)), (2, silent(3.0))], SLOW), Some((2, Eviction::Unused)));
+        assert_eq!(victim([(1, silent(0.2)), (2, silent(0.1))], SLOW), Some((1, Eviction::New)));
+        let handshaking = (3, Standing::Fresh { age: secs(2.0), handshaking: true });
+        assert_eq!(
+            victim([(1, silent(0.2)), handshaking], SLOW),
+            Some((3, Eviction::New)),
+            "a handshake, however long, is never unused; the longest goes first among the new"
+        );
+        assert_eq!(
+            victim([(1, silent(1.2)), handshaking], SLOW),
+            Some((1, Eviction::Unused)),
+            "a silent connection goes before a handshake"
+        );
         let idle = [(1, Standing::Idle { age: secs(3.0) }), (2, Standing::Idle { age: secs(1.0) })];
         assert_eq!(victim(idle, SLOW), Some((1, Eviction::Idle)));
         let slow = [
