@@ -124,6 +124,10 @@ pub struct RunArgs {
     /// Largest AdmissionReview body accepted, in bytes (4 KiB to 64 MiB).
     #[arg(long, env = "BALANCER_MAX_BODY_BYTES", default_value_t = 1024 * 1024, value_parser = body_limit)]
     pub max_body_bytes: usize,
+    /// Slowest a review body may arrive once its first second has passed, in bytes a second on
+    /// average (0: no floor); a body behind it gets 408 at once.
+    #[arg(long, env = "BALANCER_MIN_BODY_RATE", default_value_t = 64 * 1024)]
+    pub min_body_rate: u64,
     #[command(flatten)]
     pub controller: ControllerArgs,
     /// Log format.
@@ -416,6 +420,7 @@ impl RunArgs {
             tls_reload_interval: self.tls_reload_interval,
             shutdown_delay: self.shutdown_delay,
             max_body_bytes: self.max_body_bytes,
+            min_body_rate: self.min_body_rate,
             cluster: self.controller.cluster(),
         }
     }

@@ -151,6 +151,7 @@ fn scraper_limits() -> ConnectionLimits {
         max_header_bytes: 8 * 1024,
         write_timeout: Duration::from_secs(10),
         shutdown_grace: Duration::from_secs(1),
+        slow_upload: listener::MinRate::SLOW_UPLOAD,
     }
 }
 

@@ -26,6 +26,8 @@ pub struct Config {
     pub shutdown_delay: Duration,
     /// Largest AdmissionReview body accepted.
     pub max_body_bytes: usize,
+    /// Slowest a review body may arrive after its first second, in bytes a second (0: no floor).
+    pub min_body_rate: u64,
     /// Whether and how the controller runs.
     pub cluster: ClusterConfig,
 }

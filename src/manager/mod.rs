@@ -16,7 +16,6 @@ use std::time::Duration;
 
 use kube::Client;
 use tokio::net::TcpListener;
-use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
 use crate::controller::metrics::ControllerMetrics;
@@ -29,7 +28,7 @@ use crate::runtime::signals::Signals;
 use crate::runtime::throttle::{self, ThrottleLayer};
 use crate::runtime::tls::{self, CA_FILE, CertPaths, CertWatcher, TlsError};
 use crate::runtime::{leader, metrics};
-use crate::webhook::{AppState, Limits, WebhookService};
+use crate::webhook::{AppState, Budget, Limits, WebhookService};
 
 #[allow(missing_docs, reason = "each variant's #[error] message says what it is, naming its fields")]
 #[derive(Debug, thiserror::Error)]
@@ -99,10 +98,10 @@ pub async fn start(
     });
     // The budget is never smaller than one review body, so a single review can always be read.
     // Conversions have a budget of their own, the size of one largest body: it admits many small
-    // conversions, or one large one, at a time.
+    // conversions, or one large one, at a time (bodies of at most 16 KiB pay nothing).
     let budget = limits.max_body_bytes_in_flight.max(limits.max_body_bytes);
-    let body_budget = Arc::new(Semaphore::new(budget.min(Semaphore::MAX_PERMITS)));
-    let conversion_budget = Arc::new(Semaphore::new(limits.max_conversion_body_bytes.min(Semaphore::MAX_PERMITS)));
+    let body_budget = Budget::new(budget);
+    let conversion_budget = Budget::new(limits.max_conversion_body_bytes);
     let limits = Arc::new(limits);
     let policy = config.cluster.controller.proxy.policy.clone();
     let state = AppState {
@@ -134,6 +133,7 @@ pub async fn start(
     // The webhook's connections on threads of their own; probes and metrics on this runtime.
     let webhook_workers = Workers::per_core("webhook")?;
     let webhook_options = ServeOptions::new(limits.connections.clone())
+        .counted(metrics.admission.connections.clone())
         .tls(tls_config.clone())
         .on(webhook_workers)
         .draining(readiness.draining.clone());
@@ -187,7 +187,7 @@ async fn drain_controller(controller: Option<tokio::task::JoinHandle<()>>, shutd
 /// Runs until SIGTERM or SIGINT, then shuts down gracefully.
 pub async fn run(config: Config) -> Result<(), RunError> {
     let shutdown = CancellationToken::new();
-    let limits = Limits { max_body_bytes: config.max_body_bytes, ..Limits::default() };
+    let limits = Limits::with_body_limits(config.max_body_bytes, config.min_body_rate);
     // Listen for signals before anything starts: a SIGTERM during start-up must not kill
     // the process uncleanly.
     let signals = Signals::listen()?;

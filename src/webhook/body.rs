@@ -1,6 +1,11 @@
 //! Review bodies are read within a size limit, a time limit shorter than the API server's
-//! webhook timeout, and a budget of bytes shared by every review being read or answered at
-//! once, so concurrent large reviews cannot exhaust memory.
+//! webhook timeout, a minimum rate, and a [`Budget`] of bytes shared by every review being read
+//! or answered at once, so concurrent large reviews cannot exhaust memory, and slow ones cannot
+//! hold what others need.
+//!
+//! A body of at most [`UNPAID_BYTES`] never touches the budget: every connection may hold one
+//! (1,024 connections hold 16 MiB at most). A larger one pays for its whole buffer as it
+//! grows, never for the length it declares before those bytes arrive.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -9,68 +14,111 @@ use axum::body::Bytes;
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::Response;
 use http_body_util::BodyExt;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::time::Instant;
 
+use super::budget::{Budget, Tab};
 use crate::runtime::http::error;
+use crate::runtime::listener::{MinRate, Upload};
 
-/// How large a body may be, and how long it may take to arrive.
+/// How large a body may be, how long it may take to arrive, and how slowly.
 pub(super) struct BodyLimit {
     pub bytes: usize,
     pub time: Duration,
     /// The budget the body's bytes are paid from.
-    pub budget: Arc<Semaphore>,
+    pub budget: Arc<Budget>,
     /// How long to wait for room in the budget before answering 503.
     pub wait: Duration,
-    /// Pay for the declared length at once, when the first bytes arrive, rather than as the
-    /// buffer doubles. For conversions, whose budget holds only one body of the largest size:
-    /// two large bodies paying as they grow could each hold half the budget and wait for the
-    /// other until both get 503.
-    pub whole_at_once: bool,
+    /// A body that falls behind it gets 408 at once.
+    pub min_rate: MinRate,
 }
 
-/// Checks the content type and reads the body within the size and time `limit`, and the memory budget.
-pub(super) async fn read_review_body<B>(
-    request: hyper::Request<B>,
-    limit: BodyLimit,
-) -> Result<(Vec<u8>, BodyBudget), Response>
+/// The largest body read without paying from the budget.
+pub(super) const UNPAID_BYTES: usize = 16 * 1024;
+
+/// Why a body was not read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, strum::VariantArray, strum::IntoStaticStr)]
+#[strum(serialize_all = "snake_case")]
+pub enum Refusal {
+    /// 415: not `application/json`.
+    ContentType,
+    /// 413: over the size limit, declared or sent.
+    TooLarge,
+    /// 408: not all in within the body time.
+    Timeout,
+    /// 408: fell behind the minimum rate.
+    TooSlow,
+    /// 503: no room in the budget within the wait.
+    Budget,
+    /// 400: the client's stream failed (reset, bad chunking).
+    Unreadable,
+}
+
+/// A body not read: why, and the answer to send.
+pub(super) struct Refused {
+    pub reason: Refusal,
+    pub response: Response,
+}
+
+impl Refused {
+    fn new(reason: Refusal, response: Response) -> Self {
+        Refused { reason, response }
+    }
+}
+
+/// Checks the content type and reads the body within the size, time and rate `limit`, and the
+/// memory budget; the body comes with what it holds of the budget.
+pub(super) async fn read_review_body<B>(request: hyper::Request<B>, limit: BodyLimit) -> Result<(Vec<u8>, Tab), Refused>
 where
     B: hyper::body::Body<Data = Bytes> + Unpin,
     B::Error: std::fmt::Display,
 {
+    let upload = Upload::of(&request);
     let (parts, mut body) = request.into_parts();
     if !is_json(&parts.headers) {
-        return Err(error(StatusCode::UNSUPPORTED_MEDIA_TYPE, "Content-Type must be application/json"));
+        let response = error(StatusCode::UNSUPPORTED_MEDIA_TYPE, "Content-Type must be application/json");
+        return Err(Refused::new(Refusal::ContentType, response));
     }
-    let deadline = tokio::time::Instant::now() + limit.time;
-    let pool = limit.budget;
-    let limit_whole = limit.whole_at_once;
-    let wait = limit.wait;
-    let limit = limit.bytes;
+    let deadline = Instant::now() + limit.time;
+    let bytes = limit.bytes;
     let declared = parts.headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
-    if declared.is_some_and(|len| len > limit as u64) {
+    if declared.is_some_and(|len| len > bytes as u64) {
         // A client waiting for `100 Continue` has sent no byte of the body yet: it gets its 413
         // at once, and the connection closes with nothing unread that could turn into a reset.
         if expects_continue(&parts.headers) {
-            return Err(closing(too_large(limit)));
+            return Err(Refused::new(Refusal::TooLarge, closing(too_large(bytes))));
         }
-        return Err(too_large_after_draining(&mut body, limit, deadline).await);
+        return Err(Refused::new(Refusal::TooLarge, too_large_after_draining(&mut body, bytes, deadline).await));
     }
-    let budget = BodyBudget { pool, held: None, wait };
-    // The declared length sets the size of the first allocation (at most FIRST_ALLOCATION_MAX,
-    // unless the whole body is paid at once). It is still paid for only when the first bytes
-    // arrive.
+    // The declared length sets the size of the first allocation (at most UNPAID_BYTES) and the
+    // body's claim on the budget; it is paid for only as the bytes arrive.
     let declared = declared.map(|len| len as usize);
-    let first = match (declared, limit_whole) {
-        (Some(len), true) => len,
-        (Some(len), false) => len.min(FIRST_ALLOCATION_MAX),
-        (None, _) => FIRST_ALLOCATION_MAX,
-    };
-    let size = BodySize { limit, first, declared };
-    match tokio::time::timeout_at(deadline, read_within(&mut body, size, budget)).await {
-        Err(_) => Err(error(StatusCode::REQUEST_TIMEOUT, "the body was not received in time")),
-        Ok(Err(BodyError::TooLarge)) => Err(too_large_after_draining(&mut body, limit, deadline).await),
-        Ok(Err(BodyError::Busy)) => Err(error(StatusCode::SERVICE_UNAVAILABLE, "too many reviews being read; retry")),
-        Ok(Err(BodyError::Read(e))) => Err(error(StatusCode::BAD_REQUEST, &format!("cannot read the body: {e}"))),
+    let size = BodySize { limit: bytes, first: declared.map_or(UNPAID_BYTES, |len| len.min(UNPAID_BYTES)), declared };
+    let tab = limit.budget.open(declared.unwrap_or(bytes));
+    let pace = Pace { upload, min_rate: limit.min_rate, wait: limit.wait, deadline };
+    match tokio::time::timeout_at(deadline, read_within(&mut body, size, tab, pace)).await {
+        Err(_) => {
+            let response = error(StatusCode::REQUEST_TIMEOUT, "the body was not received in time");
+            Err(Refused::new(Refusal::Timeout, response))
+        }
+        Ok(Err(BodyError::TooLarge)) => {
+            Err(Refused::new(Refusal::TooLarge, too_large_after_draining(&mut body, bytes, deadline).await))
+        }
+        Ok(Err(BodyError::TooSlow)) => {
+            let message = format!(
+                "the body is arriving too slowly: at least {} bytes a second after the first {} ms",
+                limit.min_rate.bytes_per_second,
+                limit.min_rate.grace.as_millis()
+            );
+            Err(Refused::new(Refusal::TooSlow, closing(error(StatusCode::REQUEST_TIMEOUT, &message))))
+        }
+        Ok(Err(BodyError::Busy)) => {
+            let response = error(StatusCode::SERVICE_UNAVAILABLE, "too many reviews being read; retry");
+            Err(Refused::new(Refusal::Budget, response))
+        }
+        Ok(Err(BodyError::Read(e))) => {
+            let response = error(StatusCode::BAD_REQUEST, &format!("cannot read the body: {e}"));
+            Err(Refused::new(Refusal::Unreadable, response))
+        }
         Ok(Ok(read)) => Ok(read),
     }
 }
@@ -101,40 +149,11 @@ where
 
 enum BodyError {
     TooLarge,
+    TooSlow,
     Busy,
     /// The client's stream failed (reset, bad chunking): its message.
     Read(String),
 }
-
-/// Bytes of the shared body budget held by one review, returned when dropped.
-pub(super) struct BodyBudget {
-    pool: Arc<Semaphore>,
-    held: Option<OwnedSemaphorePermit>,
-    wait: Duration,
-}
-
-impl BodyBudget {
-    /// Takes `bytes` more from the budget, waiting at most `wait` for them (no timer when
-    /// there is room, the usual case).
-    async fn grow(&mut self, bytes: usize) -> Result<(), BodyError> {
-        let Ok(bytes) = u32::try_from(bytes) else { return Err(BodyError::TooLarge) };
-        let permit = match self.pool.clone().try_acquire_many_owned(bytes) {
-            Ok(permit) => permit,
-            Err(_) => match tokio::time::timeout(self.wait, self.pool.clone().acquire_many_owned(bytes)).await {
-                Ok(Ok(permit)) => permit,
-                _ => return Err(BodyError::Busy),
-            },
-        };
-        match &mut self.held {
-            Some(held) => held.merge(permit),
-            None => self.held = Some(permit),
-        }
-        Ok(())
-    }
-}
-
-/// Largest first allocation for a body: a client's declared length alone cannot reserve more.
-const FIRST_ALLOCATION_MAX: usize = 64 * 1024;
 
 /// How large a body's buffer may and should grow.
 struct BodySize {
@@ -158,19 +177,42 @@ impl BodySize {
     }
 }
 
+/// What a buffer of `capacity` bytes costs the budget: nothing up to [`UNPAID_BYTES`], then all of it.
+fn cost(capacity: usize) -> usize {
+    if capacity > UNPAID_BYTES { capacity } else { 0 }
+}
+
+/// How a body must keep coming: its client's minimum rate, the wait for room in the budget,
+/// and the listener's view of the upload.
+struct Pace {
+    upload: Option<Upload>,
+    min_rate: MinRate,
+    wait: Duration,
+    deadline: Instant,
+}
+
 /// Reads `body` into a buffer at most `size.limit` bytes long, whose capacity is paid for from
-/// `budget` before it is allocated, so that what a client declares costs nothing until it is sent.
-async fn read_within<B>(
-    body: &mut B,
-    size: BodySize,
-    mut budget: BodyBudget,
-) -> Result<(Vec<u8>, BodyBudget), BodyError>
+/// `tab` before it is allocated (see [`cost`]), so that what a client declares costs nothing
+/// until it is sent. A body that falls behind `pace.min_rate` is cut off: the time spent
+/// waiting for room in the budget is the server's, and does not count against it.
+async fn read_within<B>(body: &mut B, size: BodySize, mut tab: Tab, pace: Pace) -> Result<(Vec<u8>, Tab), BodyError>
 where
     B: hyper::body::Body<Data = Bytes> + Unpin,
     B::Error: std::fmt::Display,
 {
+    let started = Instant::now();
+    let mut held = Duration::ZERO;
     let mut buffer: Vec<u8> = Vec::new();
-    while let Some(frame) = body.frame().await {
+    loop {
+        let allowed = held.saturating_add(pace.min_rate.allowed(buffer.len() as u64));
+        let behind = started.checked_add(allowed).unwrap_or(pace.deadline).min(pace.deadline.max(started));
+        let frame = match tokio::time::timeout_at(behind, body.frame()).await {
+            Ok(Some(frame)) => frame,
+            Ok(None) => break,
+            // At the deadline itself the caller's timeout answers 408 for the time limit.
+            Err(_) if behind >= pace.deadline => std::future::pending().await,
+            Err(_) => return Err(BodyError::TooSlow),
+        };
         let Ok(data) = frame.map_err(|e| BodyError::Read(e.to_string()))?.into_data() else { continue };
         let needed = buffer.len() + data.len();
         if needed > size.limit {
@@ -178,12 +220,26 @@ where
         }
         if needed > buffer.capacity() {
             let capacity = size.next_capacity(buffer.capacity(), needed);
-            budget.grow(capacity - buffer.capacity()).await?;
+            let more = cost(capacity).saturating_sub(cost(buffer.capacity()));
+            if more > 0 && !tab.try_pay(more) {
+                let _held = pace.upload.as_ref().map(Upload::hold);
+                let waiting = Instant::now();
+                let wait = pace.wait.min(pace.deadline.saturating_duration_since(waiting));
+                let paid = tab.pay(more, wait).await;
+                held += waiting.elapsed();
+                paid.map_err(|_| BodyError::Busy)?;
+            }
             buffer.reserve_exact(capacity - buffer.len());
         }
         buffer.extend_from_slice(&data);
+        if let Some(upload) = &pace.upload {
+            upload.received(buffer.len() as u64);
+        }
     }
-    Ok((buffer, budget))
+    if let Some(upload) = &pace.upload {
+        upload.complete();
+    }
+    Ok((buffer, tab))
 }
 
 /// Whether the client waits for `100 Continue` before it sends the body.

@@ -11,6 +11,8 @@ use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
 use super::admission::{Outcome, Webhook};
+use super::body::Refusal;
+use crate::runtime::listener::ConnectionMetrics;
 use crate::runtime::metrics::InFlight;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -50,6 +52,19 @@ struct ConversionLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RefusalLabels {
+    reason: Refusal,
+}
+
+impl EncodeLabelValue for Refusal {
+    fn encode(&self, encoder: &mut LabelValueEncoder) -> std::fmt::Result {
+        <&'static str>::from(*self).encode(encoder)
+    }
+}
+
+const REFUSALS: &[Refusal] = <Refusal as strum::VariantArray>::VARIANTS;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct WebhookLabels {
     webhook: Webhook,
 }
@@ -79,7 +94,14 @@ pub struct AdmissionMetrics {
     /// ConversionReviews by [`ConversionResult`], in declaration order.
     conversions: [Counter; 3],
     conversion_duration: Histogram,
+    /// Review bodies not read, by [`Refusal`], in declaration order.
+    body_refusals: [Counter; 6],
+    /// Connections to the webhook port closed for newcomers, and newcomers refused.
+    pub connections: ConnectionMetrics,
 }
+
+// Sized by the refusals: a new one must grow the array.
+const _: () = assert!(REFUSALS.len() == 6);
 
 impl AdmissionMetrics {
     pub fn register(registry: &mut Registry) -> Self {
@@ -113,7 +135,21 @@ impl AdmissionMetrics {
         );
         let conversions =
             CONVERSION_RESULTS.map(|result| conversions.get_or_create(&ConversionLabels { result }).clone());
-        AdmissionMetrics { series, conversions, conversion_duration }
+        let refusals = Family::<RefusalLabels, Counter>::default();
+        registry.register(
+            "webhook_body_refusals",
+            "Review and conversion bodies not read, by reason (answered 4xx or 503)",
+            refusals.clone(),
+        );
+        let body_refusals =
+            std::array::from_fn(|r| refusals.get_or_create(&RefusalLabels { reason: REFUSALS[r] }).clone());
+        let connections = ConnectionMetrics::register(registry, "webhook");
+        AdmissionMetrics { series, conversions, conversion_duration, body_refusals, connections }
+    }
+
+    /// Counts a body not read.
+    pub fn body_refused(&self, reason: Refusal) {
+        self.body_refusals[reason as usize].inc();
     }
 
     pub fn converted(&self, result: ConversionResult, elapsed: Duration) {
@@ -157,6 +193,9 @@ mod tests {
         for (i, outcome) in OUTCOMES.iter().enumerate() {
             assert_eq!(*outcome as usize, i);
         }
+        for (i, refusal) in REFUSALS.iter().enumerate() {
+            assert_eq!(*refusal as usize, i);
+        }
     }
 
     #[test]
@@ -168,5 +207,18 @@ mod tests {
         prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
         let line = "balancer_admission_requests_total{webhook=\"mutate\",outcome=\"patched\"} 1";
         assert!(text.contains(line), "{text}");
+    }
+
+    #[test]
+    fn refusals_and_evictions_are_counted_under_their_reasons_from_zero() {
+        let mut registry = Registry::with_prefix("balancer");
+        let metrics = AdmissionMetrics::register(&mut registry);
+        metrics.body_refused(Refusal::TooSlow);
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        assert!(text.contains("balancer_webhook_body_refusals_total{reason=\"too_slow\"} 1"), "{text}");
+        assert!(text.contains("balancer_webhook_body_refusals_total{reason=\"budget\"} 0"), "{text}");
+        assert!(text.contains("balancer_webhook_connection_evictions_total{reason=\"slow_upload\"} 0"), "{text}");
+        assert!(text.contains("balancer_webhook_connection_refusals_total 0"), "{text}");
     }
 }

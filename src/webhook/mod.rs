@@ -4,10 +4,13 @@
 
 pub mod admission;
 mod body;
+mod budget;
 pub mod conversion;
 pub(crate) mod metrics;
 pub mod review;
 mod server;
 
+pub use body::Refusal;
+pub(crate) use budget::Budget;
 pub use server::Limits;
 pub(crate) use server::{AppState, WebhookService};

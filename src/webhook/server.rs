@@ -12,16 +12,16 @@ use axum::extract::{FromRef, Request, State};
 use axum::http::{Method, StatusCode};
 use axum::response::Response;
 use axum::routing::{get, post};
-use tokio::sync::Semaphore;
 
 use super::admission::{self, Outcome, Webhook};
 use super::body::{BodyLimit, read_review_body};
+use super::budget::Budget;
 use super::conversion::{Converted, conversion_review};
 use super::metrics::{AdmissionMetrics, ConversionResult};
 use super::review::BadRequest;
 use crate::deploy::CONVERT_PATH;
 use crate::runtime::http::{error, json_bytes, not_found};
-use crate::runtime::listener::{ConnectionLimits, Serve};
+use crate::runtime::listener::{ConnectionLimits, MinRate, Serve};
 use crate::runtime::probes::{Readiness, healthz, readyz};
 use crate::spec::SpecPolicy;
 
@@ -36,11 +36,15 @@ pub struct Limits {
     pub max_body_bytes: usize,
     /// Largest ConversionReview body accepted: it carries a whole list page of Balancers.
     pub max_conversion_body_bytes: usize,
-    /// Bytes of review bodies held at once, by all reviews together.
+    /// Bytes of review bodies held at once, by all reviews together (bodies of at most 16 KiB
+    /// aside: each connection may hold one of those).
     pub max_body_bytes_in_flight: usize,
     /// How long a review may wait for room in that budget before it gets 503; the wait counts
     /// against `body_timeout`, so a queued review is still answered inside the API server's timeout.
     pub budget_wait: Duration,
+    /// A body that falls behind this rate gets 408 at once (the time it waits for room in the
+    /// budget aside), rather than holding its connection until `body_timeout`.
+    pub min_body_rate: MinRate,
     /// Time allowed to send the request body (408 past it); shorter than the API server's timeout.
     pub body_timeout: Duration,
     /// The same for a ConversionReview, which may be 16 times larger; the API server waits
@@ -63,8 +67,27 @@ impl Default for Limits {
             max_conversion_body_bytes: 16 * 1024 * 1024,
             max_body_bytes_in_flight: 32 * 1024 * 1024,
             budget_wait: Duration::from_secs(2),
+            min_body_rate: MinRate { bytes_per_second: 64 * 1024, grace: Duration::from_secs(1) },
             body_timeout: Duration::from_secs(3),
             conversion_body_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+impl Limits {
+    /// The defaults with `--max-body-bytes` and `--min-body-rate`: the rate, after the first
+    /// second, below which a body gets 408, and after a quarter of a second, below which an
+    /// upload is among the first connections closed for a newcomer.
+    pub fn with_body_limits(max_body_bytes: usize, min_body_rate: u64) -> Self {
+        let defaults = Limits::default();
+        Limits {
+            max_body_bytes,
+            min_body_rate: MinRate { bytes_per_second: min_body_rate, ..defaults.min_body_rate },
+            connections: ConnectionLimits {
+                slow_upload: MinRate { bytes_per_second: min_body_rate, ..defaults.connections.slow_upload },
+                ..defaults.connections.clone()
+            },
+            ..defaults
         }
     }
 }
@@ -79,10 +102,10 @@ pub struct AppState {
     /// mutating webhook fills in, and the proxy images the validating webhook allows.
     pub policy: SpecPolicy,
     /// Bytes of review bodies that may be held at once (see [`Limits::max_body_bytes_in_flight`]).
-    pub body_budget: Arc<Semaphore>,
+    pub body_budget: Arc<Budget>,
     /// Bytes of ConversionReview bodies that may be held at once: a budget of their own, so
     /// that large conversions never turn admission reviews away.
-    pub conversion_budget: Arc<Semaphore>,
+    pub conversion_budget: Arc<Budget>,
 }
 
 impl AppState {
@@ -93,18 +116,18 @@ impl AppState {
             time: self.limits.body_timeout,
             budget: self.body_budget.clone(),
             wait: self.limits.budget_wait,
-            whole_at_once: false,
+            min_rate: self.limits.min_body_rate,
         }
     }
 
-    /// A ConversionReview's body: paid for whole, from the conversions' own budget.
+    /// A ConversionReview's body: paid for as it grows, from the conversions' own budget.
     fn conversion_limit(&self) -> BodyLimit {
         BodyLimit {
             bytes: self.limits.max_conversion_body_bytes,
             time: self.limits.conversion_body_timeout,
             budget: self.conversion_budget.clone(),
             wait: self.limits.budget_wait,
-            whole_at_once: true,
+            min_rate: self.limits.min_body_rate,
         }
     }
 }
@@ -182,7 +205,10 @@ where
     let _in_flight = state.metrics.started(webhook);
     let started = Instant::now();
     let (outcome, response) = match read_review_body(request, state.admission_limit()).await {
-        Err(rejection) => (Outcome::BadRequest, rejection),
+        Err(refused) => {
+            state.metrics.body_refused(refused.reason);
+            (Outcome::BadRequest, refused.response)
+        }
         // The budget stays held until the answer is built: parsing borrows from the body.
         Ok((body, _budget)) => match admission::review(webhook, &body, &state.policy) {
             Err(bad) => (Outcome::BadRequest, bad_request(&bad)),
@@ -206,7 +232,15 @@ where
 async fn convert(State(state): State<AppState>, request: Request) -> Response {
     let started = Instant::now();
     let (result, response) = match read_review_body(request, state.conversion_limit()).await {
-        Err(rejection) => (ConversionResult::BadRequest, rejection),
+        // Counted by reason, and logged at debug only: a client that trickles its body or
+        // fills the budget (as a hostile pod may, thousands of times a second) must not flood
+        // the log.
+        Err(refused) => {
+            state.metrics.body_refused(refused.reason);
+            tracing::debug!(status = %refused.response.status(), reason = ?refused.reason, "refused a conversion body");
+            state.metrics.converted(ConversionResult::BadRequest, started.elapsed());
+            return refused.response;
+        }
         // Converting a large page takes seconds of CPU, so it runs off the connection's worker
         // thread, which also serves admission reviews. The budget is held until the answer is
         // built.

@@ -16,6 +16,7 @@
 mod support;
 
 mod rows;
+mod starvation;
 
 use std::any::Any;
 use std::collections::BTreeMap;
@@ -138,12 +139,25 @@ impl Server {
 
     /// A raw TLS connection to the webhook port, connect and handshake bounded to 10 s.
     async fn tls_connect(&self) -> std::io::Result<tokio_rustls::client::TlsStream<TcpStream>> {
-        let connector = tokio_rustls::TlsConnector::from(self.tls.clone());
         let connect = async {
             let tcp = TcpStream::connect(self.webhook).await?;
-            connector.connect("127.0.0.1".try_into().expect("server name"), tcp).await
+            self.tls_handshake(tcp).await
         };
         tokio::time::timeout(Duration::from_secs(10), connect).await.map_err(std::io::Error::other)?
+    }
+
+    /// The TLS handshake on `tcp`, a connection to the webhook port, bounded to 10 s.
+    async fn tls_handshake(&self, tcp: TcpStream) -> std::io::Result<tokio_rustls::client::TlsStream<TcpStream>> {
+        let connector = tokio_rustls::TlsConnector::from(self.tls.clone());
+        let handshake = connector.connect("127.0.0.1".try_into().expect("server name"), tcp);
+        tokio::time::timeout(Duration::from_secs(10), handshake).await.map_err(std::io::Error::other)?
+    }
+
+    /// The server's metrics (`--insecure-metrics`: on the probe port).
+    async fn metrics(&self) -> String {
+        let url = format!("http://{}/metrics", self.probe);
+        let response = reqwest::get(url).await.expect("a scrape");
+        response.text().await.expect("the exposition")
     }
 
     /// The server's `VmRSS` and `VmHWM` (peak RSS), in bytes.
@@ -222,7 +236,7 @@ pub(crate) fn mib(bytes: u64) -> f64 {
 // ---------------------------------------------------------------------------
 
 /// A valid Balancer in a CREATE review: what the API server sends all day.
-fn normal_review() -> Value {
+pub(crate) fn normal_review() -> Value {
     review("CREATE", sample_balancer())
 }
 
@@ -281,6 +295,19 @@ pub(crate) fn describe<T: std::fmt::Debug, E: std::fmt::Display>(
 // ---------------------------------------------------------------------------
 // Hostile clients
 // ---------------------------------------------------------------------------
+
+/// Fails with the reason up front, rather than with "Too many open files" midway, when this
+/// process (and the server, which inherits its limits) may not hold `needed` sockets.
+pub(crate) fn require_open_files(needed: u64) {
+    let limits = std::fs::read_to_string("/proc/self/limits").expect("read /proc/self/limits");
+    let soft = limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .and_then(|l| l.split_whitespace().nth(3))
+        .and_then(|soft| soft.parse::<u64>().ok())
+        .unwrap_or(u64::MAX);
+    assert!(soft >= needed, "this row needs at least {needed} open files (ulimit -n); the soft limit is {soft}");
+}
 
 /// Opens `count` TCP connections to `addr` that never send a byte; each connect is
 /// bounded to 5 s (a full listen backlog makes connects hang). Returns the open ones.

@@ -17,8 +17,8 @@ use crate::support::conversion_review;
 use crate::support::fixtures::sample_v1alpha1 as sample_balancer_v1alpha1;
 use crate::{
     MEASURE_CAP, PadAt, Server, after_attack, alone_and_warm, del_name_review, describe, http_get, idle_connections,
-    left_out_count, mib, one_at_a_time, padded_headers, post_concurrently, review_on_fresh_connection, send_headers,
-    status_for_headers, tally, timed, tiny_objects, tiny_objects_review,
+    left_out_count, mib, one_at_a_time, padded_headers, post_concurrently, require_open_files,
+    review_on_fresh_connection, send_headers, status_for_headers, tally, timed, tiny_objects, tiny_objects_review,
 };
 
 // Row 1: reviews full of tiny JSON objects
@@ -107,19 +107,6 @@ async fn row2_a_huge_invalid_name_gets_a_bounded_denial() {
 // Rows 3 and 4: connections that never speak
 
 const IDLE_CONNECTIONS: usize = 1_100;
-
-/// Rows 3 and 4 hold 1,100 sockets here and as many in the server, which inherits our
-/// limits: fail with the reason up front rather than with "Too many open files" midway.
-fn require_open_files(needed: u64) {
-    let limits = std::fs::read_to_string("/proc/self/limits").expect("read /proc/self/limits");
-    let soft = limits
-        .lines()
-        .find(|l| l.starts_with("Max open files"))
-        .and_then(|l| l.split_whitespace().nth(3))
-        .and_then(|soft| soft.parse::<u64>().ok())
-        .unwrap_or(u64::MAX);
-    assert!(soft >= needed, "this row needs at least {needed} open files (ulimit -n); the soft limit is {soft}");
-}
 
 /// Opens [`IDLE_CONNECTIONS`] idle connections to `port`, then times `request` (at most
 /// [`MEASURE_CAP`]) while they stay open.

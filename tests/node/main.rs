@@ -29,6 +29,7 @@ mod nodes;
 mod prometheus;
 mod protocols;
 mod sidecar;
+mod starvation;
 mod takeover;
 mod tenancy;
 mod weights;
@@ -66,6 +67,7 @@ use protocols::{
 use sidecar::{
     a_stalled_metrics_sidecar_costs_lines_not_the_proxy, the_metrics_sidecar_counts_the_last_session_after_nginx_exits,
 };
+use starvation::the_webhooks_answer_the_api_server_under_slow_clients;
 use takeover::a_go_operator_balancer_is_taken_over_without_a_failed_request;
 use tenancy::a_configmap_writer_cannot_steer_the_proxy;
 use toolkit::cluster::{ControlPlane, PlaneOptions, commands_first_on_path};
@@ -242,6 +244,7 @@ async fn run_suite(assets: &Path, images: &Path, tools: [&Path; 2], state: &Path
         churn_fails_nothing_and_stays_under_the_memory_limit,
         a_configmap_writer_cannot_steer_the_proxy,
         a_tenant_whose_sidecars_never_answer_does_not_slow_another_tenant,
+        the_webhooks_answer_the_api_server_under_slow_clients,
         scaling_the_balancer_brings_up_proxy_pods,
         udp_is_proxied_to_udp_echo_pods,
         ingress_nginx_tcp_and_udp_services_become_balancers,

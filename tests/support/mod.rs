@@ -282,6 +282,16 @@ pub fn crd_versions(crd: &Value) -> Vec<(&str, bool, bool)> {
 /// `deploy/components`), written as a user writes one, in the folder `name` of the target's
 /// temporary directory: kustomize refuses absolute paths, so the overlay names them relatively.
 pub fn kustomize_deploy_with(name: &str, components: &[&str]) -> Vec<Value> {
+    let base = PathBuf::from("@deploy@");
+    let components: Vec<String> =
+        components.iter().map(|c| base.join("components").join(c).display().to_string()).collect();
+    kustomize_overlay(name, &format!("resources: [@deploy@]\ncomponents: [{}]\n", components.join(", ")))
+}
+
+/// Renders an overlay whose `kustomization.yaml` is `text`, with `@deploy@` standing for the
+/// relative path to `deploy/` (kustomize wants relative paths), written under the test's
+/// temporary folder as `name`.
+pub fn kustomize_overlay(name: &str, text: &str) -> Vec<Value> {
     use std::path::{Component, Path};
     let overlay = Path::new(env!("CARGO_TARGET_TMPDIR")).join(name);
     std::fs::create_dir_all(&overlay).expect("overlay folder");
@@ -291,9 +301,7 @@ pub fn kustomize_deploy_with(name: &str, components: &[&str]) -> Vec<Value> {
     let common = from.iter().zip(&to).take_while(|(a, b)| a == b).count();
     let mut base: PathBuf = std::iter::repeat_n(Component::ParentDir, from.len() - common).collect();
     base.extend(&to[common..]);
-    let components: Vec<String> =
-        components.iter().map(|c| base.join("components").join(c).display().to_string()).collect();
-    let text = format!("resources: [{}]\ncomponents: [{}]\n", base.display(), components.join(", "));
+    let text = text.replace("@deploy@", &base.display().to_string());
     std::fs::write(overlay.join("kustomization.yaml"), text).expect("overlay written");
     kustomize(&overlay)
 }

@@ -342,3 +342,43 @@ fn the_charts_files_are_copies_of_their_sources() {
         );
     }
 }
+
+/// `networkPolicy.webhookSources` renders what the overlay docs/security.md shows for
+/// `kubectl apply -k` renders: port 9443 admitted from the given sources only, the metrics and
+/// probe ports as before.
+#[test]
+fn webhook_sources_render_what_the_documented_overlay_renders() {
+    if !have_tools(true) {
+        return;
+    }
+    const CIDR: &str = "172.18.0.0/16";
+    let docs = std::fs::read_to_string(repo("docs/security.md")).expect("docs/security.md");
+    let overlay = docs
+        .split("```yaml\n")
+        .find(|block| block.starts_with("# my-balancer/kustomization.yaml"))
+        .and_then(|block| block.split("```").next())
+        .expect("docs/security.md shows the overlay that restricts the webhook port");
+    assert!(overlay.contains(CIDR), "the overlay admits {CIDR}: {overlay}");
+    let chart_value = format!("networkPolicy.webhookSources=[{{\"ipBlock\":{{\"cidr\":\"{CIDR}\"}}}}]");
+    assert!(docs.contains(&format!("--set-json '{chart_value}'")), "docs/security.md shows the chart's value");
+
+    let mut kustomize = keyed(support::kustomize_overlay("webhook-sources", &overlay.replace("../deploy", "@deploy@")));
+    let mut chart = without_helm_labels(objects_with_json(&chart_value));
+    listed_exceptions(&mut chart, &mut kustomize);
+    assert_same(&chart, &kustomize);
+    let policy = &chart[&format!("NetworkPolicy {NAMESPACE}/balancer")]["spec"]["ingress"];
+    assert_eq!(policy[0]["ports"][0]["port"], 9443);
+    assert_eq!(policy[0]["from"], serde_json::json!([{"ipBlock": {"cidr": CIDR}}]));
+    assert!(policy[1].get("from").is_none(), "metrics and probes from anywhere: {policy}");
+    let default = &template(&[])[&format!("NetworkPolicy {NAMESPACE}/balancer")]["spec"]["ingress"];
+    assert!(default[0].get("from").is_none(), "by default the webhook port admits any source: {default}");
+}
+
+/// `helm template` with one `--set-json` value.
+fn objects_with_json(value: &str) -> Objects {
+    let output = helm(&["template", "balancer", CHART, "--namespace", NAMESPACE, "--set-json", value]);
+    assert!(output.status.success(), "helm template --set-json {value}: {}", String::from_utf8_lossy(&output.stderr));
+    let text = String::from_utf8(output.stdout).expect("UTF-8");
+    let docs: Vec<Value> = serde_saphyr::from_multiple(&text).expect("every rendered document parses");
+    keyed(docs.into_iter().filter(|d| !d.is_null()).collect())
+}

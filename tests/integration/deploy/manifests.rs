@@ -179,9 +179,14 @@ fn the_operator_pods_are_hardened_and_highly_available() {
     assert_eq!(pdb["spec"]["selector"], deployment["spec"]["selector"]);
     let policy = find(&docs, "NetworkPolicy", "balancer");
     assert_eq!(policy["spec"]["podSelector"], deployment["spec"]["selector"]);
-    let ports: Vec<i64> =
-        policy["spec"]["ingress"][0]["ports"].as_array().unwrap().iter().map(|p| p["port"].as_i64().unwrap()).collect();
-    assert_eq!(ports, [9443, 8443, 8080]);
+    // The webhook port's rule comes first, so that an overlay can restrict its sources alone.
+    let rules = policy["spec"]["ingress"].as_array().unwrap();
+    let ports: Vec<Vec<i64>> = rules
+        .iter()
+        .map(|rule| rule["ports"].as_array().unwrap().iter().map(|p| p["port"].as_i64().unwrap()).collect())
+        .collect();
+    assert_eq!(ports, [vec![9443], vec![8443, 8080]]);
+    assert!(rules.iter().all(|rule| rule.get("from").is_none()), "any source by default: {rules:?}");
     assert_eq!(
         find(&docs, "Namespace", "balancer-system")["metadata"]["labels"]["pod-security.kubernetes.io/enforce"],
         "restricted"

@@ -542,25 +542,7 @@ async fn draining_closes_each_connection_after_its_next_answer() {
 /// lowercased.
 async fn exchange(tls: &mut tokio_rustls::client::TlsStream<TcpStream>, path: &str) -> String {
     tls.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes()).await.unwrap();
-    let mut answer = Vec::new();
-    let mut chunk = [0u8; 1024];
-    loop {
-        let text = String::from_utf8_lossy(&answer).to_ascii_lowercase();
-        if let Some(end) = text.find("\r\n\r\n") {
-            let length = text
-                .lines()
-                .find_map(|line| line.strip_prefix("content-length: "))
-                .and_then(|n| n.trim().parse::<usize>().ok())
-                .unwrap_or(0);
-            if answer.len() >= end + 4 + length {
-                return text;
-            }
-        }
-        let read = tokio::time::timeout(Duration::from_secs(5), tls.read(&mut chunk)).await;
-        let n = read.expect("an answer within 5 s").expect("read");
-        assert!(n > 0, "closed before a whole answer: {text}");
-        answer.extend_from_slice(&chunk[..n]);
-    }
+    exchange_after_body(tls).await
 }
 
 /// Oversized lists and selectors are refused while they are read, with their exact size,
@@ -710,4 +692,79 @@ async fn silent_connections_do_not_delay_shutdown() {
     let started = std::time::Instant::now();
     server.stop().await;
     assert!(started.elapsed() < Duration::from_secs(2), "shutdown took {:?}", started.elapsed());
+}
+
+/// The answer to a request sent by hand, read until the server closes (at most 5 s), lowercased.
+async fn answer_until_closed(tls: &mut tokio_rustls::client::TlsStream<TcpStream>) -> String {
+    let mut answer = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(5), tls.read_to_end(&mut answer)).await;
+    assert!(read.is_ok(), "the server closed within 5 s; it sent {:?}", String::from_utf8_lossy(&answer));
+    String::from_utf8_lossy(&answer).to_ascii_lowercase()
+}
+
+/// A body that falls behind the minimum rate gets 408 as soon as it does, long before the
+/// body timeout, and is counted by reason; one that keeps to the rate, in pieces, is read.
+#[tokio::test]
+async fn a_trickled_body_gets_408_once_behind_the_minimum_rate() {
+    use balancer::runtime::listener::MinRate;
+    let server = TestServer::start_with(balancer::webhook::Limits {
+        min_body_rate: MinRate { bytes_per_second: 1024, grace: Duration::from_millis(300) },
+        body_timeout: Duration::from_secs(10),
+        ..support::test_limits()
+    })
+    .await;
+    let head = |length: usize| {
+        format!(
+            "POST /validate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {length}\r\n\r\n"
+        )
+    };
+    let mut slow = tls_connect(&server).await;
+    slow.write_all(head(50_000).as_bytes()).await.unwrap();
+    slow.write_all(b"{\"apiVersi").await.unwrap();
+    slow.flush().await.unwrap();
+    let started = std::time::Instant::now();
+    let answer = answer_until_closed(&mut slow).await;
+    assert!(answer.starts_with("http/1.1 408"), "{answer}");
+    assert!(answer.contains("too slowly") && answer.contains("connection: close"), "{answer}");
+    assert!(started.elapsed() < Duration::from_secs(2), "cut off after {:?}, not at the timeout", started.elapsed());
+    let metrics = server.metrics().await;
+    assert!(metrics.contains("balancer_webhook_body_refusals_total{reason=\"too_slow\"} 1"), "{metrics}");
+
+    // 1,000 bytes a second in three pieces: within 1 KiB a second after the grace.
+    let body = review("CREATE", sample_balancer()).to_string();
+    let pieces: Vec<&[u8]> = body.as_bytes().chunks(body.len().div_ceil(3)).collect();
+    let mut steady = tls_connect(&server).await;
+    steady.write_all(head(body.len()).as_bytes()).await.unwrap();
+    for piece in pieces {
+        steady.write_all(piece).await.unwrap();
+        steady.flush().await.unwrap();
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let answer = exchange_after_body(&mut steady).await;
+    assert!(answer.starts_with("http/1.1 200"), "{answer}");
+    assert!(answer.contains("\"allowed\":true"), "{answer}");
+    server.stop().await;
+}
+
+/// Reads one answer whose request was already sent (its head and `content-length` bytes).
+async fn exchange_after_body(tls: &mut tokio_rustls::client::TlsStream<TcpStream>) -> String {
+    let mut answer = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        let text = String::from_utf8_lossy(&answer).to_ascii_lowercase();
+        if let Some(end) = text.find("\r\n\r\n") {
+            let length = text
+                .lines()
+                .find_map(|line| line.strip_prefix("content-length: "))
+                .and_then(|n| n.trim().parse::<usize>().ok())
+                .unwrap_or(0);
+            if answer.len() >= end + 4 + length {
+                return text;
+            }
+        }
+        let read = tokio::time::timeout(Duration::from_secs(5), tls.read(&mut chunk)).await;
+        let n = read.expect("an answer within 5 s").expect("read");
+        assert!(n > 0, "closed before a whole answer: {text}");
+        answer.extend_from_slice(&chunk[..n]);
+    }
 }
