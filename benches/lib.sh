@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Shared by the benchmark scripts (sourced): stopping what they started, and reading the CPU
 # time processes used.
 

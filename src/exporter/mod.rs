@@ -160,7 +160,7 @@ const CONFIG_RECHECK: Duration = Duration::from_secs(1);
 
 /// The hash and upstreams of the file at `path` (with its model beside it, as the ConfigMap
 /// is mounted), once its hash is `expected` (see
-/// [`entrypoint`](crate::proxy::nginx::entrypoint) for why a mounted file can be an old one).
+/// [`ENTRYPOINT`](crate::proxy::nginx::ENTRYPOINT) for why a mounted file can be an old one).
 async fn read_config(path: &std::path::Path, expected: Option<&str>) -> Result<(String, Upstreams), Error> {
     let mut told = false;
     loop {

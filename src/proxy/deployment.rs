@@ -19,9 +19,10 @@ use super::access_log::{LOG_DIR, LOG_FILE, LOG_VOLUME_BYTES, metrics_port};
 use super::meta::{COMPONENT_PROXY, CONFIG_HASH_ANNOTATION, Owner, labels, metadata, proxy_selector};
 use super::model::MODEL_FILE;
 use super::nginx::{
-    CONFIG_DIR, CONFIG_FILE, CONFIG_HASH_ENV, POD_FILES, entrypoint, nginx_args, running_readiness_command,
+    CONFIG_DIR, CONFIG_FILE, CONFIG_HASH_ENV, ENTRYPOINT, POD_FILES, entrypoint_environment, nginx_args,
+    running_readiness_command,
 };
-use super::reload::{LIVE_DIR, LIVE_POD_FILES, RELOAD_POLICY, live_entrypoint};
+use super::reload::{LIVE_DIR, LIVE_ENTRYPOINT, LIVE_POD_FILES, RELOAD_POLICY, live_environment};
 use super::signature::{CONFIG_KEY_ENV, ConfigKey, ConfigSigner, SIGNATURE_FILE};
 use super::stop::{SIDECAR_DRAIN, TERMINATION_GRACE_SECONDS, graceful_stop};
 use crate::api::{self, Protocol};
@@ -155,7 +156,9 @@ fn proxy_pod_spec(owner: &Owner, spec: &Admitted, settings: &ProxySettings, deli
         ..SecurityContext::default()
     };
     let tmp_mount = VolumeMount { name: TMP_VOLUME.into(), mount_path: "/tmp".into(), ..VolumeMount::default() };
-    let (command, config_mount, env) = match delivery {
+    // The entrypoint is a constant program; where its files are, and its pace, are in the
+    // container's environment, after the hash.
+    let (program, config_mount, hash, program_environment) = match delivery {
         Delivery::Mounted { config_hash } => {
             let mount = VolumeMount {
                 name: CONFIG_VOLUME.into(),
@@ -166,21 +169,24 @@ fn proxy_pod_spec(owner: &Owner, spec: &Admitted, settings: &ProxySettings, deli
             // Both containers read the mounted file only once, so each waits until the file's
             // hash is the one this pod was made for (the kubelet may still show the previous
             // ConfigMap).
-            let env = vec![EnvVar { name: CONFIG_HASH_ENV.into(), value: Some(config_hash.into()), value_from: None }];
-            (entrypoint(&POD_FILES), mount, Some(env))
+            let hash = vec![env_var(CONFIG_HASH_ENV, config_hash.into())];
+            (ENTRYPOINT, mount, Some(hash), entrypoint_environment(&POD_FILES))
         }
         Delivery::Live => {
             let mount = VolumeMount { name: LIVE_VOLUME.into(), mount_path: LIVE_DIR.into(), ..VolumeMount::default() };
-            (live_entrypoint(&LIVE_POD_FILES, RELOAD_POLICY), mount, None)
+            (LIVE_ENTRYPOINT, mount, None, live_environment(&LIVE_POD_FILES, RELOAD_POLICY))
         }
     };
+    let nginx_environment = hash.iter().flatten().cloned();
+    let nginx_environment =
+        nginx_environment.chain(program_environment.into_iter().map(|(name, value)| env_var(name, value))).collect();
     let container = Container {
         name: "nginx".into(),
         image: Some(proxy.image.unwrap_or_else(|| settings.image.clone())),
         image_pull_policy: Some("IfNotPresent".into()),
-        command: Some(vec!["/bin/sh".into(), "-c".into(), command, "nginx".into()]),
+        command: Some(["/bin/sh", "-c", program, "nginx"].map(String::from).to_vec()),
         args: Some(nginx_args()),
-        env: env.clone(),
+        env: Some(nginx_environment),
         ports: Some(
             spec.ports()
                 .map(|p| ContainerPort {
@@ -212,12 +218,10 @@ fn proxy_pod_spec(owner: &Owner, spec: &Admitted, settings: &ProxySettings, deli
             mounts.push(log_mount());
         }
         // Live, the sidecar checks each configuration's signature with the operator's key.
-        let key = |signer: &ConfigSigner| {
-            vec![EnvVar { name: CONFIG_KEY_ENV.into(), value: Some(signer.public_key().to_string()), value_from: None }]
-        };
+        let key = |signer: &ConfigSigner| vec![env_var(CONFIG_KEY_ENV, signer.public_key().to_string())];
         let env = match delivery {
             Delivery::Live => settings.signer.as_ref().map(key),
-            Delivery::Mounted { .. } => env,
+            Delivery::Mounted { .. } => hash,
         };
         Container {
             security_context: Some(security_context),
@@ -254,6 +258,11 @@ fn proxy_pod_spec(owner: &Owner, spec: &Admitted, settings: &ProxySettings, deli
         volumes: Some(volumes(owner, delivery)),
         ..PodSpec::default()
     }
+}
+
+/// A variable of a container's environment.
+fn env_var(name: &str, value: String) -> EnvVar {
+    EnvVar { name: name.into(), value: Some(value), value_from: None }
 }
 
 /// The pod's volumes: where the configuration comes from, and nginx's writable `/tmp`.

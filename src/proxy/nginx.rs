@@ -15,18 +15,24 @@ use crate::api::{Protocol, backend_service_name};
 use crate::spec::Admitted;
 use crate::util::hash::sha256_hex;
 
-/// Seconds a stopping proxy pod's nginx lets open connections finish before it closes them
-/// (see [`QUIT_ON_TERM`]).
+/// Seconds a stopping proxy pod's nginx lets open connections finish before it closes them.
+///
+/// Both entrypoints ([`ENTRYPOINT`] and [`LIVE_ENTRYPOINT`](super::reload::LIVE_ENTRYPOINT))
+/// turn the kubelet's SIGTERM into nginx's graceful quit (SIGQUIT: open connections finish;
+/// SIGTERM would drop them at once), and `BALANCER_DRAIN_SECONDS` (this) later into a fast stop
+/// (SIGTERM), which closes what is left. Pods cannot choose their stop signal before Kubernetes
+/// 1.33.
 pub const DRAIN_SECONDS: i64 = 20;
 
-/// The entrypoints' SIGTERM handler: the kubelet's SIGTERM becomes nginx's graceful quit
-/// (SIGQUIT: open connections finish; SIGTERM would drop them at once), and [`DRAIN_SECONDS`]
-/// later a fast stop (SIGTERM), which closes what is left. Pods cannot choose their stop signal
-/// before Kubernetes 1.33.
-pub(super) fn quit_on_term() -> String {
-    format!(
-        r#"trap 'kill -QUIT "$nginx"; {{ sleep {DRAIN_SECONDS}; kill -TERM "$nginx"; }} 2>/dev/null & wait "$nginx"; exit $?' TERM"#
-    )
+/// The variables of the environment that both entrypoints read, and their values: the copy
+/// nginx runs, its pid file, the IPv6 probe, and [`DRAIN_SECONDS`].
+pub(super) fn process_environment(running: &str, pid_file: &str, ipv6_probe: &str) -> Vec<(&'static str, String)> {
+    vec![
+        ("BALANCER_RUNNING", running.to_string()),
+        ("BALANCER_PID_FILE", pid_file.to_string()),
+        ("BALANCER_IPV6_PROBE", ipv6_probe.to_string()),
+        ("BALANCER_DRAIN_SECONDS", DRAIN_SECONDS.to_string()),
+    ]
 }
 
 /// How the file begins, before the Balancer's quoted name.
@@ -136,7 +142,7 @@ fn balancing_method(method: Method) -> Option<&'static str> {
     }
 }
 
-/// One port's `server`: where it listens (IPv4 and IPv6; see [`entrypoint`] for nodes without
+/// One port's `server`: where it listens (IPv4 and IPv6; see [`ENTRYPOINT`] for nodes without
 /// IPv6), the PROXY protocol either side, and the timeouts.
 fn write_server(conf: &mut String, listener: &Listener) {
     let _ = writeln!(conf, "    server {{");
@@ -196,7 +202,7 @@ pub fn config_hash(conf: &str) -> String {
     sha256_hex(conf)
 }
 
-/// Where the proxy container's files are: see [`entrypoint`].
+/// Where the proxy container's files are: see [`ENTRYPOINT`].
 #[derive(Debug, Clone, Copy)]
 pub struct ProxyFiles<'a> {
     /// The ConfigMap's `nginx.conf`, as the kubelet mounts it (read-only).
@@ -231,7 +237,9 @@ pub fn nginx_args() -> Vec<String> {
 /// they must run ([`config_hash`]).
 pub const CONFIG_HASH_ENV: &str = "BALANCER_CONFIG_HASH";
 
-/// The proxy container's entrypoint (`/bin/sh -c`, with nginx's arguments after it):
+/// The proxy container's entrypoint (`/bin/sh -c`, with nginx's arguments after it), the shell
+/// program `src/proxy/entrypoint.sh`, which reads where its files are from the environment that
+/// [`entrypoint_environment`] gives (and [`CONFIG_HASH_ENV`]):
 /// - it copies the mounted file to the one nginx runs once the copy's SHA-256 is the pod's
 ///   [`CONFIG_HASH_ENV`]. The kubelet fills ConfigMap volumes from its own watch cache, which
 ///   lags behind while its watch reconnects (after an API server restart, up to a minute): a
@@ -241,38 +249,68 @@ pub const CONFIG_HASH_ENV: &str = "BALANCER_CONFIG_HASH";
 ///   `sha256sum` therefore does not start (the container exits 1, saying why);
 /// - on a node without IPv6 (booted with `ipv6.disable=1`, where `listen [::]` fails) it
 ///   leaves the IPv6 `listen` lines out of the copy;
-/// - it turns the kubelet's SIGTERM into SIGQUIT, nginx's graceful quit (see [`quit_on_term`]).
+/// - it turns the kubelet's SIGTERM into SIGQUIT, nginx's graceful quit (see [`DRAIN_SECONDS`]).
 ///
 /// Needs `/bin/sh`, `cat`, `grep`, `mv` and `sha256sum`, as nginx images have.
-pub fn entrypoint(files: &ProxyFiles<'_>) -> String {
+pub const ENTRYPOINT: &str = include_str!("entrypoint.sh");
+
+/// The environment [`ENTRYPOINT`] reads its files from (`BALANCER_MOUNTED`, and those of both
+/// entrypoints), in the order the container lists them.
+pub fn entrypoint_environment(files: &ProxyFiles<'_>) -> Vec<(&'static str, String)> {
     let ProxyFiles { mounted, running, pid_file, ipv6_probe } = files;
-    let quit = quit_on_term();
-    format!(
-        r#"trap 'exit 143' TERM
-rm -f {pid_file}
-check=${CONFIG_HASH_ENV}
-if [ -n "$check" ] && ! command -v sha256sum >/dev/null; then
-  echo "balancer: no sha256sum in the image; nginx does not start on {mounted} unchecked" >&2
-  exit 1
-fi
-until cat {mounted} > {running} && {{ [ -z "$check" ] || {{ sum=$(sha256sum {running}) && [ "${{sum%% *}}" = "$check" ]; }}; }}; do
-  [ -n "$told" ] || echo "balancer: waiting for the kubelet to mount {mounted} with hash $check" >&2
-  told=1
-  sleep 1
-done
-if [ ! -e {ipv6_probe} ]; then
-  echo "balancer: this node has no IPv6; nginx listens on IPv4 only" >&2
-  grep -vF '{IPV6_LISTEN}' {running} > {running}.ipv4 && mv {running}.ipv4 {running}
-fi
-{quit}
-nginx "$@" & nginx=$!
-wait "$nginx""#
-    )
+    let mut environment = vec![("BALANCER_MOUNTED", mounted.to_string())];
+    environment.extend(process_environment(running, pid_file, ipv6_probe));
+    environment
 }
 
-/// The readiness of a proxy without a plain TCP port to probe: nginx is running (it wrote its
-/// pid file, which the entrypoint removes first) and accepts its configuration.
+/// The readiness check of a proxy without a plain TCP port to probe, the shell program
+/// `src/proxy/readiness.sh`: nginx is running (it wrote its pid file, which the entrypoints
+/// remove first) and accepts its configuration.
+pub const READINESS: &str = include_str!("readiness.sh");
+
+/// [`READINESS`] as the probe runs it: `/bin/sh -c`, then the pid file and nginx's arguments.
 pub fn running_readiness_command() -> Vec<String> {
-    let check = format!(r#"test -s {} && exec nginx -t -q "$@""#, POD_FILES.pid_file);
-    ["/bin/sh".to_string(), "-c".into(), check, "nginx".into()].into_iter().chain(nginx_args()).collect()
+    let head = ["/bin/sh", "-c", READINESS, "nginx", POD_FILES.pid_file].map(String::from);
+    head.into_iter().chain(nginx_args()).collect()
+}
+
+#[cfg(test)]
+pub(super) mod tests {
+    use std::collections::BTreeSet;
+
+    use super::*;
+
+    /// The `BALANCER_*` variables a shell program reads.
+    pub(in crate::proxy) fn variables(program: &str) -> BTreeSet<&str> {
+        let mut found = BTreeSet::new();
+        for (at, _) in program.match_indices("BALANCER_") {
+            let rest = &program[at..];
+            let end =
+                rest.find(|c: char| !(c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_')).unwrap_or(rest.len());
+            found.insert(&rest[..end]);
+        }
+        found
+    }
+
+    /// The names of an environment.
+    pub(in crate::proxy) fn names(environment: &[(&'static str, String)]) -> BTreeSet<&'static str> {
+        environment.iter().map(|(name, _)| *name).collect()
+    }
+
+    /// The mounted entrypoint reads the variables it is given, the hash's among them, and no
+    /// other.
+    #[test]
+    fn the_entrypoint_reads_exactly_its_environment() {
+        let mut given = names(&entrypoint_environment(&POD_FILES));
+        given.insert(CONFIG_HASH_ENV);
+        assert_eq!(variables(ENTRYPOINT), given);
+        assert_eq!(variables(READINESS), BTreeSet::new(), "the readiness check takes arguments");
+    }
+
+    /// The lines the entrypoint leaves out on a node without IPv6 are the ones [`write_server`]
+    /// writes.
+    #[test]
+    fn the_entrypoint_leaves_out_the_rendered_ipv6_listens() {
+        assert!(ENTRYPOINT.contains(&format!("grep -vF '{IPV6_LISTEN}' ")), "{ENTRYPOINT}");
+    }
 }

@@ -2,7 +2,7 @@
 //! `nginx.conf` into a shared directory, and this script has nginx apply it with a graceful
 //! reload (SIGHUP to the master) instead of rolling the pod.
 //!
-//! Beside [`nginx::entrypoint`](super::nginx::entrypoint), which stays for pods without the
+//! Beside [`nginx::ENTRYPOINT`](super::nginx::ENTRYPOINT), which stays for pods without the
 //! sidecar. The readiness probe is the same for both:
 //! [`nginx::running_readiness_command`](super::nginx::running_readiness_command) checks that
 //! nginx wrote its pid file and accepts the running copy, and the script replaces that copy only
@@ -11,7 +11,7 @@
 
 use std::time::Duration;
 
-use super::nginx::{IPV6_LISTEN, config_hash, quit_on_term};
+use super::nginx::{config_hash, process_environment};
 
 /// Where the live proxy container's files are.
 #[derive(Debug, Clone, Copy)]
@@ -109,14 +109,10 @@ pub const RELOAD_POLICY: ReloadPolicy = ReloadPolicy {
     max_draining_workers: 8,
 };
 
-/// The title nginx gives a worker that stopped accepting and is finishing its connections.
-const DRAINING_TITLE: &str = "nginx: worker process is shutting down";
-
-/// The title of every nginx worker, serving or draining.
-const WORKER_TITLE: &str = "nginx: worker process";
-
 /// The live proxy container's entrypoint (`/bin/sh -c`, with nginx's arguments after it, as
-/// [`nginx::nginx_args`](super::nginx::nginx_args) gives them):
+/// [`nginx::nginx_args`](super::nginx::nginx_args) gives them), the shell program
+/// `src/proxy/reload.sh`, which reads its files and pace from the environment that
+/// [`live_environment`] gives:
 /// - it waits for the sidecar's first file and starts nginx on it once `nginx -t` accepts it;
 ///   meanwhile the pod is unready (no pid file);
 /// - every `poll` it reads the desired file's first line; a new id, at least `min_interval`
@@ -130,7 +126,7 @@ const WORKER_TITLE: &str = "nginx: worker process";
 ///   stderr, and nginx keeps serving the last good one; the same id is not tried again;
 /// - before each reload it stops the oldest draining workers beyond
 ///   [`ReloadPolicy::max_draining_workers`] (see [`RELOAD_POLICY`] for the memory this bounds);
-/// - as [`nginx::entrypoint`](super::nginx::entrypoint) does, it leaves the IPv6 `listen` lines
+/// - as [`nginx::ENTRYPOINT`](super::nginx::ENTRYPOINT) does, it leaves the IPv6 `listen` lines
 ///   out on a node without IPv6, turns the kubelet's SIGTERM into nginx's graceful SIGQUIT, and
 ///   exits with nginx's status when nginx exits by itself.
 ///
@@ -145,118 +141,71 @@ const WORKER_TITLE: &str = "nginx: worker process";
 /// Needs only `/bin/sh` (dash or busybox ash), `cp`, `mv`, `rm`, `grep`, `sort`, `head` (`-c`,
 /// as GNU and busybox have it), `sleep` with fractions of a second and `kill`, as nginx images
 /// have.
-pub fn live_entrypoint(files: &LiveFiles<'_>, policy: ReloadPolicy) -> String {
+pub const LIVE_ENTRYPOINT: &str = include_str!("reload.sh");
+
+/// The environment [`LIVE_ENTRYPOINT`] reads its files and pace from, in the order the
+/// container lists them.
+pub fn live_environment(files: &LiveFiles<'_>, policy: ReloadPolicy) -> Vec<(&'static str, String)> {
     let LiveFiles { desired, running, candidate, pid_file, ipv6_probe, served, rejected } = files;
     let poll = policy.poll.max(Duration::from_millis(10));
-    let sleep = format!("{}.{:03}", poll.as_secs(), poll.subsec_millis());
     let polls = policy.min_interval.as_millis().div_ceil(poll.as_millis());
-    let max = policy.max_draining_workers;
-    // How long a reload may take to start its workers, in checks 100 ms apart: nginx itself
-    // tries a busy port 5 times, 500 ms apart, before it gives a reload up.
-    let (confirm_seconds, confirm_tries) = (4, 40);
-    let quit = quit_on_term();
-    format!(
-        r#"trap 'exit 143' TERM
-rm -f {pid_file}
-applied= refused= nginx=
-# Whether the desired file's first line is an id other than the applied and the refused ones.
-fresh() {{
-  {{ IFS= read -r line < {desired}; }} 2>/dev/null || return 1
-  case $line in "{CONFIG_ID_PREFIX}"?*) ;; *) return 1 ;; esac
-  [ "$line" != "$applied" ] && [ "$line" != "$refused" ]
-}}
-# Copies the desired file to the candidate, without the IPv6 listens on a node without IPv6,
-# and takes its id from the copy.
-prepare() {{
-  cp {desired} {candidate} 2>/dev/null || return 1
-  if [ ! -e {ipv6_probe} ]; then
-    [ -n "$told_ipv4" ] || echo "balancer: this node has no IPv6; nginx listens on IPv4 only" >&2
-    told_ipv4=1
-    grep -vF '{IPV6_LISTEN}' {candidate} > {candidate}.ipv4 && mv {candidate}.ipv4 {candidate} || return 1
-  fi
-  IFS= read -r id < {candidate} || return 1
-  case $id in "{CONFIG_ID_PREFIX}"?*) ;; *) return 1 ;; esac
-  [ "$id" != "$applied" ] && [ "$id" != "$refused" ]
-}}
-# nginx -t on the candidate; a refusal is written to {rejected} and logged.
-checked() {{
-  nginx -t -q -e stderr -g "pid {pid_file};" -c {candidate} 2> {candidate}.err && return 0
-  refused=$id
-  {{ printf '%s\n' "$id"; head -c 4096 {candidate}.err; }} > {rejected}.tmp && mv {rejected}.tmp {rejected}
-  printf 'balancer: nginx -t refused configuration %s, still serving %s: %s\n' "${{id#"{CONFIG_ID_PREFIX}"}}" \
-    "${{applied#"{CONFIG_ID_PREFIX}"}}" "$(head -n 1 {candidate}.err)" >&2
-  return 1
-}}
-install() {{ mv {candidate} {running} && applied=$id; }}
-report() {{ printf '%s\n' "$applied" > {served}.tmp && mv {served}.tmp {served}; }}
-# "<start time> <pid>" of each process of this nginx among the /proc/<pid>/cmdline files given.
-of_nginx() {{
-  for file in "$@"; do
-    pid=${{file#/proc/}}
-    pid=${{pid%/cmdline}}
-    {{ read -r stat < /proc/"$pid"/stat; }} 2>/dev/null && fields "$pid" ${{stat##*")"}}
-  done
-}}
-# The pid, then the fields of /proc/<pid>/stat after the command's name, which may hold spaces:
-# the parent is the 4th field, the start time the 22nd.
-fields() {{ [ "$3" = "$nginx" ] && echo "${{21}} $1"; }}
-# Stops the oldest draining workers, so that with the generation the reload retires at most
-# {max} are left draining.
-bound() {{
-  workers=$(of_nginx $(grep -l -a -F '{WORKER_TITLE}' /proc/[0-9]*/cmdline 2>/dev/null) | grep -c .)
-  excess=$((workers - {max}))
-  [ "$excess" -gt 0 ] || return 0
-  oldest=$(of_nginx $(grep -l -a -F '{DRAINING_TITLE}' /proc/[0-9]*/cmdline 2>/dev/null) | sort -n | head -n "$excess")
-  [ -n "$oldest" ] || return 0
-  stopped=0 sockets=0
-  for pid in $(echo "$oldest" | while read -r start pid; do echo "$pid"; done); do
-    for fd in /proc/"$pid"/fd/*; do [ -S "$fd" ] && sockets=$((sockets + 1)); done
-    kill -TERM "$pid" 2>/dev/null && stopped=$((stopped + 1))
-  done
-  echo "balancer: stopped the oldest draining nginx workers, $stopped of them, closing their connections ($sockets open sockets: 2 per proxied connection, a few of nginx's own), so that at most {max} workers drain older configurations" >&2
-}}
-# The start time of this nginx's newest worker: a reload nginx applied starts new workers.
-newest() {{
-  of_nginx $(grep -l -a -F '{WORKER_TITLE}' /proc/[0-9]*/cmdline 2>/dev/null) | sort -rn | head -n 1 |
-    {{ read -r start pid; echo "${{start:-0}}"; }}
-}}
-# After a SIGHUP: whether nginx started workers on the new file within {confirm_seconds} s. When
-# it did not (a listen it could not bind, say), it still serves the previous one: that is
-# reported as refused, and not tried again.
-reloaded() {{
-  tries=0
-  while [ "$(newest)" = "$before" ]; do
-    tries=$((tries + 1))
-    [ "$tries" -le {confirm_tries} ] || break
-    sleep 0.100
-  done
-  [ "$(newest)" != "$before" ] && return 0
-  refused=$id applied=$previous
-  {{ printf '%s\n' "$id"; echo "nginx accepted this configuration but did not apply it within {confirm_seconds} s; nginx's own log says why"; }} > {rejected}.tmp &&
-    mv {rejected}.tmp {rejected}
-  printf 'balancer: nginx did not apply configuration %s within {confirm_seconds} s, still serving %s\n' \
-    "${{id#"{CONFIG_ID_PREFIX}"}}" "${{applied#"{CONFIG_ID_PREFIX}"}}" >&2
-  return 1
-}}
-told=
-until fresh && prepare && checked; do
-  [ -n "$told" ] || echo "balancer: waiting for the sidecar to write {desired}" >&2
-  told=1
-  sleep {sleep}
-done
-install && report
-nginx "$@" & nginx=$!
-{quit}
-polls=0
-while kill -0 "$nginx" 2>/dev/null; do
-  sleep {sleep}
-  polls=$((polls + 1))
-  [ "$polls" -ge {polls} ] && [ -s {pid_file} ] && fresh && prepare && checked || continue
-  bound
-  before=$(newest) previous=$applied
-  install && kill -HUP "$nginx" && reloaded && report
-  polls=0
-done
-wait "$nginx""#
-    )
+    let mut environment = vec![
+        ("BALANCER_DESIRED", desired.to_string()),
+        ("BALANCER_CANDIDATE", candidate.to_string()),
+        ("BALANCER_SERVED", served.to_string()),
+        ("BALANCER_REJECTED", rejected.to_string()),
+        ("BALANCER_POLL_SECONDS", format!("{}.{:03}", poll.as_secs(), poll.subsec_millis())),
+        ("BALANCER_RELOAD_POLLS", polls.to_string()),
+        ("BALANCER_MAX_DRAINING_WORKERS", policy.max_draining_workers.to_string()),
+    ];
+    environment.extend(process_environment(running, pid_file, ipv6_probe));
+    environment
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::proxy::nginx::tests::{names, variables};
+    use crate::proxy::nginx::{ENTRYPOINT, IPV6_LISTEN};
+
+    /// The live entrypoint reads the variables it is given, and no other.
+    #[test]
+    fn the_live_entrypoint_reads_exactly_its_environment() {
+        assert_eq!(variables(LIVE_ENTRYPOINT), names(&live_environment(&LIVE_POD_FILES, RELOAD_POLICY)));
+    }
+
+    /// What the program knows of the code's formats is the code's: how a desired file and an
+    /// IPv6 `listen` begin.
+    #[test]
+    fn the_live_entrypoint_holds_the_formats_of_the_code() {
+        assert!(LIVE_ENTRYPOINT.contains(&format!("\nprefix='{CONFIG_ID_PREFIX}'\n")), "{LIVE_ENTRYPOINT}");
+        assert!(LIVE_ENTRYPOINT.contains(&format!("\nipv6_listen='{IPV6_LISTEN}'\n")), "{LIVE_ENTRYPOINT}");
+    }
+
+    /// Both entrypoints stop nginx the same way.
+    #[test]
+    fn both_entrypoints_turn_sigterm_into_the_same_graceful_quit() {
+        let quit = |program: &'static str| program.lines().filter(|l| l.contains("kill -QUIT")).collect::<Vec<_>>();
+        assert_eq!(quit(LIVE_ENTRYPOINT).len(), 1);
+        assert_eq!(quit(LIVE_ENTRYPOINT), quit(ENTRYPOINT));
+    }
+
+    /// The pace, as the program reads it: the poll in seconds with milliseconds (at least 10 ms),
+    /// and the least interval in polls, rounded up.
+    #[test]
+    fn the_pace_is_given_in_the_units_the_program_reads() {
+        let value = |policy: ReloadPolicy, name: &str| {
+            let environment = live_environment(&LIVE_POD_FILES, policy);
+            environment.into_iter().find(|(n, _)| *n == name).map(|(_, v)| v).unwrap_or_default()
+        };
+        assert_eq!(value(RELOAD_POLICY, "BALANCER_POLL_SECONDS"), "0.250");
+        assert_eq!(value(RELOAD_POLICY, "BALANCER_RELOAD_POLLS"), "2");
+        let fast =
+            ReloadPolicy { poll: Duration::from_millis(1), min_interval: Duration::from_millis(25), ..RELOAD_POLICY };
+        assert_eq!(value(fast, "BALANCER_POLL_SECONDS"), "0.010");
+        assert_eq!(value(fast, "BALANCER_RELOAD_POLLS"), "3");
+        let slow = ReloadPolicy { poll: Duration::from_millis(1500), ..RELOAD_POLICY };
+        assert_eq!(value(slow, "BALANCER_POLL_SECONDS"), "1.500");
+        assert_eq!(value(slow, "BALANCER_RELOAD_POLLS"), "1");
+    }
 }

@@ -1,6 +1,6 @@
 //! How a proxy pod stops without refusing a connection: its `preStop` hook keeps nginx
 //! listening while clients still arrive, then the kubelet's SIGTERM starts nginx's graceful quit
-//! (see [`entrypoint`](super::nginx::entrypoint)).
+//! (see [`ENTRYPOINT`](super::nginx::ENTRYPOINT)).
 //!
 //! A terminating pod leaves the front Service's endpoints at once, but each node's kube-proxy
 //! routes new connections to it until it has seen that. Normally that takes about a second. Right
@@ -48,7 +48,7 @@ pub const TERMINATION_GRACE_SECONDS: i64 =
 
 /// The `preStop` hook of the nginx container.
 pub(super) fn graceful_stop() -> Lifecycle {
-    let command = vec!["/bin/sh".to_string(), "-c".into(), pre_stop_script(TCP_COUNTERS, PROXY_STOP_WAIT)];
+    let command = pre_stop_command(TCP_COUNTERS, PROXY_STOP_WAIT);
     Lifecycle {
         pre_stop: Some(LifecycleHandler {
             exec: Some(ExecAction { command: Some(command) }),
@@ -58,29 +58,30 @@ pub(super) fn graceful_stop() -> Lifecycle {
     }
 }
 
-/// The hook's script (POSIX `sh` and `sleep`): once a second it reads the count of accepted
-/// TCP connections from `counters` (laid out as `/proc/net/snmp`) and returns as [`StopWait`]
-/// says. A file it cannot read counts as quiet, so the wait is then `min` (or `quiet`, if
-/// longer). UDP has no connection to count: a UDP-only proxy waits the same.
-pub fn pre_stop_script(counters: &str, wait: StopWait) -> String {
+/// The hook, the shell program `src/proxy/stop.sh` (POSIX `sh` and `sleep`): once a second it
+/// reads the count of accepted TCP connections from its first argument (a file laid out as
+/// `/proc/net/snmp`) and returns as [`StopWait`] says, given as the next three. A file it cannot
+/// read counts as quiet, so the wait is then `min` (or `quiet`, if longer). UDP has no
+/// connection to count: a UDP-only proxy waits the same.
+pub const PRE_STOP: &str = include_str!("stop.sh");
+
+/// The hook's command: [`PRE_STOP`] under `/bin/sh -c`, reading `counters` and waiting as `wait`
+/// says.
+pub fn pre_stop_command(counters: &str, wait: StopWait) -> Vec<String> {
     let StopWait { min, quiet, max } = wait;
-    format!(
-        r#"opens() {{
-  [ -r {counters} ] && while read -r proto a b c d e f rest; do
-    if [ "$proto" = Tcp: ] && [ "$f" != PassiveOpens ]; then echo "$f"; return; fi
-  done < {counters}
-  echo 0
-}}
-last=$(opens)
-last=${{last:-0}} waited=0 still=0
-while [ "$waited" -lt {max} ]; do
-  sleep 1
-  waited=$((waited + 1))
-  now=$(opens)
-  now=${{now:-0}}
-  if [ $((now - last)) -le 1 ]; then still=$((still + 1)); else still=0; fi
-  last=$now
-  if [ "$waited" -ge {min} ] && [ "$still" -ge {quiet} ]; then exit 0; fi
-done"#
-    )
+    let arguments = [counters.to_string(), min.to_string(), quiet.to_string(), max.to_string()];
+    ["/bin/sh", "-c", PRE_STOP, "pre-stop"].map(String::from).into_iter().chain(arguments).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The hook's command gives the program its counters and the wait, in the order it reads them.
+    #[test]
+    fn the_hook_is_given_its_counters_and_wait_as_arguments() {
+        let command = pre_stop_command(TCP_COUNTERS, StopWait { min: 5, quiet: 3, max: 30 });
+        assert_eq!(command, ["/bin/sh", "-c", PRE_STOP, "pre-stop", "/proc/net/snmp", "5", "3", "30"]);
+        assert!(PRE_STOP.contains("\ncounters=${1:?} min=${2:?} quiet=${3:?} max=${4:?}\n"), "{PRE_STOP}");
+    }
 }

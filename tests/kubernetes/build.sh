@@ -21,6 +21,7 @@
 # for v1.35's three commands and etcd, then about 6 for v1.37 with --node (Go's caches
 # share what the two releases have in common).
 set -euo pipefail
+# shellcheck source=tests/kubernetes/go-build.sh
 source "$(dirname "${BASH_SOURCE[0]}")/go-build.sh"
 script=build.sh
 
@@ -109,11 +110,13 @@ if $node; then
   wrapper_module containerd
   module=github.com/containerd/containerd/v2
   containerd_commands=(containerd ctr containerd-shim-runc-v2)
-  go_get "${containerd_commands[@]/#/$module/cmd/}@$containerd_version"
+  # Each command's package at the release (a version after the list would name the last only).
+  containerd_packages=("${containerd_commands[@]/#/$module/cmd/}")
+  go_get "${containerd_packages[@]/%/@$containerd_version}"
   # Its Makefile's tags for a static build with no cgo storage drivers.
   go build -trimpath -tags "no_btrfs no_devmapper no_zfs urfave_cli_no_docs" \
     -ldflags "-s -w -X $module/version.Version=$containerd_version" \
-    -o "$work/out/" "${containerd_commands[@]/#/$module/cmd/}"
+    -o "$work/out/" "${containerd_packages[@]}"
 fi
 
 # Staged beside the cache, then renamed into place: a binary still running from an

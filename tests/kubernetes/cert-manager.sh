@@ -18,6 +18,7 @@
 # Cache: ~/.cache/balancer/cert-manager/CERT_MANAGER_VERSION (BALANCER_CERT_MANAGER_CACHE
 # overrides the parent), stamped with both versions. Cold on 2 cores: about 5 minutes.
 set -euo pipefail
+# shellcheck source=tests/kubernetes/go-build.sh
 source "$(dirname "${BASH_SOURCE[0]}")/go-build.sh"
 script=cert-manager.sh
 
@@ -71,9 +72,11 @@ rm "$work/out/chart/Chart.template.yaml" "$work/out/chart/README.template.md"
   echo '{{- end }}'
 } >"$work/out/chart/templates/crds.yaml"
 # images.sh tags the images with appVersion, which the node suite installs the chart with.
-grep -q "^version: $cert_manager_version$" "$work/out/chart/Chart.yaml" &&
-  grep -q "^appVersion: $cert_manager_version$" "$work/out/chart/Chart.yaml" ||
-  { echo "cert-manager.sh: Chart.template.yaml has no version or appVersion line to set" >&2; exit 1; }
+if ! grep -q "^version: $cert_manager_version$" "$work/out/chart/Chart.yaml" ||
+  ! grep -q "^appVersion: $cert_manager_version$" "$work/out/chart/Chart.yaml"; then
+  echo "cert-manager.sh: Chart.template.yaml has no version or appVersion line to set" >&2
+  exit 1
+fi
 
 install_cache
 log "ready in $cache"

@@ -1,8 +1,10 @@
+# shellcheck shell=bash
 # Sourced by build.sh, cert-manager.sh and prometheus.sh, which build commands from the Go
 # module proxy into a cache outside the clone. They set `script` (their name, for messages),
 # `cache` (the directory), `cached_only` (true for --cached; `cached_flag` sets it for a script
 # with no other argument) and define `holds` (whether the cache has the whole build) before
 # calling these.
+# shellcheck disable=SC2154 # script, cache and stamp are the sourcing script's, as said above
 
 # Sets `cached_only` from the one optional argument, `--cached`, of a script without others.
 cached_flag() {
@@ -40,7 +42,7 @@ start_go_build() {
 # wrapper that requires what is to be built.
 wrapper_module() {
   mkdir "$work/$1"
-  cd "$work/$1"
+  cd "$work/$1" || exit 1
   go mod init "balancer.test/$1" >/dev/null 2>&1
 }
 

@@ -15,6 +15,7 @@
 # Cache: ~/.cache/balancer/prometheus/PROMETHEUS_VERSION (BALANCER_PROMETHEUS_CACHE overrides
 # the parent), stamped. Cold on 2 cores: about 2 minutes.
 set -euo pipefail
+# shellcheck source=tests/kubernetes/go-build.sh
 source "$(dirname "${BASH_SOURCE[0]}")/go-build.sh"
 script=prometheus.sh
 

@@ -95,12 +95,12 @@ impl LivePod {
             served: &served,
             rejected: &rejected,
         };
-        let script = reload::live_entrypoint(&files, policy);
         let log = fs::File::create(at("stderr.log")).expect("log file");
         let (mut shell, tools) = crate::support::shell::shell(dir.path());
         let child = shell
             .env("PATH", format!("{tools}{}", std::env::var("PATH").unwrap_or_default()))
-            .args(["-c", &script, "nginx", "-c", &running, "-e", "stderr", "-g"])
+            .envs(reload::live_environment(&files, policy))
+            .args(["-c", reload::LIVE_ENTRYPOINT, "nginx", "-c", &running, "-e", "stderr", "-g"])
             .arg(format!("daemon off; pid {pid_file};"))
             .process_group(0)
             .stdin(Stdio::null())

@@ -90,7 +90,12 @@ fn proxy_copy(template: &Value, name: &str, conf: &str, sidecar: bool) -> [Value
     let spec = &mut template["spec"];
     for list in ["containers", "initContainers"] {
         for container in spec[list].as_array_mut().into_iter().flatten() {
-            container["env"] = json!([{"name": balancer::proxy::nginx::CONFIG_HASH_ENV, "value": hash}]);
+            // The hash of `conf` in place of the template's; the entrypoint's other variables stay.
+            let name = balancer::proxy::nginx::CONFIG_HASH_ENV;
+            let mut env = container["env"].as_array().cloned().unwrap_or_default();
+            env.retain(|variable| variable["name"] != name);
+            env.insert(0, json!({"name": name, "value": hash}));
+            container["env"] = Value::Array(env);
         }
     }
     for volume in template["spec"]["volumes"].as_array_mut().expect("volumes") {

@@ -132,7 +132,7 @@ pub async fn a_change_after_an_api_server_restart_reaches_the_wire_without_a_fai
         on_the_wire.as_secs_f64()
     );
     assert!(on_the_wire <= CHANGE_AFTER_AN_OUTAGE, "on the wire {on_the_wire:?} after the API server answered");
-    // Whether the kubelet's ConfigMap cache was behind (see proxy::nginx::entrypoint).
+    // Whether the kubelet's ConfigMap cache was behind (see proxy::nginx::ENTRYPOINT).
     let selector = format!("balancer.exposer.hliangzhao.io/balancer-name={SAMPLE}");
     let args = ["-n", NS, "logs", "-l", &selector, "-c", "nginx", "--tail=-1"];
     let (_, logs, _) = world.kubectl.run(&args, None);

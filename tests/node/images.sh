@@ -64,15 +64,16 @@ oci_archive() {
     mv "$tmp" "$dir/blobs/sha256/$d"
     echo "$d $(stat -c %s "$dir/blobs/sha256/$d")"
   }
-  local config_blob manifest_blob
+  local config_blob manifest_blob config_digest config_size manifest_digest manifest_size
   config_blob="$(printf '{"architecture":"amd64","os":"linux","config":%s,"rootfs":{"type":"layers","diff_ids":[%s]}}' \
     "$config" "$diff_ids" | blob)"
+  read -r config_digest config_size <<<"$config_blob"
   manifest_blob="$(printf '{"schemaVersion":2,"mediaType":"application/vnd.oci.image.manifest.v1+json","config":{"mediaType":"application/vnd.oci.image.config.v1+json","digest":"sha256:%s","size":%s},"layers":[%s]}' \
-    ${config_blob} "$layers" | blob)"
-  set -- $manifest_blob
+    "$config_digest" "$config_size" "$layers" | blob)"
+  read -r manifest_digest manifest_size <<<"$manifest_blob"
   printf '{"imageLayoutVersion":"1.0.0"}' >"$dir/oci-layout"
   printf '{"schemaVersion":2,"manifests":[{"mediaType":"application/vnd.oci.image.manifest.v1+json","digest":"sha256:%s","size":%s,"annotations":{"io.containerd.image.name":"%s","org.opencontainers.image.ref.name":"%s"}}]}' \
-    "$1" "$2" "$ref" "${ref##*:}" >"$dir/index.json"
+    "$manifest_digest" "$manifest_size" "$ref" "${ref##*:}" >"$dir/index.json"
   tar -C "$dir" -cf "$archive" oci-layout index.json blobs
 }
 

@@ -24,9 +24,9 @@ fn steps(map: &str) -> Vec<(&str, &str)> {
     found
 }
 
-/// Whether `code` defines `name` as a function, a type or a field.
+/// Whether `code` defines `name` as a function, a type, a constant or a field.
 fn defines(code: &str, name: &str) -> bool {
-    ["fn", "struct", "enum", "type", "trait"].iter().any(|kind| code.contains(&format!("{kind} {name}")))
+    ["fn", "struct", "enum", "type", "trait", "const"].iter().any(|kind| code.contains(&format!("{kind} {name}")))
         || code.contains(&format!("pub {name}:"))
 }
 

@@ -38,10 +38,10 @@ impl Entrypoint {
         let (mounted, running) = (path(dir.path(), "nginx.conf"), path(dir.path(), "running.conf"));
         let (pid_file, ipv6_probe) = (path(dir.path(), "nginx.pid"), path(dir.path(), "if_inet6"));
         let files = ProxyFiles { mounted: &mounted, running: &running, pid_file: &pid_file, ipv6_probe: &ipv6_probe };
-        let script = nginx::entrypoint(&files);
         let search = format!("{}:{}", dir.path().display(), std::env::var("PATH").unwrap_or_default());
         let process = Command::new("/bin/sh")
-            .args(["-c", &script, "nginx", "-c", "the-conf"])
+            .args(["-c", nginx::ENTRYPOINT, "nginx", "-c", "the-conf"])
+            .envs(nginx::entrypoint_environment(&files))
             .env("PATH", search)
             .env(CONFIG_HASH_ENV, hash)
             .stderr(Stdio::piped())

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use balancer::proxy::stop::{StopWait, TCP_COUNTERS, pre_stop_script};
+use balancer::proxy::stop::{StopWait, TCP_COUNTERS, pre_stop_command};
 
 /// Short enough for a test, with the proxy's proportions: the minimum outlasts the quiet seconds.
 const WAIT: StopWait = StopWait { min: 3, quiet: 2, max: 10 };
@@ -52,10 +52,8 @@ fn run_hook(file: &Path, connections: impl FnOnce(&AtomicBool) + Send + 'static)
         std::thread::spawn(move || connections(&done))
     };
     let started = Instant::now();
-    let status = Command::new("/bin/sh")
-        .args(["-c", &pre_stop_script(&file.display().to_string(), WAIT)])
-        .status()
-        .expect("/bin/sh runs");
+    let command = pre_stop_command(&file.display().to_string(), WAIT);
+    let status = Command::new(&command[0]).args(&command[1..]).status().expect("/bin/sh runs");
     let waited = started.elapsed();
     done.store(true, Ordering::Relaxed);
     mover.join().expect("the counter thread");

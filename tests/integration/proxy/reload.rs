@@ -8,7 +8,7 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use balancer::proxy::reload::{
-    CONFIG_ID_PREFIX, LiveFiles, RELOAD_POLICY, ReloadPolicy, desired_file, live_entrypoint,
+    CONFIG_ID_PREFIX, LIVE_ENTRYPOINT, LiveFiles, RELOAD_POLICY, ReloadPolicy, desired_file, live_environment,
 };
 
 use super::{Entrypoint, path};
@@ -87,12 +87,12 @@ impl Entrypoint {
             served: &served,
             rejected: &rejected,
         };
-        let script = live_entrypoint(&files, policy);
         let (mut shell, tools) = crate::support::shell::shell(dir.path());
         let search = format!("{}:{tools}{}", dir.path().display(), std::env::var("PATH").unwrap_or_default());
         let directives = format!("daemon off; pid {pid_file};");
         let process = shell
-            .args(["-c", &script, "nginx", "-c", &running, "-e", "stderr", "-g", &directives])
+            .args(["-c", LIVE_ENTRYPOINT, "nginx", "-c", &running, "-e", "stderr", "-g", &directives])
+            .envs(live_environment(&files, policy))
             .env("PATH", search)
             .stderr(Stdio::piped())
             .spawn()

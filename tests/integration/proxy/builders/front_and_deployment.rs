@@ -87,9 +87,22 @@ fn proxy_container_runs_the_configured_image_with_nginx_args() {
     let desired = desired_for(&sample());
     let nginx = container(&desired.deployment);
     assert_eq!(nginx.image.as_deref(), Some("nginxinc/nginx-unprivileged:1.28.0-alpine"));
-    let script = proxy::nginx::entrypoint(&proxy::nginx::POD_FILES);
-    let entrypoint = ["/bin/sh", "-c", &script, "nginx"].map(String::from).to_vec();
+    let entrypoint = ["/bin/sh", "-c", nginx::ENTRYPOINT, "nginx"].map(String::from).to_vec();
     assert_eq!(nginx.command, Some(entrypoint));
+    // The program is constant: the pod's files, and the hash of the file it waits for, are in
+    // its environment.
+    let environment: Vec<_> =
+        nginx.env.iter().flatten().map(|e| (e.name.as_str(), e.value.as_deref().unwrap_or_default())).collect();
+    let hash = nginx::config_hash(&desired.nginx_conf);
+    let expected = [
+        (nginx::CONFIG_HASH_ENV, hash.as_str()),
+        ("BALANCER_MOUNTED", "/etc/balancer/nginx.conf"),
+        ("BALANCER_RUNNING", "/tmp/nginx.conf"),
+        ("BALANCER_PID_FILE", "/tmp/nginx.pid"),
+        ("BALANCER_IPV6_PROBE", "/proc/net/if_inet6"),
+        ("BALANCER_DRAIN_SECONDS", "20"),
+    ];
+    assert_eq!(environment, expected);
     // The copy the entrypoint makes of the mounted file (see tests/integration/proxy/entrypoint.rs).
     assert_eq!(
         nginx.args,
@@ -204,8 +217,9 @@ fn readiness_probes_the_first_tcp_port_or_checks_the_config_when_udp_only() {
     let expected = [
         "/bin/sh",
         "-c",
-        r#"test -s /tmp/nginx.pid && exec nginx -t -q "$@""#,
+        nginx::READINESS,
         "nginx",
+        "/tmp/nginx.pid",
         "-c",
         "/tmp/nginx.conf",
         "-e",
@@ -230,18 +244,21 @@ fn readiness_probes_the_first_tcp_port_or_checks_the_config_when_udp_only() {
 /// gracefully, then the metrics sidecar stops, within a grace period that covers all three.
 #[test]
 fn proxy_pods_stop_gracefully() {
-    use proxy::stop::{PROXY_STOP_WAIT, StopWait, TCP_COUNTERS, pre_stop_script};
+    use proxy::stop::{PRE_STOP, PROXY_STOP_WAIT, StopWait};
     let desired = desired_for(&sample());
     let nginx = container(&desired.deployment);
     let hook = nginx.lifecycle.as_ref().and_then(|l| l.pre_stop.as_ref()).and_then(|h| h.exec.as_ref());
     let command = hook.and_then(|e| e.command.clone()).expect("a preStop exec hook");
-    assert_eq!(command, ["/bin/sh".to_string(), "-c".into(), pre_stop_script(TCP_COUNTERS, PROXY_STOP_WAIT)]);
+    assert_eq!(command, ["/bin/sh", "-c", PRE_STOP, "pre-stop", "/proc/net/snmp", "5", "3", "30"]);
     assert_eq!(PROXY_STOP_WAIT, StopWait { min: 5, quiet: 3, max: 30 });
-    let script = proxy::nginx::entrypoint(&proxy::nginx::POD_FILES);
-    let quit = "trap 'kill -QUIT \"$nginx\"; { sleep 20; kill -TERM \"$nginx\"; } 2>/dev/null & wait \"$nginx\"; exit $?' TERM";
-    assert!(script.ends_with(&format!("{quit}\nnginx \"$@\" & nginx=$!\nwait \"$nginx\"")), "{script}");
-    let live = proxy::reload::live_entrypoint(&proxy::reload::LIVE_POD_FILES, proxy::reload::RELOAD_POLICY);
+    let script = nginx::ENTRYPOINT;
+    let quit = "trap 'kill -QUIT \"$nginx\"; { sleep \"$BALANCER_DRAIN_SECONDS\"; kill -TERM \"$nginx\"; } 2>/dev/null & wait \"$nginx\"; exit $?' TERM";
+    assert!(script.ends_with(&format!("{quit}\nnginx \"$@\" & nginx=$!\nwait \"$nginx\"\n")), "{script}");
+    let live = proxy::reload::LIVE_ENTRYPOINT;
     assert!(live.contains(&format!("\n{quit}\n")), "{live}");
+    // The drain both entrypoints are given.
+    let environment = nginx.env.iter().flatten().map(|e| (e.name.as_str(), e.value.as_deref())).collect::<Vec<_>>();
+    assert!(environment.contains(&("BALANCER_DRAIN_SECONDS", Some("20"))), "{environment:?}");
     // Connections opened before a configuration change live an hour; a stopping pod closes them
     // after 20 s.
     assert!(desired.nginx_conf.contains("\nworker_shutdown_timeout 1h;\n"), "{}", desired.nginx_conf);

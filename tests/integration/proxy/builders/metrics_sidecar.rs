@@ -136,7 +136,7 @@ fn the_sidecar_reads_every_backend_and_weight_from_the_model_beside_the_file() {
 }
 
 /// Without the sidecar, nginx reads the mounted file once: it is told which file to wait for
-/// (see `proxy::nginx::entrypoint`), and a new configuration rolls the pods.
+/// (see `proxy::nginx::ENTRYPOINT`), and a new configuration rolls the pods.
 #[test]
 fn without_the_sidecar_a_new_configuration_rolls_the_pods() {
     let mut balancer = sample();
@@ -173,7 +173,26 @@ fn with_the_sidecar_a_new_configuration_changes_no_pod_and_only_the_sidecar_hold
     let mounts = |c: &Container| c.volume_mounts.iter().flatten().map(|m| m.name.clone()).collect::<Vec<_>>();
     assert_eq!(mounts(nginx), ["live", "tmp", "access-log"]);
     assert!(mounts(sidecar).contains(&"token".to_string()));
-    assert!(nginx.env.is_none() && sidecar.env.is_none(), "no hash to wait for");
+    assert!(sidecar.env.is_none(), "no hash to wait for");
+    // nginx's environment is the live entrypoint's: where its files are and its pace, no hash.
+    let environment: Vec<_> =
+        nginx.env.iter().flatten().map(|e| (e.name.as_str(), e.value.as_deref().unwrap_or_default())).collect();
+    let expected = [
+        ("BALANCER_DESIRED", "/run/balancer/nginx.conf"),
+        ("BALANCER_CANDIDATE", "/tmp/nginx.conf.next"),
+        ("BALANCER_SERVED", "/run/balancer/served"),
+        ("BALANCER_REJECTED", "/run/balancer/rejected"),
+        ("BALANCER_POLL_SECONDS", "0.250"),
+        ("BALANCER_RELOAD_POLLS", "2"),
+        ("BALANCER_MAX_DRAINING_WORKERS", "8"),
+        ("BALANCER_RUNNING", "/tmp/nginx.conf"),
+        ("BALANCER_PID_FILE", "/tmp/nginx.pid"),
+        ("BALANCER_IPV6_PROBE", "/proc/net/if_inet6"),
+        ("BALANCER_DRAIN_SECONDS", "20"),
+    ];
+    assert_eq!(environment, expected);
+    let command = nginx.command.clone().unwrap_or_default();
+    assert_eq!(command, ["/bin/sh", "-c", proxy::reload::LIVE_ENTRYPOINT, "nginx"]);
 
     let owner = owner(&balancer);
     let role = proxy::proxy_config_reader(&owner);
