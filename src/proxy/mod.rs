@@ -30,6 +30,7 @@ pub use meta::{
 };
 pub use services::{backend_service, backend_services, front_service};
 
+use std::collections::HashSet;
 use std::net::{IpAddr, SocketAddr};
 
 use k8s_openapi::api::apps::v1::Deployment;
@@ -131,9 +132,11 @@ pub fn proxy(owner: &Owner, spec: &Admitted, settings: &ProxySettings, backends:
     let pods_read = backends.iter().all(|b| b.ready_pods.is_some());
     let pod_targets = (pods_read && pod_upstreams(spec, settings)).then(|| {
         of(&|backend: &BackendTarget<'_>, port: AdmittedPort<'_>| {
-            let mut addresses: Vec<SocketAddr> =
-                backend.ready_pods.iter().flatten().filter_map(|pod| pod_address(pod, port)).collect();
-            addresses.dedup();
+            // One server per address: endpoints may share one (distinct pods listed at one
+            // address, a hostile slice), and their ports need not sort them together.
+            let mut seen = HashSet::new();
+            let pods = backend.ready_pods.iter().flatten().filter_map(|pod| pod_address(pod, port));
+            let addresses: Vec<SocketAddr> = pods.filter(|address| seen.insert(*address)).collect();
             Targets::Pods { service: service(backend, port), pods: addresses }
         })
     });
