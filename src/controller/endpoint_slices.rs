@@ -424,6 +424,20 @@ impl ReadyEndpointSlices {
     }
 }
 
+/// The table once the watch's first list, of `slices`, is done: what the controller reads its
+/// ready pods from, built without a watch (a preview, a test, the fuzzer).
+impl FromIterator<ReadySlice> for ReadyEndpointSlices {
+    fn from_iter<I: IntoIterator<Item = ReadySlice>>(slices: I) -> Self {
+        let table = ReadyEndpointSlices::default();
+        table.apply(&watcher::Event::Init);
+        for slice in slices {
+            table.apply(&watcher::Event::InitApply(slice));
+        }
+        table.apply(&watcher::Event::InitDone);
+        table
+    }
+}
+
 impl k8s_openapi::Resource for ReadySlice {
     const API_VERSION: &'static str = "discovery.k8s.io/v1";
     const GROUP: &'static str = "discovery.k8s.io";
@@ -481,12 +495,8 @@ mod tests {
     }
 
     fn listed(slices: &[ReadySlice]) -> ReadyEndpointSlices {
-        let table = ReadyEndpointSlices::default();
-        table.apply(&watcher::Event::Init);
-        for slice in slices {
-            table.apply(&watcher::Event::InitApply(slice.clone()));
-        }
-        table.apply(&watcher::Event::InitDone);
+        let table: ReadyEndpointSlices = slices.iter().cloned().collect();
+        assert!(table.listed());
         table
     }
 
