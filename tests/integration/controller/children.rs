@@ -16,8 +16,9 @@ use kube::runtime::watcher;
 use serde_json::json;
 
 use super::harness::{
-    CLUSTER_IP, NAME, SSA, UID, admitted, assert_status, child_caches, context, converged, expect, expect_apply,
-    expect_create, expect_create_refused, expect_done, expect_event, expect_ready, expect_status, sample, settings,
+    ApiServer, CLUSTER_IP, NAME, SSA, UID, admitted, assert_status, child_caches, context, converged, expect,
+    expect_apply, expect_create, expect_create_refused, expect_done, expect_event, expect_ready, expect_status, sample,
+    settings,
 };
 use crate::support::mock_api::{self, ok};
 
@@ -82,32 +83,14 @@ async fn with_the_sidecar_the_proxy_identity_is_created_before_the_config_map() 
     let settings = ProxySettings { metrics_image: Some("registry.example.com/balancer:1".into()), ..settings() };
     let ctx = Arc::new(Context::new(client, children, settings, Metrics::default().controller));
     let verifier = tokio::spawn(async move {
-        for backend in ["v1", "v2", "v3"] {
-            let path = format!("/api/v1/namespaces/ns/services/example-balancer-{backend}-backend");
-            expect_create(&mut server, &path, "Service").await;
-        }
-        let account = expect_create(
-            &mut server,
-            "/api/v1/namespaces/ns/serviceaccounts/example-balancer-proxy",
-            "ServiceAccount",
-        )
-        .await;
+        let [account, role, deployment] = expect_children_with_the_sidecar(&mut server).await;
         assert_eq!(account["automountServiceAccountToken"], false);
-        let rbac = "/apis/rbac.authorization.k8s.io/v1/namespaces/ns";
-        let role = expect_create(&mut server, &format!("{rbac}/roles/example-balancer-proxy"), "Role").await;
         assert_eq!(
             role["rules"],
             json!([{"apiGroups": [""], "resources": ["configmaps"],
                     "resourceNames": ["example-balancer-proxy-configmap"], "verbs": ["get", "list", "watch"]}])
         );
-        expect_create(&mut server, &format!("{rbac}/rolebindings/example-balancer-proxy"), "RoleBinding").await;
-        expect_create(&mut server, "/api/v1/namespaces/ns/configmaps/example-balancer-proxy-configmap", "ConfigMap")
-            .await;
-        let deployment =
-            expect_create(&mut server, "/apis/apps/v1/namespaces/ns/deployments/example-balancer-proxy", "Deployment")
-                .await;
         assert_eq!(deployment["spec"]["template"]["spec"]["serviceAccountName"], "example-balancer-proxy");
-        expect_create(&mut server, "/api/v1/namespaces/ns/services/example-balancer", "Service").await;
         expect_event(&mut server, "Created").await;
         let status = expect_status(&mut server, &sample()).await;
         assert_eq!(status["configuredReplicas"], 0, "{status}");
@@ -119,6 +102,26 @@ async fn with_the_sidecar_the_proxy_identity_is_created_before_the_config_map() 
     let action = reconcile(Arc::new(sample().into()), ctx).await.expect("reconcile succeeds");
     assert_eq!(action, Action::requeue(controller::RESYNC), "no pod yet: the slices' watch brings it back");
     verifier.await.expect("the API server saw exactly the expected requests");
+}
+
+/// A new Balancer's children as the first reconcile creates them with the metrics sidecar, in
+/// order: the backend Services, the proxy identity, the ConfigMap, the Deployment and the front
+/// Service. Returns the bodies of the ServiceAccount, the Role and the Deployment.
+async fn expect_children_with_the_sidecar(server: &mut ApiServer) -> [serde_json::Value; 3] {
+    for backend in ["v1", "v2", "v3"] {
+        let path = format!("/api/v1/namespaces/ns/services/example-balancer-{backend}-backend");
+        expect_create(server, &path, "Service").await;
+    }
+    let account =
+        expect_create(server, "/api/v1/namespaces/ns/serviceaccounts/example-balancer-proxy", "ServiceAccount").await;
+    let rbac = "/apis/rbac.authorization.k8s.io/v1/namespaces/ns";
+    let role = expect_create(server, &format!("{rbac}/roles/example-balancer-proxy"), "Role").await;
+    expect_create(server, &format!("{rbac}/rolebindings/example-balancer-proxy"), "RoleBinding").await;
+    expect_create(server, "/api/v1/namespaces/ns/configmaps/example-balancer-proxy-configmap", "ConfigMap").await;
+    let deployment =
+        expect_create(server, "/apis/apps/v1/namespaces/ns/deployments/example-balancer-proxy", "Deployment").await;
+    expect_create(server, "/api/v1/namespaces/ns/services/example-balancer", "Service").await;
+    [account, role, deployment]
 }
 
 /// The reconcile never asks a proxy pod's sidecar (the prober does, outside the reconcile
@@ -154,20 +157,7 @@ async fn a_reconcile_never_waits_for_a_proxy_pods_sidecar() {
     let settings = ProxySettings { metrics_image: Some("registry.example.com/balancer:1".into()), ..settings() };
     let ctx = Arc::new(Context::new(client, children, settings, Metrics::default().controller));
     let verifier = tokio::spawn(async move {
-        for backend in ["v1", "v2", "v3"] {
-            let path = format!("/api/v1/namespaces/ns/services/example-balancer-{backend}-backend");
-            expect_create(&mut server, &path, "Service").await;
-        }
-        let rbac = "/apis/rbac.authorization.k8s.io/v1/namespaces/ns";
-        expect_create(&mut server, "/api/v1/namespaces/ns/serviceaccounts/example-balancer-proxy", "ServiceAccount")
-            .await;
-        expect_create(&mut server, &format!("{rbac}/roles/example-balancer-proxy"), "Role").await;
-        expect_create(&mut server, &format!("{rbac}/rolebindings/example-balancer-proxy"), "RoleBinding").await;
-        expect_create(&mut server, "/api/v1/namespaces/ns/configmaps/example-balancer-proxy-configmap", "ConfigMap")
-            .await;
-        expect_create(&mut server, "/apis/apps/v1/namespaces/ns/deployments/example-balancer-proxy", "Deployment")
-            .await;
-        expect_create(&mut server, "/api/v1/namespaces/ns/services/example-balancer", "Service").await;
+        expect_children_with_the_sidecar(&mut server).await;
         expect_event(&mut server, "Created").await;
         let status = expect_status(&mut server, &sample()).await;
         let conditions = status["conditions"].as_array().cloned().unwrap_or_default();

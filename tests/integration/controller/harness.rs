@@ -41,7 +41,7 @@ pub(super) const STATUS: &str = "/apis/exposer.hliangzhao.io/v1beta1/namespaces/
 const SELECTOR: &str =
     "app.kubernetes.io/component=proxy,balancer.exposer.hliangzhao.io/balancer-name=example-balancer";
 
-type ApiServer = MockApi;
+pub(super) type ApiServer = MockApi;
 
 /// The cluster IP the mock API server gives every Service.
 pub(super) const CLUSTER_IP: &str = "10.96.0.10";
