@@ -4,7 +4,8 @@
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use crate::toolkit::cluster::{ControlPlane, Proc, free_ports};
+use crate::toolkit::cluster::{ControlPlane, Proc};
+use crate::toolkit::ports::listen_ports;
 
 /// The binary under test: this build's, or `BALANCER_E2E_BINARY` (to compare two builds on one harness).
 fn binary() -> std::path::PathBuf {
@@ -62,7 +63,7 @@ impl Operator {
     }
 
     fn spawn(plane: &ControlPlane, name: &str, user: &str, extra: &[&str]) -> Operator {
-        let [webhook_port, probe_port, metrics_port] = free_ports();
+        let [webhook_port, probe_port, metrics_port] = listen_ports();
         let pki = plane.dir.path().join("pki");
         let process = Proc::spawn(
             name,

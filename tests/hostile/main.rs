@@ -99,7 +99,7 @@ impl Server {
 
     async fn start_once() -> Result<Server, String> {
         let dir = TempDir::new().expect("temp dir");
-        let (webhook, probe) = two_free_ports();
+        let [webhook, probe] = support::ports::listen_ports().map(|port| SocketAddr::from(([127, 0, 0, 1], port)));
         let log_path = dir.path().join("balancer.log");
         let log = std::fs::File::create(&log_path).expect("log file");
         let child = Command::new(binary())
@@ -206,13 +206,6 @@ async fn wait_healthy(child: &mut Child, probe: SocketAddr) -> Result<(), String
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     Err("/healthz did not answer 200 within 30 s".into())
-}
-
-/// Two distinct free loopback ports (both held while the second is picked).
-fn two_free_ports() -> (SocketAddr, SocketAddr) {
-    let a = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    let b = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    (a.local_addr().expect("addr"), b.local_addr().expect("addr"))
 }
 
 /// Memory of the server process, in bytes.

@@ -6,7 +6,7 @@ use std::net::Ipv4Addr;
 use balancer::proxy::nginx;
 
 use crate::backends::{addresses, admitted, sample_spec, tally, tcp_ask_from, tcp_backends};
-use crate::process::{free_tcp_port, nginx_binary, start_nginx};
+use crate::process::{listen_port, nginx_binary, start_nginx};
 
 #[tokio::test]
 async fn client_ip_affinity_keeps_each_client_on_one_backend_and_splits_clients_by_weight() {
@@ -18,7 +18,7 @@ async fn client_ip_affinity_keeps_each_client_on_one_backend_and_splits_clients_
         spec.session_affinity = Some("ClientIP".into());
         spec
     };
-    let (_nginx, listen) = start_nginx(&bin, free_tcp_port, |p| {
+    let (_nginx, listen) = start_nginx(&bin, listen_port, |p| {
         nginx::render("example-balancer", &admitted(affine(p)), &[], None, &address)
     })
     .await;

@@ -18,7 +18,7 @@ use crate::backends::{
     Backend, addresses, admitted, loopback_addresses, sample_spec, serving_backend, tally, tcp_ask, tcp_ask_from,
     tcp_backend,
 };
-use crate::process::{Nginx, NginxBinary, free_tcp_port, nginx_binary, nginx_check, start_nginx};
+use crate::process::{Nginx, NginxBinary, listen_port, nginx_binary, nginx_check, start_nginx};
 use crate::support::fixtures::{backend, port};
 use crate::{BACKEND_IPS, STEP};
 
@@ -60,8 +60,7 @@ async fn least_connections_sends_new_connections_to_the_less_loaded_backend() {
         spec.algorithm = Some("LeastConnections".into());
         admitted(spec)
     };
-    let (_nginx, listen) =
-        start_nginx(&bin, free_tcp_port, |p| nginx::render("lb", &spec(p), &[], None, &address)).await;
+    let (_nginx, listen) = start_nginx(&bin, listen_port, |p| nginx::render("lb", &spec(p), &[], None, &address)).await;
     let (Some(busy), _long) = held(listen).await else { panic!("the long connection was not served") };
     let mut short = Vec::new();
     for _ in 0..10 {
@@ -93,8 +92,7 @@ async fn a_backup_takes_connections_only_when_the_others_refuse() {
         spec.backends[1].backup = Some(true);
         admitted(spec)
     };
-    let (_nginx, listen) =
-        start_nginx(&bin, free_tcp_port, |p| nginx::render("lb", &spec(p), &[], None, &address)).await;
+    let (_nginx, listen) = start_nginx(&bin, listen_port, |p| nginx::render("lb", &spec(p), &[], None, &address)).await;
     let mut before = Vec::new();
     for _ in 0..20 {
         before.push(tcp_ask(listen).await);
@@ -122,8 +120,7 @@ async fn max_connections_refuses_past_its_limit_across_workers() {
         spec.backends[0].max_connections = Some(2);
         admitted(spec)
     };
-    let (nginx, listen) =
-        start_nginx(&bin, free_tcp_port, |p| nginx::render("lb", &spec(p), &[], None, &address)).await;
+    let (nginx, listen) = start_nginx(&bin, listen_port, |p| nginx::render("lb", &spec(p), &[], None, &address)).await;
     let mut streams = Vec::new();
     let mut answers = Vec::new();
     for _ in 0..6 {
@@ -143,7 +140,7 @@ async fn proxy_protocol_backend(bin: &NginxBinary) -> (Nginx, SocketAddr) {
     let ip = BACKEND_IPS[2];
     let mut failures = Vec::new();
     for _ in 0..3 {
-        let addr = SocketAddr::from((ip, free_tcp_port()));
+        let addr = SocketAddr::from((ip, listen_port()));
         let conf = format!(
             "events {{}}\nstream {{\n    server {{\n        listen {addr} proxy_protocol;\n        \
              return \"$proxy_protocol_addr\\n\";\n    }}\n}}\n"
@@ -171,12 +168,12 @@ async fn the_proxy_protocol_carries_the_clients_address_to_the_backend() {
         admitted(spec)
     };
     let (_nginx, listen) =
-        start_nginx(&bin, free_tcp_port, |p| nginx::render("lb", &spec(p, false), &[], None, &address)).await;
+        start_nginx(&bin, listen_port, |p| nginx::render("lb", &spec(p, false), &[], None, &address)).await;
     let client = Ipv4Addr::new(127, 0, 0, 9);
     assert_eq!(tcp_ask_from(client, listen).await, "127.0.0.9\n");
 
     let (_outer, listen) =
-        start_nginx(&bin, free_tcp_port, |p| nginx::render("lb", &spec(p, true), &[], None, &address)).await;
+        start_nginx(&bin, listen_port, |p| nginx::render("lb", &spec(p, true), &[], None, &address)).await;
     let answer = timeout(STEP, async {
         let mut stream = TcpStream::connect(("127.0.0.1", listen)).await.expect("connect");
         stream.write_all(b"PROXY TCP4 203.0.113.7 127.0.0.1 40000 80\r\n").await.expect("header");

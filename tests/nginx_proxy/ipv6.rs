@@ -10,7 +10,7 @@ use balancer::proxy::model::Destination;
 use balancer::proxy::nginx;
 
 use crate::backends::{admitted, sample_spec, tally};
-use crate::process::{Nginx, free_tcp_port, nginx_binary};
+use crate::process::{Nginx, listen_port, nginx_binary};
 use crate::support::fixtures::backend;
 
 /// A network namespace of the test's own, with its loopback up (127.0.0.0/8 and ::1); deleted
@@ -47,7 +47,7 @@ async fn an_ipv6_client_is_served() {
         return unusable_without("root, for a network namespace");
     }
     let netns = Netns::new();
-    let listen = free_tcp_port();
+    let listen = listen_port();
     let backends = "events {}\nstream {\n    server { listen 127.0.0.2:9001; return \"v1\\n\"; }\n    \
                     server { listen 127.0.0.3:9001; return \"v2\\n\"; }\n}\n";
     let _backends = Nginx::start_in(Some(&netns.0), &bin, backends).await.expect("the backends start");

@@ -20,7 +20,7 @@ use tokio::time::timeout;
 use tokio_util::sync::CancellationToken;
 
 use crate::backends::{Backend, addresses, admitted, sample_spec, serving_backend};
-use crate::process::{NginxBinary, free_tcp_port, free_udp_port, nginx_binary, signal};
+use crate::process::{NginxBinary, listen_port, nginx_binary, signal};
 use crate::support::fixtures::{backend, port};
 use crate::{BACKEND_IPS, NGINX_DEADLINE, STEP};
 
@@ -256,7 +256,7 @@ struct Serving {
 
 async fn serving_a(bin: &NginxBinary) -> Serving {
     let backends = [naming_backend("a", BACKEND_IPS[0]).await, naming_backend("b", BACKEND_IPS[1]).await];
-    let listen = free_tcp_port();
+    let listen = listen_port();
     let pod = LivePod::start(RELOAD_POLICY);
     let id = pod.desire(&live_conf(bin, &backends, listen, "a"));
     pod.serving(&id).await;
@@ -336,7 +336,7 @@ async fn a_live_configuration_moves_new_connections_and_keeps_the_open_ones() {
 async fn rapid_reloads_leave_at_most_the_bound_of_workers_draining() {
     let Some(bin) = nginx_binary() else { return };
     let backends = [naming_backend("a", BACKEND_IPS[0]).await, naming_backend("b", BACKEND_IPS[1]).await];
-    let listen = free_tcp_port();
+    let listen = listen_port();
     let policy =
         ReloadPolicy { poll: Duration::from_millis(50), min_interval: Duration::from_millis(100), ..RELOAD_POLICY };
     let bound = policy.max_draining_workers as usize;
@@ -472,7 +472,7 @@ async fn a_reload_loses_only_the_udp_replies_pending_at_its_moment() {
     let Some(bin) = nginx_binary() else { return };
     let backends =
         [late_udp_backend("a", BACKEND_IPS[0], LATE).await, late_udp_backend("b", BACKEND_IPS[1], LATE).await];
-    let listen = free_udp_port();
+    let listen = listen_port();
     let pod = LivePod::start(RELOAD_POLICY);
     let to_a = pod.desire(&live_udp_conf(&bin, &backends, listen, "a"));
     pod.serving(&to_a).await;

@@ -224,18 +224,4 @@ pub(crate) async fn start_nginx(
     panic!("no free port after 3 tries:\n{}", failures.join("\n"));
 }
 
-pub(crate) fn free_tcp_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port()
-}
-
-pub(crate) fn free_udp_port() -> u16 {
-    std::net::UdpSocket::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port()
-}
-
-/// A port number free for both TCP and UDP.
-pub(crate) fn free_dual_port() -> u16 {
-    (0..100)
-        .map(|_| free_tcp_port())
-        .find(|&port| std::net::UdpSocket::bind(("127.0.0.1", port)).is_ok())
-        .expect("a port free for TCP and UDP")
-}
+pub(crate) use crate::support::ports::listen_port;

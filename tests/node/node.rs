@@ -15,7 +15,8 @@ use kube::Api;
 use kube::api::{Patch, PatchParams};
 
 use crate::repo;
-use crate::toolkit::cluster::{ControlPlane, Proc, Processes, free_ports};
+use crate::toolkit::cluster::{ControlPlane, Proc, Processes};
+use crate::toolkit::ports::listen_ports;
 
 /// One node on this machine: its name, its address (the host's on its pod bridge, which is
 /// the node's InternalIP and the kubelet's), its pod CIDR and its bridge. `host.sh` sets up
@@ -291,7 +292,7 @@ impl ClusterServices {
     pub fn start(host: &Host, plane: &ControlPlane, assets: &Path) -> ClusterServices {
         let state = &host.state;
         let kubeconfig = node_kubeconfig(host, plane);
-        let [healthz_port, metrics_port] = free_ports();
+        let [healthz_port, metrics_port] = listen_ports();
         let kube_proxy = Proc::spawn(
             "kube-proxy",
             Command::new(assets.join("kube-proxy"))
@@ -371,7 +372,7 @@ async fn wait_for(what: &str, timeout: Duration, mut check: impl FnMut() -> bool
 /// The API server reaches the kubelet anonymously for logs and exec, as the old flags allowed.
 fn write_kubelet_config(node_dir: &Path, host: &Host, spec: &NodeSpec, socket: &Path) -> PathBuf {
     let endpoint = format!("unix://{}", socket.display());
-    let [healthz_port] = free_ports();
+    let [healthz_port] = listen_ports();
     let config = serde_json::json!({
         "apiVersion": "kubelet.config.k8s.io/v1beta1",
         "kind": "KubeletConfiguration",

@@ -4,6 +4,8 @@
 
 pub mod fixtures;
 pub mod mock_api;
+#[path = "../toolkit/ports.rs"]
+pub mod ports;
 #[path = "../toolkit/repo.rs"]
 pub mod repo;
 pub mod shell;

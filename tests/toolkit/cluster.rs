@@ -4,7 +4,6 @@
 //! node's bridge, with service accounts for pods, for the node suite. Every
 //! process is killed when the `ControlPlane` is dropped, also when a scenario panics.
 
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
@@ -14,6 +13,7 @@ use kube::{Client, Config};
 use tempfile::TempDir;
 
 use super::kubectl::Kubectl;
+use super::ports::listen_ports;
 
 /// A user the API server knows by a bearer token (`--token-auth-file`).
 pub struct TokenUser {
@@ -162,15 +162,6 @@ pub fn commands_first_on_path(assets: &Path) {
     panic!("could not run {} again with the commands first on PATH: {error}", this.display());
 }
 
-/// `N` distinct free ports on 127.0.0.1, all bound at once before any is released: ports
-/// taken one after another could repeat, as a released port is free again for the next bind
-/// before the process it was meant for listens on it.
-pub fn free_ports<const N: usize>() -> [u16; N] {
-    let listeners: [TcpListener; N] =
-        std::array::from_fn(|_| TcpListener::bind("127.0.0.1:0").expect("a free port on 127.0.0.1"));
-    listeners.map(|l| l.local_addr().expect("a bound address").port())
-}
-
 /// A rustls client configuration trusting `ca_pem` alone.
 pub fn tls_config(ca_pem: &str) -> rustls::ClientConfig {
     let mut roots = rustls::RootCertStore::empty();
@@ -275,7 +266,7 @@ impl ControlPlane {
         .unwrap();
 
         let mut processes = Processes::default();
-        let [etcd_port, peer_port, port] = free_ports();
+        let [etcd_port, peer_port, port] = listen_ports();
         let etcd_url = format!("http://127.0.0.1:{etcd_port}");
         let peer_url = format!("http://127.0.0.1:{peer_port}");
         processes.push(Proc::spawn(

@@ -11,6 +11,7 @@
 pub mod cluster;
 pub mod kubectl;
 pub mod load;
+pub mod ports;
 pub mod repo;
 pub mod runner;
 pub mod wait;

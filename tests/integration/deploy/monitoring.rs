@@ -51,7 +51,7 @@ async fn sidecar_exposition() -> String {
     let conf = nginx::write(&model);
     std::fs::write(dir.path().join("nginx.conf"), &conf).unwrap();
     std::fs::write(dir.path().join(MODEL_FILE), model.to_json()).unwrap();
-    let port = free_port();
+    let port = crate::support::ports::listen_port();
     let options = exporter::Options {
         source: exporter::Source::File { path: dir.path().join("nginx.conf"), hash: Some(nginx::config_hash(&conf)) },
         listen: SocketAddr::from((Ipv4Addr::LOCALHOST, port)),
@@ -100,10 +100,6 @@ fn only_while_set() -> String {
     prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
     assert!(text.contains("balancer_backends_unavailable{namespace=\"ns\",balancer=\"lb\"} 1"), "{text}");
     text
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
 /// A plain-HTTP GET over a TCP stream.
