@@ -24,8 +24,9 @@ const SILENT_REPLICAS: [i32; 8] = [9, 1, 1, 1, 1, 1, 1, 1];
 /// NetworkPolicy): the controller's questions go unanswered until they time out. `host.sh down`
 /// removes it too, after a run that was killed.
 const SILENT_CHAIN: &str = "BALANCER-NODE-SILENT";
-/// Changes to the sample measured alone, then beside the silent tenant.
-const CHANGES: usize = 6;
+/// Changes to the sample measured alone, then beside the silent tenant. Even: the changes
+/// alternate between two splits, and each phase must end on the split the next starts from.
+const CHANGES: usize = 4;
 /// How often a change's progress is read: the resolution of each time.
 const POLL: Duration = Duration::from_millis(20);
 
@@ -114,7 +115,7 @@ async fn measure_changes(world: &World) -> Times {
         .expect("the change reconciled and served within 60 s");
         times.reconciled.push(reconciled);
         times.on_wire.push(served.into_iter().fold(0.0, f64::max));
-        tokio::time::sleep(Duration::from_secs(1)).await;
+        tokio::time::sleep(Duration::from_millis(500)).await;
     }
     times
 }

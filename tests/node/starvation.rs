@@ -78,8 +78,10 @@ print('{' + ', '.join('"%s": %d' % item for item in sorted(tally.items())) + '}'
 const PER_POD: [usize; 4] = [60, 160, 80, 50];
 
 /// How long the API server's requests are measured without the attack, and under it.
-const IDLE_WINDOW: Duration = Duration::from_secs(20);
-const ATTACK_WINDOW: Duration = Duration::from_secs(25);
+const IDLE_WINDOW: Duration = Duration::from_secs(10);
+const ATTACK_WINDOW: Duration = Duration::from_secs(15);
+/// Time for every slow client to connect and start its upload before the attack is measured.
+const RAMP: Duration = Duration::from_secs(5);
 
 const HOSTILE_POD: &str = "slow-clients";
 const PROBE: &str = "starvation-probe";
@@ -163,7 +165,8 @@ pub async fn the_webhooks_answer_the_api_server_under_slow_clients(world: &mut W
         .collect();
     assert!(!targets.is_empty(), "the operator's pods have addresses");
     let counts = PER_POD.map(|n| n.to_string()).join(",");
-    let seconds = (ATTACK_WINDOW + Duration::from_secs(20)).as_secs().to_string();
+    // The clients stop soon after the measured window, and print their tally.
+    let seconds = (RAMP + ATTACK_WINDOW + Duration::from_secs(5)).as_secs().to_string();
     let pod = json!({
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": HOSTILE_POD, "namespace": NS},
@@ -185,8 +188,7 @@ pub async fn the_webhooks_answer_the_api_server_under_slow_clients(world: &mut W
     })
     .await;
     println!("node: {HOSTILE_POD}: {started}, against {}", targets.join(" and "));
-    // Time for them all to connect and start their uploads.
-    tokio::time::sleep(Duration::from_secs(5)).await;
+    tokio::time::sleep(RAMP).await;
     let attacked = api_server_requests(&world.kubectl, 1_000, ATTACK_WINDOW).await;
     println!("node: the API server's requests under the attack: {}", attacked.describe());
     println!("node: p99 without the attack {:.0} ms, under it {:.0} ms", idle.quantile(0.99), attacked.quantile(0.99));
