@@ -200,3 +200,20 @@ fn too_many_pods_for_a_config_map_fall_back_to_the_services() {
     assert!(!built.pod_upstreams, "{} bytes", built.nginx_conf.len());
     assert!(built.nginx_conf.contains("server 10.96.0.10:80 weight=40"));
 }
+
+/// An offline preview (`balancer render`) reads no pods: it names each backend's Service, at
+/// its weight, rather than render pod upstreams with every backend down for want of pods.
+#[test]
+fn an_offline_preview_of_pod_upstreams_names_the_services() {
+    let balancer = sample();
+    let spec = admitted(&balancer, &live_settings());
+    let built = proxy::proxy(&owner(&balancer), &spec, &live_settings(), &proxy::BackendTarget::previews(&spec));
+    assert!(!built.pod_upstreams);
+    let upstream_server = |line: &&str| line.starts_with("server ") && !line.ends_with('{');
+    let servers: Vec<&str> = built.nginx_conf.lines().map(str::trim).filter(upstream_server).collect();
+    assert_eq!(servers.len(), 3, "{}", built.nginx_conf);
+    for (server, (name, weight)) in servers.iter().zip([("v1", 40), ("v2", 20), ("v3", 40)]) {
+        let service = format!("server example-balancer-{name}-backend.");
+        assert!(server.starts_with(&service) && server.contains(&format!(":80 weight={weight} ")), "{server}");
+    }
+}
