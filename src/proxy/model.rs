@@ -421,6 +421,16 @@ mod tests {
         assert!(total <= budget + 1000, "{weights:?}: {total}");
     }
 
+    /// The exact weights are kept whenever they fit: a weightless backend's pods do not widen
+    /// their common multiple, and the fit is judged on the weights reduced. Each budget is 1.3
+    /// to 1.5 times the exact total, where rounding into the budget gives other weights.
+    #[test]
+    fn exact_weights_are_kept_whenever_they_fit_the_budget() {
+        assert_eq!(pod_weights(&[(1, 2), (2, 3), (0, 5)], 27), [3, 4, 0]);
+        assert_eq!(pod_weights(&[(1, 2), (1, 4)], 12), [2, 1]);
+        assert_eq!(pod_weights(&[(2, 1), (4, 3)], 13), [3, 2]);
+    }
+
     #[test]
     fn a_limit_is_shared_but_never_below_one() {
         assert_eq!((shared_limit(100, 3), shared_limit(2, 5), shared_limit(7, 0)), (33, 1, 7));
