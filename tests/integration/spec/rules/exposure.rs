@@ -1,8 +1,15 @@
 //! The front Service's exposure, its load balancer class, and the PROXY protocol.
 
+use balancer::api::MAX_SOURCE_RANGES;
 use balancer::api::v1beta1::FrontService;
 
 use super::table::{case, labels, named, port, run, sample, strings};
+
+/// A LoadBalancer `spec.service` allowing `count` distinct CIDRs.
+fn load_balancer_with_ranges(count: usize) -> Option<FrontService> {
+    let ranges = (0..count).map(|i| format!("10.{i}.0.0/16")).collect();
+    Some(FrontService { load_balancer_source_ranges: Some(ranges), ..service("LoadBalancer")? })
+}
 
 /// A `spec.service` of `type_` with everything else unset.
 pub(super) fn service(type_: &str) -> Option<FrontService> {
@@ -87,6 +94,18 @@ fn service_rules() {
                 "spec.service.annotations: invalid annotation key \"-bad\": the name must be at most 63 \
                  alphanumeric characters, '-', '_' or '.', starting and ending with an alphanumeric character",
             ],
+            vec![],
+        ),
+        case(
+            "as many source ranges as allowed",
+            |s| s.spec.service = load_balancer_with_ranges(MAX_SOURCE_RANGES),
+            vec![],
+            vec![],
+        ),
+        case(
+            "one source range too many (past the CRD's bound)",
+            |s| s.spec.service = load_balancer_with_ranges(MAX_SOURCE_RANGES + 1),
+            strings!["spec.service.loadBalancerSourceRanges: must have at most 64 CIDRs, got 65"],
             vec![],
         ),
         case(
