@@ -3,8 +3,31 @@
 use std::collections::BTreeMap;
 
 use balancer::api::v1beta1::{FrontService, ProxySpec};
+use balancer::api::{MAX_SPREAD_CONSTRAINTS, MAX_TOLERATIONS};
 
 use super::table::{Subject, case, labels, run, strings};
+
+/// A `spec.proxy` with `tolerations` distinct tolerations and `spread` distinct topology spread
+/// constraints.
+fn scheduling(s: &mut Subject, tolerations: usize, spread: usize) {
+    use k8s_openapi::api::core::v1::{Toleration, TopologySpreadConstraint};
+    let toleration = |i| Toleration {
+        key: Some(format!("example.com/taint-{i}")),
+        operator: Some("Exists".into()),
+        ..Toleration::default()
+    };
+    let constraint = |i| TopologySpreadConstraint {
+        max_skew: 1,
+        topology_key: format!("example.com/zone-{i}"),
+        when_unsatisfiable: "ScheduleAnyway".into(),
+        ..TopologySpreadConstraint::default()
+    };
+    s.spec.proxy = Some(ProxySpec {
+        tolerations: Some((0..tolerations).map(toleration).collect()),
+        topology_spread_constraints: Some((0..spread).map(constraint).collect()),
+        ..ProxySpec::default()
+    });
+}
 
 #[test]
 fn proxy_rules() {
@@ -57,6 +80,32 @@ fn proxy_rules() {
             strings![
                 "spec.proxy.image: must start with one of the prefixes the operator allows (--allowed-proxy-images): \
                  \"registry.example.com/nginx/\"; got \"evil.example.com/nginx/stream:1.27\""
+            ],
+            vec![],
+        ),
+        case(
+            "an image with a space under an allowed prefix",
+            |s| {
+                s.allowed_images = vec!["registry.example.com/nginx/".into()];
+                image(s, "registry.example.com/nginx/stream 1.27");
+            },
+            strings![
+                "spec.proxy.image: must be an image reference without spaces, got \"registry.example.com/nginx/stream 1.27\""
+            ],
+            vec![],
+        ),
+        case(
+            "as many tolerations and spread constraints as allowed",
+            |s| scheduling(s, MAX_TOLERATIONS, MAX_SPREAD_CONSTRAINTS),
+            vec![],
+            vec![],
+        ),
+        case(
+            "one toleration and one spread constraint too many (past the CRD's bounds)",
+            |s| scheduling(s, MAX_TOLERATIONS + 1, MAX_SPREAD_CONSTRAINTS + 1),
+            strings![
+                "spec.proxy.tolerations: must have at most 32 tolerations, got 33",
+                "spec.proxy.topologySpreadConstraints: must have at most 8 constraints, got 9",
             ],
             vec![],
         ),
