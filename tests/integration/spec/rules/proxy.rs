@@ -110,6 +110,27 @@ fn proxy_rules() {
             vec![],
         ),
         case(
+            "quantities: a decimal number, an optional sign, an SI, binary or exponent suffix, 64 bytes at most",
+            |s| {
+                let valid = ["1", "+1", "-1", "1.5", ".5", "5.", "100m", "64Mi", "1G", "12Ei", "1e3", "1E-3", "1e+3"];
+                let valid = valid.into_iter().map(String::from).chain([format!("{}m", "1".repeat(63))]);
+                let requests = valid.enumerate().map(|(i, q)| (format!("q{i:02}"), Quantity(q))).collect();
+                let invalid = ["", ".", "1.2.3", "+-1", "1e", "1e+", "1ex", "1Q"].map(String::from);
+                let invalid = invalid.into_iter().chain([format!("{}m", "1".repeat(64))]);
+                let limits = invalid.enumerate().map(|(i, q)| (format!("q{i:02}"), Quantity(q))).collect();
+                let resources = ResourceRequirements { requests: Some(requests), limits: Some(limits), ..Default::default() };
+                s.spec.proxy = Some(ProxySpec { resources: Some(resources), ..ProxySpec::default() });
+            },
+            ["", ".", "1.2.3", "+-1", "1e", "1e+", "1ex", "1Q", &format!("{}m", "1".repeat(64))]
+                .iter()
+                .enumerate()
+                .map(|(i, q)| {
+                    format!("spec.proxy.resources.limits[q{i:02}]: must be a quantity such as 100m, 1, 64Mi or 1G, got {q:?}")
+                })
+                .collect(),
+            vec![],
+        ),
+        case(
             "bad values",
             |s| {
                 let limits = BTreeMap::from([("memory".to_string(), Quantity("lots".into()))]);
