@@ -6,7 +6,7 @@ use std::net::Ipv4Addr;
 use balancer::proxy::nginx;
 
 use crate::backends::{addresses, admitted, sample_spec, tally, tcp_ask_from, tcp_backends};
-use crate::process::{listen_port, nginx_binary, start_nginx};
+use crate::process::{nginx_binary, start_nginx};
 
 #[tokio::test]
 async fn client_ip_affinity_keeps_each_client_on_one_backend_and_splits_clients_by_weight() {
@@ -18,10 +18,8 @@ async fn client_ip_affinity_keeps_each_client_on_one_backend_and_splits_clients_
         spec.session_affinity = Some("ClientIP".into());
         spec
     };
-    let (_nginx, listen) = start_nginx(&bin, listen_port, |p| {
-        nginx::render("example-balancer", &admitted(affine(p)), &[], None, &address)
-    })
-    .await;
+    let (_nginx, listen) =
+        start_nginx(&bin, |p| nginx::render("example-balancer", &admitted(affine(p)), &[], None, &address)).await;
 
     // 240 clients (127.0.1.1 ... 127.0.2.120), 3 connections each.
     const CLIENTS: u16 = 240;

@@ -18,8 +18,9 @@ use crate::backends::{
     Backend, addresses, admitted, loopback_addresses, sample_spec, serving_backend, tally, tcp_ask, tcp_ask_from,
     tcp_backend,
 };
-use crate::process::{Nginx, NginxBinary, listen_port, nginx_binary, nginx_check, start_nginx};
+use crate::process::{Nginx, NginxBinary, nginx_binary, nginx_check, start_nginx};
 use crate::support::fixtures::{backend, port};
+use crate::support::ports::listen_port;
 use crate::{BACKEND_IPS, STEP};
 
 /// Answers each connection with its name and a newline, then holds it until the client closes.
@@ -60,7 +61,7 @@ async fn least_connections_sends_new_connections_to_the_less_loaded_backend() {
         spec.algorithm = Some("LeastConnections".into());
         admitted(spec)
     };
-    let (_nginx, listen) = start_nginx(&bin, listen_port, |p| nginx::render("lb", &spec(p), &[], None, &address)).await;
+    let (_nginx, listen) = start_nginx(&bin, |p| nginx::render("lb", &spec(p), &[], None, &address)).await;
     let (Some(busy), _long) = held(listen).await else { panic!("the long connection was not served") };
     let mut short = Vec::new();
     for _ in 0..10 {
@@ -92,7 +93,7 @@ async fn a_backup_takes_connections_only_when_the_others_refuse() {
         spec.backends[1].backup = Some(true);
         admitted(spec)
     };
-    let (_nginx, listen) = start_nginx(&bin, listen_port, |p| nginx::render("lb", &spec(p), &[], None, &address)).await;
+    let (_nginx, listen) = start_nginx(&bin, |p| nginx::render("lb", &spec(p), &[], None, &address)).await;
     let mut before = Vec::new();
     for _ in 0..20 {
         before.push(tcp_ask(listen).await);
@@ -120,7 +121,7 @@ async fn max_connections_refuses_past_its_limit_across_workers() {
         spec.backends[0].max_connections = Some(2);
         admitted(spec)
     };
-    let (nginx, listen) = start_nginx(&bin, listen_port, |p| nginx::render("lb", &spec(p), &[], None, &address)).await;
+    let (nginx, listen) = start_nginx(&bin, |p| nginx::render("lb", &spec(p), &[], None, &address)).await;
     let mut streams = Vec::new();
     let mut answers = Vec::new();
     for _ in 0..6 {
@@ -167,13 +168,11 @@ async fn the_proxy_protocol_carries_the_clients_address_to_the_backend() {
         spec.ports[0].accept_proxy_protocol = Some(accept);
         admitted(spec)
     };
-    let (_nginx, listen) =
-        start_nginx(&bin, listen_port, |p| nginx::render("lb", &spec(p, false), &[], None, &address)).await;
+    let (_nginx, listen) = start_nginx(&bin, |p| nginx::render("lb", &spec(p, false), &[], None, &address)).await;
     let client = Ipv4Addr::new(127, 0, 0, 9);
     assert_eq!(tcp_ask_from(client, listen).await, "127.0.0.9\n");
 
-    let (_outer, listen) =
-        start_nginx(&bin, listen_port, |p| nginx::render("lb", &spec(p, true), &[], None, &address)).await;
+    let (_outer, listen) = start_nginx(&bin, |p| nginx::render("lb", &spec(p, true), &[], None, &address)).await;
     let answer = timeout(STEP, async {
         let mut stream = TcpStream::connect(("127.0.0.1", listen)).await.expect("connect");
         stream.write_all(b"PROXY TCP4 203.0.113.7 127.0.0.1 40000 80\r\n").await.expect("header");

@@ -10,8 +10,9 @@ use balancer::proxy::model::Destination;
 use balancer::proxy::nginx;
 
 use crate::backends::{admitted, sample_spec, tally};
-use crate::process::{Nginx, listen_port, nginx_binary};
+use crate::process::{Nginx, nginx_binary};
 use crate::support::fixtures::backend;
+use crate::support::ports::listen_port;
 
 /// A network namespace of the test's own, with its loopback up (127.0.0.0/8 and ::1); deleted
 /// on drop, also when the test fails.

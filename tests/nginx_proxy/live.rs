@@ -20,8 +20,9 @@ use tokio::time::timeout;
 use tokio_util::sync::CancellationToken;
 
 use crate::backends::{Backend, addresses, admitted, sample_spec, serving_backend};
-use crate::process::{NginxBinary, listen_port, nginx_binary, signal};
+use crate::process::{NginxBinary, nginx_binary, signal};
 use crate::support::fixtures::{backend, port};
+use crate::support::ports::listen_port;
 use crate::{BACKEND_IPS, NGINX_DEADLINE, STEP};
 
 /// Answers every line a client sends with its name and a newline, for as long as the client

@@ -16,7 +16,8 @@ use tokio::time::timeout;
 use tokio_util::sync::CancellationToken;
 
 use crate::backends::{REQUESTS, addresses, admitted, sample_spec, tally, tcp_ask, tcp_backends};
-use crate::process::{listen_port, nginx_binary, start_nginx};
+use crate::process::{nginx_binary, start_nginx};
+use crate::support::ports::listen_port;
 use crate::{NGINX_DEADLINE, STEP};
 
 /// `GET /metrics` from the sidecar, in plain HTTP.
@@ -42,7 +43,7 @@ async fn the_metrics_sidecar_counts_the_sessions_nginx_logs_per_backend() {
     let log_file = dir.path().join("access.log");
     let log = log_file.to_str().expect("a UTF-8 path");
     let render = |p| nginx::render("example-balancer", &admitted(sample_spec(p)), &[], Some(log), &address);
-    let (_nginx, listen) = start_nginx(&bin, listen_port, render).await;
+    let (_nginx, listen) = start_nginx(&bin, render).await;
     let config = dir.path().join("nginx.conf");
     fs::write(&config, render(listen)).expect("nginx.conf");
     let model = ProxyConfig::of(
@@ -145,7 +146,7 @@ async fn the_metrics_sidecar_counts_connect_failures_against_the_refusing_backen
     let log_file = dir.path().join("access.log");
     let log = log_file.to_str().expect("a UTF-8 path");
     let render = |p| nginx::render("lb", &spec(p), &[], Some(log), &address);
-    let (_nginx, listen) = start_nginx(&bin, listen_port, render).await;
+    let (_nginx, listen) = start_nginx(&bin, render).await;
     fs::write(dir.path().join("nginx.conf"), render(listen)).expect("nginx.conf");
     let model = ProxyConfig::of("lb", &spec(listen), &[], Some(log), &ServiceUpstreams(&address));
     fs::write(dir.path().join(MODEL_FILE), model.to_json()).expect("its model");

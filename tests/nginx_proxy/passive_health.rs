@@ -8,7 +8,7 @@ use tokio::net::TcpListener;
 
 use crate::BACKEND_IPS;
 use crate::backends::{admitted, sample_spec, tcp_ask, tcp_backend};
-use crate::process::{NginxBinary, listen_port, nginx_binary, start_nginx};
+use crate::process::{NginxBinary, nginx_binary, start_nginx};
 use crate::support::fixtures::backend;
 
 /// 100 connections to a Balancer whose heavier backend refuses every connection: each one is
@@ -30,8 +30,7 @@ async fn refused_attempts(bin: &NginxBinary, max_fails: i32) -> (usize, usize) {
         spec
     };
     let (nginx, listen) =
-        start_nginx(bin, listen_port, |p| nginx::render("example-balancer", &admitted(spec(p)), &[], None, &address))
-            .await;
+        start_nginx(bin, |p| nginx::render("example-balancer", &admitted(spec(p)), &[], None, &address)).await;
     for _ in 0..100 {
         assert_eq!(tcp_ask(listen).await, "live", "every connection is answered by the live backend");
     }

@@ -10,7 +10,7 @@ use balancer::proxy::nginx;
 use balancer::spec::{Admitted, AdmittedPort};
 
 use crate::backends::{Backend, admitted, sample_spec, tally, tcp_ask, tcp_backend};
-use crate::process::{listen_port, nginx_binary, start_nginx};
+use crate::process::{nginx_binary, start_nginx};
 
 /// `counts[i]` pods per backend of the sample (each answers with its backend's name), on their
 /// own loopback addresses; and a server of the sample's spec whose backends are those pods.
@@ -51,8 +51,7 @@ fn pod_upstream_conf(spec: &Admitted, pods: &[Vec<Backend>], dead: &[SocketAddr]
 async fn pod_upstreams_keep_the_split_across_unequal_pod_counts() {
     let Some(bin) = nginx_binary() else { return };
     let pods = pod_backends(&[1, 3, 2]).await;
-    let (nginx, listen) =
-        start_nginx(&bin, listen_port, |p| pod_upstream_conf(&admitted(sample_spec(p)), &pods, &[])).await;
+    let (nginx, listen) = start_nginx(&bin, |p| pod_upstream_conf(&admitted(sample_spec(p)), &pods, &[])).await;
     let connections = 10_000;
     let mut replies = Vec::with_capacity(connections);
     for _ in 0..connections {
@@ -79,8 +78,7 @@ async fn a_dead_pod_costs_a_retry_not_a_failure() {
     let pods = pod_backends(&[2, 1, 1]).await;
     // A port nothing listens on: bound, then closed.
     let dead = std::net::TcpListener::bind("127.0.1.9:0").expect("bind").local_addr().expect("addr");
-    let (_nginx, listen) =
-        start_nginx(&bin, listen_port, |p| pod_upstream_conf(&admitted(sample_spec(p)), &pods, &[dead])).await;
+    let (_nginx, listen) = start_nginx(&bin, |p| pod_upstream_conf(&admitted(sample_spec(p)), &pods, &[dead])).await;
     let connections = 1_000;
     let mut replies = Vec::with_capacity(connections);
     for _ in 0..connections {

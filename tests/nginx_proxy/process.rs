@@ -10,6 +10,7 @@ use balancer::proxy::nginx;
 use tempfile::TempDir;
 
 use crate::NGINX_DEADLINE;
+use crate::support::ports::listen_port;
 
 /// An nginx binary that can run the rendered config.
 pub(crate) struct NginxBinary {
@@ -207,14 +208,10 @@ pub(crate) fn signal(name: &str, target: &str) {
 
 /// Renders `spec` (with `port` as its first listen port) and starts nginx on it,
 /// retrying with a fresh port if another process took the one picked.
-pub(crate) async fn start_nginx(
-    bin: &NginxBinary,
-    free_port: impl Fn() -> u16,
-    render: impl Fn(u16) -> String,
-) -> (Nginx, u16) {
+pub(crate) async fn start_nginx(bin: &NginxBinary, render: impl Fn(u16) -> String) -> (Nginx, u16) {
     let mut failures = Vec::new();
     for _ in 0..3 {
-        let port = free_port();
+        let port = listen_port();
         match Nginx::start(bin, &render(port)).await {
             Ok(nginx) => return (nginx, port),
             Err(log) if log.contains("Address already in use") => failures.push(log),
@@ -223,5 +220,3 @@ pub(crate) async fn start_nginx(
     }
     panic!("no free port after 3 tries:\n{}", failures.join("\n"));
 }
-
-pub(crate) use crate::support::ports::listen_port;

@@ -6,7 +6,7 @@ use std::sync::atomic::Ordering;
 use balancer::proxy::nginx;
 
 use crate::backends::{REQUESTS, addresses, admitted, sample_spec, served, tally, tcp_ask, tcp_backends, weights};
-use crate::process::{listen_port, nginx_binary, start_nginx};
+use crate::process::{nginx_binary, start_nginx};
 use crate::wrr::assert_split;
 
 #[tokio::test]
@@ -14,10 +14,8 @@ async fn tcp_sample_splits_500_connections_40_20_40() {
     let Some(bin) = nginx_binary() else { return };
     let backends = tcp_backends(&["v1", "v2", "v3"]).await;
     let address = addresses(&backends);
-    let (nginx, listen) = start_nginx(&bin, listen_port, |p| {
-        nginx::render("example-balancer", &admitted(sample_spec(p)), &[], None, &address)
-    })
-    .await;
+    let (nginx, listen) =
+        start_nginx(&bin, |p| nginx::render("example-balancer", &admitted(sample_spec(p)), &[], None, &address)).await;
 
     let mut replies = Vec::with_capacity(REQUESTS);
     for _ in 0..REQUESTS {
@@ -42,7 +40,7 @@ async fn tcp_weight_zero_backend_is_down_and_gets_nothing() {
         spec.backends[2].weight = Some(10);
         admitted(spec)
     };
-    let (nginx, listen) = start_nginx(&bin, listen_port, |p| {
+    let (nginx, listen) = start_nginx(&bin, |p| {
         let rendered = nginx::render("example-balancer", &spec(p), &[], None, &address);
         assert!(rendered.contains(&format!("server {} down;", backends[1].addr)), "{rendered}");
         rendered

@@ -13,7 +13,7 @@ use crate::BACKEND_IPS;
 use crate::backends::{
     addresses, admitted, served, tally, tcp_ask, tcp_backend, udp_ask, udp_backend, udp_backends, weights,
 };
-use crate::process::{listen_port, nginx_binary, start_nginx};
+use crate::process::{nginx_binary, start_nginx};
 use crate::support::fixtures::{backend, port};
 use crate::wrr::assert_split;
 
@@ -38,7 +38,7 @@ async fn udp_datagrams_are_answered_by_the_backends_by_weight() {
             backends: vec![backend("v1", 50), backend("v2", 30), backend("v3", 20)],
         })
     };
-    let (nginx, listen) = start_nginx(&bin, listen_port, |p| {
+    let (nginx, listen) = start_nginx(&bin, |p| {
         let rendered = nginx::render("dns", &spec(p), &[], None, &address);
         assert!(rendered.contains(&format!("listen {p} udp;")), "{rendered}");
         rendered
@@ -86,8 +86,7 @@ async fn tcp_and_udp_on_the_same_port_number_reach_their_own_servers() {
             backends: vec![backend("v1", 1), backend("v2", 1)],
         })
     };
-    let (nginx, listen) =
-        start_nginx(&bin, listen_port, |p| nginx::render("dual", &spec(p), &[], None, &address)).await;
+    let (nginx, listen) = start_nginx(&bin, |p| nginx::render("dual", &spec(p), &[], None, &address)).await;
 
     let mut tcp_replies = Vec::new();
     let mut udp_replies = Vec::new();
@@ -130,7 +129,7 @@ async fn udp_sessions_end_once_answered() {
             backends: vec![backend("v1", 1)],
         })
     };
-    let (nginx, listen) = start_nginx(&bin, listen_port, |p| nginx::render("dns", &spec(p), &[], None, &address)).await;
+    let (nginx, listen) = start_nginx(&bin, |p| nginx::render("dns", &spec(p), &[], None, &address)).await;
     udp_ask(listen).await;
     tokio::time::sleep(Duration::from_millis(100)).await;
     let workers = nginx.workers();
