@@ -29,6 +29,13 @@ fn scheduling(s: &mut Subject, tolerations: usize, spread: usize) {
     });
 }
 
+/// Texts that are not quantities, one for each part of the form: no digit, two dots, two signs,
+/// an exponent without digits or with others, an unknown suffix, and 65 bytes.
+fn not_quantities() -> Vec<String> {
+    let short = ["", ".", "1.2.3", "+-1", "1e", "1e+", "1ex", "1Q"].map(String::from);
+    short.into_iter().chain([format!("{}m", "1".repeat(64))]).collect()
+}
+
 #[test]
 fn proxy_rules() {
     use k8s_openapi::api::core::v1::ResourceRequirements;
@@ -115,13 +122,12 @@ fn proxy_rules() {
                 let valid = ["1", "+1", "-1", "1.5", ".5", "5.", "100m", "64Mi", "1G", "12Ei", "1e3", "1E-3", "1e+3"];
                 let valid = valid.into_iter().map(String::from).chain([format!("{}m", "1".repeat(63))]);
                 let requests = valid.enumerate().map(|(i, q)| (format!("q{i:02}"), Quantity(q))).collect();
-                let invalid = ["", ".", "1.2.3", "+-1", "1e", "1e+", "1ex", "1Q"].map(String::from);
-                let invalid = invalid.into_iter().chain([format!("{}m", "1".repeat(64))]);
-                let limits = invalid.enumerate().map(|(i, q)| (format!("q{i:02}"), Quantity(q))).collect();
+                let invalid = not_quantities().into_iter().enumerate();
+                let limits = invalid.map(|(i, q)| (format!("q{i:02}"), Quantity(q))).collect();
                 let resources = ResourceRequirements { requests: Some(requests), limits: Some(limits), ..Default::default() };
                 s.spec.proxy = Some(ProxySpec { resources: Some(resources), ..ProxySpec::default() });
             },
-            ["", ".", "1.2.3", "+-1", "1e", "1e+", "1ex", "1Q", &format!("{}m", "1".repeat(64))]
+            not_quantities()
                 .iter()
                 .enumerate()
                 .map(|(i, q)| {
