@@ -38,6 +38,12 @@ pub fn is_dns1123_subdomain(s: &str) -> bool {
     !s.is_empty() && s.len() <= MAX_SUBDOMAIN_LEN && s.split('.').all(is_dns1123_label)
 }
 
+/// Gateway API's `Hostname`: a DNS-1123 subdomain, or one whose first label is `*` (a wildcard
+/// for one or more labels), at most 253 characters. What a TLS listener routes by.
+pub fn is_hostname(s: &str) -> bool {
+    s.len() <= MAX_SUBDOMAIN_LEN && is_dns1123_subdomain(s.strip_prefix("*.").unwrap_or(s))
+}
+
 /// An IANA service name as Kubernetes accepts it for a named port.
 pub fn is_iana_svc_name(s: &str) -> bool {
     let b = s.as_bytes();

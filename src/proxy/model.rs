@@ -15,6 +15,7 @@ use std::net::SocketAddr;
 
 use serde::{Deserialize, Serialize};
 
+use crate::api::formats::is_hostname;
 use crate::api::{Algorithm, BackendSpec, BalancerPort, Protocol, SessionAffinity};
 use crate::spec::{Admitted, AdmittedPort};
 
@@ -70,17 +71,58 @@ pub struct Listener {
     pub idle_timeout: Option<String>,
     /// How a server is picked.
     pub method: Method,
-    /// Never empty: a backend without an address to send to keeps one server, marked down.
+    /// A backend without an address to send to keeps one server, marked down. Empty only beside
+    /// `sni_routes`, when connections that match none of them are refused.
     pub servers: Vec<Server>,
+    /// TLS passthrough (TCP only): connections whose TLS ClientHello names a host of a route go
+    /// to that route's servers, unread; `servers` take the others. None on a Balancer's port.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub sni_routes: Vec<SniRoute>,
 }
 
 impl Listener {
     /// The upstream's name, from its port and protocol (`port_80_tcp`): the `(port, protocol)`
-    /// pairs of a spec are unique, so the names are too. nginx logs it in place of a server when
-    /// it had none to try.
+    /// pairs of a model are unique, so the names are too. nginx logs it in place of a server
+    /// when it had none to try.
     pub fn upstream_name(&self) -> String {
         format!("port_{}_{}", self.port, self.protocol.as_str().to_ascii_lowercase())
     }
+
+    /// The upstream of SNI route `index` (`port_443_tcp_sni_0`).
+    pub fn route_upstream_name(&self, index: usize) -> String {
+        format!("{}_sni_{index}", self.upstream_name())
+    }
+
+    /// Every upstream of the listener: its own, then one per SNI route.
+    pub fn upstream_names(&self) -> impl Iterator<Item = String> + '_ {
+        let routes = (0..self.sni_routes.len()).map(|i| self.route_upstream_name(i));
+        std::iter::once(self.upstream_name()).chain(routes)
+    }
+
+    /// Whether connections are routed by their TLS server name.
+    pub fn routes_by_sni(&self) -> bool {
+        self.protocol == Protocol::Tcp && !self.sni_routes.is_empty()
+    }
+
+    /// Every server of the listener, its own and its routes'.
+    pub fn all_servers(&self) -> impl Iterator<Item = &Server> {
+        self.servers.iter().chain(self.sni_routes.iter().flat_map(|r| r.servers.iter()))
+    }
+}
+
+/// The connections of a TLS listener whose ClientHello names one of `hostnames` (SNI), sent to
+/// `servers` unread: TLS passthrough, as a TLSRoute asks. nginx matches an exact name first,
+/// then the longest wildcard, as Gateway API's hostname precedence does.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct SniRoute {
+    /// Exact names (`db.example.com`) or wildcards of one or more labels (`*.example.com`), each
+    /// a Gateway API hostname ([`is_hostname`]); the renderer writes no other.
+    pub hostnames: Vec<String>,
+    /// How a server is picked.
+    pub method: Method,
+    /// As a listener's: a backend without an address keeps one server, marked down.
+    pub servers: Vec<Server>,
 }
 
 /// How nginx picks a server for a new connection.
@@ -227,31 +269,16 @@ impl ProxyConfig {
         (text.len() <= MAX_CONFIG_BYTES).then(|| serde_json::from_str(text).ok()).flatten()
     }
 
-    /// Every server, with its listener.
+    /// Every server, its routes' included, with its listener.
     pub fn servers(&self) -> impl Iterator<Item = (&Listener, &Server)> {
-        self.listeners.iter().flat_map(|l| l.servers.iter().map(move |s| (l, s)))
+        self.listeners.iter().flat_map(|l| l.all_servers().map(move |s| (l, s)))
     }
 }
 
 fn listener(spec: &Admitted, port: AdmittedPort<'_>, targets: &impl UpstreamTargets) -> Listener {
     let method = method(spec);
-    let resolved: Vec<(&BackendSpec, Targets)> = spec.backends.iter().map(|b| (b, targets.targets(b, port))).collect();
-    let mut servers = Vec::new();
-    // Primaries and backups share their weights apart: backups serve only when no primary can.
-    for backup in [false, true] {
-        let group: Vec<&(&BackendSpec, Targets)> = resolved.iter().filter(|(b, _)| b.is_backup() == backup).collect();
-        let budget = |pods: u64| match method {
-            Method::ClientAddressHash => hash_weight_budget(pods),
-            _ => WEIGHT_UNITS_PER_POD * pods,
-        };
-        let shares: Vec<(u32, usize)> = group.iter().map(|(b, t)| (weight_of(b), pod_count(t))).collect();
-        let pods_in_group: usize = shares.iter().map(|&(_, n)| n).sum();
-        let per_pod = pod_weights(&shares, budget(pods_in_group as u64));
-        for ((backend, targets), weight) in group.into_iter().zip(per_pod) {
-            servers.extend(servers_of(backend, targets, weight));
-        }
-    }
-    // The spec's backend order, within each group; servers of one backend stay together.
+    let backends: Vec<WeightedBackend> =
+        spec.backends.iter().map(|b| WeightedBackend::of(b, targets.targets(b, port))).collect();
     Listener {
         port: port.number(),
         protocol: port.protocol,
@@ -260,7 +287,73 @@ fn listener(spec: &Admitted, port: AdmittedPort<'_>, targets: &impl UpstreamTarg
         connect_timeout: port.connect_timeout.clone(),
         idle_timeout: port.idle_timeout.clone(),
         method,
-        servers,
+        servers: upstream_servers(method, &backends),
+        sni_routes: Vec::new(),
+    }
+}
+
+/// One backend's part of an upstream, whichever resource named it: a Balancer's backend, or a
+/// route's backend reference.
+#[derive(Debug, Clone, PartialEq)]
+pub struct WeightedBackend {
+    /// The name its servers carry, which the metrics label sessions with.
+    pub name: String,
+    /// Its share of new connections beside the others of its group (primaries, or backups).
+    pub weight: u32,
+    /// Takes connections only when no primary can.
+    pub backup: bool,
+    /// nginx's `max_fails` for each of its servers.
+    pub max_fails: Option<i32>,
+    /// nginx's `fail_timeout` for each of its servers.
+    pub fail_timeout: Option<String>,
+    /// At most this many connections at once, shared across its pods.
+    pub max_connections: Option<i32>,
+    /// Where it is.
+    pub targets: Targets,
+}
+
+impl WeightedBackend {
+    /// A Balancer's backend, at `targets`.
+    pub fn of(backend: &BackendSpec, targets: Targets) -> WeightedBackend {
+        WeightedBackend {
+            name: backend.name.clone(),
+            weight: u32::try_from(backend.effective_weight()).unwrap_or_default(),
+            backup: backend.is_backup(),
+            max_fails: backend.max_fails,
+            fail_timeout: backend.fail_timeout.clone(),
+            max_connections: backend.max_connections,
+            targets,
+        }
+    }
+}
+
+/// The servers of one upstream of `backends`, in their order within each group. Primaries and
+/// backups share their weights apart (backups serve only when no primary can), and a backend's
+/// servers stay together.
+pub fn upstream_servers(method: Method, backends: &[WeightedBackend]) -> Vec<Server> {
+    let mut servers = Vec::new();
+    for backup in [false, true] {
+        let group: Vec<&WeightedBackend> = backends.iter().filter(|b| b.backup == backup).collect();
+        let budget = |pods: u64| match method {
+            Method::ClientAddressHash => hash_weight_budget(pods),
+            _ => WEIGHT_UNITS_PER_POD * pods,
+        };
+        let shares: Vec<(u32, usize)> = group.iter().map(|b| (b.weight, pod_count(&b.targets))).collect();
+        let pods_in_group: usize = shares.iter().map(|&(_, n)| n).sum();
+        let per_pod = pod_weights(&shares, budget(pods_in_group as u64));
+        for (backend, weight) in group.into_iter().zip(per_pod) {
+            servers.extend(servers_of(backend, weight));
+        }
+    }
+    servers
+}
+
+impl SniRoute {
+    /// A route for `hostnames` to `backends`; `None` when a hostname is not one nginx may be
+    /// given ([`is_hostname`]) or there is none.
+    pub fn new(hostnames: Vec<String>, method: Method, backends: &[WeightedBackend]) -> Option<SniRoute> {
+        let valid = !hostnames.is_empty() && hostnames.iter().all(|h| is_hostname(h));
+        valid.then(|| SniRoute { hostnames, method, servers: upstream_servers(method, backends) })
     }
 }
 
@@ -277,10 +370,6 @@ fn method(spec: &Admitted) -> Method {
     }
 }
 
-fn weight_of(backend: &BackendSpec) -> u32 {
-    u32::try_from(backend.effective_weight()).unwrap_or_default()
-}
-
 /// The pods a backend's weight is shared across (0 for a Service).
 fn pod_count(targets: &Targets) -> usize {
     match targets {
@@ -289,9 +378,9 @@ fn pod_count(targets: &Targets) -> usize {
     }
 }
 
-/// A backend's servers: its Service with the spec's weight, or each ready pod with `pod_weight`
-/// and the backend's connection limit shared out; the Service, down, when it sends nothing.
-fn servers_of(backend: &BackendSpec, targets: &Targets, pod_weight: u32) -> Vec<Server> {
+/// A backend's servers: its Service with its weight, or each ready pod with `pod_weight` and the
+/// backend's connection limit shared out; the Service, down, when it sends nothing.
+fn servers_of(backend: &WeightedBackend, pod_weight: u32) -> Vec<Server> {
     let server = |address: &dyn fmt::Display, weight: u32, max_conns: Option<i32>| Server {
         address: address.to_string(),
         backend: backend.name.clone(),
@@ -299,10 +388,10 @@ fn servers_of(backend: &BackendSpec, targets: &Targets, pod_weight: u32) -> Vec<
         max_fails: backend.max_fails,
         fail_timeout: backend.fail_timeout.clone(),
         max_conns,
-        backup: backend.is_backup(),
+        backup: backend.backup,
     };
-    match targets {
-        Targets::Service(address) => vec![server(address, weight_of(backend), backend.max_connections)],
+    match &backend.targets {
+        Targets::Service(address) => vec![server(address, backend.weight, backend.max_connections)],
         Targets::Pods { service, pods } if pods.is_empty() || pod_weight == 0 => {
             vec![server(service, 0, backend.max_connections)]
         }

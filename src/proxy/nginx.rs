@@ -11,6 +11,7 @@ use std::fmt::Write as _;
 
 use super::access_log;
 use super::model::{Listener, Method, ProxyConfig, Server, ServiceUpstreams, UpstreamAddress};
+use crate::api::formats::is_hostname;
 use crate::api::{Protocol, backend_service_name};
 use crate::spec::Admitted;
 use crate::util::hash::sha256_hex;
@@ -85,7 +86,15 @@ pub fn write(config: &ProxyConfig) -> String {
         conf.push('\n');
     }
     for listener in &config.listeners {
-        write_upstream(&mut conf, &config.balancer, listener);
+        let service = |backend: &str| backend_service_name(&config.balancer, backend);
+        write_upstream(&mut conf, &listener.upstream_name(), listener.method, &listener.servers, &service);
+        if listener.routes_by_sni() {
+            for (index, route) in listener.sni_routes.iter().enumerate() {
+                let name = listener.route_upstream_name(index);
+                write_upstream(&mut conf, &name, route.method, &route.servers, &str::to_string);
+            }
+            write_sni_map(&mut conf, listener);
+        }
         write_server(&mut conf, listener);
     }
     // Drop the blank line after the last server block.
@@ -106,17 +115,28 @@ pub fn upstream_zone(servers: usize) -> String {
     format!("{}k", MIN_KIB.max(servers.saturating_add(256)))
 }
 
-/// One port's `upstream`: the balancing method, then each server with its weight, passive
-/// health, limit and role, and its backend Service in a comment.
-fn write_upstream(conf: &mut String, balancer: &str, listener: &Listener) {
-    let name = listener.upstream_name();
+/// One `upstream`: the balancing method, then each server with its weight, passive health,
+/// limit and role, and in a comment what `describe` says of its backend (a Balancer's backend
+/// Service; a route's backends are named for what they are). Without servers (a TLS listener whose
+/// every connection is routed by name), one that is down: nginx refuses the connections that
+/// reach it, as having no live upstream.
+fn write_upstream(
+    conf: &mut String,
+    name: &str,
+    method: Method,
+    servers: &[Server],
+    describe: &dyn Fn(&str) -> String,
+) {
     let _ = writeln!(conf, "    upstream {name} {{");
-    let _ = writeln!(conf, "        zone {name} {};", upstream_zone(listener.servers.len()));
-    if let Some(method) = balancing_method(listener.method) {
+    let _ = writeln!(conf, "        zone {name} {};", upstream_zone(servers.len()));
+    if let Some(method) = balancing_method(method) {
         let _ = writeln!(conf, "        {method};");
     }
-    for server in &listener.servers {
-        let service = backend_service_name(balancer, &server.backend);
+    if servers.is_empty() {
+        let _ = writeln!(conf, "        server {NO_SERVER} down;  # no route for the name the client sent");
+    }
+    for server in servers {
+        let service = describe(&server.backend);
         let Server { address, weight, backup, .. } = server;
         let role = if *backup { " backup" } else { "" };
         let _ = match weight {
@@ -128,6 +148,33 @@ fn write_upstream(conf: &mut String, balancer: &str, listener: &Listener) {
         };
     }
     conf.push_str("    }\n\n");
+}
+
+/// The address of an upstream that must refuse every connection: nginx needs a server in each
+/// upstream, and one marked `down` is never connected to.
+const NO_SERVER: &str = "127.0.0.1:1";
+
+/// The variable a listener routed by SNI proxies to, set by [`write_sni_map`].
+fn sni_variable(listener: &Listener) -> String {
+    format!("${}_sni", listener.upstream_name())
+}
+
+/// A TLS listener's `map` from the ClientHello's server name (`ssl_preread`) to a route's
+/// upstream: `hostnames` matches exact names first, then the longest wildcard, and the
+/// listener's own upstream takes the rest. A name goes to the first route that lists it (nginx
+/// refuses a map with a name twice), and only Gateway API hostnames are written.
+fn write_sni_map(conf: &mut String, listener: &Listener) {
+    let _ = writeln!(conf, "    map $ssl_preread_server_name {} {{\n        hostnames;", sni_variable(listener));
+    let mut written = std::collections::HashSet::new();
+    for (index, route) in listener.sni_routes.iter().enumerate() {
+        let upstream = listener.route_upstream_name(index);
+        for hostname in route.hostnames.iter().filter(|h| is_hostname(h)) {
+            if written.insert(hostname.as_str()) {
+                let _ = writeln!(conf, "        {hostname} {upstream};");
+            }
+        }
+    }
+    let _ = writeln!(conf, "        default {};\n    }}\n", listener.upstream_name());
 }
 
 /// The upstream's balancing directive; `None` for nginx's default, weighted round robin.
@@ -174,7 +221,14 @@ fn write_server(conf: &mut String, listener: &Listener) {
     if let Some(timeout) = &listener.idle_timeout {
         let _ = writeln!(conf, "        proxy_timeout {timeout};");
     }
-    let _ = writeln!(conf, "        proxy_pass {};\n    }}\n", listener.upstream_name());
+    let upstream = if listener.routes_by_sni() {
+        // nginx reads the ClientHello before it picks the upstream, and forwards it unchanged.
+        conf.push_str("        ssl_preread on;\n");
+        sni_variable(listener)
+    } else {
+        listener.upstream_name()
+    };
+    let _ = writeln!(conf, "        proxy_pass {upstream};\n    }}\n");
 }
 
 /// How an IPv6 `listen` begins; the entrypoint leaves these lines out on a node without IPv6.

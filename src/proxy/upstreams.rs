@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 
-use super::model::ProxyConfig;
+use super::model::{Listener, ProxyConfig};
 use crate::api::Protocol;
 
 /// The backend behind each server address of one proxy configuration.
@@ -55,7 +55,7 @@ impl Upstreams {
             backends,
             listens: config.listeners.iter().map(|l| (l.port, l.protocol)).collect(),
             weights,
-            upstream_names: config.listeners.iter().map(|l| l.upstream_name()).collect(),
+            upstream_names: config.listeners.iter().flat_map(Listener::upstream_names).collect(),
         }
     }
 
@@ -83,7 +83,7 @@ impl Upstreams {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::proxy::model::{Listener, Method, Server};
+    use crate::proxy::model::{Method, Server};
 
     fn server(address: &str, backend: &str, weight: u32, backup: bool) -> Server {
         let (max_fails, fail_timeout, max_conns) = (Some(1), Some("10s".to_string()), None);
@@ -102,6 +102,7 @@ mod tests {
             idle_timeout,
             method,
             servers,
+            sni_routes: vec![],
         }
     }
 

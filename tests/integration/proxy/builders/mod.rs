@@ -11,3 +11,4 @@ mod identity;
 mod metrics_sidecar;
 mod nginx_conf;
 mod pod_upstreams;
+mod sni_routes;
