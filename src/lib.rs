@@ -8,6 +8,7 @@
 //! - `util` and [`deploy`]: small helpers, and the facts `deploy/` must agree with;
 //! - [`runtime`]: the operator's own small controller-runtime, which knows nothing of Balancers;
 //! - [`api`]: the CRD's types and conversion;
+//! - [`gateway`]: Gateway API's types, and whether the cluster serves them;
 //! - [`spec`]: what a spec means (read, default, validate), shared by webhook, controller, CLI;
 //! - [`proxy`]: the pure builders of what a Balancer owns, nginx's config included;
 //! - [`exporter`]: the proxy pods' metrics sidecar (`balancer proxy-metrics`);
@@ -22,6 +23,7 @@ pub mod cli;
 pub mod controller;
 pub mod deploy;
 pub mod exporter;
+pub mod gateway;
 pub mod manager;
 pub mod proxy;
 pub mod runtime;

@@ -21,6 +21,7 @@ use tokio_util::sync::CancellationToken;
 use crate::controller::metrics::ControllerMetrics;
 use crate::controller::{self, Clients};
 use crate::deploy::FIELD_MANAGER;
+use crate::gateway;
 use crate::runtime::listener::{self, ServeOptions, Workers};
 use crate::runtime::metrics_auth::MetricsAuth;
 use crate::runtime::probes::{self, Readiness};
@@ -278,6 +279,7 @@ async fn supervise(
     let namespace = own_namespace(cluster.leader_election.as_ref(), &clients.direct);
     let Some(signer) = signing::signer(&clients.direct, &namespace, &shutdown).await else { return };
     options.proxy.signer = Some(signer);
+    gateway::discover(&clients.direct).await.log();
     let Some(election) = cluster.leader_election else {
         metrics.set_leader(true);
         controller::run(clients, options, metrics.clone(), synced, shutdown).await;

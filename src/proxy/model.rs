@@ -81,6 +81,22 @@ pub struct Listener {
 }
 
 impl Listener {
+    /// A TCP listener on `port` whose connections go by their TLS server name to `sni_routes`,
+    /// and are refused when they name none (TLS passthrough, as a TLSRoute's listener).
+    pub fn tls_passthrough(port: u16, sni_routes: Vec<SniRoute>) -> Listener {
+        Listener {
+            port,
+            protocol: Protocol::Tcp,
+            accept_proxy_protocol: false,
+            send_proxy_protocol: false,
+            connect_timeout: None,
+            idle_timeout: None,
+            method: Method::RoundRobin,
+            servers: Vec::new(),
+            sni_routes,
+        }
+    }
+
     /// The upstream's name, from its port and protocol (`port_80_tcp`): the `(port, protocol)`
     /// pairs of a model are unique, so the names are too. nginx logs it in place of a server
     /// when it had none to try.

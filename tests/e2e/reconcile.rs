@@ -80,6 +80,8 @@ pub(crate) async fn balancers_are_reconciled_into_children_and_status(world: &mu
         format!("reconcile{{namespace=\"{NS}\" name=\"{SAMPLE}\"}}: balancer::controller::reconcile: reconciled");
     let log = world.operators.iter().map(|op| op.log(&world.plane)).collect::<String>();
     assert!(log.contains(&span), "no {span:?} in the operators' log:\n{log}");
+    // This API server has no Gateway API CRDs: the operator says it runs without them.
+    assert!(log.contains("Gateway API is off"), "the operators' log does not say Gateway API is off:\n{log}");
     let (ok, out, err) = world.plane.kubectl("admin").run(&["get", "bal", SAMPLE], None);
     // Printer columns: a `[*]` path shows only its first value (v1, not v1,v2,v3).
     let row: Vec<&str> = out.lines().nth(1).unwrap_or_default().split_whitespace().collect();

@@ -12,13 +12,29 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("deploy", &[]),
     ("runtime", &["util", "deploy"]),
     ("api", &["util", "deploy"]),
+    ("gateway", &["util", "deploy", "api"]),
     ("spec", &["util", "deploy", "api"]),
     ("proxy", &["util", "deploy", "api", "spec"]),
     ("exporter", &["util", "deploy", "runtime", "api", "spec", "proxy"]),
     ("webhook", &["util", "deploy", "runtime", "api", "spec"]),
     ("controller", &["util", "deploy", "runtime", "api", "spec", "proxy"]),
-    ("manager", &["util", "deploy", "runtime", "api", "spec", "proxy", "webhook", "controller"]),
-    ("cli", &["util", "deploy", "runtime", "api", "spec", "proxy", "exporter", "webhook", "controller", "manager"]),
+    ("manager", &["util", "deploy", "runtime", "api", "gateway", "spec", "proxy", "webhook", "controller"]),
+    (
+        "cli",
+        &[
+            "util",
+            "deploy",
+            "runtime",
+            "api",
+            "gateway",
+            "spec",
+            "proxy",
+            "exporter",
+            "webhook",
+            "controller",
+            "manager",
+        ],
+    ),
 ];
 
 fn src() -> PathBuf {

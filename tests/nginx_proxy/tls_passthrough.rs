@@ -5,7 +5,6 @@
 use std::net::Ipv4Addr;
 use std::sync::Arc;
 
-use balancer::api::Protocol;
 use balancer::proxy::model::{Destination, Listener, Method, ProxyConfig, SniRoute, Targets, WeightedBackend};
 use balancer::proxy::nginx;
 use rustls::RootCertStore;
@@ -93,17 +92,7 @@ fn to(backend: &Backend) -> WeightedBackend {
 
 /// A model whose one TCP listener on `port` routes by SNI to `routes`, and refuses the rest.
 fn passthrough(port: u16, routes: Vec<SniRoute>) -> ProxyConfig {
-    let listener = Listener {
-        port,
-        protocol: Protocol::Tcp,
-        accept_proxy_protocol: false,
-        send_proxy_protocol: false,
-        connect_timeout: None,
-        idle_timeout: None,
-        method: Method::RoundRobin,
-        servers: vec![],
-        sni_routes: routes,
-    };
+    let listener = Listener::tls_passthrough(port, routes);
     let drain_timeout = "1s".to_string();
     ProxyConfig {
         balancer: "tls".into(),

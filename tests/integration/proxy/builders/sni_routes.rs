@@ -20,17 +20,7 @@ fn names(hostnames: &[&str]) -> Vec<String> {
 }
 
 fn listener(protocol: Protocol, sni_routes: Vec<SniRoute>) -> Listener {
-    Listener {
-        port: 443,
-        protocol,
-        accept_proxy_protocol: false,
-        send_proxy_protocol: false,
-        connect_timeout: None,
-        idle_timeout: None,
-        method: Method::RoundRobin,
-        servers: vec![],
-        sni_routes,
-    }
+    Listener { protocol, ..Listener::tls_passthrough(443, sni_routes) }
 }
 
 fn config(listeners: Vec<Listener>) -> ProxyConfig {
