@@ -78,23 +78,36 @@ pub struct Listener {
     /// to that route's servers, unread; `servers` take the others. None on a Balancer's port.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub sni_routes: Vec<SniRoute>,
+    /// Each connection (or datagram) tries one server only, so a refused backend's share is
+    /// refused, as Gateway API asks of a route's invalid backend. A Balancer's backends are
+    /// retried on the next server instead (unset).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub single_attempt: bool,
 }
 
 impl Listener {
-    /// A TCP listener on `port` whose connections go by their TLS server name to `sni_routes`,
-    /// and are refused when they name none (TLS passthrough, as a TLSRoute's listener).
-    pub fn tls_passthrough(port: u16, sni_routes: Vec<SniRoute>) -> Listener {
+    /// A Gateway's listener on `port`: `servers` take every connection (or datagram), one
+    /// server each, so that a refused backend's share is refused; no PROXY protocol, nginx's
+    /// timeouts, round robin.
+    pub fn of_route(port: u16, protocol: Protocol, servers: Vec<Server>) -> Listener {
         Listener {
             port,
-            protocol: Protocol::Tcp,
+            protocol,
             accept_proxy_protocol: false,
             send_proxy_protocol: false,
             connect_timeout: None,
             idle_timeout: None,
             method: Method::RoundRobin,
-            servers: Vec::new(),
-            sni_routes,
+            servers,
+            sni_routes: Vec::new(),
+            single_attempt: true,
         }
+    }
+
+    /// A TCP listener on `port` whose connections go by their TLS server name to `sni_routes`,
+    /// and are refused when they name none (TLS passthrough, as a TLSRoute's listener).
+    pub fn tls_passthrough(port: u16, sni_routes: Vec<SniRoute>) -> Listener {
+        Listener { sni_routes, ..Listener::of_route(port, Protocol::Tcp, Vec::new()) }
     }
 
     /// The upstream's name, from its port and protocol (`port_80_tcp`): the `(port, protocol)`
@@ -216,7 +229,15 @@ pub enum Targets {
         /// Each ready pod's address at the port.
         pods: Vec<SocketAddr>,
     },
+    /// Nowhere: the backend's share of connections is refused, and of datagrams dropped (a
+    /// route's backend that does not resolve, or has no ready endpoint). Weighed as one pod
+    /// beside backends of pods, and by its weight beside Services.
+    Refused,
 }
+
+/// Where a refused backend's server points: nothing listens there in a proxy pod, so a
+/// connection is reset at once and a datagram is dropped.
+pub const REFUSED_ADDRESS: &str = "127.0.0.1:1";
 
 /// Where each backend is, at each port.
 pub trait UpstreamTargets {
@@ -305,6 +326,7 @@ fn listener(spec: &Admitted, port: AdmittedPort<'_>, targets: &impl UpstreamTarg
         method,
         servers: upstream_servers(method, &backends),
         sni_routes: Vec::new(),
+        single_attempt: false,
     }
 }
 
@@ -354,11 +376,12 @@ pub fn upstream_servers(method: Method, backends: &[WeightedBackend]) -> Vec<Ser
             Method::ClientAddressHash => hash_weight_budget(pods),
             _ => WEIGHT_UNITS_PER_POD * pods,
         };
-        let shares: Vec<(u32, usize)> = group.iter().map(|b| (b.weight, pod_count(&b.targets))).collect();
+        let of_pods = group.iter().any(|b| matches!(b.targets, Targets::Pods { .. }));
+        let shares: Vec<(u32, usize)> = group.iter().map(|b| (b.weight, pod_count(&b.targets, of_pods))).collect();
         let pods_in_group: usize = shares.iter().map(|&(_, n)| n).sum();
         let per_pod = pod_weights(&shares, budget(pods_in_group as u64));
         for (backend, weight) in group.into_iter().zip(per_pod) {
-            servers.extend(servers_of(backend, weight));
+            servers.extend(servers_of(backend, weight, of_pods));
         }
     }
     servers
@@ -386,17 +409,21 @@ fn method(spec: &Admitted) -> Method {
     }
 }
 
-/// The pods a backend's weight is shared across (0 for a Service).
-fn pod_count(targets: &Targets) -> usize {
+/// The pods a backend's weight is shared across (0 for a Service); a refused backend counts as
+/// one beside backends of pods (`of_pods`).
+fn pod_count(targets: &Targets, of_pods: bool) -> usize {
     match targets {
         Targets::Service(_) => 0,
         Targets::Pods { pods, .. } => pods.len(),
+        Targets::Refused => usize::from(of_pods),
     }
 }
 
 /// A backend's servers: its Service with its weight, or each ready pod with `pod_weight` and the
-/// backend's connection limit shared out; the Service, down, when it sends nothing.
-fn servers_of(backend: &WeightedBackend, pod_weight: u32) -> Vec<Server> {
+/// backend's connection limit shared out; the Service, down, when it sends nothing; a refused
+/// backend's one server at [`REFUSED_ADDRESS`], weighed as a pod (`of_pods`) or as a Service,
+/// and never counted as failed (`max_fails=0`).
+fn servers_of(backend: &WeightedBackend, pod_weight: u32, of_pods: bool) -> Vec<Server> {
     let server = |address: &dyn fmt::Display, weight: u32, max_conns: Option<i32>| Server {
         address: address.to_string(),
         backend: backend.name.clone(),
@@ -414,6 +441,11 @@ fn servers_of(backend: &WeightedBackend, pod_weight: u32) -> Vec<Server> {
         Targets::Pods { pods, .. } => {
             let max_conns = backend.max_connections.map(|n| shared_limit(n, pods.len()));
             pods.iter().map(|pod| server(pod, pod_weight, max_conns)).collect()
+        }
+        Targets::Refused => {
+            let weight = if of_pods { pod_weight } else { backend.weight };
+            // Never marked failed, or nginx would give its share to the others for a while.
+            vec![Server { max_fails: Some(0), fail_timeout: None, ..server(&REFUSED_ADDRESS, weight, None) }]
         }
     }
 }
@@ -534,6 +566,39 @@ mod tests {
         assert_eq!(pod_weights(&[(1, 2), (2, 3), (0, 5)], 27), [3, 4, 0]);
         assert_eq!(pod_weights(&[(1, 2), (1, 4)], 12), [2, 1]);
         assert_eq!(pod_weights(&[(2, 1), (4, 3)], 13), [3, 2]);
+    }
+
+    /// A refused backend takes its share: weighed as one pod beside backends of pods, by its
+    /// weight beside Services, down at weight 0, and never counted as failed.
+    #[test]
+    fn a_refused_backend_is_weighed_like_the_others() {
+        let backend = |name: &str, weight: u32, targets: Targets| WeightedBackend {
+            name: name.into(),
+            weight,
+            backup: false,
+            max_fails: Some(1),
+            fail_timeout: None,
+            max_connections: None,
+            targets,
+        };
+        let address = |a: &str| a.parse::<SocketAddr>().expect("an address");
+        let service = Destination::Address(address("10.96.0.1:80"));
+        let pods =
+            Targets::Pods { service: service.clone(), pods: vec![address("10.0.0.1:80"), address("10.0.0.2:80")] };
+        let weights = |backends: &[WeightedBackend]| -> Vec<(String, u32, Option<i32>)> {
+            let servers = upstream_servers(Method::RoundRobin, backends);
+            servers.into_iter().map(|s| (s.address, s.weight, s.max_fails)).collect()
+        };
+        let refused = |weight| (REFUSED_ADDRESS.to_string(), weight, Some(0));
+        // 60 over two pods, 40 refused: 30 a pod beside 40.
+        let beside_pods = [backend("a", 60, pods.clone()), backend("gone", 40, Targets::Refused)];
+        assert_eq!(
+            weights(&beside_pods),
+            [("10.0.0.1:80".into(), 3, Some(1)), ("10.0.0.2:80".into(), 3, Some(1)), refused(4)]
+        );
+        let beside_service = [backend("a", 60, Targets::Service(service)), backend("gone", 40, Targets::Refused)];
+        assert_eq!(weights(&beside_service), [("10.96.0.1:80".into(), 60, Some(1)), refused(40)]);
+        assert_eq!(weights(&[backend("a", 1, pods), backend("gone", 0, Targets::Refused)])[2], refused(0));
     }
 
     #[test]

@@ -10,7 +10,7 @@
 use std::fmt::Write as _;
 
 use super::access_log;
-use super::model::{Listener, Method, ProxyConfig, Server, ServiceUpstreams, UpstreamAddress};
+use super::model::{Listener, Method, ProxyConfig, REFUSED_ADDRESS, Server, ServiceUpstreams, UpstreamAddress};
 use crate::api::formats::is_hostname;
 use crate::api::{Protocol, backend_service_name};
 use crate::spec::Admitted;
@@ -152,7 +152,7 @@ fn write_upstream(
 
 /// The address of an upstream that must refuse every connection: nginx needs a server in each
 /// upstream, and one marked `down` is never connected to.
-const NO_SERVER: &str = "127.0.0.1:1";
+const NO_SERVER: &str = REFUSED_ADDRESS;
 
 /// The variable a listener routed by SNI proxies to, set by [`write_sni_map`].
 fn sni_variable(listener: &Listener) -> String {
@@ -220,6 +220,9 @@ fn write_server(conf: &mut String, listener: &Listener) {
     }
     if let Some(timeout) = &listener.idle_timeout {
         let _ = writeln!(conf, "        proxy_timeout {timeout};");
+    }
+    if listener.single_attempt {
+        conf.push_str("        proxy_next_upstream off;\n");
     }
     let upstream = if listener.routes_by_sni() {
         // nginx reads the ClientHello before it picks the upstream, and forwards it unchanged.

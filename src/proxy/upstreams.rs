@@ -103,6 +103,7 @@ mod tests {
             method,
             servers,
             sni_routes: vec![],
+            single_attempt: false,
         }
     }
 

@@ -1,7 +1,7 @@
 //! The rendered `nginx.conf` under a real nginx, with real sockets on 127.0.0.0/8, one module
 //! per subject: TCP and UDP splits (`tcp`, `udp`), `nginx -t` on every rendering
 //! (`config_check`), session affinity, passive health, the metrics sidecar, the algorithms and
-//! limits, pod upstreams, an IPv6 client, TLS passthrough by SNI and live configuration; the shared parts are `process`
+//! limits, pod upstreams, an IPv6 client, TLS passthrough by SNI, refused backends and live configuration; the shared parts are `process`
 //! (finding and running it), `backends` and `wrr` (what its weighted round-robin promises).
 //!
 //! nginx is run from the `PATH` (`support::have_tool`): these tests skip loudly
@@ -22,6 +22,7 @@ mod metrics_sidecar;
 mod passive_health;
 mod pod_upstreams;
 mod process;
+mod refused_backends;
 mod tcp;
 mod tls_passthrough;
 mod udp;

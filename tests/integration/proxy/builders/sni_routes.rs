@@ -70,6 +70,7 @@ fn golden_nginx_conf_for_two_routes_by_server_name() {
     server {
         listen 443;
         listen [::]:443;
+        proxy_next_upstream off;
         ssl_preread on;
         proxy_pass $port_443_tcp_sni;
     }
