@@ -8,9 +8,9 @@
 //! - `util` and [`deploy`]: small helpers, and the facts `deploy/` must agree with;
 //! - [`runtime`]: the operator's own small controller-runtime, which knows nothing of Balancers;
 //! - [`api`]: the CRD's types and conversion;
-//! - [`gateway`]: Gateway API's types, and whether the cluster serves them;
 //! - [`spec`]: what a spec means (read, default, validate), shared by webhook, controller, CLI;
 //! - [`proxy`]: the pure builders of what a Balancer owns, nginx's config included;
+//! - [`gateway`]: Gateway API's types, whether the cluster serves them, and its rules;
 //! - [`exporter`]: the proxy pods' metrics sidecar (`balancer proxy-metrics`);
 //! - [`webhook`] and [`controller`]: the two things `balancer run` serves;
 //! - [`manager`]: the `run` wiring, the only place that knows every area;

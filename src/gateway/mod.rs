@@ -1,12 +1,14 @@
 //! Gateway API (`gateway.networking.k8s.io/v1`, standard channel): the types balancer reads,
 //! generated from the v1.7.0 CRDs ([`api`]); whether the cluster serves them; and the pure
 //! rules of Gateway API that decide what a Gateway serves: which listeners a route attaches
-//! to ([`attachment`]), and which server names meet ([`hostnames`]).
+//! to ([`attachment`]), which server names meet ([`hostnames`]), and the proxy's listeners
+//! they make ([`listeners`]).
 
 pub mod api;
 pub mod attachment;
 mod availability;
 pub mod hostnames;
+pub mod listeners;
 
 pub use availability::{GROUP_VERSION, GatewayApi, RESOURCES, availability, discover};
 
