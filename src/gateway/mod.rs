@@ -1,12 +1,13 @@
 //! Gateway API (`gateway.networking.k8s.io/v1`, standard channel): the types balancer reads,
 //! generated from the v1.7.0 CRDs ([`api`]); whether the cluster serves them; and the pure
-//! rules of Gateway API that decide what a Gateway serves: which listeners a route attaches
-//! to ([`attachment`]), which server names meet ([`hostnames`]), and the proxy's listeners
-//! they make ([`listeners`]).
+//! rules of Gateway API that decide what a Gateway serves: which listeners a route attaches to
+//! ([`attachment`]), which Services its backends are ([`backend_refs`]), which server names
+//! meet ([`hostnames`]), and the proxy's listeners they make ([`listeners`]).
 
 pub mod api;
 pub mod attachment;
 mod availability;
+pub mod backend_refs;
 pub mod hostnames;
 pub mod listeners;
 

@@ -1,0 +1,211 @@
+//! A route's `backendRefs`, resolved to Services: the kind, the ReferenceGrant a reference to
+//! another namespace needs, and the Service's port. Pure: the caller gives what the cache holds.
+//! A reference that does not resolve still takes its weight, and the proxy refuses that share.
+
+use k8s_openapi::api::core::v1::Service;
+
+use super::api::referencegrants::ReferenceGrant;
+use super::attachment::{GROUP, RouteKind};
+
+/// One `backendRef` of a route's rule, as every route kind spells it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BackendRef<'a> {
+    /// `group`: the core group when unset or empty.
+    pub group: Option<&'a str>,
+    /// `kind`: `Service` when unset.
+    pub kind: Option<&'a str>,
+    /// `name`.
+    pub name: &'a str,
+    /// `namespace`: the route's when unset.
+    pub namespace: Option<&'a str>,
+    /// `port`: the Service's port, which a Service reference needs.
+    pub port: Option<i32>,
+    /// `weight`: 1 when unset.
+    pub weight: Option<i32>,
+}
+
+impl BackendRef<'_> {
+    /// Its share beside the rule's other references.
+    pub fn weight(&self) -> u32 {
+        u32::try_from(self.weight.unwrap_or(1)).unwrap_or_default()
+    }
+}
+
+/// A Service a route may send to, at a port.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResolvedService {
+    /// Its namespace.
+    pub namespace: String,
+    /// Its name.
+    pub name: String,
+    /// The Service's port.
+    pub port: u16,
+}
+
+/// Why a reference does not resolve: the route's `ResolvedRefs` condition's reason, False.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Unresolved {
+    /// Not a Service of the core group.
+    InvalidKind,
+    /// In another namespace, and no ReferenceGrant there allows it.
+    RefNotPermitted,
+    /// No such Service, no such port on it, no port given, or an ExternalName Service (which
+    /// may point outside the cluster, CVE-2021-25740): the message says which.
+    BackendNotFound(String),
+}
+
+impl Unresolved {
+    /// The condition's reason.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Unresolved::InvalidKind => "InvalidKind",
+            Unresolved::RefNotPermitted => "RefNotPermitted",
+            Unresolved::BackendNotFound(_) => "BackendNotFound",
+        }
+    }
+
+    /// The condition's message.
+    pub fn message(&self, reference: &BackendRef<'_>) -> String {
+        let name = reference.name;
+        match self {
+            Unresolved::InvalidKind => {
+                let (group, kind) = (reference.group.unwrap_or_default(), reference.kind.unwrap_or("Service"));
+                format!("backendRef {name}: {kind} of group {group:?} is not a kind balancer sends to (only Services)")
+            }
+            Unresolved::RefNotPermitted => {
+                format!("backendRef {name}: no ReferenceGrant in its namespace allows this route to refer to it")
+            }
+            Unresolved::BackendNotFound(why) => format!("backendRef {name}: {why}"),
+        }
+    }
+}
+
+/// The Service `reference` of a `kind` route in `route_namespace` names, at its port; or why
+/// not. `service` finds a Service by namespace and name; `grants` are the ReferenceGrants of
+/// the Service's namespace.
+pub fn resolve<'s>(
+    kind: RouteKind,
+    route_namespace: &str,
+    reference: &BackendRef<'_>,
+    service: impl Fn(&str, &str) -> Option<&'s Service>,
+    grants: &[ReferenceGrant],
+) -> Result<ResolvedService, Unresolved> {
+    let core = reference.group.is_none_or(str::is_empty);
+    if !core || reference.kind.is_some_and(|k| k != "Service") {
+        return Err(Unresolved::InvalidKind);
+    }
+    let namespace = reference.namespace.unwrap_or(route_namespace);
+    if namespace != route_namespace && !granted(kind, route_namespace, reference.name, grants) {
+        return Err(Unresolved::RefNotPermitted);
+    }
+    let not_found = |why: String| Err(Unresolved::BackendNotFound(why));
+    let Some(port) = reference.port.and_then(|p| u16::try_from(p).ok()).filter(|&p| p > 0) else {
+        return not_found("a Service reference needs a port".into());
+    };
+    let Some(found) = service(namespace, reference.name) else {
+        return not_found(format!("no Service {namespace}/{}", reference.name));
+    };
+    let spec = found.spec.as_ref();
+    if spec.and_then(|s| s.type_.as_deref()) == Some("ExternalName") {
+        return not_found("an ExternalName Service may point outside the cluster; balancer does not send to it".into());
+    }
+    let ports = spec.and_then(|s| s.ports.as_ref());
+    if !ports.is_some_and(|ports| ports.iter().any(|p| p.port == i32::from(port))) {
+        return not_found(format!("Service {namespace}/{} has no port {port}", reference.name));
+    }
+    Ok(ResolvedService { namespace: namespace.to_string(), name: reference.name.to_string(), port })
+}
+
+/// Whether a ReferenceGrant (of the Service's namespace) lets `kind` routes of `from_namespace`
+/// refer to Service `name`.
+fn granted(kind: RouteKind, from_namespace: &str, name: &str, grants: &[ReferenceGrant]) -> bool {
+    grants.iter().any(|grant| {
+        let from =
+            grant.spec.from.iter().any(|f| f.group == GROUP && f.kind == kind.kind() && f.namespace == from_namespace);
+        let to = grant
+            .spec
+            .to
+            .iter()
+            .any(|t| t.group.is_empty() && t.kind == "Service" && t.name.as_deref().is_none_or(|n| n == name));
+        from && to
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn service(namespace: &str, name: &str, kind: &str, ports: &[i32]) -> Service {
+        let ports: Vec<serde_json::Value> = ports.iter().map(|p| json!({"port": p})).collect();
+        let value = json!({"metadata": {"namespace": namespace, "name": name}, "spec": {"type": kind, "ports": ports}});
+        serde_json::from_value(value).expect("a Service")
+    }
+
+    fn grant(from_kind: &str, from_namespace: &str, to_name: Option<&str>) -> ReferenceGrant {
+        let value = json!({
+            "apiVersion": "gateway.networking.k8s.io/v1", "kind": "ReferenceGrant",
+            "metadata": {"namespace": "backends", "name": "grant"},
+            "spec": {"from": [{"group": GROUP, "kind": from_kind, "namespace": from_namespace}],
+                     "to": [{"group": "", "kind": "Service", "name": to_name}]},
+        });
+        serde_json::from_value(value).expect("a ReferenceGrant")
+    }
+
+    #[test]
+    fn a_reference_resolves_to_a_services_port_or_says_why_not() {
+        let services = [
+            service("apps", "pg", "ClusterIP", &[5432]),
+            service("backends", "pg", "ClusterIP", &[5432]),
+            service("apps", "outside", "ExternalName", &[5432]),
+        ];
+        let find = |ns: &str, name: &str| {
+            services
+                .iter()
+                .find(|s| s.metadata.namespace.as_deref() == Some(ns) && s.metadata.name.as_deref() == Some(name))
+        };
+        let refer = |namespace: Option<&'static str>, name: &'static str, port: Option<i32>| BackendRef {
+            name,
+            namespace,
+            port,
+            ..BackendRef::default()
+        };
+        let resolve_in = |reference: BackendRef<'_>, grants: &[ReferenceGrant]| {
+            resolve(RouteKind::Tcp, "apps", &reference, find, grants).map_err(|e| e.reason())
+        };
+        let pg = ResolvedService { namespace: "apps".into(), name: "pg".into(), port: 5432 };
+        assert_eq!(resolve_in(refer(None, "pg", Some(5432)), &[]), Ok(pg));
+        let kinds = [(Some("example.com"), None), (Some(""), Some("Pod")), (None, Some("ServiceImport"))];
+        for (group, kind) in kinds {
+            let reference = BackendRef { group, kind, ..refer(None, "pg", Some(5432)) };
+            assert_eq!(resolve_in(reference, &[]), Err("InvalidKind"), "{group:?} {kind:?}");
+        }
+        for missing in [
+            refer(None, "gone", Some(5432)),
+            refer(None, "pg", Some(5433)),
+            refer(None, "pg", None),
+            refer(None, "outside", Some(5432)),
+        ] {
+            assert_eq!(resolve_in(missing, &[]), Err("BackendNotFound"), "{missing:?}");
+        }
+        let elsewhere = refer(Some("backends"), "pg", Some(5432));
+        assert_eq!(resolve_in(elsewhere, &[]), Err("RefNotPermitted"));
+        assert_eq!(resolve_in(elsewhere, &[grant("UDPRoute", "apps", None)]), Err("RefNotPermitted"), "another kind");
+        assert_eq!(
+            resolve_in(elsewhere, &[grant("TCPRoute", "web", None)]),
+            Err("RefNotPermitted"),
+            "another namespace"
+        );
+        assert_eq!(
+            resolve_in(elsewhere, &[grant("TCPRoute", "apps", Some("mysql"))]),
+            Err("RefNotPermitted"),
+            "another name"
+        );
+        for allowing in [grant("TCPRoute", "apps", None), grant("TCPRoute", "apps", Some("pg"))] {
+            assert_eq!(resolve_in(elsewhere, &[allowing]).map(|s| s.namespace), Ok("backends".to_string()));
+        }
+        assert_eq!(BackendRef { weight: Some(0), ..elsewhere }.weight(), 0);
+        assert_eq!(elsewhere.weight(), 1);
+    }
+}
