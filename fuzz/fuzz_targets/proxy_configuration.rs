@@ -13,7 +13,7 @@ fuzz_target!(|data: &[u8]| {
     let Ok(text) = std::str::from_utf8(data) else { return };
     let (model, conf) = text.split_once('\0').unwrap_or((text, ""));
     if let Some(config) = ProxyConfig::from_json(model) {
-        let _ = nginx::is_rendered_for(conf, &config.balancer);
+        let _ = nginx::is_rendered_for(conf, &config);
         let _ = Upstreams::of(&config);
         let _ = nginx::write(&config);
     }

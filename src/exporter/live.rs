@@ -114,7 +114,7 @@ pub(super) fn candidate(config_map: &ConfigMap, balancer: Option<&str>, trust: &
 /// The upstreams of `model`, when it reads and `conf` is balancer's rendering for its Balancer.
 pub(super) fn rendered_upstreams(conf: &str, model: &str) -> Option<Upstreams> {
     let model = ProxyConfig::from_json(model)?;
-    nginx::is_rendered_for(conf, &model.balancer).then(|| Upstreams::of(&model))
+    nginx::is_rendered_for(conf, &model).then(|| Upstreams::of(&model))
 }
 
 /// The watch of one ConfigMap, retried a few seconds apart at most while the API server is away.

@@ -31,12 +31,32 @@ pub fn fits(nginx_conf: &str, model_json: &str) -> bool {
     nginx_conf.len() + model_json.len() <= MAX_CONFIG_BYTES
 }
 
+/// The kind of resource a proxy serves.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum OwnerKind {
+    /// A Balancer: what every model before Gateway API was, so the default.
+    #[default]
+    Balancer,
+    /// A Gateway, with its routes.
+    Gateway,
+}
+
+impl OwnerKind {
+    fn is_balancer(&self) -> bool {
+        *self == OwnerKind::Balancer
+    }
+}
+
 /// Everything one proxy runs.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct ProxyConfig {
-    /// The Balancer's name.
-    pub balancer: String,
+    /// What the proxy serves: left out for a Balancer, so a Balancer's model reads as before.
+    #[serde(default, skip_serializing_if = "OwnerKind::is_balancer")]
+    pub kind: OwnerKind,
+    /// The name of the Balancer or Gateway (under the key sidecars of every release read).
+    #[serde(rename = "balancer")]
+    pub name: String,
     /// Dynamic modules to load first (images whose stream module is not built in).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub load_modules: Vec<String>,
@@ -288,11 +308,22 @@ impl ProxyConfig {
         targets: &impl UpstreamTargets,
     ) -> ProxyConfig {
         ProxyConfig {
-            balancer: balancer.to_string(),
+            kind: OwnerKind::Balancer,
+            name: balancer.to_string(),
             load_modules: load_modules.to_vec(),
             drain_timeout: spec.drain_timeout().to_string(),
             access_log: access_log.map(str::to_string),
             listeners: spec.ports().map(|port| listener(spec, port, targets)).collect(),
+        }
+    }
+
+    /// Who the proxy serves, as the signature, `nginx.conf`'s first line and the sidecar name
+    /// it: a Balancer's name, or `Gateway/<name>`. No Balancer's name holds a `/`, so a
+    /// configuration made for one never passes for another's.
+    pub fn identity(&self) -> String {
+        match self.kind {
+            OwnerKind::Balancer => self.name.clone(),
+            OwnerKind::Gateway => format!("Gateway/{}", self.name),
         }
     }
 

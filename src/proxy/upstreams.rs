@@ -10,7 +10,7 @@ use crate::api::Protocol;
 /// The backend behind each server address of one proxy configuration.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Upstreams {
-    /// The Balancer.
+    /// Who the proxy serves ([`ProxyConfig::identity`]): a Balancer's name, or `Gateway/<name>`.
     pub balancer: String,
     backends: HashMap<String, String>,
     /// The ports nginx listens on, with their protocols.
@@ -51,7 +51,7 @@ impl Upstreams {
             }
         }
         Upstreams {
-            balancer: config.balancer.clone(),
+            balancer: config.identity(),
             backends,
             listens: config.listeners.iter().map(|l| (l.port, l.protocol)).collect(),
             weights,
@@ -83,7 +83,7 @@ impl Upstreams {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::proxy::model::{Method, Server};
+    use crate::proxy::model::{Method, OwnerKind, Server};
 
     fn server(address: &str, backend: &str, weight: u32, backup: bool) -> Server {
         let (max_fails, fail_timeout, max_conns) = (Some(1), Some("10s".to_string()), None);
@@ -109,7 +109,14 @@ mod tests {
 
     fn config(listeners: Vec<Listener>) -> ProxyConfig {
         let (load_modules, drain_timeout) = (vec![], "1h".to_string());
-        ProxyConfig { balancer: "lb".into(), load_modules, drain_timeout, access_log: None, listeners }
+        ProxyConfig {
+            kind: OwnerKind::Balancer,
+            name: "lb".into(),
+            load_modules,
+            drain_timeout,
+            access_log: None,
+            listeners,
+        }
     }
 
     #[test]

@@ -7,7 +7,9 @@ use std::net::{Ipv4Addr, SocketAddr};
 use std::time::Duration;
 
 use balancer::api::Protocol;
-use balancer::proxy::model::{Destination, Listener, Method, ProxyConfig, Targets, WeightedBackend, upstream_servers};
+use balancer::proxy::model::{
+    Destination, Listener, Method, OwnerKind, ProxyConfig, Targets, WeightedBackend, upstream_servers,
+};
 use balancer::proxy::nginx;
 use tokio::io::AsyncReadExt as _;
 use tokio::net::{TcpStream, UdpSocket};
@@ -34,7 +36,8 @@ fn config(port: u16, protocol: Protocol, served: &Backend, idle: &Backend) -> Pr
     let listener = Listener::of_route(port, protocol, upstream_servers(Method::RoundRobin, &backends));
     let drain_timeout = "1s".to_string();
     ProxyConfig {
-        balancer: "routes".into(),
+        kind: OwnerKind::Gateway,
+        name: "routes".into(),
         load_modules: vec![],
         drain_timeout,
         access_log: None,

@@ -5,7 +5,9 @@
 use std::net::Ipv4Addr;
 use std::sync::Arc;
 
-use balancer::proxy::model::{Destination, Listener, Method, ProxyConfig, SniRoute, Targets, WeightedBackend};
+use balancer::proxy::model::{
+    Destination, Listener, Method, OwnerKind, ProxyConfig, SniRoute, Targets, WeightedBackend,
+};
 use balancer::proxy::nginx;
 use rustls::RootCertStore;
 use rustls::crypto::CryptoProvider;
@@ -95,7 +97,8 @@ fn passthrough(port: u16, routes: Vec<SniRoute>) -> ProxyConfig {
     let listener = Listener::tls_passthrough(port, routes);
     let drain_timeout = "1s".to_string();
     ProxyConfig {
-        balancer: "tls".into(),
+        kind: OwnerKind::Gateway,
+        name: "tls".into(),
         load_modules: vec![],
         drain_timeout,
         access_log: None,

@@ -5,7 +5,7 @@ use std::net::IpAddr;
 
 use balancer::api::Protocol;
 use balancer::proxy::access_log::metrics_port;
-use balancer::proxy::model::{MODEL_FILE, ProxyConfig};
+use balancer::proxy::model::{MODEL_FILE, OwnerKind, ProxyConfig};
 use balancer::proxy::nginx;
 use balancer::proxy::upstreams::Upstreams;
 use balancer::proxy::{self, ProxySettings};
@@ -109,8 +109,12 @@ fn the_sidecar_reads_every_backend_and_weight_from_the_model_beside_the_file() {
     let data = built.config_map.data.expect("data");
     let model = ProxyConfig::from_json(&data[MODEL_FILE]).expect("a model");
     assert_eq!(nginx::write(&model), data[nginx::CONFIG_FILE], "the file is the model's rendering");
-    assert!(nginx::is_rendered_for(&data[nginx::CONFIG_FILE], "example-balancer"));
-    assert!(!nginx::is_rendered_for(&data[nginx::CONFIG_FILE], "example"), "another Balancer's file");
+    assert!(nginx::is_rendered_for(&data[nginx::CONFIG_FILE], &model));
+    let another = ProxyConfig { name: "example".into(), ..model.clone() };
+    assert!(!nginx::is_rendered_for(&data[nginx::CONFIG_FILE], &another), "another Balancer's file");
+    let gateway = ProxyConfig { kind: OwnerKind::Gateway, ..model.clone() };
+    assert!(!nginx::is_rendered_for(&data[nginx::CONFIG_FILE], &gateway), "a Gateway's of the same name");
+    assert_eq!(gateway.identity(), "Gateway/example-balancer");
     let upstreams = Upstreams::of(&model);
     assert_eq!(upstreams.balancer, "example-balancer");
     for (i, name) in ["v1", "v2", "v3"].iter().enumerate() {
