@@ -11,6 +11,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use super::api::gateways::GatewayListeners;
 use super::attachment::ListenerProtocol;
 use super::hostnames;
+use super::verdicts::verdicts;
 use crate::api::Protocol;
 use crate::proxy::model::{Listener, Method, Server, SniRoute, WeightedBackend, upstream_servers};
 
@@ -36,38 +37,33 @@ pub fn precedence(a: &AttachedRoute, b: &AttachedRoute) -> Ordering {
     created(a).cmp(&created(b)).then_with(|| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)))
 }
 
-/// The proxy model's listeners for a Gateway's `listeners`, each given with the routes attached
-/// to it: one per port and protocol. On a TCP or UDP listener the oldest route takes every
-/// connection (the others stay attached, and serve once it goes); TLS listeners on one port
-/// share it, each route routed by the names it and its listener both cover. A listener
-/// balancer does not serve, or whose port another listener already took with another protocol,
-/// gets none (its status says why).
-pub fn proxy_listeners(listeners: &[(&GatewayListeners, Vec<AttachedRoute>)]) -> Vec<Listener> {
-    let mut built: Vec<(ListenerProtocol, Listener)> = Vec::new();
-    for (listener, routes) in listeners {
+/// The proxy model's listeners for a Gateway's `listeners`, `routes[i]` attached to
+/// `listeners[i]`: one per port and protocol, for the listeners balancer serves
+/// ([`verdicts`]). On a TCP or UDP listener the oldest route takes every connection (the others
+/// stay attached, and serve once it goes); TLS listeners on one port share it, each route
+/// routed by the names it and its listener both cover.
+pub fn proxy_listeners(listeners: &[GatewayListeners], routes: &[Vec<AttachedRoute>]) -> Vec<Listener> {
+    let verdicts = verdicts(listeners);
+    // Each listener built, and whether it is TLS (routed by name, if any route names one).
+    let mut built: Vec<(bool, Listener)> = Vec::new();
+    for (i, listener) in listeners.iter().enumerate().filter(|&(i, _)| verdicts[i].served()) {
         let Ok(port) = u16::try_from(listener.port) else { continue };
-        let mut routes = routes.clone();
+        let mut routes = routes.get(i).cloned().unwrap_or_default();
         routes.sort_by(precedence);
-        let protocol = ListenerProtocol::of(listener);
-        let model_protocol = match protocol {
-            ListenerProtocol::Udp => Protocol::Udp,
-            ListenerProtocol::Tcp | ListenerProtocol::TlsPassthrough => Protocol::Tcp,
-            ListenerProtocol::Unsupported => continue,
-        };
-        let taken = built.iter_mut().find(|(_, l)| l.port == port && l.protocol == model_protocol);
-        match (protocol, taken) {
-            (ListenerProtocol::TlsPassthrough, Some((ListenerProtocol::TlsPassthrough, shared))) => {
-                add_tls_routes(shared, listener.hostname.as_deref(), &routes);
-            }
-            (_, Some(_)) => continue,
+        let own_hostname = listener.hostname.as_deref();
+        let shared_tls = built.iter_mut().find(|(tls, l)| *tls && l.port == port).map(|(_, l)| l);
+        match (ListenerProtocol::of(listener), shared_tls) {
+            (ListenerProtocol::TlsPassthrough, Some(shared)) => add_tls_routes(shared, own_hostname, &routes),
             (ListenerProtocol::TlsPassthrough, None) => {
                 let mut tls = Listener::tls_passthrough(port, Vec::new());
-                add_tls_routes(&mut tls, listener.hostname.as_deref(), &routes);
-                built.push((protocol, tls));
+                add_tls_routes(&mut tls, own_hostname, &routes);
+                built.push((true, tls));
             }
-            (_, None) => {
+            // The verdicts leave a TCP or UDP listener its port and protocol to itself.
+            (protocol, _) => {
+                let protocol = if protocol == ListenerProtocol::Udp { Protocol::Udp } else { Protocol::Tcp };
                 let servers = routes.first().map(|oldest| servers(&oldest.backends)).unwrap_or_default();
-                built.push((protocol, Listener::of_route(port, model_protocol, servers)));
+                built.push((false, Listener::of_route(port, protocol, servers)));
             }
         }
     }
@@ -146,7 +142,7 @@ mod tests {
         let idle = listener(json!({"name": "idle", "port": 6000, "protocol": "TCP"}));
         let routes =
             vec![route("newer", 20, &[], "v2"), route("older", 10, &[], "v1"), route("a-older", 10, &[], "v0")];
-        let built = proxy_listeners(&[(&tcp, routes.clone()), (&udp, routes[..2].to_vec()), (&idle, vec![])]);
+        let built = proxy_listeners(&[tcp, udp, idle], &[routes.clone(), routes[..2].to_vec(), vec![]]);
         let summary: Vec<(u16, Protocol, Vec<&str>, bool)> =
             built.iter().map(|l| (l.port, l.protocol, backends(&l.servers), l.single_attempt)).collect();
         assert_eq!(
@@ -165,14 +161,12 @@ mod tests {
         let wildcard = listener(json!({"name": "any", "port": 443, "protocol": "TLS", "hostname": "*.example.com"}));
         let exact = listener(json!({"name": "one", "port": 443, "protocol": "TLS", "hostname": "db.other.com"}));
         let open = listener(json!({"name": "open", "port": 8443, "protocol": "TLS", "tls": {"mode": "Passthrough"}}));
-        let built = proxy_listeners(&[
-            (
-                &wildcard,
-                vec![route("web", 2, &["web.example.com", "web.example.org"], "web"), route("all", 1, &[], "all")],
-            ),
-            (&exact, vec![route("db", 3, &[], "db")]),
-            (&open, vec![route("named", 4, &["x.example.com"], "x"), route("rest", 5, &[], "rest")]),
-        ]);
+        let routes = [
+            vec![route("web", 2, &["web.example.com", "web.example.org"], "web"), route("all", 1, &[], "all")],
+            vec![route("db", 3, &[], "db")],
+            vec![route("named", 4, &["x.example.com"], "x"), route("rest", 5, &[], "rest")],
+        ];
+        let built = proxy_listeners(&[wildcard, exact, open], &routes);
         assert_eq!(built.len(), 2, "{built:?}");
         let names: Vec<(Vec<&str>, Vec<&str>)> = built[0]
             .sni_routes
@@ -194,19 +188,16 @@ mod tests {
     }
 
     #[test]
-    fn a_port_goes_to_its_first_protocol_and_http_is_not_served() {
+    fn conflicting_listeners_and_http_are_not_served() {
         let tls = listener(json!({"name": "tls", "port": 443, "protocol": "TLS"}));
         let tcp = listener(json!({"name": "tcp", "port": 443, "protocol": "TCP"}));
         let http = listener(json!({"name": "http", "port": 80, "protocol": "HTTP"}));
         let terminate = listener(json!({"name": "t", "port": 9443, "protocol": "TLS", "tls": {"mode": "Terminate"}}));
+        let udp = listener(json!({"name": "dns", "port": 443, "protocol": "UDP"}));
         let routes = vec![route("r", 1, &[], "v1")];
-        let built = proxy_listeners(&[
-            (&tls, routes.clone()),
-            (&tcp, routes.clone()),
-            (&http, routes.clone()),
-            (&terminate, routes),
-        ]);
-        assert_eq!(built.len(), 1, "{built:?}");
-        assert_eq!((built[0].port, backends(&built[0].servers)), (443, vec!["v1"]));
+        let built = proxy_listeners(&[tls, tcp, http, terminate, udp], &vec![routes; 5]);
+        let summary: Vec<(u16, Protocol, Vec<&str>)> =
+            built.iter().map(|l| (l.port, l.protocol, backends(&l.servers))).collect();
+        assert_eq!(summary, [(443, Protocol::Udp, vec!["v1"])]);
     }
 }
