@@ -7,6 +7,7 @@ use k8s_openapi::jiff::Timestamp;
 use super::reasons::Reason;
 use super::stored::StoredBalancer;
 use crate::api::{BalancerStatus, ConditionStatus};
+use crate::runtime::conditions::keep_transition;
 
 /// The condition types of a Balancer's status.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, strum::IntoStaticStr)]
@@ -53,12 +54,8 @@ impl Finding<'_> {
     /// transition time while the status stays the same (else it is `now`), and records the
     /// generation it was found for.
     pub(super) fn replacing(self, balancer: &StoredBalancer, now: Timestamp) -> Condition {
-        let previous = find(balancer.status.as_ref(), self.type_).filter(|c| c.status == self.status.as_str());
-        Condition {
-            observed_generation: balancer.metadata.generation,
-            last_transition_time: previous.map_or(Time(now), |c| c.last_transition_time.clone()),
-            ..self.at(now)
-        }
+        let condition = Condition { observed_generation: balancer.metadata.generation, ..self.at(now) };
+        keep_transition(condition, find(balancer.status.as_ref(), self.type_))
     }
 
     /// The condition as of `now`, for no particular generation.

@@ -2,8 +2,8 @@
 //! generated from the v1.7.0 CRDs ([`api`]); whether the cluster serves them; and the pure
 //! rules of Gateway API that decide what a Gateway serves: which listeners a route attaches to
 //! ([`attachment`]), which Services its backends are ([`backend_refs`]), which server names
-//! meet ([`hostnames`]), which listeners are served ([`verdicts`]), and the proxy's listeners
-//! they make ([`listeners`]).
+//! meet ([`hostnames`]), which listeners are served ([`verdicts`]), the proxy's listeners they
+//! make ([`listeners`]), and the status written on routes and listeners ([`status`]).
 
 pub mod api;
 pub mod attachment;
@@ -11,6 +11,7 @@ mod availability;
 pub mod backend_refs;
 pub mod hostnames;
 pub mod listeners;
+pub mod status;
 pub mod verdicts;
 
 pub use availability::{GROUP_VERSION, GatewayApi, RESOURCES, availability, discover};

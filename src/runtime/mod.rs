@@ -1,8 +1,9 @@
 //! The operator's own small controller-runtime. Nothing here knows what a Balancer is: the
 //! hardened HTTP listener, TLS and the certificate watcher, metrics serving and token review,
 //! probes, leader election, the API client's throttle and contact watch, the event recorder,
-//! retry delays and logging.
+//! retry delays and logging, and the rule of a condition's transition time.
 
+pub mod conditions;
 pub(crate) mod contact;
 pub mod events;
 pub(crate) mod http;

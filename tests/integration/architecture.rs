@@ -14,7 +14,7 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("api", &["util", "deploy"]),
     ("spec", &["util", "deploy", "api"]),
     ("proxy", &["util", "deploy", "api", "spec"]),
-    ("gateway", &["util", "deploy", "api", "spec", "proxy"]),
+    ("gateway", &["util", "deploy", "runtime", "api", "spec", "proxy"]),
     ("exporter", &["util", "deploy", "runtime", "api", "spec", "proxy"]),
     ("webhook", &["util", "deploy", "runtime", "api", "spec"]),
     ("controller", &["util", "deploy", "runtime", "api", "spec", "proxy"]),
