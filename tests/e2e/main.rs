@@ -15,6 +15,7 @@ mod audit;
 mod crd;
 mod faults;
 mod garbage_collection;
+mod gateway_api;
 mod leader_election;
 mod metrics;
 mod operator;
@@ -46,6 +47,7 @@ use toolkit::runner::{self, Filter, eventually, scenarios};
 use crate::audit::the_operator_calls_no_deprecated_api;
 use crate::crd::crd_is_accepted_and_established;
 use crate::garbage_collection::deleting_a_balancer_collects_its_children;
+use crate::gateway_api::gateway_api_objects_read_through_the_generated_types;
 use crate::leader_election::leader_election_hands_over;
 use crate::metrics::metrics_need_a_token_allowed_to_get_them;
 use crate::rbac::{
@@ -143,6 +145,7 @@ fn main() -> ExitCode {
             webhook_down_blocks_writes_until_it_is_back,
             metrics_need_a_token_allowed_to_get_them,
             an_unreadable_stored_balancer_is_reported_on_itself,
+            gateway_api_objects_read_through_the_generated_types,
             the_operator_calls_no_deprecated_api,
         ];
         let (mut passed, mut failed) = runner::run(&mut world, all, Filter::RunsUpToTheNamed, diagnose).await;
