@@ -68,6 +68,11 @@ pub struct ProxyMetricsArgs {
     /// signed for this pod's Balancer are applied. The controller sets it on proxy pods.
     #[arg(long, env = "BALANCER_CONFIG_KEY")]
     pub config_key: Option<ConfigKey>,
+    /// Whose configurations are applied, with --configmap: a Balancer's name (or
+    /// `Gateway/<name>`); any other owner's is refused, the first one included. Without it, the
+    /// owner of the first configuration read. The controller sets it on proxy pods.
+    #[arg(long, env = "BALANCER_OWNER")]
+    pub owner: Option<String>,
     /// The SHA-256 (hex) the config must have: the sidecar waits until the mounted file is that
     /// one. The controller sets it on proxy pods.
     #[arg(long, env = "BALANCER_CONFIG_HASH")]

@@ -40,6 +40,9 @@ pub struct LiveSource {
     /// Balancer are applied. `None`: any rendering for the Balancer (a pod the operator did
     /// not make, from `balancer render`).
     pub key: Option<ConfigKey>,
+    /// Whose configurations the pod applies ([`ProxyConfig::identity`]), from the pod template,
+    /// so that not even its first is another owner's; `None`: the first one's owner.
+    pub owner: Option<String>,
 }
 
 /// Whose configurations this pod applies: those signed with `key` for its `namespace`.
@@ -197,7 +200,7 @@ pub(super) async fn start(
             () = stop.cancelled() => return Ok(None),
         };
         match next {
-            Some(Ok(config_map)) => match candidate(&config_map, None, &trust) {
+            Some(Ok(config_map)) => match candidate(&config_map, source.owner.as_deref(), &trust) {
                 Ok(first) => return Ok(Some((changes, first, trust))),
                 Err(reason) => {
                     tracing::warn!(reason = reason.as_str(), "the proxy's ConfigMap holds no configuration to serve")

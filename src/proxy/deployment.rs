@@ -344,7 +344,9 @@ fn sidecar_source(owner: &Owner, delivery: Delivery<'_>) -> Vec<String> {
     match delivery {
         Delivery::Mounted { .. } => vec![format!("--config={}", POD_FILES.mounted)],
         Delivery::Live => {
-            vec![format!("--configmap={}", api::proxy_configmap_name(&owner.name)), format!("--live-dir={LIVE_DIR}")]
+            // The owner too, so that the sidecar refuses another's configuration from the first.
+            let configmap = format!("--configmap={}", api::proxy_configmap_name(&owner.name));
+            vec![configmap, format!("--live-dir={LIVE_DIR}"), format!("--owner={}", owner.name)]
         }
     }
 }

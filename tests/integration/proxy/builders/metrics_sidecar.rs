@@ -52,6 +52,7 @@ fn the_metrics_sidecar_runs_balancers_image_as_strictly_as_the_proxy() {
             "proxy-metrics",
             "--configmap=example-balancer-proxy-configmap",
             "--live-dir=/run/balancer",
+            "--owner=example-balancer",
             "--listen=[::]:9113",
             "--log-file=/var/log/balancer/access.log",
             "--drain=10s"
