@@ -42,6 +42,7 @@ pub fn render_yaml(
             admit_document(&doc, &settings.policy).map_err(|report| invalid(denial_message(&name, &report.errors)))?;
         let namespace = doc.pointer("/metadata/namespace").and_then(Value::as_str).unwrap_or(namespace);
         let owner = Owner {
+            identity: name.clone(),
             name: name.clone(),
             namespace: namespace.to_string(),
             reference: OwnerReference {

@@ -19,7 +19,7 @@
 
 use std::fmt::Write as _;
 
-use crate::api::{BalancerSpec, Protocol};
+use crate::api::Protocol;
 
 /// The name of the log format.
 const FORMAT_NAME: &str = "balancer";
@@ -47,10 +47,11 @@ pub const LOG_FILE: &str = "/var/log/balancer/access.log";
 pub const LOG_VOLUME_BYTES: u64 = 8 << 20;
 
 /// The port the metrics sidecar serves `/metrics` on in the proxy pod: 9113
-/// (nginx-prometheus-exporter's), or the next port the spec does not use, since nginx listens
-/// on every Balancer port of the pod.
-pub fn metrics_port(spec: &BalancerSpec) -> u16 {
-    let taken = |port: u16| spec.ports.iter().any(|p| p.port == i32::from(port));
+/// (nginx-prometheus-exporter's), or the next port nginx does not listen on (`taken`: every
+/// port of the proxy, a Balancer's `spec.ports` or a Gateway's listeners).
+pub fn metrics_port(taken: impl IntoIterator<Item = i32>) -> u16 {
+    let taken: Vec<i32> = taken.into_iter().collect();
+    let taken = |port: u16| taken.contains(&i32::from(port));
     (9113..=u16::MAX).find(|&p| !taken(p)).unwrap_or(9113)
 }
 

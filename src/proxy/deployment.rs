@@ -25,6 +25,7 @@ use super::nginx::{
 use super::reload::{LIVE_DIR, LIVE_ENTRYPOINT, LIVE_POD_FILES, RELOAD_POLICY, live_environment};
 use super::signature::{CONFIG_KEY_ENV, ConfigKey, ConfigSigner, SIGNATURE_FILE};
 use super::stop::{SIDECAR_DRAIN, TERMINATION_GRACE_SECONDS, graceful_stop};
+use super::workload::Workload;
 use crate::api::{self, Protocol};
 use crate::spec::{Admitted, SpecPolicy};
 
@@ -56,7 +57,7 @@ pub fn proxy_config_map(owner: &Owner, nginx_conf: &str, model_json: &str, signe
     let mut data: BTreeMap<String, String> =
         [(CONFIG_FILE, nginx_conf), (MODEL_FILE, model_json)].map(|(k, v)| (k.to_string(), v.to_string())).into();
     if let Some(signer) = signer {
-        let signature = signer.sign(&owner.namespace, &owner.name, nginx_conf, model_json);
+        let signature = signer.sign(&owner.namespace, &owner.identity, nginx_conf, model_json);
         data.insert(SIGNATURE_FILE.to_string(), signature);
     }
     ConfigMap {
@@ -77,21 +78,31 @@ pub fn written_by_another(current: &ConfigMap, desired: &ConfigMap, owner: &Owne
         return false;
     }
     let (Some(conf), Some(model), Some(signature)) = (conf, model, file(current, SIGNATURE_FILE)) else { return true };
-    !key.verifies(&owner.namespace, &owner.name, &conf, &model, &signature)
+    !key.verifies(&owner.namespace, &owner.identity, &conf, &model, &signature)
 }
 
-/// `<balancer>-proxy`: unprivileged nginx. With the metrics sidecar, the sidecar follows the
+/// A Balancer's proxy Deployment: [`workload_deployment`] of its spec's [`Workload`].
+pub fn proxy_deployment(owner: &Owner, spec: &Admitted, settings: &ProxySettings, config_hash: &str) -> Deployment {
+    workload_deployment(owner, &Workload::of(spec), settings, config_hash)
+}
+
+/// `<owner>-proxy`: unprivileged nginx. With the metrics sidecar, the sidecar follows the
 /// ConfigMap and nginx reloads gracefully on each change, so the template holds nothing that a
 /// new configuration changes. Without it, nginx reads the mounted ConfigMap once, and the
 /// template's `config_hash` rolls the pods when it changes.
-pub fn proxy_deployment(owner: &Owner, spec: &Admitted, settings: &ProxySettings, config_hash: &str) -> Deployment {
+pub fn workload_deployment(
+    owner: &Owner,
+    workload: &Workload,
+    settings: &ProxySettings,
+    config_hash: &str,
+) -> Deployment {
     let delivery = match settings.metrics_image {
         Some(_) => Delivery::Live,
         None => Delivery::Mounted { config_hash },
     };
     let mut pod_labels = labels(&owner.name, COMPONENT_PROXY);
     pod_labels.extend(proxy_selector(&owner.name));
-    let mut annotations = spec.proxy.as_ref().and_then(|p| p.pod_annotations.clone()).unwrap_or_default();
+    let mut annotations = workload.pods.pod_annotations.clone().unwrap_or_default();
     if let Delivery::Mounted { config_hash } = delivery {
         annotations.insert(CONFIG_HASH_ANNOTATION.to_string(), config_hash.to_string());
     }
@@ -101,12 +112,12 @@ pub fn proxy_deployment(owner: &Owner, spec: &Admitted, settings: &ProxySettings
             annotations: Some(annotations),
             ..ObjectMeta::default()
         }),
-        spec: Some(proxy_pod_spec(owner, spec, settings, delivery)),
+        spec: Some(proxy_pod_spec(owner, workload, settings, delivery)),
     };
     Deployment {
         metadata: metadata(owner, api::proxy_deployment_name(&owner.name), labels(&owner.name, COMPONENT_PROXY)),
         spec: Some(DeploymentSpec {
-            replicas: Some(spec.replicas()),
+            replicas: Some(workload.replicas),
             selector: LabelSelector { match_labels: Some(proxy_selector(&owner.name)), match_expressions: None },
             template,
             ..DeploymentSpec::default()
@@ -140,10 +151,10 @@ pub const TOKEN_DIR: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
 /// ten minutes); the client reads the file again as it changes.
 const TOKEN_SECONDS: i64 = 3600;
 
-fn proxy_pod_spec(owner: &Owner, spec: &Admitted, settings: &ProxySettings, delivery: Delivery<'_>) -> PodSpec {
-    let proxy = spec.proxy.clone().unwrap_or_default();
+fn proxy_pod_spec(owner: &Owner, workload: &Workload, settings: &ProxySettings, delivery: Delivery<'_>) -> PodSpec {
+    let proxy = workload.pods.clone();
     // Ports below 1024 need the (namespaced, safe since Kubernetes 1.22) sysctl for a non-root nginx.
-    let sysctls = spec
+    let sysctls = workload
         .ports
         .iter()
         .any(|p| p.port < 1024)
@@ -188,7 +199,9 @@ fn proxy_pod_spec(owner: &Owner, spec: &Admitted, settings: &ProxySettings, deli
         args: Some(nginx_args()),
         env: Some(nginx_environment),
         ports: Some(
-            spec.ports()
+            workload
+                .ports
+                .iter()
                 .map(|p| ContainerPort {
                     container_port: p.port,
                     protocol: Some(p.protocol.to_string()),
@@ -196,7 +209,7 @@ fn proxy_pod_spec(owner: &Owner, spec: &Admitted, settings: &ProxySettings, deli
                 })
                 .collect(),
         ),
-        readiness_probe: Some(readiness_probe(spec)),
+        readiness_probe: Some(readiness_probe(workload)),
         lifecycle: Some(graceful_stop()),
         resources: Some(proxy.resources.unwrap_or_else(default_resources)),
         security_context: Some(security_context.clone()),
@@ -227,7 +240,7 @@ fn proxy_pod_spec(owner: &Owner, spec: &Admitted, settings: &ProxySettings, deli
             security_context: Some(security_context),
             volume_mounts: Some(mounts),
             env,
-            ..metrics_sidecar(image, metrics_port(spec), sidecar_source(owner, delivery))
+            ..metrics_sidecar(image, metrics_port(workload.port_numbers()), sidecar_source(owner, delivery))
         }
     });
     let service_account_name = match delivery {
@@ -346,7 +359,7 @@ fn sidecar_source(owner: &Owner, delivery: Delivery<'_>) -> Vec<String> {
         Delivery::Live => {
             // The owner too, so that the sidecar refuses another's configuration from the first.
             let configmap = format!("--configmap={}", api::proxy_configmap_name(&owner.name));
-            vec![configmap, format!("--live-dir={LIVE_DIR}"), format!("--owner={}", owner.name)]
+            vec![configmap, format!("--live-dir={LIVE_DIR}"), format!("--owner={}", owner.identity)]
         }
     }
 }
@@ -435,8 +448,9 @@ fn spread_across_nodes(owner: &Owner) -> TopologySpreadConstraint {
 /// only, or every TCP port requiring a PROXY protocol header, where a probe's bare connection
 /// would be logged and counted as a bad request) is ready when nginx runs and accepts its
 /// configuration.
-fn readiness_probe(spec: &Admitted) -> Probe {
-    let tcp_port = spec.ports().find(|p| p.protocol == Protocol::Tcp && !p.accepts_proxy_protocol()).map(|p| p.port);
+fn readiness_probe(workload: &Workload) -> Probe {
+    let tcp_port =
+        workload.ports.iter().find(|p| p.protocol == Protocol::Tcp && !p.accepts_proxy_protocol).map(|p| p.port);
     let mut probe = Probe { period_seconds: Some(5), failure_threshold: Some(3), ..Probe::default() };
     match tcp_port {
         Some(port) => {

@@ -36,15 +36,22 @@ pub const COMPONENT_PROXY: &str = "proxy";
 /// The `component` label of the front Service.
 pub const COMPONENT_FRONTEND: &str = "frontend";
 
-/// The Balancer a child belongs to: its name, namespace, and the ownerReference children carry.
+/// The Balancer (or Gateway) a child belongs to: the name its children are named after, its
+/// namespace, the ownerReference children carry, and the identity its configuration is signed
+/// for.
 #[derive(Debug, Clone)]
 pub struct Owner {
-    /// The Balancer's name.
+    /// The name children are named and labelled after: a Balancer's own name, or a Gateway's
+    /// proxy name (see [`gateway_proxy_name`](crate::api::gateway_proxy_name)).
     pub name: String,
     /// The Balancer's namespace, every child's.
     pub namespace: String,
     /// The controller reference to the Balancer.
     pub reference: OwnerReference,
+    /// Who the proxy serves, as its configuration's signature and the sidecar's `--owner` name
+    /// it ([`ProxyConfig::identity`](super::model::ProxyConfig::identity)): a Balancer's name,
+    /// or `Gateway/<name>`.
+    pub identity: String,
 }
 
 #[allow(missing_docs, reason = "each variant's #[error] message says what it is, naming its fields")]
@@ -67,7 +74,7 @@ impl Owner {
         // kube sets only `controller`; blocking owner deletion lets foreground deletion of a
         // Balancer wait for its children.
         reference.block_owner_deletion = Some(true);
-        Ok(Owner { name, namespace, reference })
+        Ok(Owner { identity: name.clone(), name, namespace, reference })
     }
 }
 

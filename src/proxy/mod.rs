@@ -16,11 +16,12 @@ mod services;
 pub mod signature;
 pub mod stop;
 pub mod upstreams;
+mod workload;
 
 pub use budget::proxy_disruption_budget;
 pub use deployment::{
     METRICS_CONTAINER, METRICS_PORT_NAME, ProxySettings, TOKEN_DIR, proxy_config_map, proxy_deployment,
-    written_by_another,
+    workload_deployment, written_by_another,
 };
 pub use identity::{CONFIG_READER_VERBS, proxy_config_reader, proxy_config_reader_binding, proxy_service_account};
 pub use meta::{
@@ -28,7 +29,8 @@ pub use meta::{
     CONFIG_HASH_ANNOTATION, DESIRED_HASH_ANNOTATION, MANAGED_BY, MANAGED_BY_LABEL, Owner, OwnerError, labels,
     proxy_selector, proxy_selector_string, stamped,
 };
-pub use services::{backend_service, backend_services, front_service};
+pub use services::{backend_service, backend_services, front_service, workload_front_service};
+pub use workload::{Workload, WorkloadPort};
 
 use std::collections::HashSet;
 use std::net::{IpAddr, SocketAddr};

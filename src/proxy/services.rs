@@ -4,6 +4,7 @@ use k8s_openapi::api::core::v1::{Service, ServicePort, ServiceSpec};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use super::meta::{BACKEND_LABEL, COMPONENT_BACKEND, COMPONENT_FRONTEND, Owner, labels, metadata, proxy_selector};
+use super::workload::Workload;
 use crate::api::{self, BackendSpec, BalancerPort, ServiceType};
 use crate::spec::{Admitted, AdmittedPort};
 
@@ -66,6 +67,32 @@ pub fn front_service(owner: &Owner, spec: &Admitted) -> Service {
             external_traffic_policy: spec.external_traffic_policy().filter(|_| node_ports).map(|p| p.to_string()),
             load_balancer_class: exposure.load_balancer_class,
             load_balancer_source_ranges: exposure.load_balancer_source_ranges.filter(|r| !r.is_empty()),
+            ..ServiceSpec::default()
+        }),
+        status: None,
+    }
+}
+
+/// `<owner>`, in front of the proxy pods of `workload`, of type `service_type`: a Gateway's
+/// front Service (a Balancer's is [`front_service`], which `spec.service` shapes).
+pub fn workload_front_service(owner: &Owner, workload: &Workload, service_type: ServiceType) -> Service {
+    let ports = workload
+        .ports
+        .iter()
+        .map(|p| ServicePort {
+            name: p.name.clone().filter(|n| !n.is_empty()),
+            protocol: Some(p.protocol.to_string()),
+            port: p.port,
+            target_port: Some(IntOrString::Int(p.port)),
+            ..ServicePort::default()
+        })
+        .collect();
+    Service {
+        metadata: metadata(owner, owner.name.clone(), labels(&owner.name, COMPONENT_FRONTEND)),
+        spec: Some(ServiceSpec {
+            type_: Some(service_type.to_string()),
+            selector: Some(proxy_selector(&owner.name)),
+            ports: Some(ports),
             ..ServiceSpec::default()
         }),
         status: None,

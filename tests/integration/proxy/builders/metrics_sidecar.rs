@@ -93,7 +93,7 @@ fn the_metrics_sidecar_runs_balancers_image_as_strictly_as_the_proxy() {
 fn the_sidecars_port_stays_clear_of_the_balancers_own() {
     let mut spec = sample().spec;
     spec.ports = vec![port(Some("a"), "TCP", 9113), port(Some("b"), "UDP", 5514), port(Some("c"), "TCP", 9114)];
-    assert_eq!(metrics_port(&spec), 9115);
+    assert_eq!(metrics_port(spec.ports.iter().map(|p| p.port)), 9115);
 }
 
 /// What the sidecar reads from the ConfigMap's model: which backend each server is, the ports
