@@ -2,6 +2,9 @@
 //! another namespace needs, and the Service's port. Pure: the caller gives what the cache holds.
 //! A reference that does not resolve still takes its weight, and the proxy refuses that share.
 
+use std::net::IpAddr;
+use std::ops::Deref;
+
 use k8s_openapi::api::core::v1::Service;
 
 use super::api::referencegrants::ReferenceGrant;
@@ -40,6 +43,8 @@ pub struct ResolvedService {
     pub name: String,
     /// The Service's port.
     pub port: u16,
+    /// Its cluster IP, where the proxy sends; `None` for a headless Service, which has none.
+    pub cluster_ip: Option<IpAddr>,
 }
 
 /// Why a reference does not resolve: the route's `ResolvedRefs` condition's reason, False.
@@ -83,11 +88,11 @@ impl Unresolved {
 /// The Service `reference` of a `kind` route in `route_namespace` names, at its port; or why
 /// not. `service` finds a Service by namespace and name; `grants` are the ReferenceGrants of
 /// the Service's namespace.
-pub fn resolve<'s>(
+pub fn resolve<S: Deref<Target = Service>>(
     kind: RouteKind,
     route_namespace: &str,
     reference: &BackendRef<'_>,
-    service: impl Fn(&str, &str) -> Option<&'s Service>,
+    service: impl Fn(&str, &str) -> Option<S>,
     grants: &[ReferenceGrant],
 ) -> Result<ResolvedService, Unresolved> {
     let core = reference.group.is_none_or(str::is_empty);
@@ -113,7 +118,8 @@ pub fn resolve<'s>(
     if !ports.is_some_and(|ports| ports.iter().any(|p| p.port == i32::from(port))) {
         return not_found(format!("Service {namespace}/{} has no port {port}", reference.name));
     }
-    Ok(ResolvedService { namespace: namespace.to_string(), name: reference.name.to_string(), port })
+    let cluster_ip = spec.and_then(|s| s.cluster_ip.as_deref()).and_then(|ip| ip.parse().ok());
+    Ok(ResolvedService { namespace: namespace.to_string(), name: reference.name.to_string(), port, cluster_ip })
 }
 
 /// Whether a ReferenceGrant (of the Service's namespace) lets `kind` routes of `from_namespace`
@@ -174,7 +180,7 @@ mod tests {
         let resolve_in = |reference: BackendRef<'_>, grants: &[ReferenceGrant]| {
             resolve(RouteKind::Tcp, "apps", &reference, find, grants).map_err(|e| e.reason())
         };
-        let pg = ResolvedService { namespace: "apps".into(), name: "pg".into(), port: 5432 };
+        let pg = ResolvedService { namespace: "apps".into(), name: "pg".into(), port: 5432, cluster_ip: None };
         assert_eq!(resolve_in(refer(None, "pg", Some(5432)), &[]), Ok(pg));
         let kinds = [(Some("example.com"), None), (Some(""), Some("Pod")), (None, Some("ServiceImport"))];
         for (group, kind) in kinds {

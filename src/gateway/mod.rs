@@ -6,11 +6,14 @@
 //! make ([`listeners`]), and the status written on routes and listeners ([`status`]).
 
 pub mod api;
+pub mod assembly;
 pub mod attachment;
 mod availability;
 pub mod backend_refs;
 pub mod hostnames;
 pub mod listeners;
+pub mod proxy;
+pub mod routes;
 pub mod status;
 pub mod verdicts;
 

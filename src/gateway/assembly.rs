@@ -1,0 +1,235 @@
+//! One Gateway, assembled from its routes: which route attaches to which listener, where each
+//! backend is, the proxy model's listeners, and what each route's status says for this
+//! Gateway. Pure: the caller gives what its caches hold.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::ops::Deref;
+
+use k8s_openapi::api::core::v1::Service;
+
+use super::api::gateways::Gateway;
+use super::api::referencegrants::ReferenceGrant;
+use super::api::tcproutes::TcpRouteParentRefs;
+use super::attachment::{ParentRef, Route, attach};
+use super::backend_refs::{ResolvedService, resolve};
+use super::listeners::{AttachedRoute, proxy_listeners};
+use super::routes::RouteView;
+use super::status::RouteFindings;
+use super::verdicts::{Verdict, verdicts};
+use crate::proxy::model::{Destination, Listener, Targets, WeightedBackend};
+
+/// What the caches hold that a Gateway's assembly reads.
+pub struct Lookups<N, S, G> {
+    /// The labels of a namespace, by name.
+    pub namespace_labels: N,
+    /// A Service, by namespace and name.
+    pub service: S,
+    /// The ReferenceGrants of a namespace.
+    pub grants: G,
+}
+
+/// A Gateway, assembled.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Assembly {
+    /// The proxy model's listeners.
+    pub listeners: Vec<Listener>,
+    /// Each listener's verdict, in order.
+    pub verdicts: Vec<Verdict>,
+    /// How many routes attach to each listener.
+    pub attached: Vec<i32>,
+    /// For each route given (same order), its findings through each `parentRef` that names this
+    /// Gateway.
+    pub findings: Vec<Vec<(TcpRouteParentRefs, RouteFindings)>>,
+    /// The Services the routes refer to, as `(namespace, name)`: a change to one reassembles.
+    pub services: Vec<(String, String)>,
+}
+
+/// Assembles `gateway` from `routes` (those that name it, or did).
+pub fn assemble<N, S, G, R>(gateway: &Gateway, routes: &[RouteView], lookups: &Lookups<N, S, G>) -> Assembly
+where
+    N: Fn(&str) -> BTreeMap<String, String>,
+    S: Fn(&str, &str) -> Option<R>,
+    R: Deref<Target = Service>,
+    G: Fn(&str) -> Vec<ReferenceGrant>,
+{
+    let namespace = gateway.metadata.namespace.as_deref().unwrap_or_default();
+    let name = gateway.metadata.name.as_deref().unwrap_or_default();
+    let listeners = &gateway.spec.listeners;
+    let mut by_listener: Vec<Vec<AttachedRoute>> = vec![Vec::new(); listeners.len()];
+    let mut findings = Vec::with_capacity(routes.len());
+    let mut services = Vec::new();
+    for route in routes {
+        let labels = (lookups.namespace_labels)(&route.namespace);
+        let seen = Route {
+            kind: route.kind,
+            namespace: &route.namespace,
+            namespace_labels: &labels,
+            hostnames: &route.hostnames,
+        };
+        let (backends, resolved) = backends(route, lookups, &mut services);
+        let mut own = Vec::new();
+        let mut attached_to: Vec<usize> = Vec::new();
+        for parent in route.parent_refs.iter().filter(|p| route.names_gateway(p, namespace, name)) {
+            let asked = ParentRef { section_name: parent.section_name.as_deref(), port: parent.port };
+            let attached = attach(namespace, listeners, &seen, asked);
+            if let Ok(indexes) = &attached {
+                attached_to.extend(indexes);
+            }
+            own.push((parent.clone(), RouteFindings { attached: attached.map(drop), resolved: resolved.clone() }));
+        }
+        attached_to.sort_unstable();
+        attached_to.dedup();
+        for i in attached_to {
+            by_listener[i].push(AttachedRoute {
+                created: route.created.clone(),
+                namespace: route.namespace.clone(),
+                name: route.name.clone(),
+                hostnames: route.hostnames.clone(),
+                backends: backends.clone(),
+            });
+        }
+        findings.push(own);
+    }
+    services.sort();
+    services.dedup();
+    Assembly {
+        listeners: proxy_listeners(listeners, &by_listener),
+        verdicts: verdicts(listeners),
+        attached: by_listener.iter().map(|routes| i32::try_from(routes.len()).unwrap_or(i32::MAX)).collect(),
+        findings,
+        services,
+    }
+}
+
+/// A route's backends, each weighed, and whether all resolve (else the first one's reason and
+/// message). One that does not resolve, or is a headless Service, keeps its weight and is
+/// refused.
+fn backends<N, S, G, R>(
+    route: &RouteView,
+    lookups: &Lookups<N, S, G>,
+    services: &mut Vec<(String, String)>,
+) -> (Vec<WeightedBackend>, Result<(), (&'static str, String)>)
+where
+    S: Fn(&str, &str) -> Option<R>,
+    R: Deref<Target = Service>,
+    G: Fn(&str) -> Vec<ReferenceGrant>,
+{
+    let mut resolved = Ok(());
+    let mut backends = Vec::new();
+    for reference in route.backend_references() {
+        let target_namespace = reference.namespace.unwrap_or(&route.namespace);
+        services.push((target_namespace.to_string(), reference.name.to_string()));
+        let grants = (lookups.grants)(target_namespace);
+        let found = resolve(route.kind, &route.namespace, &reference, &lookups.service, &grants);
+        let targets = match &found {
+            Ok(ResolvedService { cluster_ip: Some(ip), port, .. }) => {
+                Targets::Service(Destination::Address(SocketAddr::new(*ip, *port)))
+            }
+            Ok(_) => Targets::Refused,
+            Err(why) => {
+                if resolved.is_ok() {
+                    resolved = Err((why.reason(), why.message(&reference)));
+                }
+                Targets::Refused
+            }
+        };
+        let port = reference.port.unwrap_or_default();
+        backends.push(WeightedBackend {
+            name: format!("{target_namespace}/{}:{port}", reference.name),
+            weight: reference.weight(),
+            backup: false,
+            max_fails: None,
+            fail_timeout: None,
+            max_connections: None,
+            targets,
+        });
+    }
+    (backends, resolved)
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::jiff::Timestamp;
+    use serde_json::json;
+
+    use super::*;
+    use crate::gateway::api::tcproutes::TcpRoute;
+    use crate::gateway::attachment::{NotAccepted, RouteKind};
+
+    fn gateway() -> Gateway {
+        serde_json::from_value(json!({
+            "metadata": {"namespace": "apps", "name": "gw"},
+            "spec": {"gatewayClassName": "balancer", "listeners": [
+                {"name": "pg", "port": 5432, "protocol": "TCP"},
+                {"name": "web", "port": 80, "protocol": "HTTP"},
+            ]}
+        }))
+        .expect("a Gateway")
+    }
+
+    fn route(name: &str, second: i64, parent: serde_json::Value, backends: serde_json::Value) -> RouteView {
+        let created = Timestamp::from_second(second).expect("a time").to_string();
+        let route: TcpRoute = serde_json::from_value(json!({
+            "metadata": {"namespace": "apps", "name": name, "creationTimestamp": created},
+            "spec": {"parentRefs": [parent], "rules": [{"backendRefs": backends}]}
+        }))
+        .expect("a TCPRoute");
+        RouteView::of(RouteKind::Tcp, &route).expect("it reads")
+    }
+
+    fn service(name: &str, ip: &str) -> Service {
+        serde_json::from_value(json!({
+            "metadata": {"namespace": "apps", "name": name},
+            "spec": {"clusterIP": ip, "ports": [{"port": 5432}]}
+        }))
+        .expect("a Service")
+    }
+
+    #[test]
+    fn routes_attach_resolve_and_weigh() {
+        let services = [service("v1", "10.96.0.11"), service("v2", "10.96.0.12")];
+        let lookups = Lookups {
+            namespace_labels: |_: &str| BTreeMap::new(),
+            service: |ns: &str, name: &str| {
+                services
+                    .iter()
+                    .find(|s| s.metadata.namespace.as_deref() == Some(ns) && s.metadata.name.as_deref() == Some(name))
+            },
+            grants: |_: &str| Vec::new(),
+        };
+        let routes = [
+            route(
+                "split",
+                10,
+                json!({"name": "gw", "sectionName": "pg"}),
+                json!([{"name": "v1", "port": 5432, "weight": 70}, {"name": "v2", "port": 5432, "weight": 30},
+                       {"name": "gone", "port": 5432, "weight": 0}]),
+            ),
+            route("newer", 20, json!({"name": "gw", "port": 5432}), json!([{"name": "v2", "port": 5432}])),
+            route("http", 30, json!({"name": "gw", "sectionName": "web"}), json!([{"name": "v1", "port": 5432}])),
+            route("elsewhere", 40, json!({"name": "other"}), json!([])),
+        ];
+        let assembly = assemble(&gateway(), &routes, &lookups);
+        assert_eq!(assembly.attached, [2, 0], "both TCP routes attach; the HTTP listener takes no TCPRoute");
+        let servers: Vec<(&str, &str, u32)> =
+            assembly.listeners[0].servers.iter().map(|s| (s.backend.as_str(), s.address.as_str(), s.weight)).collect();
+        assert_eq!(
+            servers,
+            [
+                ("apps/v1:5432", "10.96.0.11:5432", 70),
+                ("apps/v2:5432", "10.96.0.12:5432", 30),
+                ("apps/gone:5432", "127.0.0.1:1", 0)
+            ],
+            "the oldest route serves, by weight, the missing Service refused"
+        );
+        assert_eq!(assembly.listeners.len(), 1, "HTTP is not served");
+        let split = &assembly.findings[0][0].1;
+        assert_eq!(split.attached, Ok(()));
+        assert_eq!(split.resolved.as_ref().map_err(|e| e.0), Err("BackendNotFound"));
+        assert_eq!(assembly.findings[2][0].1.attached, Err(NotAccepted::NotAllowedByListeners));
+        assert!(assembly.findings[3].is_empty(), "no finding for another Gateway's reference");
+        let services: Vec<&str> = assembly.services.iter().map(|(_, n)| n.as_str()).collect();
+        assert_eq!(services, ["gone", "v1", "v2"]);
+    }
+}
