@@ -41,6 +41,24 @@ pub const CLUSTER_PERMISSIONS: &[Permission] = &[
     ("rbac.authorization.k8s.io", "roles", &["get", "list", "watch", "create", "patch"]),
     ("rbac.authorization.k8s.io", "rolebindings", &["get", "list", "watch", "create", "patch"]),
     ("events.k8s.io", "events", &["create", "patch"]),
+    // Gateway API, when the cluster serves it: Gateways of balancer's GatewayClasses and their
+    // routes become proxies. Reads from watch caches; writes to the status of those objects
+    // only. Every Service, since a route may name any (slimmed in the cache), and the
+    // namespaces' labels, for `allowedRoutes.namespaces.from: Selector`.
+    ("gateway.networking.k8s.io", "gatewayclasses", &["list", "watch"]),
+    ("gateway.networking.k8s.io", "gatewayclasses/status", &["patch"]),
+    ("gateway.networking.k8s.io", "gateways", &["list", "watch"]),
+    ("gateway.networking.k8s.io", "gateways/status", &["patch"]),
+    // As for Balancers: to set blockOwnerDeletion on a Gateway's children.
+    ("gateway.networking.k8s.io", "gateways/finalizers", &["update"]),
+    ("gateway.networking.k8s.io", "tcproutes", &["list", "watch"]),
+    ("gateway.networking.k8s.io", "tcproutes/status", &["patch"]),
+    ("gateway.networking.k8s.io", "udproutes", &["list", "watch"]),
+    ("gateway.networking.k8s.io", "udproutes/status", &["patch"]),
+    ("gateway.networking.k8s.io", "tlsroutes", &["list", "watch"]),
+    ("gateway.networking.k8s.io", "tlsroutes/status", &["patch"]),
+    ("gateway.networking.k8s.io", "referencegrants", &["list", "watch"]),
+    ("", "namespaces", &["list", "watch"]),
     // The protected /metrics endpoint reviews scrapers' tokens.
     ("authentication.k8s.io", "tokenreviews", &["create"]),
     ("authorization.k8s.io", "subjectaccessreviews", &["create"]),

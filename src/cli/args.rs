@@ -447,6 +447,7 @@ impl ControllerArgs {
                 scope,
                 proxy: self.proxy.settings(),
                 concurrency: self.max_concurrent_reconciles,
+                gateway_api: false,
             },
             leader_election: self.leader_elect.then(|| LeaderElection {
                 lease: self.leader_election_id.clone(),

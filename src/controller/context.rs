@@ -48,6 +48,9 @@ pub struct Options {
     /// Balancers reconciled at the same time. kube-runtime's default is no bound at all, and
     /// 1,000 new Balancers then send thousands of requests at once.
     pub concurrency: u16,
+    /// Whether the cluster serves Gateway API (see [`crate::gateway::discover`]): then the
+    /// Gateway controller runs beside the Balancers'.
+    pub gateway_api: bool,
 }
 
 /// What reconciles share: the client, the children's caches and the settings.

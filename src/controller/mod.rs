@@ -29,6 +29,7 @@ mod context;
 mod endpoint_slices;
 mod error;
 mod exposure;
+mod gateways;
 pub(crate) mod metrics;
 mod migration;
 mod plan;

@@ -16,9 +16,18 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use super::context::Context;
-use super::probing::{self, Due, PodProbe, Want};
+use super::probing::{self, Due, PodProbe, Want, Whose};
 use super::programmed::{self, Answers};
 use super::stored::StoredBalancer;
+use crate::gateway::api::gateways::Gateway;
+
+/// Where the prober wakes the reconcile of a Balancer, or of a Gateway.
+pub(super) struct Wakers {
+    /// The Balancers' controller.
+    pub balancers: UnboundedSender<ObjectRef<StoredBalancer>>,
+    /// The Gateways' controller (none runs without Gateway API: nothing is sent).
+    pub gateways: UnboundedSender<ObjectRef<Gateway>>,
+}
 
 /// How long the prober waits when nothing is due (a new want wakes it at once).
 const IDLE: Duration = Duration::from_secs(1);
@@ -32,7 +41,7 @@ struct Started {
 
 /// Runs the prober until `stop`: asks the sidecars the reconciles want known, and sends on
 /// `wake` each Balancer whose count changed.
-pub(super) async fn run(ctx: Arc<Context>, wake: UnboundedSender<ObjectRef<StoredBalancer>>, stop: CancellationToken) {
+pub(super) async fn run(ctx: Arc<Context>, wake: Wakers, stop: CancellationToken) {
     let mut probes: JoinSet<(Started, Answers)> = JoinSet::new();
     let mut running: HashMap<String, usize> = HashMap::new();
     loop {
@@ -85,13 +94,7 @@ fn start_due(ctx: &Context, running: &HashMap<String, usize>, now: Instant) -> (
 
 /// Takes a finished probe's answers into its Balancer's record (if it still has one) and wakes
 /// the Balancer when its count changed.
-fn finish(
-    ctx: &Context,
-    wake: &UnboundedSender<ObjectRef<StoredBalancer>>,
-    running: &mut HashMap<String, usize>,
-    start: Started,
-    answers: Answers,
-) {
+fn finish(ctx: &Context, wake: &Wakers, running: &mut HashMap<String, usize>, start: Started, answers: Answers) {
     if let Some(count) = running.get_mut(&start.namespace) {
         *count = count.saturating_sub(1);
         if *count == 0 {
@@ -102,8 +105,10 @@ fn finish(
     let woken = ctx.records.existing(&start.uid, |record| {
         record.probe.as_mut().and_then(|probe| probe.answered(&start.want, answers, now, clock))
     });
-    if let Some(balancer) = woken.flatten() {
-        // The controller has stopped when nobody receives: nothing is left to wake.
-        let _ = wake.unbounded_send(balancer);
+    // The controller has stopped when nobody receives: nothing is left to wake.
+    match woken.flatten() {
+        Some(Whose::Balancer(balancer)) => drop(wake.balancers.unbounded_send(balancer)),
+        Some(Whose::Gateway(gateway)) => drop(wake.gateways.unbounded_send(gateway)),
+        None => {}
     }
 }

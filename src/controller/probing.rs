@@ -17,6 +17,7 @@ use kube::runtime::reflector::ObjectRef;
 
 use super::programmed::{self, Answers, Programmed};
 use super::stored::StoredBalancer;
+use crate::gateway::api::gateways::Gateway;
 
 /// Balancers probed at once.
 pub(super) const AT_ONCE: usize = 8;
@@ -33,11 +34,42 @@ pub(super) struct Want {
     pub id: String,
 }
 
+/// Whose proxy pods a probe asks about: a Balancer's or a Gateway's. A new count wakes its
+/// reconcile.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Whose {
+    /// A Balancer's.
+    Balancer(ObjectRef<StoredBalancer>),
+    /// A Gateway's.
+    Gateway(ObjectRef<Gateway>),
+}
+
+impl Whose {
+    fn namespace(&self) -> Option<&str> {
+        match self {
+            Whose::Balancer(balancer) => balancer.namespace.as_deref(),
+            Whose::Gateway(gateway) => gateway.namespace.as_deref(),
+        }
+    }
+}
+
+impl From<ObjectRef<StoredBalancer>> for Whose {
+    fn from(balancer: ObjectRef<StoredBalancer>) -> Self {
+        Whose::Balancer(balancer)
+    }
+}
+
+impl From<ObjectRef<Gateway>> for Whose {
+    fn from(gateway: ObjectRef<Gateway>) -> Self {
+        Whose::Gateway(gateway)
+    }
+}
+
 /// What the prober knows and wants of one Balancer's proxy pods; kept in its record.
 #[derive(Debug, Clone, PartialEq)]
 pub(super) struct PodProbe {
     /// Whose reconcile a new count wakes.
-    balancer: ObjectRef<StoredBalancer>,
+    whose: Whose,
     /// What the last reconcile wants known.
     want: Want,
     /// What each pod that answered its last question said.
@@ -58,13 +90,14 @@ impl PodProbe {
     /// (each reconcile looks again, as a resync would).
     pub(super) fn observe(
         slot: &mut Option<PodProbe>,
-        balancer: ObjectRef<StoredBalancer>,
+        whose: impl Into<Whose>,
         want: Want,
         now: Instant,
         clock: Timestamp,
     ) -> Programmed {
+        let whose = whose.into();
         let probe = slot.get_or_insert_with(|| PodProbe {
-            balancer: balancer.clone(),
+            whose: whose.clone(),
             want: want.clone(),
             answers: BTreeMap::new(),
             since: clock,
@@ -78,7 +111,7 @@ impl PodProbe {
         if probe.want != want || probe.due.is_none() {
             probe.due = Some(now);
         }
-        probe.balancer = balancer;
+        probe.whose = whose;
         probe.want = want;
         probe.answers.retain(|pod, _| probe.want.pods.contains(pod));
         probe.seen = probe.count();
@@ -99,7 +132,7 @@ impl PodProbe {
     /// The probe as a candidate to start at `now`, under `key`; `None` when it is not due.
     pub(super) fn candidate<K>(&self, key: K, now: Instant) -> Option<Due<K>> {
         let since = self.due.filter(|_| self.due_at(now))?;
-        Some(Due { key, namespace: self.balancer.namespace.clone().unwrap_or_default(), since })
+        Some(Due { key, namespace: self.whose.namespace().unwrap_or_default().to_string(), since })
     }
 
     /// When it is due next, unless it is being asked or has nothing to ask.
@@ -116,13 +149,7 @@ impl PodProbe {
     /// Takes the answers to `asked`; returns the Balancer to wake when the count is not the one
     /// its last reconcile was given. Pods that still do not all serve the configuration are
     /// asked again after [`programmed::recheck`].
-    pub(super) fn answered(
-        &mut self,
-        asked: &Want,
-        answers: Answers,
-        now: Instant,
-        clock: Timestamp,
-    ) -> Option<ObjectRef<StoredBalancer>> {
+    pub(super) fn answered(&mut self, asked: &Want, answers: Answers, now: Instant, clock: Timestamp) -> Option<Whose> {
         self.asking = false;
         for (pod, answer) in answers {
             match answer {
@@ -139,7 +166,7 @@ impl PodProbe {
         } else {
             Some(now + programmed::recheck(self.since, clock))
         };
-        (count != self.seen).then(|| self.balancer.clone())
+        (count != self.seen).then(|| self.whose.clone())
     }
 }
 
@@ -204,14 +231,20 @@ mod tests {
 
         let asked = want(&[1, 2], "one");
         let woken = probe.answered(&asked, vec![(pod(1), Some("one".into())), (pod(2), None)], now, clock);
-        assert_eq!(woken, Some(balancer("a", "x")), "1 of 2 is news to the reconcile");
+        assert_eq!(woken, Some(balancer("a", "x").into()), "1 of 2 is news to the reconcile");
         assert_eq!(probe.due, Some(now + programmed::recheck(clock, clock)), "asked again soon");
         let seen = PodProbe::observe(&mut slot, balancer("a", "x"), want(&[1, 2], "one"), now, clock);
         assert_eq!(seen, Programmed { serving: 1, pods: 2 });
         let probe = slot.as_mut().expect("a probe");
-        assert_eq!(probe.answered(&asked, vec![(pod(2), Some("one".into()))], now, clock), Some(balancer("a", "x")));
+        assert_eq!(
+            probe.answered(&asked, vec![(pod(2), Some("one".into()))], now, clock),
+            Some(balancer("a", "x").into())
+        );
         assert_eq!(probe.due, None, "all serve it: nothing more to ask");
-        assert_eq!(probe.answered(&asked, vec![(pod(2), Some("one".into()))], now, clock), Some(balancer("a", "x")));
+        assert_eq!(
+            probe.answered(&asked, vec![(pod(2), Some("one".into()))], now, clock),
+            Some(balancer("a", "x").into())
+        );
         PodProbe::observe(&mut slot, balancer("a", "x"), want(&[1, 2], "one"), now, clock);
         let probe = slot.as_mut().expect("a probe");
         assert_eq!(probe.answered(&asked, vec![], now, clock), None, "the same count wakes nobody");

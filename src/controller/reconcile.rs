@@ -207,7 +207,7 @@ fn learnt_serving(
     let ours = format!("{}-", api::proxy_deployment_name(&owner.name));
     let want = Want {
         pods: ctx.children.endpoint_slices.live_addresses(&owner.namespace, &owner.name, &ours),
-        port: proxy::access_log::metrics_port(spec),
+        port: proxy::access_log::metrics_port(spec.ports.iter().map(|p| p.port)),
         id: programmed::config_id(nginx_conf),
     };
     let balancer_ref = ObjectRef::from_obj(balancer);

@@ -5,28 +5,34 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use futures::StreamExt;
+use futures::channel::mpsc::UnboundedSender;
+use futures::stream::BoxStream;
+use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Service, ServiceAccount};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
-use kube::ResourceExt;
 use kube::runtime::controller::{self, Controller};
+use kube::runtime::reflector::ObjectRef;
 use kube::runtime::reflector::Store;
 use kube::runtime::watcher;
+use kube::{Resource, ResourceExt};
 use tokio_util::sync::CancellationToken;
 
 use super::Error;
 use super::cache::{Cached, Caches, ChildCaches, IdentityCaches};
 use super::conditions::{ConditionType, find};
 use super::context::{Clients, Context, Options, error_policy};
-use super::endpoint_slices::ReadyEndpointSlices;
+use super::endpoint_slices::{ReadyEndpointSlices, ReadySlice};
+use super::gateways::{GatewayCaches, GatewayController, gateway_of};
 use super::metrics::ControllerMetrics;
-use super::prober;
+use super::prober::{self, Wakers};
 use super::reconcile::reconcile;
 use super::stored::StoredBalancer;
 use super::watches::{Reflected, balancer_of, service_endpoint_slices};
 use crate::api::ConditionStatus;
+use crate::gateway::api::gateways::Gateway;
+use crate::proxy::BALANCER_NAME_LABEL;
 
 /// Runs the controller until `stop` is cancelled; sets `synced` once every cache has listed.
 pub async fn run(
@@ -63,10 +69,25 @@ pub async fn run(
     };
     let caches = Caches { balancers: balancers.store.clone(), children: children.clone() };
     let ctx = Arc::new(Context::new(throttled, children, options.proxy, metrics.clone()));
-    let census = count_balancers(balancers.store.clone(), ctx.clone(), stop.clone());
-    // The prober wakes a Balancer whose proxy pods' count changed, outside the reconcile workers.
+    // The prober wakes a Balancer, or a Gateway, whose proxy pods' count changed, outside the
+    // reconcile workers; a change to a Gateway's child wakes that Gateway.
     let (wake, woken) = futures::channel::mpsc::unbounded();
-    let prober = prober::run(ctx.clone(), wake, stop.clone());
+    let (wake_gateways, woken_gateways) = futures::channel::mpsc::unbounded();
+    let gateways = options.gateway_api.then(|| {
+        GatewayController::new(&client, scope, &contact, ctx.clone(), woken_gateways, options.concurrency, &stop)
+    });
+    let gateway_caches = gateways.as_ref().map(|g| g.caches.clone());
+    let census = count_balancers(balancers.store.clone(), gateway_caches.clone(), ctx.clone(), stop.clone());
+    let to_gateway = ChildToGateway { caches: gateway_caches, wake: wake_gateways.clone() };
+    let prober = prober::run(ctx.clone(), Wakers { balancers: wake, gateways: wake_gateways }, stop.clone());
+    let gateway_controller = {
+        let stop = stop.clone();
+        async move {
+            if let Some(gateways) = gateways {
+                gateways.run(stop).await;
+            }
+        }
+    };
     let readiness = {
         let caches = caches.clone();
         async move {
@@ -92,14 +113,14 @@ pub async fn run(
     };
     let config = controller::Config::default().debounce(Duration::from_millis(200)).concurrency(options.concurrency);
     let controller = Controller::for_stream(balancers.changes, balancers.store)
-        .watches_stream(services.changes, |child| balancer_of(&child))
-        .watches_stream(config_maps.changes, |child| balancer_of(&child))
-        .watches_stream(deployments.changes, |child| balancer_of(&child))
+        .watches_stream(to_gateway.also(services.changes), |child| balancer_of(&child))
+        .watches_stream(to_gateway.also(config_maps.changes), |child| balancer_of(&child))
+        .watches_stream(to_gateway.also(deployments.changes), |child| balancer_of(&child))
         .watches_stream(budgets.changes, |child| balancer_of(&child))
-        .watches_stream(accounts.changes, |child| balancer_of(&child))
-        .watches_stream(roles.changes, |child| balancer_of(&child))
-        .watches_stream(bindings.changes, |child| balancer_of(&child))
-        .watches_stream(slice_changes, |slice| slice.balancer())
+        .watches_stream(to_gateway.also(accounts.changes), |child| balancer_of(&child))
+        .watches_stream(to_gateway.also(roles.changes), |child| balancer_of(&child))
+        .watches_stream(to_gateway.also(bindings.changes), |child| balancer_of(&child))
+        .watches_stream(to_gateway.also_slices(slice_changes), |slice| slice.balancer())
         .reconcile_on(woken)
         .with_config(config)
         .graceful_shutdown_on(stop.cancelled_owned())
@@ -116,7 +137,7 @@ pub async fn run(
             _ = stopped_unsynced => tracing::info!("stopped before the Balancer cache synced: nothing to drain"),
         }
     };
-    tokio::join!(controller, readiness, census, prober);
+    tokio::join!(controller, readiness, census, prober, gateway_controller);
     metrics.set_balancers(0, 0, 0);
     metrics.set_backends_unavailable([]);
 }
@@ -127,10 +148,59 @@ fn unavailable_backends(status: &crate::api::BalancerStatus) -> i64 {
     i64::try_from(count).unwrap_or(i64::MAX)
 }
 
+/// Where a change to one of balancer's children also wakes the Gateway it belongs to.
+struct ChildToGateway {
+    caches: Option<GatewayCaches>,
+    wake: UnboundedSender<ObjectRef<Gateway>>,
+}
+
+impl ChildToGateway {
+    /// `changes`, each also waking its Gateway (when it is a Gateway's).
+    fn also<K: Resource + Send + 'static>(
+        &self,
+        changes: BoxStream<'static, Result<K, watcher::Error>>,
+    ) -> BoxStream<'static, Result<K, watcher::Error>> {
+        let Some(caches) = self.caches.clone() else { return changes };
+        let wake = self.wake.clone();
+        changes
+            .inspect_ok(move |child| {
+                let meta = child.meta();
+                let proxy = meta.labels.as_ref().and_then(|l| l.get(BALANCER_NAME_LABEL));
+                if let Some(gateway) = gateway_of(&caches, meta.namespace.as_deref(), proxy.map(String::as_str)) {
+                    let _ = wake.unbounded_send(gateway);
+                }
+            })
+            .boxed()
+    }
+
+    /// The EndpointSlices' changes, each also waking the Gateway whose front Service it serves.
+    fn also_slices(
+        &self,
+        changes: BoxStream<'static, Result<ReadySlice, watcher::Error>>,
+    ) -> BoxStream<'static, Result<ReadySlice, watcher::Error>> {
+        let Some(caches) = self.caches.clone() else { return changes };
+        let wake = self.wake.clone();
+        changes
+            .inspect_ok(move |slice| {
+                if let Some(proxy) = slice.balancer()
+                    && let Some(gateway) = gateway_of(&caches, proxy.namespace.as_deref(), Some(&proxy.name))
+                {
+                    let _ = wake.unbounded_send(gateway);
+                }
+            })
+            .boxed()
+    }
+}
+
 /// Every 10 s: the Balancers by readiness and those with unavailable backends, for the
-/// metrics, and what is kept per Balancer
+/// metrics, and what is kept per Balancer or Gateway
 /// (failure counts, status write times) forgotten for deleted ones (never reconciled again).
-async fn count_balancers(balancers: Store<StoredBalancer>, ctx: Arc<Context>, stop: CancellationToken) {
+async fn count_balancers(
+    balancers: Store<StoredBalancer>,
+    gateways: Option<GatewayCaches>,
+    ctx: Arc<Context>,
+    stop: CancellationToken,
+) {
     let mut ticker = tokio::time::interval(Duration::from_secs(10));
     loop {
         tokio::select! {
@@ -152,6 +222,9 @@ async fn count_balancers(balancers: Store<StoredBalancer>, ctx: Arc<Context>, st
                 Some(ConditionStatus::False) => not_ready += 1,
                 Some(ConditionStatus::Unknown) | None => unknown += 1,
             }
+        }
+        for gateway in gateways.iter().flat_map(|g| g.gateways.state()) {
+            uids.extend(gateway.uid());
         }
         ctx.metrics.set_balancers(ready, not_ready, unknown);
         ctx.metrics.set_backends_unavailable(unavailable);

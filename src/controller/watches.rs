@@ -89,6 +89,11 @@ where
 pub(super) fn balancer_of<C: Resource>(child: &C) -> Option<ObjectRef<StoredBalancer>> {
     let meta = child.meta();
     let namespace = meta.namespace.as_deref()?;
+    // A Gateway's proxy is no Balancer's (the Gateway controller is woken for it).
+    let gateways = crate::gateway::attachment::GROUP;
+    if meta.owner_references.iter().flatten().any(|o| o.api_version.starts_with(&format!("{gateways}/"))) {
+        return None;
+    }
     let owner = meta.owner_references.iter().flatten().find(|owner| {
         owner.kind == StoredBalancer::kind(&())
             && owner.api_version.split_once('/').is_some_and(|(group, _)| group == StoredBalancer::group(&()))

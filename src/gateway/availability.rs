@@ -1,5 +1,6 @@
 //! Whether the cluster serves the Gateway API resources balancer reads. They are optional: the
-//! operator runs as before without them, and says so once when its controller starts.
+//! operator runs as before without them, and says so once when its controller starts; with
+//! them, the Gateway controller runs beside the Balancers'.
 
 use std::time::Duration;
 
@@ -62,8 +63,9 @@ impl GatewayApi {
             ),
             GatewayApi::Served => tracing::info!(
                 group = GROUP_VERSION,
-                "Gateway API is served by the cluster; this release of balancer serves Balancers only, and \
-                 leaves Gateways and routes to other controllers"
+                controller = crate::gateway::status::CONTROLLER_NAME,
+                "Gateway API is on: serving the Gateways of GatewayClasses whose controllerName is balancer's, \
+                 and their TCPRoutes, UDPRoutes and TLSRoutes, beside Balancers"
             ),
         }
     }

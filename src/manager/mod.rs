@@ -279,7 +279,9 @@ async fn supervise(
     let namespace = own_namespace(cluster.leader_election.as_ref(), &clients.direct);
     let Some(signer) = signing::signer(&clients.direct, &namespace, &shutdown).await else { return };
     options.proxy.signer = Some(signer);
-    gateway::discover(&clients.direct).await.log();
+    let gateway_api = gateway::discover(&clients.direct).await;
+    gateway_api.log();
+    options.gateway_api = gateway_api == gateway::GatewayApi::Served;
     let Some(election) = cluster.leader_election else {
         metrics.set_leader(true);
         controller::run(clients, options, metrics.clone(), synced, shutdown).await;

@@ -17,7 +17,7 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("gateway", &["util", "deploy", "runtime", "api", "spec", "proxy"]),
     ("exporter", &["util", "deploy", "runtime", "api", "spec", "proxy"]),
     ("webhook", &["util", "deploy", "runtime", "api", "spec"]),
-    ("controller", &["util", "deploy", "runtime", "api", "spec", "proxy"]),
+    ("controller", &["util", "deploy", "runtime", "api", "spec", "proxy", "gateway"]),
     ("manager", &["util", "deploy", "runtime", "api", "gateway", "spec", "proxy", "webhook", "controller"]),
     (
         "cli",

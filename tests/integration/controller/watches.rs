@@ -68,7 +68,7 @@ async fn the_controller_lists_then_watches_each_cache_endpoint_slices_included_a
         policy: SpecPolicy::default(),
         signer: None,
     };
-    let options = Options { scope: Scope::Namespace(NS.into()), proxy, concurrency: 4 };
+    let options = Options { scope: Scope::Namespace(NS.into()), proxy, concurrency: 4, gateway_api: false };
     let (synced, stop) = (Arc::new(AtomicBool::new(false)), CancellationToken::new());
     let running =
         tokio::spawn(controller::run(clients, options, metrics.controller.clone(), synced.clone(), stop.clone()));

@@ -1,0 +1,103 @@
+//! The Gateway controller: Gateways of a GatewayClass whose `controllerName` is balancer's
+//! ([`CONTROLLER_NAME`](crate::gateway::status::CONTROLLER_NAME)), with their TCPRoutes,
+//! UDPRoutes and TLSRoutes, become proxies built and delivered as a Balancer's are: the same
+//! child caches, `ensure`, prober and live configuration channel. The rules are pure and live
+//! in [`crate::gateway`]; this module is their I/O.
+//!
+//! - `watches`: the Gateway API caches, and which Gateways each change wakes;
+//! - `reconcile`: one Gateway, from its routes to its proxy and status;
+//! - `report`: the Gateway's, the routes' and the GatewayClass's status writes.
+
+mod reconcile;
+mod report;
+mod watches;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use futures::channel::mpsc::UnboundedReceiver;
+use futures::stream::BoxStream;
+use k8s_openapi::jiff::Timestamp;
+use kube::Client;
+use kube::runtime::controller::{self, Controller};
+use kube::runtime::reflector::ObjectRef;
+use tokio_util::sync::CancellationToken;
+
+pub(crate) use reconcile::GatewayContext;
+pub(crate) use watches::GatewayCaches;
+
+use super::context::{Context, Scope};
+use crate::gateway::api::gateways::Gateway;
+use crate::runtime::contact::Contact;
+
+/// The Gateway controller, ready to run.
+pub(crate) struct GatewayController {
+    /// Its caches (the census keeps the Gateways' records).
+    pub caches: GatewayCaches,
+    run: BoxStream<'static, ()>,
+    classes: BoxStream<'static, crate::gateway::api::gatewayclasses::GatewayClass>,
+    ctx: Arc<Context>,
+}
+
+impl GatewayController {
+    /// Watches what Gateways need; `woken` carries the Gateways the prober and the child caches
+    /// wake.
+    pub(crate) fn new(
+        client: &Client,
+        scope: &Scope,
+        contact: &Contact,
+        ctx: Arc<Context>,
+        woken: UnboundedReceiver<ObjectRef<Gateway>>,
+        concurrency: u16,
+        stop: &CancellationToken,
+    ) -> Self {
+        let watched = watches::watched(client, scope, contact);
+        let caches = watched.caches.clone();
+        let gctx = Arc::new(GatewayContext { ctx: ctx.clone(), caches: caches.clone() });
+        let config = controller::Config::default().debounce(Duration::from_millis(200)).concurrency(concurrency);
+        let wakes = futures::stream::select_all(watched.wakes.into_iter().chain([woken.boxed()]));
+        let run = Controller::for_stream(watched.gateways, caches.gateways.clone())
+            .reconcile_on(wakes)
+            .with_config(config)
+            .graceful_shutdown_on(stop.clone().cancelled_owned())
+            .run(reconcile::reconcile, reconcile::error_policy, gctx)
+            .map(|result| {
+                if let Err(e) = result {
+                    match e {
+                        controller::Error::ReconcilerFailed(..) | controller::Error::ObjectNotFound(_) => {}
+                        other => tracing::warn!(error = %other, "Gateway controller error"),
+                    }
+                }
+            })
+            .boxed();
+        GatewayController { caches, run, classes: watched.classes, ctx }
+    }
+
+    /// Runs until stopped: the Gateways' reconciles, and the GatewayClasses' acceptance.
+    pub(crate) async fn run(self, stop: CancellationToken) {
+        let GatewayController { run, mut classes, ctx, .. } = self;
+        let accept = async move {
+            loop {
+                let class = tokio::select! {
+                    _ = stop.cancelled() => return,
+                    class = classes.next() => match class { Some(class) => class, None => return },
+                };
+                if let Err(e) = report::accept_class(&ctx, &class, Timestamp::now()).await {
+                    tracing::warn!(error = %e, "could not accept a GatewayClass");
+                }
+            }
+        };
+        tokio::join!(run.for_each(|()| std::future::ready(())), accept);
+    }
+}
+
+/// The Gateway a child of balancer's (or its front Service's EndpointSlice) belongs to: by the
+/// proxy name its labels give, as the Gateways' reconciles recorded it.
+pub(crate) fn gateway_of(
+    caches: &GatewayCaches,
+    namespace: Option<&str>,
+    proxy: Option<&str>,
+) -> Option<ObjectRef<Gateway>> {
+    caches.index.proxy(namespace?, proxy?)
+}

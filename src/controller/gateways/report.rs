@@ -1,0 +1,220 @@
+//! What a Gateway's reconcile writes besides its proxy: the Gateway's status (conditions,
+//! listeners, addresses), each route's entries for this Gateway in `status.parents` (other
+//! controllers' and other Gateways' entries kept), and a GatewayClass's acceptance. Each is
+//! written only when it changes.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Patch, PatchParams};
+use kube::{Api, Resource, ResourceExt};
+use serde_json::{Value, json};
+
+use crate::api::v1beta1::BalancerAddress;
+use crate::controller::Error;
+use crate::controller::context::Context;
+use crate::gateway::api::gatewayclasses::GatewayClass;
+use crate::gateway::api::gateways::Gateway;
+use crate::gateway::api::tcproutes::TcpRoute;
+use crate::gateway::api::tlsroutes::TlsRoute;
+use crate::gateway::api::udproutes::UdpRoute;
+use crate::gateway::assembly::Assembly;
+use crate::gateway::attachment::RouteKind;
+use crate::gateway::routes::{RouteView, parent_ref_value};
+use crate::gateway::status::{CONTROLLER_NAME, Writing, listener_status, route_parent_status};
+use crate::runtime::conditions::keep_transition;
+
+/// The features a GatewayClass of balancer's lists in `status.supportedFeatures`, sorted as
+/// Gateway API asks: the core features of the GATEWAY-TCP, GATEWAY-UDP and GATEWAY-TLS
+/// profiles.
+pub(crate) const SUPPORTED_FEATURES: [&str; 5] = ["Gateway", "ReferenceGrant", "TCPRoute", "TLSRoute", "UDPRoute"];
+
+/// What a Gateway's reconcile found beside its assembly.
+pub(crate) struct GatewayOutcome {
+    /// Why the Gateway is refused (its `spec.infrastructure` against the operator's policy).
+    pub refused: Option<String>,
+    /// Whether every proxy pod serves its current configuration.
+    pub served: bool,
+    /// Where it is reached.
+    pub addresses: Vec<BalancerAddress>,
+}
+
+/// Writes `gateway`'s status when it differs from what is stored.
+pub(crate) async fn write_gateway_status(
+    ctx: &Context,
+    gateway: &Gateway,
+    assembly: &Assembly,
+    outcome: &GatewayOutcome,
+    now: Timestamp,
+) -> Result<(), Error> {
+    let desired = gateway_status(gateway, assembly, outcome, now);
+    let current = serde_json::to_value(&gateway.status).unwrap_or_default();
+    if ["conditions", "listeners", "addresses"].iter().all(|k| current.get(k) == desired.get(k)) {
+        return Ok(());
+    }
+    let api: Api<Gateway> = Api::namespaced(ctx.client.clone(), &gateway.namespace().unwrap_or_default());
+    let patch = json!({"status": desired});
+    api.patch_status(&gateway.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .map_err(|e| Error::api("write the status of", "Gateway", gateway.name_any(), e))?;
+    Ok(())
+}
+
+/// The status of `gateway`: `Accepted` (whether balancer serves some listener, or why not),
+/// `Programmed` (only once every proxy pod serves the listeners it serves, at an address),
+/// each listener's, and the front Service's addresses.
+fn gateway_status(gateway: &Gateway, assembly: &Assembly, outcome: &GatewayOutcome, now: Timestamp) -> Value {
+    let status = gateway.status.as_ref();
+    let previous = status.and_then(|s| s.conditions.clone()).unwrap_or_default();
+    let at = Writing { generation: gateway.metadata.generation, now, previous: &previous };
+    let served_listeners = assembly.verdicts.iter().filter(|v| v.served()).count();
+    let all = assembly.verdicts.len();
+    let accepted = match (&outcome.refused, served_listeners) {
+        (Some(refusal), _) => condition(&at, "Accepted", false, "InvalidParameters", refusal),
+        (None, 0) => condition(&at, "Accepted", false, "ListenersNotValid", "balancer serves none of its listeners"),
+        (None, n) if n < all => {
+            condition(&at, "Accepted", true, "ListenersNotValid", "balancer serves some of its listeners, not all")
+        }
+        (None, _) => condition(&at, "Accepted", true, "Accepted", "balancer serves every listener"),
+    };
+    let programmed = match (&outcome.refused, served_listeners, outcome.served, outcome.addresses.is_empty()) {
+        (Some(_), ..) | (None, 0, ..) => {
+            condition(&at, "Programmed", false, "Invalid", "balancer serves none of its listeners")
+        }
+        (None, _, _, true) => {
+            condition(&at, "Programmed", false, "AddressNotAssigned", "its Service has no address yet")
+        }
+        (None, _, false, false) => {
+            condition(&at, "Programmed", false, "Pending", "not every proxy pod serves the current configuration yet")
+        }
+        (None, _, true, false) => condition(&at, "Programmed", true, "Programmed", "every proxy pod serves it"),
+    };
+    let listeners: Vec<Value> = gateway
+        .spec
+        .listeners
+        .iter()
+        .enumerate()
+        .map(|(i, listener)| {
+            let previous: Vec<Condition> = status
+                .and_then(|s| s.listeners.as_ref())
+                .and_then(|all| all.iter().find(|l| l.name == listener.name))
+                .map(|l| l.conditions.clone())
+                .unwrap_or_default();
+            let at = Writing { previous: &previous, ..at };
+            let served = outcome.refused.is_none() && outcome.served;
+            let written = listener_status(&listener.name, &assembly.verdicts[i], assembly.attached[i], served, at);
+            serde_json::to_value(written).unwrap_or_default()
+        })
+        .collect();
+    json!({
+        "conditions": [accepted, programmed],
+        "listeners": listeners,
+        "addresses": outcome.addresses,
+    })
+}
+
+fn condition(at: &Writing<'_>, type_: &str, status: bool, reason: &str, message: &str) -> Value {
+    let written = Condition {
+        type_: type_.to_string(),
+        status: if status { "True" } else { "False" }.to_string(),
+        reason: reason.to_string(),
+        message: message.to_string(),
+        observed_generation: at.generation,
+        last_transition_time: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(at.now),
+    };
+    let kept = keep_transition(written, at.previous.iter().find(|c| c.type_ == type_));
+    serde_json::to_value(kept).unwrap_or_default()
+}
+
+/// Writes each route's `status.parents` entries for `gateway` when they differ: one per
+/// `parentRef` naming it, none once the route names it no more. The write is conditional on
+/// the route's resource version, so another Gateway's concurrent write is not lost (the loser
+/// is retried).
+pub(crate) async fn write_route_statuses(
+    ctx: &Context,
+    gateway: &Gateway,
+    routes: &[RouteView],
+    assembly: &Assembly,
+    now: Timestamp,
+) -> Result<(), Error> {
+    let namespace = gateway.namespace().unwrap_or_default();
+    let name = gateway.name_any();
+    for (route, findings) in routes.iter().zip(&assembly.findings) {
+        let names_this = |entry: &Value| {
+            let parent = &entry["parentRef"];
+            entry["controllerName"] == CONTROLLER_NAME
+                && parent["name"] == name.as_str()
+                && parent["namespace"].as_str().unwrap_or(&route.namespace) == namespace
+        };
+        let current: Vec<Value> =
+            route.status_parents.iter().map(|p| serde_json::to_value(p).unwrap_or_default()).collect();
+        let mut desired: Vec<Value> = current.iter().filter(|e| !names_this(e)).cloned().collect();
+        for (parent, found) in findings {
+            let parent_ref = parent_ref_value(parent);
+            let previous: Vec<Condition> = current
+                .iter()
+                .find(|e| names_this(e) && e["parentRef"] == parent_ref)
+                .and_then(|e| serde_json::from_value(e["conditions"].clone()).ok())
+                .unwrap_or_default();
+            let at = Writing { generation: route.generation, now, previous: &previous };
+            let entry = route_parent_status(parent_ref, found, at);
+            desired.push(serde_json::to_value(entry).unwrap_or_default());
+        }
+        if same_entries(&current, &desired) {
+            continue;
+        }
+        let patch = json!({
+            "metadata": {"resourceVersion": route.resource_version},
+            "status": {"parents": desired},
+        });
+        patch_route_status(ctx, route, &patch).await?;
+    }
+    Ok(())
+}
+
+/// Whether two lists of entries hold the same entries, in any order.
+fn same_entries(a: &[Value], b: &[Value]) -> bool {
+    a.len() == b.len() && a.iter().all(|e| b.contains(e))
+}
+
+async fn patch_route_status(ctx: &Context, route: &RouteView, patch: &Value) -> Result<(), Error> {
+    let params = PatchParams::default();
+    let patch = Patch::Merge(patch);
+    let (client, namespace, name) = (ctx.client.clone(), route.namespace.as_str(), route.name.as_str());
+    let result = match route.kind {
+        RouteKind::Tcp => {
+            Api::<TcpRoute>::namespaced(client, namespace).patch_status(name, &params, &patch).await.map(drop)
+        }
+        RouteKind::Udp => {
+            Api::<UdpRoute>::namespaced(client, namespace).patch_status(name, &params, &patch).await.map(drop)
+        }
+        RouteKind::Tls => {
+            Api::<TlsRoute>::namespaced(client, namespace).patch_status(name, &params, &patch).await.map(drop)
+        }
+    };
+    result.map_err(|e| Error::api("write the status of", route.kind.kind(), name, e))
+}
+
+/// Accepts `class`, a GatewayClass balancer serves, with its supported features; writes only
+/// what changed.
+pub(crate) async fn accept_class(ctx: &Context, class: &GatewayClass, now: Timestamp) -> Result<(), Error> {
+    if class.spec.controller_name != CONTROLLER_NAME || class.meta().deletion_timestamp.is_some() {
+        return Ok(());
+    }
+    let status = class.status.as_ref();
+    let previous = status.and_then(|s| s.conditions.clone()).unwrap_or_default();
+    let at = Writing { generation: class.metadata.generation, now, previous: &previous };
+    let accepted = condition(&at, "Accepted", true, "Accepted", "balancer serves Gateways of this class");
+    let features: Vec<Value> = SUPPORTED_FEATURES.iter().map(|f| json!({"name": f})).collect();
+    let desired = json!({"conditions": [accepted], "supportedFeatures": features});
+    let current = serde_json::to_value(status).unwrap_or_default();
+    if current.get("conditions") == desired.get("conditions")
+        && current.get("supportedFeatures") == desired.get("supportedFeatures")
+    {
+        return Ok(());
+    }
+    let api: Api<GatewayClass> = Api::all(ctx.client.clone());
+    api.patch_status(&class.name_any(), &PatchParams::default(), &Patch::Merge(&json!({"status": desired})))
+        .await
+        .map_err(|e| Error::api("write the status of", "GatewayClass", class.name_any(), e))?;
+    Ok(())
+}
