@@ -30,6 +30,7 @@ pub struct Present {
     echo_backends: bool,
     udp_backends: bool,
     node_lifecycle: bool,
+    gateway_api: bool,
 }
 
 /// The sample's backends as shipped (`deploy/samples/balancer.yaml`), with their weights.
@@ -72,6 +73,16 @@ impl World {
             install::install_operator(self).await;
             install::webhooks_reachable(self).await;
             self.fixtures.operator = true;
+        }
+    }
+
+    /// Gateway API's standard CRDs, served by the operator (restarted once they are installed),
+    /// and balancer's GatewayClass.
+    pub async fn ensure_gateway_api(&mut self) {
+        self.ensure_operator().await;
+        if !self.fixtures.gateway_api {
+            crate::gateway::install_gateway_api(self).await;
+            self.fixtures.gateway_api = true;
         }
     }
 

@@ -21,6 +21,7 @@ mod bench;
 mod certificates;
 mod faults;
 mod fixtures;
+mod gateway;
 mod ingress_nginx;
 mod install;
 mod isolation;
@@ -49,6 +50,10 @@ use faults::{
     a_change_after_an_api_server_restart_reaches_the_wire_without_a_failed_request,
     the_leader_killed_in_the_middle_of_a_change_is_finished_by_a_new_leader,
     the_other_replica_takes_over_when_the_leader_pod_is_deleted,
+};
+use gateway::{
+    a_gateway_and_a_balancer_in_one_namespace_coexist, a_tcproute_flips_live_like_a_balancer,
+    a_tlsroute_sends_each_server_name_to_its_own_backend,
 };
 use ingress_nginx::ingress_nginx_tcp_and_udp_services_become_balancers;
 use install::the_operator_installs_from_deploy_as_a_user_would;
@@ -248,6 +253,9 @@ async fn run_suite(assets: &Path, images: &Path, tools: [&Path; 2], state: &Path
         scaling_the_balancer_brings_up_proxy_pods,
         udp_is_proxied_to_udp_echo_pods,
         ingress_nginx_tcp_and_udp_services_become_balancers,
+        a_tcproute_flips_live_like_a_balancer,
+        a_tlsroute_sends_each_server_name_to_its_own_backend,
+        a_gateway_and_a_balancer_in_one_namespace_coexist,
         a_backend_behind_the_proxy_sees_the_client_pods_address,
         with_every_primary_scaled_to_0_the_backup_serves_without_a_failed_request,
         a_node_port_balancer_with_client_ip_affinity_keeps_each_client_on_one_backend,

@@ -251,17 +251,17 @@ pub fn dropped_by_kube_proxy(ips: Vec<String>, since: Instant) -> std::thread::J
 
 /// How the live-change scenario flips the sample between v1 and v2: how many times, at least
 /// how far apart (from one write to the next), and how many connections it holds open.
-struct Flips {
-    count: usize,
-    apart: Duration,
-    held: usize,
+pub struct Flips {
+    pub count: usize,
+    pub apart: Duration,
+    pub held: usize,
 }
 
 impl Flips {
     /// CI's 6 flips with 20 held connections; `BALANCER_NODE_FLIPS=full`, the 20 flips
     /// 5 s apart with 50; `=long`, 20 flips 30 s apart, so that the connections are held for
     /// 10 minutes under the default `drainTimeout` (1 h).
-    fn from_env() -> Flips {
+    pub fn from_env() -> Flips {
         match std::env::var("BALANCER_NODE_FLIPS").as_deref() {
             Ok("full") => Flips { count: 20, apart: Duration::from_secs(5), held: 50 },
             Ok("long") => Flips { count: 20, apart: Duration::from_secs(30), held: 50 },
@@ -271,7 +271,7 @@ impl Flips {
 }
 
 /// The `q`-quantile of sorted `values` (nearest rank).
-fn quantile(values: &[f64], q: f64) -> f64 {
+pub fn quantile(values: &[f64], q: f64) -> f64 {
     let rank = ((values.len() as f64 * q).ceil() as usize).clamp(1, values.len().max(1));
     values.get(rank - 1).copied().unwrap_or(f64::NAN)
 }
@@ -398,7 +398,7 @@ async fn proxy_pod_uids(world: &World) -> Vec<String> {
 /// dated by when it was opened rather than by when it was answered: a client port reused while
 /// the server still holds it in TIME_WAIT may get its SYN answered only by the retransmission a
 /// second later, which says nothing about the configuration.
-async fn only_answer(address: String, answer: &'static str, written: Instant) -> (f64, f64) {
+pub async fn only_answer(address: String, answer: &'static str, written: Instant) -> (f64, f64) {
     let mut pending = tokio::task::JoinSet::new();
     let mut opened_pending = std::collections::BTreeMap::new();
     let (mut last_other, mut answered_since, mut slowest) = (f64::NEG_INFINITY, Vec::new(), 0.0_f64);

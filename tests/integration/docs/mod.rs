@@ -5,5 +5,6 @@ mod api;
 mod change_map;
 mod cli;
 mod examples;
+mod gateway_api;
 mod links;
 mod quick_start;
