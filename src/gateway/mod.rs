@@ -12,6 +12,7 @@ mod availability;
 pub mod backend_refs;
 pub mod hostnames;
 pub mod listeners;
+pub mod parameters;
 pub mod proxy;
 pub mod routes;
 pub mod status;

@@ -14,6 +14,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Resource;
 
 use super::api::gateways::Gateway;
+use super::parameters::ProxyParameters;
 use crate::api::{DEFAULT_DRAIN_TIMEOUT, ServiceType, gateway_proxy_name};
 use crate::proxy::model::{Listener, OwnerKind, ProxyConfig};
 use crate::proxy::{
@@ -74,10 +75,10 @@ fn empty_config() -> ProxyConfig {
     }
 }
 
-/// The proxy pods a Gateway's `listeners` need, under the operator's `policy`: its default
-/// replicas, the operator's image, and one port per listener port and protocol, named
-/// `tcp-<port>` or `udp-<port>`.
-pub fn gateway_workload(listeners: &[Listener], policy: &SpecPolicy) -> Workload {
+/// The proxy pods a Gateway's `listeners` need: as many as its `parameters` say (else the
+/// operator's default), with their settings, and one port per listener port and protocol,
+/// named `tcp-<port>` or `udp-<port>`.
+pub fn gateway_workload(listeners: &[Listener], policy: &SpecPolicy, parameters: &ProxyParameters) -> Workload {
     let ports = listeners
         .iter()
         .map(|l| WorkloadPort {
@@ -87,18 +88,22 @@ pub fn gateway_workload(listeners: &[Listener], policy: &SpecPolicy) -> Workload
             accepts_proxy_protocol: false,
         })
         .collect();
-    Workload { replicas: policy.replicas, pods: Default::default(), ports }
+    Workload { replicas: parameters.replicas.unwrap_or(policy.replicas), pods: parameters.proxy.clone(), ports }
 }
 
-/// The proxy of `gateway`, owned by `owner`, serving `listeners`.
+/// The proxy of `gateway`, owned by `owner`, serving `listeners`, with the settings its
+/// `parameters` give (see [`parameters`](super::parameters)).
 pub fn gateway_proxy(
     owner: &Owner,
     gateway: &Gateway,
     listeners: Vec<Listener>,
     settings: &ProxySettings,
+    parameters: &ProxyParameters,
 ) -> GatewayProxy {
-    let workload = gateway_workload(&listeners, &settings.policy);
+    let workload = gateway_workload(&listeners, &settings.policy, parameters);
+    let drain_timeout = parameters.proxy.drain_timeout.clone().unwrap_or_else(|| DEFAULT_DRAIN_TIMEOUT.to_string());
     let config = ProxyConfig {
+        drain_timeout,
         name: gateway.metadata.name.clone().unwrap_or_default(),
         load_modules: settings.load_modules.clone(),
         access_log: settings.metrics_image.as_ref().map(|_| access_log::LOG_FILE.to_string()),

@@ -18,7 +18,7 @@ pub use defaults::{defaults_patch, fill_defaults, with_defaults};
 pub use policy::{SchedulingPolicy, SpecPolicy};
 pub use read::{parse_spec, read_spec};
 pub use report::{FieldError, ObjectName, Report, denial_message};
-pub use validation::{ANY_TAINT, unchangeable, validate};
+pub use validation::{ANY_TAINT, unchangeable, validate, validate_proxy_settings};
 
 use crate::api::{
     Algorithm, BalancerPort, BalancerSpec, ExternalTrafficPolicy, Protocol, ServiceType, SessionAffinity, UpstreamKind,

@@ -6,10 +6,11 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::jiff::Timestamp;
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
-use kube::{Resource, ResourceExt};
+use kube::{Api, Resource, ResourceExt};
 use tracing::Instrument;
 
 use super::report::{GatewayOutcome, write_gateway_status, write_route_statuses};
@@ -24,6 +25,7 @@ use crate::controller::{Error, RESYNC};
 use crate::gateway::api::gateways::Gateway;
 use crate::gateway::api::referencegrants::ReferenceGrant;
 use crate::gateway::assembly::{Lookups, assemble};
+use crate::gateway::parameters::{self, ParametersSource, ProxyParameters};
 use crate::gateway::proxy::{GatewayProxy, gateway_owner, gateway_proxy, infrastructure_refusal};
 use crate::gateway::status::CONTROLLER_NAME;
 use crate::proxy::{self, Owner};
@@ -94,20 +96,46 @@ async fn converge(gateway: &Gateway, gctx: &GatewayContext) -> Result<Action, Er
     };
     let assembly = assemble(gateway, &routes, &lookups);
     caches.index.record(&gateway_ref, (owner.namespace.clone(), owner.name.clone()), &assembly.services);
-    if let Some(refusal) = infrastructure_refusal(gateway, &ctx.settings.policy) {
+    let parameters = parameters_of(gateway, ctx, caches).await?;
+    let refusal = infrastructure_refusal(gateway, &ctx.settings.policy).or(parameters.as_ref().err().cloned());
+    if let Some(refusal) = refusal {
         write_route_statuses(ctx, gateway, &routes, &assembly, now).await?;
         let outcome = GatewayOutcome { refused: Some(refusal), served: false, addresses: Vec::new() };
         write_gateway_status(ctx, gateway, &assembly, &outcome, now).await?;
         return Ok(Action::await_change());
     }
     // The proxy first: a route's change is on its way to the wire before any status is written.
-    let proxy = gateway_proxy(&owner, gateway, assembly.listeners.clone(), &ctx.settings);
+    let parameters = parameters.unwrap_or_default();
+    let proxy = gateway_proxy(&owner, gateway, assembly.listeners.clone(), &ctx.settings, &parameters);
     let (deployment, front) = apply_proxy(ctx, &owner, &proxy).await?;
     write_route_statuses(ctx, gateway, &routes, &assembly, now).await?;
     let served = serves(gateway, ctx, &owner, &proxy, &deployment, now);
     let outcome = GatewayOutcome { refused: None, served, addresses: Exposure::of(&front).addresses };
     write_gateway_status(ctx, gateway, &assembly, &outcome, now).await?;
     Ok(Action::requeue(RESYNC))
+}
+
+/// The proxy settings `gateway`'s parameters give, or why they are refused (`Err` of the
+/// outer result only when the API server did not answer). Read at each reconcile: a change to
+/// the ConfigMap is applied at the Gateway's next one.
+async fn parameters_of(
+    gateway: &Gateway,
+    ctx: &Context,
+    caches: &GatewayCaches,
+) -> Result<Result<ProxyParameters, String>, Error> {
+    let class = caches.classes.get(&ObjectRef::new(&gateway.spec.gateway_class_name));
+    match parameters::source(gateway, class.as_deref()) {
+        ParametersSource::Defaults => Ok(Ok(ProxyParameters::default())),
+        ParametersSource::Unsupported(why) => Ok(Err(why)),
+        ParametersSource::ConfigMap { namespace, name } => {
+            let api: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), &namespace);
+            let found = api.get_opt(&name).await.map_err(|e| Error::api("get", "ConfigMap", &name, e))?;
+            Ok(match found {
+                Some(config_map) => parameters::read(&config_map, &ctx.settings.policy),
+                None => Err(format!("the parameters ConfigMap {namespace}/{name} does not exist")),
+            })
+        }
+    }
 }
 
 /// The labels of `namespace`, as cached (none when only one namespace is watched).

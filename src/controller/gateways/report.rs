@@ -203,7 +203,10 @@ pub(crate) async fn accept_class(ctx: &Context, class: &GatewayClass, now: Times
     let status = class.status.as_ref();
     let previous = status.and_then(|s| s.conditions.clone()).unwrap_or_default();
     let at = Writing { generation: class.metadata.generation, now, previous: &previous };
-    let accepted = condition(&at, "Accepted", true, "Accepted", "balancer serves Gateways of this class");
+    let accepted = match crate::gateway::parameters::class_refusal(class) {
+        None => condition(&at, "Accepted", true, "Accepted", "balancer serves Gateways of this class"),
+        Some(why) => condition(&at, "Accepted", false, "InvalidParameters", &why),
+    };
     let features: Vec<Value> = SUPPORTED_FEATURES.iter().map(|f| json!({"name": f})).collect();
     let desired = json!({"conditions": [accepted], "supportedFeatures": features});
     let current = serde_json::to_value(status).unwrap_or_default();

@@ -21,8 +21,19 @@ use ports::validate_ports;
 use super::policy::SpecPolicy;
 use super::report::{ObjectName, Report};
 use crate::api::formats::{MAX_BALANCER_NAME_LEN, MAX_LABEL_LEN, is_dns1035_label};
+use crate::api::v1beta1::ProxySpec;
 use crate::api::{Algorithm, BalancerSpec, MAX_REPLICAS, SessionAffinity};
 use crate::util::echo::quoted;
+
+/// Checks proxy settings given apart from a Balancer (a Gateway's parameters: the proxy pods'
+/// count and a Balancer's `spec.proxy`) by the rules a Balancer's own would meet, under
+/// `policy`; the errors name the Balancer's fields.
+pub fn validate_proxy_settings(replicas: Option<i32>, proxy: &ProxySpec, policy: &SpecPolicy) -> Report {
+    let mut report = Report::default();
+    validate_proxy(Some(proxy), policy, &mut report);
+    validate_replicas(replicas, &mut report);
+    report
+}
 
 /// Checks a Balancer (already defaulted) against every rule; `policy` says which proxy
 /// images it may choose.

@@ -39,7 +39,7 @@ fn service(name: &str, ip: &str, port: i32) -> Service {
 #[test]
 fn the_example_assembles_into_the_proxy_the_page_describes() {
     let yaml = blocks(&page(), "yaml");
-    assert_eq!(yaml.len(), 1, "one example");
+    assert_eq!(yaml.len(), 2, "the example, and the parameters' ConfigMap");
     let docs: Vec<Value> = serde_saphyr::from_multiple(&yaml[0]).expect("the example parses");
     let of_kind = |kind: &'static str| docs.iter().filter(move |d| d["kind"] == kind).cloned();
     let mut gateway: Gateway =
@@ -77,7 +77,7 @@ fn the_example_assembles_into_the_proxy_the_page_describes() {
         policy: SpecPolicy::default(),
         signer: None,
     };
-    let proxy = gateway_proxy(&owner, &gateway, assembly.listeners, &settings);
+    let proxy = gateway_proxy(&owner, &gateway, assembly.listeners, &settings, &Default::default());
     let conf = &proxy.nginx_conf;
     for line in
         ["server 10.96.0.11:5432 weight=90;", "server 10.96.0.12:5432 weight=10;", "db.example.com port_443_tcp_sni_0;"]
@@ -87,6 +87,18 @@ fn the_example_assembles_into_the_proxy_the_page_describes() {
     let ports: Vec<Option<String>> =
         proxy.front_service.spec.expect("a spec").ports.expect("ports").into_iter().map(|p| p.name).collect();
     assert_eq!(ports, [Some("tcp-5432".to_string()), Some("tcp-443".to_string())]);
+}
+
+#[test]
+fn the_parameters_example_reads_as_the_page_says() {
+    let yaml = blocks(&page(), "yaml");
+    let config_map: k8s_openapi::api::core::v1::ConfigMap =
+        serde_saphyr::from_str(&yaml[1]).expect("the parameters example parses");
+    let given = balancer::gateway::parameters::read(&config_map, &SpecPolicy::default()).expect("valid settings");
+    assert_eq!(given.replicas, Some(2));
+    assert_eq!(given.proxy.drain_timeout.as_deref(), Some("10m"));
+    let limits = given.proxy.resources.and_then(|r| r.limits).expect("limits");
+    assert_eq!(limits["memory"].0, "256Mi");
 }
 
 #[test]
