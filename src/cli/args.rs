@@ -364,6 +364,16 @@ pub struct FromIngressNginxArgs {
     /// own Service, most often a LoadBalancer.
     #[arg(long, value_parser = ["ClusterIP", "NodePort", "LoadBalancer"], default_value = "LoadBalancer")]
     pub service_type: String,
+    /// What to write: Balancers, or a Gateway (in the namespace of --tcp-services) with a
+    /// TCPRoute or UDPRoute per entry.
+    #[arg(long, value_enum, default_value = "balancer")]
+    pub to: crate::cli::ingress_nginx::Target,
+    /// The Gateway's name, with --to gateway.
+    #[arg(long, default_value = "tcp-udp-services")]
+    pub gateway_name: String,
+    /// The Gateway's class, with --to gateway: one whose controllerName is balancer's.
+    #[arg(long, default_value = "balancer")]
+    pub gateway_class: String,
 }
 
 #[derive(Debug, Args)]

@@ -1,5 +1,7 @@
 //! `balancer from-ingress-nginx`: ingress-nginx's `tcp-services` and `udp-services` ConfigMaps
-//! rewritten as Balancers, one per Service they name, serving the same ports with the same pods.
+//! rewritten as Balancers, one per Service they name, serving the same ports with the same pods;
+//! or (`--to gateway`) as one Gateway with a listener per entry, and a TCPRoute or UDPRoute per
+//! entry in its Service's namespace.
 //!
 //! Each entry of those ConfigMaps reads `"PORT": "namespace/service:port[:PROXY][:PROXY]"`: the
 //! controller's PORT forwards to the Service's port (a number or a name); the first `PROXY`
@@ -32,11 +34,21 @@ pub enum FromIngressNginxError {
     Encode(String),
 }
 
-/// What the conversion made: Balancer documents, and what it could not carry over.
+/// What the conversion writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Target {
+    /// One Balancer per Service.
+    Balancer,
+    /// One Gateway, and a route per entry.
+    Gateway,
+}
+
+/// What the conversion made: Balancers (or a Gateway and its routes), and what it could not
+/// carry over.
 #[derive(Debug, Default, PartialEq)]
 pub struct Migration {
-    /// The Balancers, as v1beta1 documents.
-    pub balancers: Vec<Value>,
+    /// The objects, in apply order.
+    pub objects: Vec<Value>,
     /// One line per entry (or Service) left behind, saying why.
     pub left_behind: Vec<String>,
 }
@@ -142,7 +154,128 @@ pub fn from_ingress_nginx(
     text: &str,
     sources: &Sources<'_>,
 ) -> Result<Migration, FromIngressNginxError> {
-    let Sources { tcp, udp, service_type } = *sources;
+    let Input { services, entries, unread: left_behind } = read_entries(source_name, text, sources)?;
+    let service_type = sources.service_type;
+    let mut migration = Migration { objects: Vec::new(), left_behind };
+    let mut by_service: BTreeMap<(String, String), Vec<Entry>> = BTreeMap::new();
+    for entry in entries {
+        by_service.entry((entry.namespace.clone(), entry.service.clone())).or_default().push(entry);
+    }
+    for ((namespace, name), entries) in by_service {
+        let service = services.get(&format!("{namespace}/{name}"));
+        match balancer_for(&namespace, &name, service, &entries, service_type, &mut migration.left_behind) {
+            Some(balancer) => migration.objects.push(balancer),
+            None => continue,
+        }
+    }
+    Ok(migration)
+}
+
+/// Where the Gateway goes: its namespace and name, and its GatewayClass.
+#[derive(Clone, Copy)]
+pub struct GatewayTarget<'a> {
+    /// The Gateway's namespace (its routes are in their Services' namespaces).
+    pub namespace: &'a str,
+    /// The Gateway's name.
+    pub name: &'a str,
+    /// Its `gatewayClassName`.
+    pub class: &'a str,
+}
+
+/// One Gateway for the entries of the ConfigMaps `sources` names in `text` (a listener per
+/// entry, admitting routes from the entries' namespaces only), and a TCPRoute or UDPRoute per
+/// entry, in its Service's namespace, to the Service's port. Gateway API has no PROXY protocol:
+/// an entry with a `PROXY` flag is left behind, and said so.
+pub fn gateway_from_ingress_nginx(
+    source_name: &str,
+    text: &str,
+    sources: &Sources<'_>,
+    target: &GatewayTarget<'_>,
+) -> Result<Migration, FromIngressNginxError> {
+    let Input { services, entries, unread: mut left_behind } = read_entries(source_name, text, sources)?;
+    let mut listeners = Vec::new();
+    let mut routes = Vec::new();
+    let mut namespaces: Vec<String> = Vec::new();
+    for entry in entries {
+        let at = format!("{}/{} {} {}", entry.namespace, entry.service, entry.protocol.as_str(), entry.port);
+        if entry.decode_proxy || entry.encode_proxy {
+            left_behind.push(format!("{at}: Gateway API has no PROXY protocol; convert this entry with --to balancer"));
+            continue;
+        }
+        let service = services.get(&format!("{}/{}", entry.namespace, entry.service));
+        let Some(service) = service else {
+            left_behind.push(format!("{at}: the Service is not in the input"));
+            continue;
+        };
+        if service.spec.as_ref().and_then(|s| s.type_.as_deref()) == Some("ExternalName") {
+            left_behind.push(format!(
+                "{at}: an ExternalName Service may point outside the cluster; balancer does not send to it"
+            ));
+            continue;
+        }
+        let ports = service.spec.as_ref().and_then(|s| s.ports.clone()).unwrap_or_default();
+        let port = match service_port(&entry, &ports) {
+            Ok(port) => port,
+            Err(why) => {
+                left_behind.push(format!("{at}: {why}"));
+                continue;
+            }
+        };
+        let section = format!("{}-{}", entry.protocol.as_str().to_ascii_lowercase(), entry.port);
+        let kind = match entry.protocol {
+            Protocol::Tcp => "TCPRoute",
+            Protocol::Udp => "UDPRoute",
+        };
+        listeners.push(json!({
+            "name": section,
+            "port": entry.port,
+            "protocol": entry.protocol.as_str(),
+            "allowedRoutes": {
+                "kinds": [{"kind": kind}],
+                "namespaces": {"from": "Selector", "selector": {"matchExpressions": [
+                    {"key": "kubernetes.io/metadata.name", "operator": "In", "values": [entry.namespace]},
+                ]}},
+            },
+        }));
+        routes.push(json!({
+            "apiVersion": crate::gateway::GROUP_VERSION,
+            "kind": kind,
+            "metadata": {"name": format!("{}-{section}", entry.service), "namespace": entry.namespace},
+            "spec": {
+                "parentRefs": [{"name": target.name, "namespace": target.namespace, "sectionName": section}],
+                "rules": [{"backendRefs": [{"name": entry.service, "port": port.port}]}],
+            },
+        }));
+        if !namespaces.contains(&entry.namespace) {
+            namespaces.push(entry.namespace.clone());
+        }
+    }
+    let mut migration = Migration { objects: Vec::new(), left_behind };
+    if listeners.is_empty() {
+        return Ok(migration);
+    }
+    migration.objects.push(json!({
+        "apiVersion": crate::gateway::GROUP_VERSION,
+        "kind": "Gateway",
+        "metadata": {"name": target.name, "namespace": target.namespace},
+        "spec": {"gatewayClassName": target.class, "listeners": listeners},
+    }));
+    migration.objects.extend(routes);
+    Ok(migration)
+}
+
+/// What the input holds: its Services by `namespace/name`, the ConfigMaps' entries, and the
+/// entries that did not read, each with why.
+struct Input {
+    services: BTreeMap<String, Service>,
+    entries: Vec<Entry>,
+    unread: Vec<String>,
+}
+
+/// The Services in `text`, and the entries of the ConfigMaps `sources` names, with what could
+/// not be read.
+fn read_entries(source_name: &str, text: &str, sources: &Sources<'_>) -> Result<Input, FromIngressNginxError> {
+    let Sources { tcp, udp, .. } = *sources;
     let mut services: BTreeMap<String, Service> = BTreeMap::new();
     let mut config_maps: BTreeMap<String, ConfigMap> = BTreeMap::new();
     for object in objects(source_name, text)? {
@@ -168,29 +301,18 @@ pub fn from_ingress_nginx(
             udp: udp.into(),
         });
     }
-    let mut migration = Migration::default();
+    let mut left_behind = Vec::new();
     let mut entries = Vec::new();
     for (name, protocol) in [(tcp, Protocol::Tcp), (udp, Protocol::Udp)] {
         let data = config_maps.get(name).and_then(|map| map.data.clone()).unwrap_or_default();
         for (key, value) in data {
             match parse_entry(&key, &value, protocol) {
                 Ok(entry) => entries.push(entry),
-                Err(why) => migration.left_behind.push(format!("{name} {key}: {why}")),
+                Err(why) => left_behind.push(format!("{name} {key}: {why}")),
             }
         }
     }
-    let mut by_service: BTreeMap<(String, String), Vec<Entry>> = BTreeMap::new();
-    for entry in entries {
-        by_service.entry((entry.namespace.clone(), entry.service.clone())).or_default().push(entry);
-    }
-    for ((namespace, name), entries) in by_service {
-        let service = services.get(&format!("{namespace}/{name}"));
-        match balancer_for(&namespace, &name, service, &entries, service_type, &mut migration.left_behind) {
-            Some(balancer) => migration.balancers.push(balancer),
-            None => continue,
-        }
-    }
-    Ok(migration)
+    Ok(Input { services, entries, unread: left_behind })
 }
 
 /// The Balancer that serves `entries` with the pods of `service`; `None` (and why, in
@@ -251,21 +373,7 @@ fn balancer_for(
 /// The Balancer port for `entry`: its name, protocol, port, the Service port's `targetPort`, and
 /// the PROXY protocol flags.
 fn balancer_port(entry: &Entry, service_ports: &[ServicePort]) -> Result<Value, String> {
-    let found = service_ports.iter().find(|p| match &entry.service_port {
-        IntOrString::Int(number) => p.port == *number,
-        IntOrString::String(name) => p.name.as_deref() == Some(name.as_str()),
-    });
-    let Some(found) = found else {
-        let wanted = match &entry.service_port {
-            IntOrString::Int(n) => n.to_string(),
-            IntOrString::String(s) => s.clone(),
-        };
-        return Err(format!("the Service has no port {wanted}"));
-    };
-    let service_protocol = found.protocol.as_deref().unwrap_or("TCP");
-    if service_protocol != entry.protocol.as_str() {
-        return Err(format!("the Service's port {} is {service_protocol}", found.port));
-    }
+    let found = service_port(entry, service_ports)?;
     if entry.protocol == Protocol::Udp && (entry.decode_proxy || entry.encode_proxy) {
         return Err("the PROXY protocol is TCP only in a Balancer".to_string());
     }
@@ -285,6 +393,26 @@ fn balancer_port(entry: &Entry, service_ports: &[ServicePort]) -> Result<Value, 
     Ok(port)
 }
 
+/// The Service port `entry` names (by number or name), of its protocol; or why there is none.
+fn service_port<'a>(entry: &Entry, service_ports: &'a [ServicePort]) -> Result<&'a ServicePort, String> {
+    let found = service_ports.iter().find(|p| match &entry.service_port {
+        IntOrString::Int(number) => p.port == *number,
+        IntOrString::String(name) => p.name.as_deref() == Some(name.as_str()),
+    });
+    let Some(found) = found else {
+        let wanted = match &entry.service_port {
+            IntOrString::Int(n) => n.to_string(),
+            IntOrString::String(s) => s.clone(),
+        };
+        return Err(format!("the Service has no port {wanted}"));
+    };
+    let service_protocol = found.protocol.as_deref().unwrap_or("TCP");
+    if service_protocol != entry.protocol.as_str() {
+        return Err(format!("the Service's port {} is {service_protocol}", found.port));
+    }
+    Ok(found)
+}
+
 /// Runs `balancer from-ingress-nginx`: the Balancers to standard output, what was left behind
 /// to standard error (exit status 1 when anything was).
 pub(super) fn command(args: &FromIngressNginxArgs) -> ExitCode {
@@ -293,14 +421,22 @@ pub(super) fn command(args: &FromIngressNginxArgs) -> ExitCode {
         Err(message) => return fail(&message),
     };
     let sources = Sources { tcp: &args.tcp_services, udp: &args.udp_services, service_type: &args.service_type };
-    let migration = match from_ingress_nginx(&name, &text, &sources) {
+    let converted = match args.to {
+        Target::Balancer => from_ingress_nginx(&name, &text, &sources),
+        Target::Gateway => {
+            let namespace = args.tcp_services.split_once('/').map_or("default", |(namespace, _)| namespace);
+            let target = GatewayTarget { namespace, name: &args.gateway_name, class: &args.gateway_class };
+            gateway_from_ingress_nginx(&name, &text, &sources, &target)
+        }
+    };
+    let migration = match converted {
         Ok(migration) => migration,
         Err(e) => return fail(&e.to_string()),
     };
     let mut yaml = String::new();
-    for balancer in &migration.balancers {
+    for object in &migration.objects {
         yaml.push_str("---\n");
-        match serde_saphyr::to_string(balancer) {
+        match serde_saphyr::to_string(object) {
             Ok(text) => yaml.push_str(&text),
             Err(e) => return fail(&FromIngressNginxError::Encode(e.to_string()).to_string()),
         }
@@ -361,8 +497,8 @@ mod tests {
             r#""53": "app/echo:dns", "54": "app/echo:dns:PROXY", "55": "app/gone:53""#,
         );
         let migration = from_ingress_nginx("in", &text, &SOURCES).expect("reads");
-        assert_eq!(migration.balancers.len(), 1);
-        let balancer = &migration.balancers[0];
+        assert_eq!(migration.objects.len(), 1);
+        let balancer = &migration.objects[0];
         assert_eq!(balancer["metadata"], json!({"name": "echo-balancer", "namespace": "app"}));
         assert_eq!(balancer["spec"]["service"], json!({"type": "ClusterIP"}));
         assert_eq!(balancer["spec"]["backends"], json!([{"name": "pods", "weight": 100, "selector": {"app": "echo"}}]));
@@ -383,6 +519,62 @@ mod tests {
                 "app/gone (UDP 55): the Service is not in the input",
             ]
         );
+    }
+
+    #[test]
+    fn to_gateway_each_entry_is_a_listener_and_a_route_to_its_services_port() {
+        let text = input(
+            r#""8080": "app/echo:web", "9090": "app/echo:80:PROXY", "9191": "app/gone:80""#,
+            r#""53": "app/echo:dns""#,
+        );
+        let target = GatewayTarget { namespace: "edge", name: "moved", class: "balancer" };
+        let migration = gateway_from_ingress_nginx("in", &text, &SOURCES, &target).expect("reads");
+        let kinds: Vec<&Value> = migration.objects.iter().map(|o| &o["kind"]).collect();
+        assert_eq!(kinds, ["Gateway", "TCPRoute", "UDPRoute"]);
+        let gateway = &migration.objects[0];
+        assert_eq!(gateway["metadata"], json!({"name": "moved", "namespace": "edge"}));
+        assert_eq!(gateway["spec"]["gatewayClassName"], "balancer");
+        let listeners: Vec<(&Value, &Value, &Value)> = gateway["spec"]["listeners"]
+            .as_array()
+            .expect("listeners")
+            .iter()
+            .map(|l| (&l["name"], &l["port"], &l["protocol"]))
+            .collect();
+        assert_eq!(
+            listeners,
+            [(&json!("tcp-8080"), &json!(8080), &json!("TCP")), (&json!("udp-53"), &json!(53), &json!("UDP"))]
+        );
+        assert_eq!(
+            gateway["spec"]["listeners"][0]["allowedRoutes"]["namespaces"]["selector"]["matchExpressions"][0]["values"],
+            json!(["app"]),
+            "only the Services' namespaces attach"
+        );
+        let tcp = &migration.objects[1];
+        assert_eq!(tcp["metadata"], json!({"name": "echo-tcp-8080", "namespace": "app"}));
+        assert_eq!(
+            tcp["spec"],
+            json!({"parentRefs": [{"name": "moved", "namespace": "edge", "sectionName": "tcp-8080"}],
+                   "rules": [{"backendRefs": [{"name": "echo", "port": 80}]}]}),
+            "the Service's port by number, found by its name"
+        );
+        assert_eq!(
+            migration.left_behind,
+            [
+                "app/echo TCP 9090: Gateway API has no PROXY protocol; convert this entry with --to balancer",
+                "app/gone TCP 9191: the Service is not in the input",
+            ]
+        );
+        for object in &migration.objects {
+            let kind = object["kind"].as_str().unwrap_or_default();
+            let reads = match kind {
+                "Gateway" => serde_json::from_value::<crate::gateway::api::gateways::Gateway>(object.clone()).is_ok(),
+                "TCPRoute" => {
+                    serde_json::from_value::<crate::gateway::api::tcproutes::TcpRoute>(object.clone()).is_ok()
+                }
+                _ => serde_json::from_value::<crate::gateway::api::udproutes::UdpRoute>(object.clone()).is_ok(),
+            };
+            assert!(reads, "{kind} reads as Gateway API's type: {object}");
+        }
     }
 
     #[test]
