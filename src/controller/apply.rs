@@ -136,6 +136,30 @@ pub(super) async fn delete_budget(
     Ok(())
 }
 
+/// Deletes `owner`'s proxy (its front Service, Deployment and ConfigMap), as cached: a Gateway's
+/// when none of its listeners is served, so that no pod goes on serving what its status no
+/// longer claims. Returns whether anything was deleted.
+pub(in crate::controller) async fn delete_proxy(ctx: &Context, owner: &Owner) -> Result<bool, Error> {
+    let caches = &ctx.children;
+    let namespace = owner.namespace.as_str();
+    let mut deleted = false;
+    if let Some(cached) = caches.services.get(&ObjectRef::new(&owner.name).within(namespace)) {
+        let api: Api<Service> = Api::namespaced(ctx.client.clone(), &owner.namespace);
+        deleted |= delete_if_ours(&api, cached.as_ref(), owner, DeleteParams::default()).await?;
+    }
+    let deployment = crate::api::proxy_deployment_name(&owner.name);
+    if let Some(cached) = caches.deployments.get(&ObjectRef::new(&deployment).within(namespace)) {
+        let api: Api<Deployment> = Api::namespaced(ctx.client.clone(), &owner.namespace);
+        deleted |= delete_if_ours(&api, cached.as_ref(), owner, DeleteParams::background()).await?;
+    }
+    let config_map = crate::api::proxy_configmap_name(&owner.name);
+    if let Some(cached) = caches.config_maps.get(&ObjectRef::new(&config_map).within(namespace)) {
+        let api: Api<k8s_openapi::api::core::v1::ConfigMap> = Api::namespaced(ctx.client.clone(), &owner.namespace);
+        deleted |= delete_if_ours(&api, cached.as_ref(), owner, DeleteParams::default()).await?;
+    }
+    Ok(deleted)
+}
+
 /// Deletes `object` (as a cache or a read has it) while `owner` controls it: exactly that object,
 /// by uid, never a namesake created since. `false` when it is not `owner`'s or already gone.
 async fn delete_if_ours<K>(

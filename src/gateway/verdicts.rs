@@ -9,8 +9,9 @@ use super::attachment::{ListenerProtocol, RouteKind, allowed_kinds};
 /// One listener's verdict.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Verdict {
-    /// `Accepted`: `Err(UnsupportedProtocol)` for HTTP, HTTPS, TLS that terminates, or a
-    /// protocol balancer does not know. (Gateway API's reason for a protocol not served.)
+    /// `Accepted`: `Err(UnsupportedProtocol)` for HTTP, HTTPS or a protocol balancer does not
+    /// know; `Err(UnsupportedValue)` for TLS in mode Terminate (the protocol is served, that
+    /// mode is not). (Gateway API's reason for a protocol not served.)
     pub accepted: Result<(), &'static str>,
     /// `Conflicted`: the reason when another listener shares its port and balancer cannot tell
     /// their connections apart (`ProtocolConflict`, `HostnameConflict`).
@@ -44,7 +45,11 @@ pub fn verdicts(listeners: &[GatewayListeners]) -> Vec<Verdict> {
             let (supported_kinds, invalid_kinds) = allowed_kinds(&listeners[i]);
             let served = protocols[i] != ListenerProtocol::Unsupported;
             Verdict {
-                accepted: if served { Ok(()) } else { Err("UnsupportedProtocol") },
+                accepted: match (served, listeners[i].protocol.as_str()) {
+                    (true, _) => Ok(()),
+                    (false, "TLS") => Err("UnsupportedValue"),
+                    (false, _) => Err("UnsupportedProtocol"),
+                },
                 conflicted: served.then(|| conflict(listeners, &protocols, i)).flatten(),
                 resolved_refs: if invalid_kinds { Err("InvalidRouteKinds") } else { Ok(()) },
                 supported_kinds,
@@ -120,6 +125,18 @@ mod tests {
         ]));
         let (protocol, hostname) = ((true, Some("ProtocolConflict")), (true, Some("HostnameConflict")));
         assert_eq!(conflicts, [protocol, protocol, protocol, hostname, hostname, hostname, hostname, (false, None)]);
+    }
+
+    #[test]
+    fn tls_that_terminates_is_an_unsupported_value_and_http_an_unsupported_protocol() {
+        let listeners: Vec<GatewayListeners> = serde_json::from_value(json!([
+            {"name": "terminate", "port": 443, "protocol": "TLS", "tls": {"mode": "Terminate"}},
+            {"name": "web", "port": 80, "protocol": "HTTP"},
+            {"name": "passthrough", "port": 8443, "protocol": "TLS"},
+        ]))
+        .expect("listeners");
+        let accepted: Vec<Result<(), &str>> = verdicts(&listeners).into_iter().map(|v| v.accepted).collect();
+        assert_eq!(accepted, [Err("UnsupportedValue"), Err("UnsupportedProtocol"), Ok(())]);
     }
 
     #[test]

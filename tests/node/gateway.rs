@@ -204,12 +204,15 @@ fn tls_backend(name: &str, hostname: &str) -> (String, CertificateDer<'static>) 
     (objects.to_string(), cert.der().clone())
 }
 
-/// A Gateway with one TLS passthrough listener, and a TLSRoute per `(name, hostname)` to
-/// Service `tls-<name>`.
+/// A Gateway with one TLS passthrough listener, its proxy settings from a ConfigMap (two pods,
+/// a 10-minute drain), and a TLSRoute per `(name, hostname)` to Service `tls-<name>`.
 fn tls_gateway(routes: &[(&str, &str)]) -> String {
     let mut out = format!(
-        "apiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: {{name: {TLS_GATEWAY}, namespace: {NS}}}\n\
-         spec:\n  gatewayClassName: balancer\n  listeners:\n  \
+        "apiVersion: v1\nkind: ConfigMap\nmetadata: {{name: tls-edge-proxy, namespace: {NS}}}\n\
+         data: {{replicas: \"2\", proxy: \"drainTimeout: 10m\"}}\n---\n\
+         apiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: {{name: {TLS_GATEWAY}, namespace: {NS}}}\n\
+         spec:\n  gatewayClassName: balancer\n  \
+         infrastructure: {{parametersRef: {{group: \"\", kind: ConfigMap, name: tls-edge-proxy}}}}\n  listeners:\n  \
          - {{name: tls, port: {TLS_PORT}, protocol: TLS, tls: {{mode: Passthrough}}}}\n"
     );
     for (name, hostname) in routes {
@@ -252,7 +255,8 @@ async fn tls_ask(address: &str, name: &str, trusted: &CertificateDer<'static>) -
 
 /// TLS passthrough on real nodes: two server names on one TLS listener each reach their own
 /// backend, whose certificate (trusted for that name alone) the client verifies through the
-/// proxy; a name no route covers, and no name at all, are refused.
+/// proxy; a name no route covers, and no name at all, are refused. The Gateway's proxy has the
+/// two pods its `parametersRef` ConfigMap asks for.
 pub async fn a_tlsroute_sends_each_server_name_to_its_own_backend(world: &mut World) {
     world.ensure_namespace().await;
     world.ensure_gateway_api().await;
@@ -287,7 +291,10 @@ pub async fn a_tlsroute_sends_each_server_name_to_its_own_backend(world: &mut Wo
         }
         println!("node: TLS passthrough: {name} refused ({})", refused.err().unwrap_or_default());
     }
-    assert!(!proxy_pod_uids(world, TLS_PROXY).await.is_empty());
+    eventually("the two proxy pods the Gateway's parameters ask for", Duration::from_secs(60), || async {
+        (proxy_pod_uids(world, TLS_PROXY).await.len() == 2).then_some(())
+    })
+    .await;
 }
 
 /// A Balancer beside the Gateway, in the same namespace: port 80 to the v2 echo pods.
@@ -342,3 +349,72 @@ pub async fn a_gateway_and_a_balancer_in_one_namespace_coexist(world: &mut World
     proxy_gone(world, "side").await;
     on_gateway.assert_no_failures("through the Gateway while the Balancer beside it was deleted").await;
 }
+
+/// Where the conformance run writes its report (the committed one, `conformance/`, is copied
+/// from it by hand: see conformance/README.md).
+fn report_path() -> std::path::PathBuf {
+    let target = std::env::var_os("CARGO_TARGET_DIR").map(std::path::PathBuf::from);
+    target.unwrap_or_else(|| repo("target")).join("gateway-api-conformance-report.yaml")
+}
+
+/// Gateway API's conformance suite at v1.7.0 (`tests/kubernetes/conformance.sh`, balancer's
+/// harness) for the GATEWAY-TCP, GATEWAY-UDP and GATEWAY-TLS profiles, run from the host
+/// (which reaches the Gateways' cluster IPs) against the operator installed the README's way.
+/// The test binary's exit status decides; its report is printed and written beside the build.
+pub async fn gateway_api_conformance_for_tcp_udp_and_tls(world: &mut World) {
+    world.ensure_gateway_api().await;
+    let report = report_path();
+    let _ = std::fs::remove_file(&report);
+    let kubeconfig = world.plane.kubeconfig("admin");
+    let suite = world.conformance.join("conformance.test");
+    let skipped: Vec<&str> = CONFORMANCE_SKIPS.iter().map(|(test, _)| *test).collect();
+    let args = [
+        "-test.run=TestBalancer".to_string(),
+        "-test.v".into(),
+        "-test.timeout=20m".into(),
+        "-gateway-class=balancer".into(),
+        "-conformance-profiles=GATEWAY-TCP,GATEWAY-UDP,GATEWAY-TLS".into(),
+        format!("-skip-tests={}", skipped.join(",")),
+        format!("-report-output={}", report.display()),
+        "-organization=balancer".into(),
+        "-project=balancer".into(),
+        "-url=https://github.com/hliangzhao/balancer".into(),
+        format!("-version=v{}", env!("CARGO_PKG_VERSION")),
+        "-contact=@balancer-maintainers".into(),
+        "-mode=default".into(),
+    ];
+    println!("node: conformance: KUBECONFIG={} {} {}", kubeconfig.display(), suite.display(), args.join(" "));
+    let started = Instant::now();
+    let out = tokio::process::Command::new(&suite)
+        .args(&args)
+        .env("KUBECONFIG", &kubeconfig)
+        .output()
+        .await
+        .expect("the conformance suite runs");
+    let log = String::from_utf8_lossy(&out.stdout);
+    let results: Vec<&str> =
+        log.lines().filter(|l| l.trim_start().starts_with("--- ") && !l.contains("=== RUN")).collect();
+    println!(
+        "node: conformance: {} results in {:.0} s:\n{}",
+        results.len(),
+        started.elapsed().as_secs_f64(),
+        results.join("\n")
+    );
+    if let Ok(written) = std::fs::read_to_string(&report) {
+        println!("node: conformance report ({}):\n{written}", report.display());
+    }
+    if !out.status.success() {
+        let failed: Vec<&str> =
+            log.lines().filter(|l| l.contains("--- FAIL") || l.contains("Error")).take(80).collect();
+        std::fs::write(report.with_extension("log"), log.as_bytes()).expect("write the suite's log");
+        panic!(
+            "the conformance suite failed ({}); its log is in {}:\n{}",
+            out.status,
+            report.with_extension("log").display(),
+            failed.join("\n")
+        );
+    }
+}
+
+/// The suite's tests balancer skips, each with its reason (also in conformance/README.md).
+const CONFORMANCE_SKIPS: &[(&str, &str)] = &[];

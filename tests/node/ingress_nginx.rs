@@ -74,10 +74,64 @@ pub async fn ingress_nginx_tcp_and_udp_services_become_balancers(world: &mut Wor
     world.kubectl.ok(&["delete", "namespace", INGRESS_NS, "--wait=false"]);
 }
 
+/// ingress-nginx's ConfigMaps and the Services they name, rewritten by `balancer
+/// from-ingress-nginx --to gateway` as one Gateway and a route per entry: TCP 7000 and UDP 7053
+/// serve the same pods through the Gateway's address; 7001, behind the PROXY protocol, is left
+/// behind (Gateway API cannot say it) and said so.
+pub async fn ingress_nginx_tcp_and_udp_services_become_a_gateway(world: &mut World) {
+    world.ensure_sample(Sample::ANY).await;
+    world.ensure_udp_backends().await;
+    world.ensure_gateway_api().await;
+    let namespace = format!("apiVersion: v1\nkind: Namespace\nmetadata: {{name: {INGRESS_NS}}}\n");
+    world.kubectl.apply(&namespace);
+    world.kubectl.apply(&ingress_nginx_objects());
+    let listed = world.kubectl.ok(&["get", "-A", "configmaps,services", "-o", "yaml"]);
+    let (gateway, left_behind) = convert(&listed, &["--to", "gateway"]);
+    assert_eq!(
+        left_behind.trim(),
+        format!(
+            "left behind: {NS}/echo-v1 TCP 7001: Gateway API has no PROXY protocol; convert this entry with --to balancer"
+        )
+    );
+    world.kubectl.ok_with(&["apply", "-f", "-"], &gateway);
+    let gateways: kube::Api<balancer::gateway::api::gateways::Gateway> =
+        kube::Api::namespaced(world.admin.clone(), INGRESS_NS);
+    let address = eventually("the converted Gateway Programmed", Duration::from_secs(120), || async {
+        let status = gateways.get("tcp-udp-services").await.ok()?.status?;
+        let programmed = status.conditions?.iter().any(|c| c.type_ == "Programmed" && c.status == "True");
+        programmed.then_some(status.addresses?.first()?.value.clone())
+    })
+    .await;
+    let plain = format!("{address}:7000");
+    let answer = eventually("the v1 echo through the Gateway's TCP 7000", Duration::from_secs(60), || async {
+        one_request(&plain).await.ok().filter(|a| a == "hello world v1")
+    })
+    .await;
+    let echoed = eventually("a UDP echo through the Gateway's 7053", Duration::from_secs(60), || {
+        udp_exchange(&address, 7053, "ping")
+    })
+    .await;
+    println!("node: from ingress-nginx to a Gateway: TCP 7000 {answer:?}; UDP 7053 {echoed:?}");
+    assert!(echoed.trim().ends_with("ping"), "the UDP echo pods answer: {echoed:?}");
+    world.kubectl.ok_with(&["delete", "-f", "-", "--wait=false"], &gateway);
+    world.kubectl.ok(&["-n", NS, "delete", "service", "echo-v1", "udp-echo"]);
+    world.kubectl.ok(&["delete", "namespace", INGRESS_NS, "--wait=false"]);
+}
+
 /// What `balancer from-ingress-nginx -` writes for `listed`; it must leave nothing behind.
 fn from_ingress_nginx(listed: &str) -> String {
+    let (written, left_behind) = convert(listed, &[]);
+    assert!(left_behind.is_empty(), "from-ingress-nginx left something behind: {left_behind}");
+    written
+}
+
+/// What `balancer from-ingress-nginx [ARGS] -` writes for `listed`, and what it says it left
+/// behind.
+fn convert(listed: &str, args: &[&str]) -> (String, String) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_balancer"))
-        .args(["from-ingress-nginx", "-"])
+        .arg("from-ingress-nginx")
+        .args(args)
+        .arg("-")
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -85,9 +139,8 @@ fn from_ingress_nginx(listed: &str) -> String {
         .expect("balancer runs");
     child.stdin.take().expect("stdin").write_all(listed.as_bytes()).expect("the listing is written");
     let out = child.wait_with_output().expect("balancer ends");
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "from-ingress-nginx left something behind: {stderr}");
-    String::from_utf8(out.stdout).expect("YAML")
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    (String::from_utf8(out.stdout).expect("YAML"), stderr)
 }
 
 /// `GET /` after a PROXY protocol v1 header: the body's first line.

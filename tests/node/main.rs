@@ -53,9 +53,11 @@ use faults::{
 };
 use gateway::{
     a_gateway_and_a_balancer_in_one_namespace_coexist, a_tcproute_flips_live_like_a_balancer,
-    a_tlsroute_sends_each_server_name_to_its_own_backend,
+    a_tlsroute_sends_each_server_name_to_its_own_backend, gateway_api_conformance_for_tcp_udp_and_tls,
 };
-use ingress_nginx::ingress_nginx_tcp_and_udp_services_become_balancers;
+use ingress_nginx::{
+    ingress_nginx_tcp_and_udp_services_become_a_gateway, ingress_nginx_tcp_and_udp_services_become_balancers,
+};
 use install::the_operator_installs_from_deploy_as_a_user_would;
 use isolation::a_tenant_whose_sidecars_never_answer_does_not_slow_another_tenant;
 use node::{ClusterServices, Host, KUBERNETES_SERVICE_IP, NODE_A, NODE_B, NODE_IP, Node, SERVICE_CIDR, host_traces};
@@ -115,6 +117,8 @@ struct World {
     cert_manager: PathBuf,
     /// Prometheus and promtool (`tests/kubernetes/prometheus.sh`).
     prometheus: PathBuf,
+    /// Gateway API's conformance suite (`tests/kubernetes/conformance.sh`).
+    conformance: PathBuf,
     /// Which of the fixtures shared by several scenarios the cluster already has.
     fixtures: fixtures::Present,
     host: Host,
@@ -165,9 +169,15 @@ fn main() -> ExitCode {
     let binary = std::env::var("BALANCER_NODE_BINARY").unwrap_or_else(|_| env!("CARGO_BIN_EXE_balancer").into());
     let cert_manager = script_output("tests/kubernetes/cert-manager.sh", &[]);
     let prometheus = script_output("tests/kubernetes/prometheus.sh", &[]);
+    let conformance = script_output("tests/kubernetes/conformance.sh", &[]);
     let images = script_output(
         "tests/node/images.sh",
-        &[&assets.display().to_string(), &binary, &cert_manager.display().to_string()],
+        &[
+            &assets.display().to_string(),
+            &binary,
+            &cert_manager.display().to_string(),
+            &conformance.display().to_string(),
+        ],
     );
     let state = std::env::var_os("BALANCER_NODE_STATE")
         .map(PathBuf::from)
@@ -177,7 +187,7 @@ fn main() -> ExitCode {
     runtime.block_on(async move {
         // Dropping the suite's future tears the node down, as the end of a run does.
         tokio::select! {
-            code = run_suite(&assets, &images, [&cert_manager, &prometheus], &state) => code,
+            code = run_suite(&assets, &images, [&cert_manager, &prometheus, &conformance], &state) => code,
             signal = interrupted() => {
                 println!("node: {signal}: tearing the node down");
                 ExitCode::FAILURE
@@ -201,9 +211,10 @@ async fn interrupted() -> &'static str {
 
 /// Brings the nodes up, runs the scenarios in order (or the ones a name filter names), and
 /// tears everything down.
-/// `tools`: the folders of cert-manager's build and of Prometheus's.
-async fn run_suite(assets: &Path, images: &Path, tools: [&Path; 2], state: &Path) -> ExitCode {
-    let [cert_manager, prometheus] = tools;
+/// `tools`: the folders of cert-manager's build, of Prometheus's and of Gateway API's
+/// conformance suite.
+async fn run_suite(assets: &Path, images: &Path, tools: [&Path; 3], state: &Path) -> ExitCode {
+    let [cert_manager, prometheus, conformance] = tools;
     let started = Instant::now();
     let traces_before = host_traces();
     let host = Host::up(state);
@@ -233,6 +244,7 @@ async fn run_suite(assets: &Path, images: &Path, tools: [&Path; 2], state: &Path
         assets: assets.to_path_buf(),
         cert_manager: cert_manager.to_path_buf(),
         prometheus: prometheus.to_path_buf(),
+        conformance: conformance.to_path_buf(),
         fixtures: fixtures::Present::default(),
         host,
     };
@@ -256,6 +268,8 @@ async fn run_suite(assets: &Path, images: &Path, tools: [&Path; 2], state: &Path
         a_tcproute_flips_live_like_a_balancer,
         a_tlsroute_sends_each_server_name_to_its_own_backend,
         a_gateway_and_a_balancer_in_one_namespace_coexist,
+        ingress_nginx_tcp_and_udp_services_become_a_gateway,
+        gateway_api_conformance_for_tcp_udp_and_tls,
         a_backend_behind_the_proxy_sees_the_client_pods_address,
         with_every_primary_scaled_to_0_the_backup_serves_without_a_failed_request,
         a_node_port_balancer_with_client_ip_affinity_keeps_each_client_on_one_backend,

@@ -15,7 +15,7 @@ use tracing::Instrument;
 
 use super::report::{GatewayOutcome, write_gateway_status, write_route_statuses};
 use super::watches::GatewayCaches;
-use crate::controller::apply::ensure;
+use crate::controller::apply::{delete_proxy, ensure};
 use crate::controller::context::{Context, backoff};
 use crate::controller::exposure::Exposure;
 use crate::controller::probing::{PodProbe, Want};
@@ -104,6 +104,16 @@ async fn converge(gateway: &Gateway, gctx: &GatewayContext) -> Result<Action, Er
         write_gateway_status(ctx, gateway, &assembly, &outcome, now).await?;
         return Ok(Action::await_change());
     }
+    if assembly.listeners.is_empty() {
+        // Nothing to serve (every listener HTTP, say): no proxy, and none left from before.
+        if delete_proxy(ctx, &owner).await? {
+            tracing::info!("no listener is served: the proxy is deleted");
+        }
+        write_route_statuses(ctx, gateway, &routes, &assembly, now).await?;
+        let outcome = GatewayOutcome { refused: None, served: false, addresses: Vec::new() };
+        write_gateway_status(ctx, gateway, &assembly, &outcome, now).await?;
+        return Ok(Action::requeue(RESYNC));
+    }
     // The proxy first: a route's change is on its way to the wire before any status is written.
     let parameters = parameters.unwrap_or_default();
     let proxy = gateway_proxy(&owner, gateway, assembly.listeners.clone(), &ctx.settings, &parameters);
@@ -185,9 +195,11 @@ fn serves(
     if ctx.settings.metrics_image.is_none() {
         return rolled_out(deployment);
     }
-    let ours = format!("{}-", crate::api::proxy_deployment_name(&owner.name));
+    // Every pod of the front Service is this proxy's (the Balancers' filter by name, which keeps
+    // out the Go operator's pods, has no such case here, and would miss pods whose name the
+    // ReplicaSet controller cut short for a long proxy name).
     let want = Want {
-        pods: ctx.children.endpoint_slices.live_addresses(&owner.namespace, &owner.name, &ours),
+        pods: ctx.children.endpoint_slices.live_addresses(&owner.namespace, &owner.name, ""),
         port: proxy::access_log::metrics_port(proxy.workload.port_numbers()),
         id: programmed::config_id(&proxy.nginx_conf),
     };
