@@ -2,7 +2,7 @@
 # Builds the node suite's container images with no registry and prints the
 # directory that holds them as OCI archives, ready for `ctr images import`.
 #
-#   images.sh ASSETS BALANCER_BINARY [CERT_MANAGER]
+#   images.sh ASSETS BALANCER_BINARY [CERT_MANAGER [CONFORMANCE]]
 #
 # - localhost/balancer-test-base:1 — Debian bookworm's essential set (mmdebstrap)
 #   plus nginx-light, libnginx-mod-stream, python3-minimal and haproxy: the proxy (its
@@ -16,6 +16,9 @@
 # - with CERT_MANAGER (the directory tests/kubernetes/cert-manager.sh prints):
 #   localhost/cert-manager-{controller,cainjector,webhook}:VERSION — each static
 #   binary alone, non-root (1000), as the chart's securityContext requires.
+# - with CONFORMANCE (the directory tests/kubernetes/conformance.sh prints):
+#   registry.k8s.io/gateway-api/conformance/echo-basic:{v0.1.0,v0.2.0} — the suite's echo
+#   server alone, under the names its manifests use (nothing is pulled).
 #
 # Needs root for apt-get and mmdebstrap. About 2 minutes the first time.
 set -euo pipefail
@@ -23,6 +26,7 @@ set -euo pipefail
 assets="$1"
 binary="$2"
 cert_manager="${3:-}"
+conformance="${4:-}"
 log() { echo "images: $*" >&2; }
 
 cache="${BALANCER_NODE_CACHE:-${HOME:-/tmp}/.cache/balancer/node}"
@@ -107,6 +111,20 @@ if [ -n "$cert_manager" ]; then
     tar -C "$work/$command" --owner=0 --group=0 --numeric-owner -cf "$work/$command.tar" "$command"
     oci_archive "$out/cert-manager-$command.tar" "localhost/cert-manager-$command:$version" \
       "{$path_env,\"User\":\"1000:1000\",\"Entrypoint\":[\"/$command\"]}" "$work/$command.tar"
+  done
+fi
+
+# Gateway API's conformance echo server, under the names the suite's manifests ask for (v0.2.0
+# is the UDP echo's; the same binary serves both, as its environment says).
+if [ -n "$conformance" ]; then
+  for tag in v0.1.0 v0.2.0; do
+    archive="$out/echo-basic-$tag.tar"
+    [ -s "$archive" ] && [ "$archive" -nt "$conformance/echo-basic" ] && continue
+    mkdir -p "$work/echo-basic"
+    cp "$conformance/echo-basic" "$work/echo-basic/echo-basic"
+    tar -C "$work/echo-basic" --owner=0 --group=0 --numeric-owner -cf "$work/echo-basic.tar" echo-basic
+    oci_archive "$archive" "registry.k8s.io/gateway-api/conformance/echo-basic:$tag" \
+      "{$path_env,\"Entrypoint\":[\"/echo-basic\"]}" "$work/echo-basic.tar"
   done
 fi
 
