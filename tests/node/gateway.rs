@@ -77,6 +77,13 @@ pub async fn install_gateway_api(world: &World) {
     world.kubectl.ok(&["-n", "balancer-system", "rollout", "restart", "deployment/balancer"]);
     world.kubectl.ok(&["-n", "balancer-system", "rollout", "status", "deployment/balancer", "--timeout=120s"]);
     world.kubectl.apply(CLASS);
+    let classes: Api<balancer::gateway::api::gatewayclasses::GatewayClass> = Api::all(world.admin.clone());
+    eventually("balancer's GatewayClass accepted, with its features", Duration::from_secs(60), || async {
+        let status = classes.get("balancer").await.ok()?.status?;
+        let accepted = status.conditions?.iter().any(|c| c.type_ == "Accepted" && c.status == "True");
+        (accepted && !status.supported_features?.is_empty()).then_some(())
+    })
+    .await;
 }
 
 /// balancer's GatewayClass, as docs/gateway-api.md makes it.
@@ -385,36 +392,50 @@ pub async fn gateway_api_conformance_for_tcp_udp_and_tls(world: &mut World) {
     ];
     println!("node: conformance: KUBECONFIG={} {} {}", kubeconfig.display(), suite.display(), args.join(" "));
     let started = Instant::now();
-    let out = tokio::process::Command::new(&suite)
+    // Its log goes to a file as it runs (tail it to follow a run), read back at the end.
+    let log_path = report.with_extension("log");
+    let log_file = std::fs::File::create(&log_path).expect("the suite's log file");
+    let status = tokio::process::Command::new(&suite)
         .args(&args)
         .env("KUBECONFIG", &kubeconfig)
-        .output()
+        // An interrupted scenario does not leave it running against the next cluster.
+        .kill_on_drop(true)
+        .stdout(log_file.try_clone().expect("the log file"))
+        .stderr(log_file)
+        .status()
         .await
         .expect("the conformance suite runs");
-    let log = String::from_utf8_lossy(&out.stdout);
-    let results: Vec<&str> =
-        log.lines().filter(|l| l.trim_start().starts_with("--- ") && !l.contains("=== RUN")).collect();
+    let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+    let results: Vec<&str> = log.lines().filter(|l| l.trim_start().starts_with("--- ")).collect();
     println!(
-        "node: conformance: {} results in {:.0} s:\n{}",
+        "node: conformance: {} results in {:.0} s (log: {}):\n{}",
         results.len(),
         started.elapsed().as_secs_f64(),
+        log_path.display(),
         results.join("\n")
     );
     if let Ok(written) = std::fs::read_to_string(&report) {
         println!("node: conformance report ({}):\n{written}", report.display());
     }
-    if !out.status.success() {
-        let failed: Vec<&str> =
-            log.lines().filter(|l| l.contains("--- FAIL") || l.contains("Error")).take(80).collect();
-        std::fs::write(report.with_extension("log"), log.as_bytes()).expect("write the suite's log");
-        panic!(
-            "the conformance suite failed ({}); its log is in {}:\n{}",
-            out.status,
-            report.with_extension("log").display(),
-            failed.join("\n")
-        );
-    }
+    assert!(status.success(), "the conformance suite failed ({status}); its log is in {}", log_path.display());
 }
 
-/// The suite's tests balancer skips, each with its reason (also in conformance/README.md).
-const CONFORMANCE_SKIPS: &[(&str, &str)] = &[];
+/// The suite's tests balancer skips, each with its reason (also in conformance/README.md):
+/// every one needs a Gateway whose listeners are HTTP or HTTPS, which balancer reports
+/// `UnsupportedProtocol` and never `Programmed`, so the suite's wait for its Gateways to be
+/// ready would never end (gateway-api issue #2403).
+const CONFORMANCE_SKIPS: &[(&str, &str)] = &[
+    ("GatewayListenerUnsupportedProtocol", "its Gateways have HTTP listeners, which balancer does not serve"),
+    ("GatewayInvalidRouteKind", "its Gateway has an HTTP listener and an HTTPRoute"),
+    ("GatewayInvalidTLSConfiguration", "its Gateways have HTTPS listeners (TLS that terminates)"),
+    ("GatewayModifyListeners", "its Gateways have HTTP listeners and HTTPRoutes"),
+    ("GatewayNameMaximumLength", "its Gateway has an HTTP listener only"),
+    ("GatewayObservedGenerationBump", "its Gateway has an HTTP listener only"),
+    ("GatewayPreserveForeignConditions", "its Gateway has an HTTP listener only"),
+    ("GatewaySecretInvalidReferenceGrant", "an HTTPS listener's certificate Secret"),
+    ("GatewaySecretMissingReferenceGrant", "an HTTPS listener's certificate Secret"),
+    ("GatewaySecretReferenceGrantAllInNamespace", "an HTTPS listener's certificate Secret"),
+    ("GatewaySecretReferenceGrantSpecific", "an HTTPS listener's certificate Secret"),
+    ("TCPRouteInvalidNonTCPListener", "its only Gateway has an HTTP listener only"),
+    ("TLSRouteInvalidNoMatchingListener", "its only Gateway has an HTTP listener only"),
+];
