@@ -349,6 +349,15 @@ pub struct CheckArgs {
     pub policy: PolicyArgs,
 }
 
+/// What `balancer from-ingress-nginx` writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum MigrationTarget {
+    /// One Balancer per Service.
+    Balancer,
+    /// One Gateway, and a route per entry.
+    Gateway,
+}
+
 #[derive(Debug, Args)]
 pub struct FromIngressNginxArgs {
     /// YAML with the ConfigMaps and the Services their entries name (`kubectl get -A
@@ -367,7 +376,7 @@ pub struct FromIngressNginxArgs {
     /// What to write: Balancers, or a Gateway (in the namespace of --tcp-services) with a
     /// TCPRoute or UDPRoute per entry.
     #[arg(long, value_enum, default_value = "balancer")]
-    pub to: crate::cli::ingress_nginx::Target,
+    pub to: MigrationTarget,
     /// The Gateway's name, with --to gateway.
     #[arg(long, default_value = "tcp-udp-services")]
     pub gateway_name: String,

@@ -16,7 +16,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, Service, ServicePort};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use serde_json::{Value, json};
 
-use super::args::FromIngressNginxArgs;
+use super::args::{FromIngressNginxArgs, MigrationTarget as Target};
 use super::io::{fail, out, read_input};
 use super::yaml::{YamlError, admit_document, doc_kind, is_list, yaml_documents};
 use crate::api::{GROUP, KIND, STORAGE_VERSION};
@@ -32,15 +32,6 @@ pub enum FromIngressNginxError {
     NoConfigMap { source_name: String, tcp: String, udp: String },
     #[error("cannot encode YAML: {0}")]
     Encode(String),
-}
-
-/// What the conversion writes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum Target {
-    /// One Balancer per Service.
-    Balancer,
-    /// One Gateway, and a route per entry.
-    Gateway,
 }
 
 /// What the conversion made: Balancers (or a Gateway and its routes), and what it could not
@@ -171,6 +162,9 @@ pub fn from_ingress_nginx(
     Ok(migration)
 }
 
+/// The most listeners a Gateway may have (its CRD's `maxItems`).
+const MAX_LISTENERS: usize = 64;
+
 /// Where the Gateway goes: its namespace and name, and its GatewayClass.
 #[derive(Clone, Copy)]
 pub struct GatewayTarget<'a> {
@@ -221,6 +215,10 @@ pub fn gateway_from_ingress_nginx(
                 continue;
             }
         };
+        if listeners.len() == MAX_LISTENERS {
+            left_behind.push(format!("{at}: a Gateway holds {MAX_LISTENERS} listeners at most"));
+            continue;
+        }
         let section = format!("{}-{}", entry.protocol.as_str().to_ascii_lowercase(), entry.port);
         let kind = match entry.protocol {
             Protocol::Tcp => "TCPRoute",

@@ -137,7 +137,8 @@ impl Reflected<StoredBalancer> {
     }
 }
 
-fn api<K>(client: &Client, scope: &Scope) -> Api<K>
+/// The API of `K` in `scope`: every namespace, or one.
+pub(super) fn api<K>(client: &Client, scope: &Scope) -> Api<K>
 where
     K: Resource<Scope = NamespaceResourceScope, DynamicType = ()>,
 {

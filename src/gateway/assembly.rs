@@ -117,7 +117,7 @@ where
 {
     let mut resolved = Ok(());
     let mut backends = Vec::new();
-    for reference in route.backend_references() {
+    for (index, reference) in route.backend_references().enumerate() {
         let target_namespace = reference.namespace.unwrap_or(&route.namespace);
         services.push((target_namespace.to_string(), reference.name.to_string()));
         let grants = (lookups.grants)(target_namespace);
@@ -134,9 +134,14 @@ where
                 Targets::Refused
             }
         };
-        let port = reference.port.unwrap_or_default();
+        // Named for what it is when it resolved (a Service's namespace and name are DNS names);
+        // else by its place in the route, never by text the route's author chose.
+        let name = match &found {
+            Ok(service) => format!("{}/{}:{}", service.namespace, service.name, service.port),
+            Err(_) => format!("{}/{}#{index}", route.namespace, route.name),
+        };
         backends.push(WeightedBackend {
-            name: format!("{target_namespace}/{}:{port}", reference.name),
+            name,
             weight: reference.weight(),
             backup: false,
             max_fails: None,
@@ -219,7 +224,7 @@ mod tests {
             [
                 ("apps/v1:5432", "10.96.0.11:5432", 70),
                 ("apps/v2:5432", "10.96.0.12:5432", 30),
-                ("apps/gone:5432", "127.0.0.1:1", 0)
+                ("apps/split#2", "127.0.0.1:1", 0)
             ],
             "the oldest route serves, by weight, the missing Service refused"
         );
@@ -231,5 +236,22 @@ mod tests {
         assert!(assembly.findings[3].is_empty(), "no finding for another Gateway's reference");
         let services: Vec<&str> = assembly.services.iter().map(|(_, n)| n.as_str()).collect();
         assert_eq!(services, ["gone", "v1", "v2"]);
+    }
+
+    #[test]
+    fn a_backend_name_written_to_inject_a_directive_never_reaches_the_proxy() {
+        let lookups = Lookups {
+            namespace_labels: |_: &str| BTreeMap::new(),
+            service: |_: &str, _: &str| None::<&Service>,
+            grants: |_: &str| Vec::new(),
+        };
+        let evil = "x;\n    server 10.0.0.1:1;\n#";
+        let routes =
+            [route("evil", 1, json!({"name": "gw", "sectionName": "pg"}), json!([{"name": evil, "port": 5432}]))];
+        let assembly = assemble(&gateway(), &routes, &lookups);
+        let backends: Vec<&str> = assembly.listeners[0].servers.iter().map(|s| s.backend.as_str()).collect();
+        assert_eq!(backends, ["apps/evil#0"], "named by its place, not by its text");
+        let resolved = &assembly.findings[0][0].1.resolved;
+        assert_eq!(resolved.as_ref().map_err(|e| e.0), Err("BackendNotFound"));
     }
 }

@@ -9,6 +9,7 @@ use k8s_openapi::api::core::v1::Service;
 
 use super::api::referencegrants::ReferenceGrant;
 use super::attachment::{GROUP, RouteKind};
+use crate::api::formats::is_dns1123_subdomain;
 
 /// One `backendRef` of a route's rule, as every route kind spells it.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -104,6 +105,9 @@ pub fn resolve<S: Deref<Target = Service>>(
         return Err(Unresolved::RefNotPermitted);
     }
     let not_found = |why: String| Err(Unresolved::BackendNotFound(why));
+    if !is_dns1123_subdomain(reference.name) {
+        return not_found("the name is not a Service's (a DNS-1123 subdomain)".into());
+    }
     let Some(port) = reference.port.and_then(|p| u16::try_from(p).ok()).filter(|&p| p > 0) else {
         return not_found("a Service reference needs a port".into());
     };
@@ -119,6 +123,12 @@ pub fn resolve<S: Deref<Target = Service>>(
         return not_found(format!("Service {namespace}/{} has no port {port}", reference.name));
     }
     let cluster_ip = spec.and_then(|s| s.cluster_ip.as_deref()).and_then(|ip| ip.parse().ok());
+    if cluster_ip.is_none() {
+        return not_found(format!(
+            "Service {namespace}/{} has no cluster IP (a headless Service): balancer sends to a Service's cluster IP",
+            reference.name
+        ));
+    }
     Ok(ResolvedService { namespace: namespace.to_string(), name: reference.name.to_string(), port, cluster_ip })
 }
 
@@ -145,7 +155,8 @@ mod tests {
 
     fn service(namespace: &str, name: &str, kind: &str, ports: &[i32]) -> Service {
         let ports: Vec<serde_json::Value> = ports.iter().map(|p| json!({"port": p})).collect();
-        let value = json!({"metadata": {"namespace": namespace, "name": name}, "spec": {"type": kind, "ports": ports}});
+        let value = json!({"metadata": {"namespace": namespace, "name": name},
+                           "spec": {"type": kind, "ports": ports, "clusterIP": "10.96.0.10"}});
         serde_json::from_value(value).expect("a Service")
     }
 
@@ -180,7 +191,8 @@ mod tests {
         let resolve_in = |reference: BackendRef<'_>, grants: &[ReferenceGrant]| {
             resolve(RouteKind::Tcp, "apps", &reference, find, grants).map_err(|e| e.reason())
         };
-        let pg = ResolvedService { namespace: "apps".into(), name: "pg".into(), port: 5432, cluster_ip: None };
+        let cluster_ip = Some("10.96.0.10".parse().expect("an address"));
+        let pg = ResolvedService { namespace: "apps".into(), name: "pg".into(), port: 5432, cluster_ip };
         assert_eq!(resolve_in(refer(None, "pg", Some(5432)), &[]), Ok(pg));
         let kinds = [(Some("example.com"), None), (Some(""), Some("Pod")), (None, Some("ServiceImport"))];
         for (group, kind) in kinds {
@@ -192,6 +204,7 @@ mod tests {
             refer(None, "pg", Some(5433)),
             refer(None, "pg", None),
             refer(None, "outside", Some(5432)),
+            refer(None, "pg\n    server 10.0.0.1:1;", Some(5432)),
         ] {
             assert_eq!(resolve_in(missing, &[]), Err("BackendNotFound"), "{missing:?}");
         }

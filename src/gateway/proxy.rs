@@ -166,12 +166,28 @@ fn carry(meta: &mut ObjectMeta, (labels, annotations): &(BTreeMap<String, String
     }
 }
 
-/// Why `gateway`'s `spec.infrastructure` is refused under `policy`, if it is: an annotation
-/// whose key starts with none of `--allowed-pod-annotation-prefixes`, as a Balancer's
-/// `spec.proxy.podAnnotations` would be.
+/// Whether `key` is in Kubernetes' own domains (`kubernetes.io`, `k8s.io`, and their
+/// subdomains).
+fn is_reserved(key: &str) -> bool {
+    let domain = key.split_once('/').map_or("", |(domain, _)| domain);
+    ["kubernetes.io", "k8s.io"].iter().any(|d| domain == *d || domain.ends_with(&format!(".{d}")))
+}
+
+/// Why `gateway`'s `spec.infrastructure` is refused under `policy`, if it is: an annotation in
+/// Kubernetes' own domains, or one whose key starts with none of
+/// `--allowed-pod-annotation-prefixes`, as a Balancer's `spec.proxy.podAnnotations` would be.
 pub fn infrastructure_refusal(gateway: &Gateway, policy: &SpecPolicy) -> Option<String> {
-    let allowed = policy.scheduling.pod_annotation_prefixes.as_ref()?;
     let annotations = gateway.spec.infrastructure.as_ref()?.annotations.as_ref()?;
+    // Kubernetes' own keys belong to its controllers (a Deployment's revision, say): written
+    // by balancer too, the two would rewrite each other.
+    let reserved: Vec<&str> = annotations.keys().filter(|key| is_reserved(key)).map(String::as_str).collect();
+    if !reserved.is_empty() {
+        return Some(format!(
+            "spec.infrastructure.annotations: {} are Kubernetes' own (kubernetes.io/ and k8s.io/ keys)",
+            crate::util::echo::quoted(&reserved.join(", "))
+        ));
+    }
+    let allowed = policy.scheduling.pod_annotation_prefixes.as_ref()?;
     let refused: Vec<&str> = annotations
         .keys()
         .filter(|key| !allowed.iter().any(|prefix| key.starts_with(prefix.as_str())))
@@ -185,4 +201,37 @@ pub fn infrastructure_refusal(gateway: &Gateway, policy: &SpecPolicy) -> Option<
             allowed.join(", ")
         )
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn gateway(annotations: serde_json::Value) -> Gateway {
+        serde_json::from_value(json!({
+            "metadata": {"namespace": "apps", "name": "gw"},
+            "spec": {"gatewayClassName": "balancer", "listeners": [], "infrastructure": {"annotations": annotations}}
+        }))
+        .expect("a Gateway")
+    }
+
+    #[test]
+    fn infrastructure_annotations_stay_out_of_kubernetes_own_keys_and_within_the_policy() {
+        let any = SpecPolicy::default();
+        assert_eq!(infrastructure_refusal(&gateway(json!({"example.com/team": "db"})), &any), None);
+        for key in ["deployment.kubernetes.io/revision", "kubernetes.io/description", "x.k8s.io/y"] {
+            assert!(infrastructure_refusal(&gateway(json!({key: "1"})), &any).is_some(), "{key}");
+        }
+        let strict = SpecPolicy {
+            scheduling: crate::spec::SchedulingPolicy {
+                pod_annotation_prefixes: Some(vec!["prometheus.io/".into()]),
+                ..crate::spec::SchedulingPolicy::ANY
+            },
+            ..SpecPolicy::default()
+        };
+        assert!(infrastructure_refusal(&gateway(json!({"example.com/team": "db"})), &strict).is_some());
+        assert_eq!(infrastructure_refusal(&gateway(json!({"prometheus.io/scrape": "true"})), &strict), None);
+    }
 }

@@ -70,7 +70,9 @@ pub struct Writing<'a> {
 }
 
 impl Writing<'_> {
-    fn condition(&self, type_: &str, status: bool, reason: &str, message: impl Into<String>) -> Condition {
+    /// A condition as written now, keeping the previous one's transition time while its status
+    /// holds.
+    pub fn condition(&self, type_: &str, status: bool, reason: &str, message: impl Into<String>) -> Condition {
         let condition = Condition {
             type_: type_.to_string(),
             status: if status { "True" } else { "False" }.to_string(),

@@ -282,6 +282,13 @@ async fn supervise(
     let gateway_api = gateway::discover(&clients.direct).await;
     gateway_api.log();
     options.gateway_api = gateway_api == gateway::GatewayApi::Served;
+    if options.gateway_api && matches!(options.scope, controller::Scope::Namespace(_)) {
+        // GatewayClasses are cluster-wide, which a namespaced install's Role cannot read.
+        tracing::info!(
+            "Gateway API is off: the operator watches one namespace (--watch-namespace); Gateways need the cluster-wide install"
+        );
+        options.gateway_api = false;
+    }
     let Some(election) = cluster.leader_election else {
         metrics.set_leader(true);
         controller::run(clients, options, metrics.clone(), synced, shutdown).await;

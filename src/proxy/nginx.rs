@@ -126,6 +126,14 @@ pub fn upstream_zone(servers: usize) -> String {
     format!("{}k", MIN_KIB.max(servers.saturating_add(256)))
 }
 
+/// `text` as a comment may hold it: only letters, digits and `.` `_` `:` `/` `-`, each other
+/// character written `_`. A name that reaches a comment (a route's backend) can then never end
+/// the comment and become a directive, whatever its object's validation let through.
+fn comment_text(text: &str) -> String {
+    let safe = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | ':' | '/' | '-');
+    text.chars().map(|c| if safe(c) { c } else { '_' }).collect()
+}
+
 /// One `upstream`: the balancing method, then each server with its weight, passive health,
 /// limit and role, and in a comment what `describe` says of its backend (a Balancer's backend
 /// Service; a route's backends are named for what they are). Without servers (a TLS listener whose
@@ -147,7 +155,7 @@ fn write_upstream(
         let _ = writeln!(conf, "        server {NO_SERVER} down;  # no route for the name the client sent");
     }
     for server in servers {
-        let service = describe(&server.backend);
+        let service = comment_text(&describe(&server.backend));
         let Server { address, weight, backup, .. } = server;
         let role = if *backup { " backup" } else { "" };
         let _ = match weight {

@@ -6,9 +6,7 @@
 use std::time::{Duration, Instant};
 
 use balancer::gateway::api::gateways::Gateway;
-use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
-use kube::api::ListParams;
 use rustls::RootCertStore;
 use rustls::pki_types::{CertificateDer, ServerName};
 use serde_json::json;
@@ -18,7 +16,7 @@ use crate::fixtures::{Sample, backend_deployment};
 use crate::toolkit::load::{Held, Load, one_request};
 use crate::toolkit::repo::repo;
 use crate::toolkit::runner::eventually;
-use crate::weights::{Flips, only_answer, quantile};
+use crate::weights::{Flips, live_pod_uids, only_answer, quantile};
 use crate::{NS, World};
 
 /// The Gateway's name, and its proxy's (GEP-1762's `<gateway>-<class>`).
@@ -105,17 +103,7 @@ async fn programmed_address(world: &World, name: &str) -> String {
 
 /// The UIDs of the live pods of proxy `proxy` (a Gateway's, by its GEP-1762 name).
 async fn proxy_pod_uids(world: &World, proxy: &str) -> Vec<String> {
-    let pods: Api<Pod> = Api::namespaced(world.admin.clone(), NS);
-    let selector = balancer::proxy::proxy_selector_string(proxy);
-    let listed = pods.list(&ListParams::default().labels(&selector)).await.expect("proxy pods");
-    let mut uids: Vec<String> = listed
-        .items
-        .into_iter()
-        .filter(|p| p.metadata.deletion_timestamp.is_none())
-        .filter_map(|p| p.metadata.uid)
-        .collect();
-    uids.sort();
-    uids
+    live_pod_uids(world, &balancer::proxy::proxy_selector_string(proxy)).await
 }
 
 /// A TCPRoute's weights flipped between two backends under load (20 times 5 s apart with

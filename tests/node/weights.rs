@@ -380,8 +380,13 @@ fn wait_live_as_the_guide_says(world: &World) {
 
 /// The UIDs of the sample's live proxy pods.
 async fn proxy_pod_uids(world: &World) -> Vec<String> {
+    live_pod_uids(world, &nodes::proxy_pods()).await
+}
+
+/// The UIDs of the live (not terminating) pods in [`NS`] that `selector` selects, sorted.
+pub async fn live_pod_uids(world: &World, selector: &str) -> Vec<String> {
     let pods: Api<Pod> = Api::namespaced(world.admin.clone(), NS);
-    let listed = pods.list(&ListParams::default().labels(&nodes::proxy_pods())).await.expect("proxy pods");
+    let listed = pods.list(&ListParams::default().labels(selector)).await.expect("pods");
     let mut uids: Vec<String> = listed
         .items
         .into_iter()

@@ -102,7 +102,8 @@ async fn converge(gateway: &Gateway, gctx: &GatewayContext) -> Result<Action, Er
         write_route_statuses(ctx, gateway, &routes, &assembly, now).await?;
         let outcome = GatewayOutcome { refused: Some(refusal), served: false, addresses: Vec::new() };
         write_gateway_status(ctx, gateway, &assembly, &outcome, now).await?;
-        return Ok(Action::await_change());
+        // A parameters ConfigMap is not watched: looked at again after the resync period.
+        return Ok(Action::requeue(RESYNC));
     }
     if assembly.listeners.is_empty() {
         // Nothing to serve (every listener HTTP, say): no proxy, and none left from before.

@@ -21,7 +21,6 @@ use crate::gateway::assembly::Assembly;
 use crate::gateway::attachment::RouteKind;
 use crate::gateway::routes::{RouteView, parent_ref_value};
 use crate::gateway::status::{CONTROLLER_NAME, Writing, listener_status, route_parent_status};
-use crate::runtime::conditions::keep_transition;
 
 /// The features a GatewayClass of balancer's lists in `status.supportedFeatures`, sorted as
 /// Gateway API asks: the core features of the GATEWAY-TCP, GATEWAY-UDP and GATEWAY-TLS
@@ -112,17 +111,9 @@ fn gateway_status(gateway: &Gateway, assembly: &Assembly, outcome: &GatewayOutco
     })
 }
 
+/// [`Writing::condition`], as the status's JSON holds it.
 fn condition(at: &Writing<'_>, type_: &str, status: bool, reason: &str, message: &str) -> Value {
-    let written = Condition {
-        type_: type_.to_string(),
-        status: if status { "True" } else { "False" }.to_string(),
-        reason: reason.to_string(),
-        message: message.to_string(),
-        observed_generation: at.generation,
-        last_transition_time: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(at.now),
-    };
-    let kept = keep_transition(written, at.previous.iter().find(|c| c.type_ == type_));
-    serde_json::to_value(kept).unwrap_or_default()
+    serde_json::to_value(at.condition(type_, status, reason, message)).unwrap_or_default()
 }
 
 /// Writes each route's `status.parents` entries for `gateway` when they differ: one per

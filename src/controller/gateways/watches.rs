@@ -16,7 +16,7 @@ use kube::runtime::{WatchStreamExt, predicates, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
 
 use crate::controller::context::Scope;
-use crate::controller::watches::{watch, watch_config};
+use crate::controller::watches::{api, watch, watch_config};
 use crate::gateway::api::gatewayclasses::GatewayClass;
 use crate::gateway::api::gateways::Gateway;
 use crate::gateway::api::referencegrants::ReferenceGrant;
@@ -310,15 +310,5 @@ fn slim_service(service: &mut Service) {
             ports: spec.ports,
             ..ServiceSpec::default()
         });
-    }
-}
-
-fn api<K>(client: &Client, scope: &Scope) -> Api<K>
-where
-    K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>,
-{
-    match scope {
-        Scope::All => Api::all(client.clone()),
-        Scope::Namespace(ns) => Api::namespaced(client.clone(), ns),
     }
 }
