@@ -94,8 +94,11 @@ async fn converge(gateway: &Gateway, gctx: &GatewayContext) -> Result<Action, Er
         service: |namespace: &str, name: &str| caches.services.get(&ObjectRef::new(name).within(namespace)),
         grants: |namespace: &str| grants_in(caches, namespace),
     };
+    // The Services the routes name are recorded before the cache is read: a Service that
+    // arrives later wakes this Gateway; one that arrived earlier is in the cache it reads.
+    let referenced = referenced_services(&routes);
+    caches.index.record(&gateway_ref, (owner.namespace.clone(), owner.name.clone()), &referenced);
     let assembly = assemble(gateway, &routes, &lookups);
-    caches.index.record(&gateway_ref, (owner.namespace.clone(), owner.name.clone()), &assembly.services);
     let parameters = parameters_of(gateway, ctx, caches).await?;
     let refusal = infrastructure_refusal(gateway, &ctx.settings.policy).or(parameters.as_ref().err().cloned());
     if let Some(refusal) = refusal {
@@ -124,6 +127,21 @@ async fn converge(gateway: &Gateway, gctx: &GatewayContext) -> Result<Action, Er
     let outcome = GatewayOutcome { refused: None, served, addresses: Exposure::of(&front).addresses };
     write_gateway_status(ctx, gateway, &assembly, &outcome, now).await?;
     Ok(Action::requeue(RESYNC))
+}
+
+/// Every Service the routes' backend references name, as `(namespace, name)`.
+fn referenced_services(routes: &[crate::gateway::routes::RouteView]) -> Vec<(String, String)> {
+    let mut services: Vec<(String, String)> = routes
+        .iter()
+        .flat_map(|route| {
+            route
+                .backend_references()
+                .map(move |b| (b.namespace.unwrap_or(&route.namespace).to_string(), b.name.to_string()))
+        })
+        .collect();
+    services.sort();
+    services.dedup();
+    services
 }
 
 /// The proxy settings `gateway`'s parameters give, or why they are refused (`Err` of the
