@@ -39,6 +39,15 @@ service:
   port: 443
 {{- end }}
 
+{{/* The sha256 of the Gateway API CRDs in gateway-api/ (their names and contents). */}}
+{{- define "balancer.gatewayAPICRDsChecksum" -}}
+{{- $all := "" }}
+{{- range $path, $_ := .Files.Glob "gateway-api/*.yaml" }}
+{{- $all = print $all $path "\n" ($.Files.Get $path) }}
+{{- end }}
+{{- sha256sum $all }}
+{{- end }}
+
 {{/* Refuses combinations the schema cannot express. */}}
 {{- define "balancer.validate" -}}
 {{- if and (gt (int .Values.replicas) 1) (not .Values.leaderElection.enabled) }}

@@ -2,8 +2,11 @@
 //! chart renders the objects `kubectl kustomize deploy/` renders, so users never get two
 //! different operators depending on how they installed it. The differences allowed are
 //! Helm's own labels and the exceptions listed in `listed_exceptions`, each with its reason.
+//! Gateway API's CRDs, which the chart installs only when asked (`gatewayAPI.crds.install`),
+//! are rendered from a copy of the chart that its script fills, and checked against their files.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use serde_json::{Number, Value};
@@ -35,7 +38,13 @@ fn have_tools(kustomize_too: bool) -> bool {
 
 /// `helm template` of the chart as release `balancer` in `namespace`, with `--set` `values`.
 fn template_in(namespace: &str, values: &[&str]) -> Objects {
-    let mut args = vec!["template", "balancer", CHART, "--namespace", namespace];
+    template_chart(CHART, namespace, values)
+}
+
+/// `helm template` of the chart at `chart` (in the repository, or a path of its own) as
+/// release `balancer` in `namespace`, with `--set` `values`.
+fn template_chart(chart: &str, namespace: &str, values: &[&str]) -> Objects {
+    let mut args = vec!["template", "balancer", chart, "--namespace", namespace];
     for value in values {
         args.extend(["--set", value]);
     }
@@ -123,7 +132,7 @@ fn listed_exceptions(chart: &mut Objects, kustomize: &mut Objects) {
 fn first_difference(a: &Value, b: &Value, at: &str) -> Option<String> {
     match (a, b) {
         (Value::Object(x), Value::Object(y)) => {
-            let keys: std::collections::BTreeSet<&String> = x.keys().chain(y.keys()).collect();
+            let keys: BTreeSet<&String> = x.keys().chain(y.keys()).collect();
             keys.into_iter().find_map(|k| match (x.get(k), y.get(k)) {
                 (Some(a), Some(b)) => first_difference(a, b, &format!("{at}/{k}")),
                 (a, b) => Some(format!("{at}/{k}: chart {}, kustomize {}", missing_or(a), missing_or(b))),
@@ -311,6 +320,8 @@ fn the_schema_refuses_unknown_keys_and_wrong_types() {
         ("proxy.replicas=many", "/proxy/replicas"),
         ("proxy.replicas=101", "/proxy/replicas"),
         ("certificates.certmanager=false", "additional properties 'certmanager' not allowed"),
+        ("gatewayAPI.crds.install=yes", "/gatewayAPI/crds/install"),
+        ("gatewayApi.crds.install=true", "additional properties 'gatewayApi' not allowed"),
     ] {
         let output = helm(&["template", "balancer", CHART, "--namespace", NAMESPACE, "--set", value]);
         let stderr = String::from_utf8_lossy(&output.stderr);
@@ -381,4 +392,219 @@ fn objects_with_json(value: &str) -> Objects {
     let text = String::from_utf8(output.stdout).expect("UTF-8");
     let docs: Vec<Value> = serde_saphyr::from_multiple(&text).expect("every rendered document parses");
     keyed(docs.into_iter().filter(|d| !d.is_null()).collect())
+}
+
+/// Gateway API's standard-channel CRDs, as `tests/kubernetes/gateway-api.sh --cached` has
+/// them (one file per CRD); without them the tests that render them are skipped, loudly, and
+/// in CI, where .ci/run fetches them first, they fail.
+fn gateway_api_crds() -> Option<PathBuf> {
+    let output =
+        Command::new("bash").arg(repo("tests/kubernetes/gateway-api.sh")).arg("--cached").output().expect("bash runs");
+    if !output.status.success() {
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(std::env::var_os("CI").is_none(), "Gateway API's CRDs are required in CI but not cached: {stderr}");
+        eprintln!(
+            "SKIPPED: Gateway API's CRDs are not cached ({}); run `bash tests/kubernetes/gateway-api.sh`",
+            stderr.trim()
+        );
+        return None;
+    }
+    Some(PathBuf::from(String::from_utf8(output.stdout).expect("UTF-8").trim()))
+}
+
+/// A copy of the chart, as `<temporary directory>/balancer`, without its gateway-api/: the
+/// tests fill it themselves, whatever the work tree's holds.
+fn chart_copy() -> tempfile::TempDir {
+    fn copy(from: &Path, to: &Path) {
+        std::fs::create_dir_all(to).unwrap();
+        for entry in std::fs::read_dir(from).unwrap() {
+            let entry = entry.unwrap();
+            let target = to.join(entry.file_name());
+            if entry.file_type().unwrap().is_dir() {
+                copy(&entry.path(), &target);
+            } else {
+                std::fs::copy(entry.path(), &target).unwrap();
+            }
+        }
+    }
+    let dir = tempfile::TempDir::new().expect("a temporary directory");
+    copy(&repo(CHART), &dir.path().join("balancer"));
+    let _ = std::fs::remove_dir_all(dir.path().join("balancer/gateway-api"));
+    dir
+}
+
+/// The YAML files of `dir`, by name.
+fn yaml_files(dir: &Path) -> BTreeMap<String, Value> {
+    let mut files = BTreeMap::new();
+    for entry in std::fs::read_dir(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())) {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_str().unwrap().to_string();
+        if name.ends_with(".yaml") {
+            let mut doc: Value = serde_saphyr::from_str(&std::fs::read_to_string(&path).unwrap())
+                .unwrap_or_else(|e| panic!("{name} parses: {e}"));
+            normalise(&mut doc);
+            files.insert(name, doc);
+        }
+    }
+    files
+}
+
+/// The rendered CRDs of Gateway API's group, by name.
+fn gateway_api_crds_of(chart: &Objects) -> BTreeMap<String, Value> {
+    chart
+        .values()
+        .filter(|o| o["kind"] == CRD && o["spec"]["group"] == "gateway.networking.k8s.io")
+        .map(|o| (o["metadata"]["name"].as_str().unwrap().to_string(), o.clone()))
+        .collect()
+}
+
+const CRDS_CHECKSUM: &str = "balancer.exposer.hliangzhao.io/gateway-api-crds";
+
+/// The annotation of the operator's pod template that rolls it with Gateway API's CRDs.
+fn crds_checksum(chart: &Objects) -> Option<String> {
+    let template = &chart[&format!("Deployment {NAMESPACE}/balancer")]["spec"]["template"]["metadata"];
+    template["annotations"][CRDS_CHECKSUM].as_str().map(str::to_string)
+}
+
+/// `gatewayAPI.crds.install`, with the chart's gateway-api/ filled by gateway-api-crds.sh:
+/// exactly the CRDs of the directory, each as its file with the chart's labels and
+/// `helm.sh/resource-policy: keep` added; nothing else but the operator's pods rolling with
+/// them. Off, a filled directory renders nothing.
+#[test]
+fn gateway_api_crds_render_as_their_files_and_are_kept() {
+    if !have_tools(false) {
+        return;
+    }
+    let Some(cache) = gateway_api_crds() else { return };
+    let copy = chart_copy();
+    let chart = copy.path().join("balancer");
+    let crds_dir = chart.join("gateway-api");
+    let script = Command::new("bash")
+        .arg(repo(CHART).join("gateway-api-crds.sh"))
+        .arg("--cached")
+        .arg(&crds_dir)
+        .output()
+        .expect("bash runs");
+    assert!(script.status.success(), "gateway-api-crds.sh: {}", String::from_utf8_lossy(&script.stderr));
+    let files = yaml_files(&crds_dir);
+    let fetched = yaml_files(&cache);
+    assert!(files.len() >= 6, "GatewayClass, Gateway, the routes and ReferenceGrant at least: {:?}", files.keys());
+    assert!(files == fetched, "gateway-api-crds.sh copies gateway-api.sh's CRDs as they are: {:?}", files.keys());
+
+    let chart = chart.to_str().unwrap();
+    let on = template_chart(chart, NAMESPACE, &["gatewayAPI.crds.install=true"]);
+    let rendered = gateway_api_crds_of(&on);
+    let names: BTreeSet<&str> = files.values().map(|f| f["metadata"]["name"].as_str().unwrap()).collect();
+    assert_eq!(rendered.keys().map(String::as_str).collect::<BTreeSet<_>>(), names, "exactly the directory's CRDs");
+    let chart_labels = on[&format!("Deployment {NAMESPACE}/balancer")]["metadata"]["labels"].clone();
+    for file in files.values() {
+        let name = file["metadata"]["name"].as_str().unwrap();
+        let mut crd = rendered[name].clone();
+        let metadata = crd["metadata"].as_object_mut().unwrap();
+        let annotations = metadata["annotations"].as_object_mut().unwrap();
+        assert_eq!(annotations.remove("helm.sh/resource-policy"), Some(Value::from("keep")), "{name}");
+        let labels = metadata["labels"].as_object_mut().unwrap();
+        for label in HELM_LABELS.iter().copied().chain(["app.kubernetes.io/part-of"]) {
+            assert_eq!(labels.remove(label).as_ref(), Some(&chart_labels[label]), "{name}: {label}");
+        }
+        if labels.is_empty() {
+            metadata.remove("labels");
+        }
+        assert_eq!(first_difference(&crd, file, ""), None, "{name} is its file, but for the labels and keep");
+    }
+
+    let off = template_chart(chart, NAMESPACE, &[]);
+    assert!(gateway_api_crds_of(&off).is_empty(), "a filled gateway-api/ renders nothing while the value is off");
+    assert_eq!(crds_checksum(&off), None, "nor rolls the operator");
+    let checksum = crds_checksum(&on).expect("the operator's pods roll with Gateway API's CRDs");
+    let mut rest = on.clone();
+    rest.retain(|_, o| !(o["kind"] == CRD && o["spec"]["group"] == "gateway.networking.k8s.io"));
+    let pod = &mut rest.get_mut(&format!("Deployment {NAMESPACE}/balancer")).unwrap()["spec"]["template"]["metadata"];
+    pod.as_object_mut().unwrap().remove("annotations");
+    assert_eq!(rest.keys().collect::<Vec<_>>(), off.keys().collect::<Vec<_>>(), "the value adds the CRDs only");
+    for (key, object) in &rest {
+        assert_eq!(
+            first_difference(object, &off[key], ""),
+            None,
+            "{key}: the value adds the pod template's checksum only"
+        );
+    }
+
+    let lint = helm(&["lint", "--strict", chart, "--set", "gatewayAPI.crds.install=true"]);
+    assert!(
+        lint.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&lint.stdout),
+        String::from_utf8_lossy(&lint.stderr)
+    );
+
+    // One CRD fewer: it is no longer rendered, and the operator's pods roll.
+    let (dropped, file) = files.iter().find(|(_, f)| f["spec"]["names"]["kind"] == "HTTPRoute").expect("HTTPRoute's");
+    std::fs::remove_file(crds_dir.join(dropped)).unwrap();
+    let fewer = template_chart(chart, NAMESPACE, &["gatewayAPI.crds.install=true"]);
+    let name = file["metadata"]["name"].as_str().unwrap();
+    assert!(!gateway_api_crds_of(&fewer).contains_key(name), "{name} is still rendered");
+    assert_eq!(gateway_api_crds_of(&fewer).len(), files.len() - 1);
+    assert_ne!(crds_checksum(&fewer), Some(checksum), "the pod template's checksum follows the CRDs");
+}
+
+/// `gatewayAPI.crds.install` without the CRDs (gateway-api/ missing or empty, as in a fresh
+/// clone) stops `helm template`, saying to run the script; so does a file that is no Gateway
+/// API CRD.
+#[test]
+fn gateway_api_crds_without_their_files_fail_saying_to_run_the_script() {
+    if !have_tools(false) {
+        return;
+    }
+    let copy = chart_copy();
+    let chart = copy.path().join("balancer");
+    let crds_dir = chart.join("gateway-api");
+    let render = || {
+        let output = helm(&[
+            "template",
+            "balancer",
+            chart.to_str().unwrap(),
+            "--namespace",
+            NAMESPACE,
+            "--set",
+            "gatewayAPI.crds.install=true",
+        ]);
+        assert!(!output.status.success(), "rendered: {}", String::from_utf8_lossy(&output.stdout));
+        String::from_utf8_lossy(&output.stderr).into_owned()
+    };
+    for state in ["missing", "empty"] {
+        if state == "empty" {
+            std::fs::create_dir(&crds_dir).unwrap();
+        }
+        let stderr = render();
+        assert!(
+            stderr.contains("gatewayAPI.crds.install is true, but the chart's gateway-api/ holds no CRD")
+                && stderr.contains("run charts/balancer/gateway-api-crds.sh first"),
+            "gateway-api/ {state}: {stderr}"
+        );
+    }
+    std::fs::write(crds_dir.join("other.yaml"), "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: other}\n").unwrap();
+    let stderr = render();
+    assert!(stderr.contains("gateway-api/other.yaml is not a Gateway API CRD"), "{stderr}");
+}
+
+/// The Gateway API commands docs/install.md and the chart's README show are the ones the tests
+/// run, and the version they name is gateway-api.sh's.
+#[test]
+fn the_documented_gateway_api_crds_are_the_tested_ones() {
+    let script = std::fs::read_to_string(repo("tests/kubernetes/gateway-api.sh")).unwrap();
+    let version = script.lines().find_map(|l| l.strip_prefix("version=")).expect("gateway-api.sh names its version");
+    for page in ["docs/install.md", "charts/balancer/README.md"] {
+        let text = std::fs::read_to_string(repo(page)).unwrap();
+        let commands: String = text.split("```sh\n").skip(1).filter_map(|b| b.split("```").next()).collect();
+        for command in [
+            "charts/balancer/gateway-api-crds.sh ",
+            "helm install balancer charts/balancer --namespace balancer-system --set gatewayAPI.crds.install=true\n",
+        ] {
+            assert!(commands.contains(command), "{page} shows `{command}`");
+        }
+        assert!(text.contains(&format!("({version}, ")), "{page} names Gateway API {version}");
+    }
+    let values = std::fs::read_to_string(repo(CHART).join("values.yaml")).unwrap();
+    assert!(values.contains("gatewayAPI:\n  crds:\n"), "values.yaml documents gatewayAPI.crds");
 }
