@@ -136,28 +136,35 @@ pub(super) async fn delete_budget(
     Ok(())
 }
 
-/// Deletes `owner`'s proxy (its front Service, Deployment and ConfigMap), as cached: a Gateway's
-/// when none of its listeners is served, so that no pod goes on serving what its status no
-/// longer claims. Returns whether anything was deleted.
+/// Deletes what serves `owner`'s proxy (its front Service and Deployment), as cached: a
+/// Gateway's when none of its listeners is served, so that no pod goes on serving what its
+/// status no longer claims, or when the Gateway's proxy is another now. Its ConfigMap and the
+/// pods' identity stay, inert without pods, until the Gateway goes: the operator may not delete
+/// ConfigMaps, ServiceAccounts or Roles, and needs not. Returns whether anything was deleted.
 pub(in crate::controller) async fn delete_proxy(ctx: &Context, owner: &Owner) -> Result<bool, Error> {
     let caches = &ctx.children;
-    let namespace = owner.namespace.as_str();
-    let mut deleted = false;
-    if let Some(cached) = caches.services.get(&ObjectRef::new(&owner.name).within(namespace)) {
-        let api: Api<Service> = Api::namespaced(ctx.client.clone(), &owner.namespace);
-        deleted |= delete_if_ours(&api, cached.as_ref(), owner, DeleteParams::default()).await?;
-    }
     let deployment = crate::api::proxy_deployment_name(&owner.name);
-    if let Some(cached) = caches.deployments.get(&ObjectRef::new(&deployment).within(namespace)) {
-        let api: Api<Deployment> = Api::namespaced(ctx.client.clone(), &owner.namespace);
-        deleted |= delete_if_ours(&api, cached.as_ref(), owner, DeleteParams::background()).await?;
-    }
-    let config_map = crate::api::proxy_configmap_name(&owner.name);
-    if let Some(cached) = caches.config_maps.get(&ObjectRef::new(&config_map).within(namespace)) {
-        let api: Api<k8s_openapi::api::core::v1::ConfigMap> = Api::namespaced(ctx.client.clone(), &owner.namespace);
-        deleted |= delete_if_ours(&api, cached.as_ref(), owner, DeleteParams::default()).await?;
-    }
-    Ok(deleted)
+    let deleted = [
+        delete_cached(ctx, &caches.services, owner, &owner.name, DeleteParams::default()).await?,
+        delete_cached(ctx, &caches.deployments, owner, &deployment, DeleteParams::background()).await?,
+    ];
+    Ok(deleted.contains(&true))
+}
+
+/// Deletes child `name` of `owner`'s namespace, when `store` has it and `owner` controls it.
+async fn delete_cached<K>(
+    ctx: &Context,
+    store: &Store<Cached<K>>,
+    owner: &Owner,
+    name: &str,
+    params: DeleteParams,
+) -> Result<bool, Error>
+where
+    K: Resource<DynamicType = (), Scope = NamespaceResourceScope> + Clone + Debug + DeserializeOwned,
+{
+    let Some(cached) = store.get(&ObjectRef::new(name).within(&owner.namespace)) else { return Ok(false) };
+    let api: Api<K> = Api::namespaced(ctx.client.clone(), &owner.namespace);
+    delete_if_ours(&api, cached.as_ref(), owner, params).await
 }
 
 /// Deletes `object` (as a cache or a read has it) while `owner` controls it: exactly that object,

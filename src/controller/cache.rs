@@ -238,11 +238,11 @@ pub struct IdentityCaches {
 }
 
 /// How often a reconcile waiting for the child caches looks again (only until they have listed).
-const LISTED_POLL: Duration = Duration::from_millis(50);
+pub(super) const LISTED_POLL: Duration = Duration::from_millis(50);
 
 /// Whether `store` has listed, without waiting: `None` not yet, `Some(false)` never (its writer
 /// is gone).
-fn listed_now<K: Resource<DynamicType = ()> + Clone>(store: &Store<K>) -> Option<bool> {
+pub(super) fn listed_now<K: Resource<DynamicType = ()> + Clone>(store: &Store<K>) -> Option<bool> {
     store.wait_until_ready().now_or_never().map(|ready| ready.is_ok())
 }
 

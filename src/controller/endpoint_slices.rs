@@ -89,6 +89,11 @@ pub struct LiveEndpoint {
 }
 
 impl ReadySlice {
+    /// The Service this slice is of, `(namespace, name)`.
+    pub(super) fn service(&self) -> Option<(&str, &str)> {
+        Some((self.metadata.namespace.as_deref()?, self.service.as_deref()?))
+    }
+
     /// The Balancer whose backend Service this slice is of (from the copied label).
     pub(super) fn balancer(&self) -> Option<ObjectRef<StoredBalancer>> {
         let reference = ObjectRef::new(self.balancer.as_deref()?);

@@ -18,15 +18,35 @@ use super::routes::RouteView;
 use super::status::RouteFindings;
 use super::verdicts::{Verdict, verdicts};
 use crate::proxy::model::{Destination, Listener, Targets, WeightedBackend};
+use crate::proxy::{ReadyPod, pod_addresses};
 
 /// What the caches hold that a Gateway's assembly reads.
-pub struct Lookups<N, S, G> {
+pub struct Lookups<N, S, G, P> {
     /// The labels of a namespace, by name.
     pub namespace_labels: N,
     /// A Service, by namespace and name.
     pub service: S,
     /// The ReferenceGrants of a namespace.
     pub grants: G,
+    /// A Service's ready pods, by namespace and name, from its EndpointSlices; `None` when the
+    /// proxy sends to the Services' cluster IPs instead (see [`Lookups::without_pods`]).
+    pub ready_pods: P,
+}
+
+/// A [`Lookups::ready_pods`] that reads none.
+pub type NoPods = fn(&str, &str) -> Option<Vec<ReadyPod>>;
+
+impl<N, S, G, P> Lookups<N, S, G, P> {
+    /// The same lookups, sending to each Service's cluster IP rather than its pods: for a proxy
+    /// that sends to Services, or whose pods' configuration would not fit its ConfigMap.
+    pub fn without_pods(&self) -> Lookups<&N, &S, &G, NoPods> {
+        Lookups {
+            namespace_labels: &self.namespace_labels,
+            service: &self.service,
+            grants: &self.grants,
+            ready_pods: |_, _| None,
+        }
+    }
 }
 
 /// A Gateway, assembled.
@@ -41,24 +61,22 @@ pub struct Assembly {
     /// For each route given (same order), its findings through each `parentRef` that names this
     /// Gateway.
     pub findings: Vec<Vec<(TcpRouteParentRefs, RouteFindings)>>,
-    /// The Services the routes refer to, as `(namespace, name)`: a change to one reassembles.
-    pub services: Vec<(String, String)>,
 }
 
 /// Assembles `gateway` from `routes` (those that name it, or did).
-pub fn assemble<N, S, G, R>(gateway: &Gateway, routes: &[RouteView], lookups: &Lookups<N, S, G>) -> Assembly
+pub fn assemble<N, S, G, P, R>(gateway: &Gateway, routes: &[RouteView], lookups: &Lookups<N, S, G, P>) -> Assembly
 where
     N: Fn(&str) -> BTreeMap<String, String>,
     S: Fn(&str, &str) -> Option<R>,
     R: Deref<Target = Service>,
     G: Fn(&str) -> Vec<ReferenceGrant>,
+    P: Fn(&str, &str) -> Option<Vec<ReadyPod>>,
 {
     let namespace = gateway.metadata.namespace.as_deref().unwrap_or_default();
     let name = gateway.metadata.name.as_deref().unwrap_or_default();
     let listeners = &gateway.spec.listeners;
     let mut by_listener: Vec<Vec<AttachedRoute>> = vec![Vec::new(); listeners.len()];
     let mut findings = Vec::with_capacity(routes.len());
-    let mut services = Vec::new();
     for route in routes {
         let labels = (lookups.namespace_labels)(&route.namespace);
         let seen = Route {
@@ -67,7 +85,7 @@ where
             namespace_labels: &labels,
             hostnames: &route.hostnames,
         };
-        let (backends, resolved) = backends(route, lookups, &mut services);
+        let (backends, resolved) = backends(route, lookups);
         let mut own = Vec::new();
         let mut attached_to: Vec<usize> = Vec::new();
         for parent in route.parent_refs.iter().filter(|p| route.names_gateway(p, namespace, name)) {
@@ -91,40 +109,43 @@ where
         }
         findings.push(own);
     }
-    services.sort();
-    services.dedup();
     Assembly {
         listeners: proxy_listeners(listeners, &by_listener),
         verdicts: verdicts(listeners),
         attached: by_listener.iter().map(|routes| i32::try_from(routes.len()).unwrap_or(i32::MAX)).collect(),
         findings,
-        services,
     }
 }
 
 /// A route's backends, each weighed, and whether all resolve (else the first one's reason and
-/// message). One that does not resolve, or is a headless Service, keeps its weight and is
-/// refused.
-fn backends<N, S, G, R>(
+/// message). One that does not resolve keeps its weight and is refused. One that resolves is
+/// its ready pods when the lookups read them (its weight shared over them, as a Balancer
+/// backend's), else its Service's cluster IP.
+fn backends<N, S, G, P, R>(
     route: &RouteView,
-    lookups: &Lookups<N, S, G>,
-    services: &mut Vec<(String, String)>,
+    lookups: &Lookups<N, S, G, P>,
 ) -> (Vec<WeightedBackend>, Result<(), (&'static str, String)>)
 where
     S: Fn(&str, &str) -> Option<R>,
     R: Deref<Target = Service>,
     G: Fn(&str) -> Vec<ReferenceGrant>,
+    P: Fn(&str, &str) -> Option<Vec<ReadyPod>>,
 {
     let mut resolved = Ok(());
     let mut backends = Vec::new();
     for (index, reference) in route.backend_references().enumerate() {
         let target_namespace = reference.namespace.unwrap_or(&route.namespace);
-        services.push((target_namespace.to_string(), reference.name.to_string()));
         let grants = (lookups.grants)(target_namespace);
         let found = resolve(route.kind, &route.namespace, &reference, &lookups.service, &grants);
         let targets = match &found {
-            Ok(ResolvedService { cluster_ip: Some(ip), port, .. }) => {
-                Targets::Service(Destination::Address(SocketAddr::new(*ip, *port)))
+            Ok(ResolvedService { namespace, name, cluster_ip: Some(ip), port, port_name }) => {
+                let service = Destination::Address(SocketAddr::new(*ip, *port));
+                match (lookups.ready_pods)(namespace, name) {
+                    Some(ready) => {
+                        Targets::Pods { service, pods: pod_addresses(&ready, port_name, route.kind.protocol()) }
+                    }
+                    None => Targets::Service(service),
+                }
             }
             Ok(_) => Targets::Refused,
             Err(why) => {
@@ -202,6 +223,7 @@ mod tests {
                     .find(|s| s.metadata.namespace.as_deref() == Some(ns) && s.metadata.name.as_deref() == Some(name))
             },
             grants: |_: &str| Vec::new(),
+            ready_pods: |_: &str, _: &str| None,
         };
         let routes = [
             route(
@@ -234,8 +256,6 @@ mod tests {
         assert_eq!(split.resolved.as_ref().map_err(|e| e.0), Err("BackendNotFound"));
         assert_eq!(assembly.findings[2][0].1.attached, Err(NotAccepted::NotAllowedByListeners));
         assert!(assembly.findings[3].is_empty(), "no finding for another Gateway's reference");
-        let services: Vec<&str> = assembly.services.iter().map(|(_, n)| n.as_str()).collect();
-        assert_eq!(services, ["gone", "v1", "v2"]);
     }
 
     #[test]
@@ -244,6 +264,7 @@ mod tests {
             namespace_labels: |_: &str| BTreeMap::new(),
             service: |_: &str, _: &str| None::<&Service>,
             grants: |_: &str| Vec::new(),
+            ready_pods: |_: &str, _: &str| None,
         };
         let evil = "x;\n    server 10.0.0.1:1;\n#";
         let routes =
@@ -253,5 +274,55 @@ mod tests {
         assert_eq!(backends, ["apps/evil#0"], "named by its place, not by its text");
         let resolved = &assembly.findings[0][0].1.resolved;
         assert_eq!(resolved.as_ref().map_err(|e| e.0), Err("BackendNotFound"));
+    }
+
+    #[test]
+    fn a_resolved_backend_is_its_ready_pods_at_the_services_named_port_when_read() {
+        let named = |name: &str, ip: &str| -> Service {
+            serde_json::from_value(json!({
+                "metadata": {"namespace": "apps", "name": name},
+                "spec": {"clusterIP": ip, "ports": [{"name": "pg", "port": 5432, "targetPort": 15432}]}
+            }))
+            .expect("a Service")
+        };
+        let services = [named("v1", "10.96.0.11"), named("v2", "10.96.0.12")];
+        let pod = |address: &str, name: &str, protocol: crate::api::Protocol| ReadyPod {
+            address: address.parse().expect("an address"),
+            ports: vec![crate::proxy::PodPort { name: name.into(), protocol, port: 15432 }],
+        };
+        let lookups = Lookups {
+            namespace_labels: |_: &str| BTreeMap::new(),
+            service: |_: &str, name: &str| services.iter().find(|s| s.metadata.name.as_deref() == Some(name)),
+            grants: |_: &str| Vec::new(),
+            ready_pods: |_: &str, name: &str| {
+                let tcp = crate::api::Protocol::Tcp;
+                Some(match name {
+                    // Two pods, and one whose port is of another name or protocol (left out).
+                    "v1" => vec![
+                        pod("10.0.0.1", "pg", tcp),
+                        pod("10.0.0.2", "pg", tcp),
+                        pod("10.0.0.3", "other", tcp),
+                        pod("10.0.0.4", "pg", crate::api::Protocol::Udp),
+                    ],
+                    _ => vec![pod("10.0.1.1", "pg", tcp)],
+                })
+            },
+        };
+        let routes = [route(
+            "split",
+            10,
+            json!({"name": "gw", "sectionName": "pg"}),
+            json!([{"name": "v1", "port": 5432, "weight": 70}, {"name": "v2", "port": 5432, "weight": 30}]),
+        )];
+        let servers = |assembly: Assembly| -> Vec<(String, u32)> {
+            assembly.listeners[0].servers.iter().map(|s| (s.address.clone(), s.weight)).collect()
+        };
+        let pods = servers(assemble(&gateway(), &routes, &lookups));
+        let addresses: Vec<&str> = pods.iter().map(|(a, _)| a.as_str()).collect();
+        assert_eq!(addresses, ["10.0.0.1:15432", "10.0.0.2:15432", "10.0.1.1:15432"], "each ready pod at its port");
+        let total: u32 = pods.iter().map(|(_, w)| w).sum();
+        assert_eq!((pods[0].1 + pods[1].1) * 10, total * 7, "v1's 70 % shared over its two pods: {pods:?}");
+        let services = servers(assemble(&gateway(), &routes, &lookups.without_pods()));
+        assert_eq!(services, [("10.96.0.11:5432".to_string(), 70), ("10.96.0.12:5432".to_string(), 30)]);
     }
 }

@@ -12,6 +12,7 @@ use super::api::gateways::{
     GatewayListenersAllowedRoutesNamespacesSelector as NamespaceSelector, GatewayListenersTlsMode,
 };
 use super::hostnames;
+use crate::api::Protocol;
 
 /// Gateway API's group, the default of a `parentRef`'s and an allowed kind's.
 pub const GROUP: &str = "gateway.networking.k8s.io";
@@ -34,6 +35,19 @@ impl RouteKind {
             RouteKind::Tcp => "TCPRoute",
             RouteKind::Udp => "UDPRoute",
             RouteKind::Tls => "TLSRoute",
+        }
+    }
+
+    /// The kind named `kind` (`TCPRoute`, …).
+    pub fn named(kind: &str) -> Option<RouteKind> {
+        [RouteKind::Tcp, RouteKind::Udp, RouteKind::Tls].into_iter().find(|k| k.kind() == kind)
+    }
+
+    /// The protocol its connections take to a backend: a TLSRoute's pass through as TCP.
+    pub fn protocol(self) -> Protocol {
+        match self {
+            RouteKind::Udp => Protocol::Udp,
+            RouteKind::Tcp | RouteKind::Tls => Protocol::Tcp,
         }
     }
 }

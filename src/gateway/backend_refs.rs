@@ -44,6 +44,8 @@ pub struct ResolvedService {
     pub name: String,
     /// The Service's port.
     pub port: u16,
+    /// That port's name (empty when unnamed): the name its EndpointSlices give the pods' port.
+    pub port_name: String,
     /// Its cluster IP, where the proxy sends; `None` for a headless Service, which has none.
     pub cluster_ip: Option<IpAddr>,
 }
@@ -118,10 +120,15 @@ pub fn resolve<S: Deref<Target = Service>>(
     if spec.and_then(|s| s.type_.as_deref()) == Some("ExternalName") {
         return not_found("an ExternalName Service may point outside the cluster; balancer does not send to it".into());
     }
-    let ports = spec.and_then(|s| s.ports.as_ref());
-    if !ports.is_some_and(|ports| ports.iter().any(|p| p.port == i32::from(port))) {
+    // The port of the route's protocol when the Service has that number for two (DNS's 53).
+    let protocol = kind.protocol().as_str();
+    let numbered: Vec<_> =
+        spec.and_then(|s| s.ports.as_ref()).into_iter().flatten().filter(|p| p.port == i32::from(port)).collect();
+    let same_protocol = numbered.iter().find(|p| p.protocol.as_deref().unwrap_or("TCP") == protocol);
+    let Some(service_port) = same_protocol.or(numbered.first()) else {
         return not_found(format!("Service {namespace}/{} has no port {port}", reference.name));
-    }
+    };
+    let port_name = service_port.name.clone().unwrap_or_default();
     let cluster_ip = spec.and_then(|s| s.cluster_ip.as_deref()).and_then(|ip| ip.parse().ok());
     if cluster_ip.is_none() {
         return not_found(format!(
@@ -129,7 +136,13 @@ pub fn resolve<S: Deref<Target = Service>>(
             reference.name
         ));
     }
-    Ok(ResolvedService { namespace: namespace.to_string(), name: reference.name.to_string(), port, cluster_ip })
+    Ok(ResolvedService {
+        namespace: namespace.to_string(),
+        name: reference.name.to_string(),
+        port,
+        port_name,
+        cluster_ip,
+    })
 }
 
 /// Whether a ReferenceGrant (of the Service's namespace) lets `kind` routes of `from_namespace`
@@ -192,7 +205,13 @@ mod tests {
             resolve(RouteKind::Tcp, "apps", &reference, find, grants).map_err(|e| e.reason())
         };
         let cluster_ip = Some("10.96.0.10".parse().expect("an address"));
-        let pg = ResolvedService { namespace: "apps".into(), name: "pg".into(), port: 5432, cluster_ip };
+        let pg = ResolvedService {
+            namespace: "apps".into(),
+            name: "pg".into(),
+            port: 5432,
+            port_name: String::new(),
+            cluster_ip,
+        };
         assert_eq!(resolve_in(refer(None, "pg", Some(5432)), &[]), Ok(pg));
         let kinds = [(Some("example.com"), None), (Some(""), Some("Pod")), (None, Some("ServiceImport"))];
         for (group, kind) in kinds {
@@ -226,5 +245,23 @@ mod tests {
         }
         assert_eq!(BackendRef { weight: Some(0), ..elsewhere }.weight(), 0);
         assert_eq!(elsewhere.weight(), 1);
+    }
+
+    #[test]
+    fn a_port_number_two_protocols_share_resolves_to_the_routes_protocol() {
+        let dns: Service = serde_json::from_value(json!({
+            "metadata": {"namespace": "kube-system", "name": "kube-dns"},
+            "spec": {"clusterIP": "10.96.0.10", "ports": [
+                {"name": "dns", "port": 53, "protocol": "UDP"},
+                {"name": "dns-tcp", "port": 53, "protocol": "TCP"},
+            ]}
+        }))
+        .expect("a Service");
+        let reference = BackendRef { name: "kube-dns", port: Some(53), ..BackendRef::default() };
+        let port_name =
+            |kind| resolve(kind, "kube-system", &reference, |_: &str, _: &str| Some(&dns), &[]).map(|s| s.port_name);
+        assert_eq!(port_name(RouteKind::Udp), Ok("dns".to_string()));
+        assert_eq!(port_name(RouteKind::Tcp), Ok("dns-tcp".to_string()));
+        assert_eq!(port_name(RouteKind::Tls), Ok("dns-tcp".to_string()));
     }
 }

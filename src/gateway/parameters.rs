@@ -9,6 +9,7 @@ use k8s_openapi::api::core::v1::ConfigMap;
 
 use super::api::gatewayclasses::GatewayClass;
 use super::api::gateways::Gateway;
+use crate::api::UpstreamKind;
 use crate::api::v1beta1::ProxySpec;
 use crate::spec::{SpecPolicy, validate_proxy_settings};
 
@@ -29,6 +30,14 @@ pub struct ProxyParameters {
     pub proxy: ProxySpec,
 }
 
+impl ProxyParameters {
+    /// Where the proxy sends: the backends' pods unless the settings say their Services (read
+    /// by the Balancer's rules, which refuse any other value).
+    pub fn upstreams(&self) -> UpstreamKind {
+        self.proxy.upstreams.as_deref().and_then(|u| u.parse().ok()).unwrap_or_default()
+    }
+}
+
 /// What a Gateway's settings are read from.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ParametersSource {
@@ -43,6 +52,16 @@ pub enum ParametersSource {
     },
     /// A reference balancer cannot follow: the status says why.
     Unsupported(String),
+}
+
+impl ParametersSource {
+    /// The ConfigMap read, as `(namespace, name)`, if it is one.
+    pub fn config_map(&self) -> Option<(String, String)> {
+        match self {
+            ParametersSource::ConfigMap { namespace, name } => Some((namespace.clone(), name.clone())),
+            _ => None,
+        }
+    }
 }
 
 /// Where `gateway`'s settings come from: its own `parametersRef`, else its class's.

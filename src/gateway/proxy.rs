@@ -16,7 +16,7 @@ use kube::Resource;
 use super::api::gateways::Gateway;
 use super::parameters::ProxyParameters;
 use crate::api::{DEFAULT_DRAIN_TIMEOUT, ServiceType, gateway_proxy_name};
-use crate::proxy::model::{Listener, OwnerKind, ProxyConfig};
+use crate::proxy::model::{self, Listener, OwnerKind, ProxyConfig};
 use crate::proxy::{
     BALANCER_NAME_LABEL, COMPONENT_LABEL, MANAGED_BY_LABEL, Owner, OwnerError, ProxySettings, Workload, WorkloadPort,
     access_log, nginx, proxy_config_map, proxy_config_reader, proxy_config_reader_binding, proxy_service_account,
@@ -46,6 +46,13 @@ pub struct GatewayProxy {
     pub front_service: Service,
     /// The pods' ServiceAccount, and the Role and binding that let it read the ConfigMap.
     pub identity: (ServiceAccount, Role, RoleBinding),
+}
+
+impl GatewayProxy {
+    /// Whether its `nginx.conf` and model fit one ConfigMap (see [`model::fits`]).
+    pub fn fits(&self) -> bool {
+        model::fits(&self.nginx_conf, &self.config.to_json())
+    }
 }
 
 /// Who a Gateway's children belong to: named after [`gateway_proxy_name`], signed for

@@ -2,14 +2,20 @@
 //! `parentRefs`, `backendRefs` and `status.parents`, so each is read once into a [`RouteView`]
 //! and the rules are written once.
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::{Resource, ResourceExt};
-use serde::de::DeserializeOwned;
-use serde::{Deserialize, Serialize};
+use std::borrow::Cow;
+use std::fmt;
+use std::marker::PhantomData;
+use std::sync::Arc;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use kube::Resource;
+use serde::de::{DeserializeOwned, Error as _};
+use serde::{Deserialize, Deserializer, Serialize};
 
 use super::api::tcproutes::{TcpRouteParentRefs, TcpRouteRulesBackendRefs, TcpRouteStatusParents};
 use super::attachment::{GROUP, RouteKind};
 use super::backend_refs::BackendRef;
+use super::status::CONTROLLER_NAME;
 
 /// A route of any kind balancer serves, as the rules read it.
 #[derive(Debug, Clone, PartialEq)]
@@ -36,10 +42,12 @@ pub struct RouteView {
     pub status_parents: Vec<TcpRouteStatusParents>,
 }
 
-/// The fields every route kind shares, as they are spelled on the wire.
+/// The fields every route kind shares, as they are spelled on the wire (serde skips the rest).
 #[derive(Deserialize, Default)]
 #[serde(rename_all = "camelCase")]
 struct Shared {
+    #[serde(default)]
+    metadata: ObjectMeta,
     #[serde(default)]
     spec: SharedSpec,
     #[serde(default)]
@@ -78,19 +86,23 @@ impl RouteView {
         K: Resource<DynamicType = ()> + Serialize + DeserializeOwned,
     {
         let shared: Shared = serde_json::from_value(serde_json::to_value(route).ok()?).ok()?;
-        let meta = route.meta();
-        Some(RouteView {
+        Some(RouteView::read(kind, shared))
+    }
+
+    fn read(kind: RouteKind, shared: Shared) -> RouteView {
+        let meta = shared.metadata;
+        RouteView {
             kind,
-            namespace: route.namespace().unwrap_or_default(),
-            name: route.name_any(),
+            namespace: meta.namespace.unwrap_or_default(),
+            name: meta.name.unwrap_or_default(),
             generation: meta.generation,
-            resource_version: meta.resource_version.clone(),
-            created: meta.creation_timestamp.clone(),
+            resource_version: meta.resource_version,
+            created: meta.creation_timestamp,
             hostnames: shared.spec.hostnames,
             parent_refs: shared.spec.parent_refs,
             backend_refs: shared.spec.rules.into_iter().flat_map(|r| r.backend_refs).collect(),
             status_parents: shared.status.parents,
-        })
+        }
     }
 
     /// Whether `parent` names the Gateway `namespace/name`.
@@ -122,6 +134,37 @@ impl RouteView {
         gateways
     }
 
+    /// Its `status.parents` without balancer's entries for Gateways balancer no longer serves
+    /// (deleted, or moved to another class), `served` telling which it does by namespace and
+    /// name; `None` when there is no such entry. Other controllers' entries are kept.
+    pub fn without_stale_entries(&self, served: impl Fn(&str, &str) -> bool) -> Option<Vec<TcpRouteStatusParents>> {
+        let stale = |entry: &TcpRouteStatusParents| {
+            let parent = &entry.parent_ref;
+            let gateway = parent.group.as_deref().unwrap_or(GROUP) == GROUP
+                && parent.kind.as_deref().unwrap_or("Gateway") == "Gateway";
+            let namespace = parent.namespace.as_deref().unwrap_or(&self.namespace);
+            entry.controller_name == CONTROLLER_NAME && gateway && !served(namespace, &parent.name)
+        };
+        let kept: Vec<TcpRouteStatusParents> = self.status_parents.iter().filter(|e| !stale(e)).cloned().collect();
+        (kept.len() < self.status_parents.len()).then_some(kept)
+    }
+
+    /// Whether the Gateway `namespace/name` is among [`RouteView::gateways`] (without building
+    /// the list: every reconcile asks this of every route).
+    pub fn concerns(&self, namespace: &str, name: &str) -> bool {
+        let named = self.parent_refs.iter().map(|p| (&p.group, &p.kind, &p.namespace, &p.name));
+        let listed = self.status_parents.iter().map(|s| {
+            let p = &s.parent_ref;
+            (&p.group, &p.kind, &p.namespace, &p.name)
+        });
+        named.chain(listed).any(|(group, kind, parent_namespace, parent_name)| {
+            group.as_deref().unwrap_or(GROUP) == GROUP
+                && kind.as_deref().unwrap_or("Gateway") == "Gateway"
+                && parent_namespace.as_deref().unwrap_or(&self.namespace) == namespace
+                && parent_name == name
+        })
+    }
+
     /// Its backend references, as [`backend_refs`](super::backend_refs) reads them.
     pub fn backend_references(&self) -> impl Iterator<Item = BackendRef<'_>> {
         self.backend_refs.iter().map(|b| BackendRef {
@@ -133,6 +176,89 @@ impl RouteView {
             weight: b.weight,
         })
     }
+}
+
+/// A route of kind `K` (a TCPRoute, UDPRoute or TLSRoute) as the cache keeps it: read into its
+/// [`RouteView`] as it arrives from the watch, so that the cache holds no other field and no
+/// reconcile reads a route twice. Its metadata keeps only what the store keys on and the watch
+/// resumes from.
+pub struct StoredRoute<K> {
+    metadata: ObjectMeta,
+    /// The route, as the rules read it.
+    pub view: Arc<RouteView>,
+    kind: PhantomData<fn() -> K>,
+}
+
+impl<'de, K: Resource<DynamicType = ()>> Deserialize<'de> for StoredRoute<K> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let kind =
+            RouteKind::named(&K::kind(&())).ok_or_else(|| D::Error::custom("not a route kind balancer reads"))?;
+        let shared = Shared::deserialize(deserializer)?;
+        let metadata = ObjectMeta {
+            name: shared.metadata.name.clone(),
+            namespace: shared.metadata.namespace.clone(),
+            resource_version: shared.metadata.resource_version.clone(),
+            ..ObjectMeta::default()
+        };
+        Ok(StoredRoute { metadata, view: Arc::new(RouteView::read(kind, shared)), kind: PhantomData })
+    }
+}
+
+impl<K> Clone for StoredRoute<K> {
+    fn clone(&self) -> Self {
+        StoredRoute { metadata: self.metadata.clone(), view: self.view.clone(), kind: PhantomData }
+    }
+}
+
+impl<K: Resource<DynamicType = ()>> fmt::Debug for StoredRoute<K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("StoredRoute").field("kind", &K::kind(&())).field("view", &self.view).finish()
+    }
+}
+
+impl<K: Resource<DynamicType = ()>> Resource for StoredRoute<K> {
+    type DynamicType = ();
+    type Scope = K::Scope;
+
+    fn kind(dt: &()) -> Cow<'_, str> {
+        K::kind(dt)
+    }
+
+    fn group(dt: &()) -> Cow<'_, str> {
+        K::group(dt)
+    }
+
+    fn version(dt: &()) -> Cow<'_, str> {
+        K::version(dt)
+    }
+
+    fn plural(dt: &()) -> Cow<'_, str> {
+        K::plural(dt)
+    }
+
+    fn meta(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
+    }
+}
+
+/// Every Service the `routes`' backend references name, as `(namespace, name)`, sorted and
+/// distinct: the Services whose change reassembles the Gateway that reads them.
+pub fn referenced_services(routes: &[RouteView]) -> Vec<(String, String)> {
+    let mut services: Vec<(String, String)> = routes
+        .iter()
+        .flat_map(|route| {
+            route
+                .backend_references()
+                .map(move |b| (b.namespace.unwrap_or(&route.namespace).to_string(), b.name.to_string()))
+        })
+        .collect();
+    services.sort();
+    services.dedup();
+    services
 }
 
 /// A `parentRef` as a status entry spells it: the same fields, so it reads back equal.
@@ -172,8 +298,34 @@ mod tests {
         let expected =
             [("apps", "gw"), ("apps", "old"), ("infra", "other")].map(|(n, g)| (n.to_string(), g.to_string()));
         assert_eq!(gateways, expected);
+        for (namespace, name) in [("apps", "gw"), ("apps", "old"), ("infra", "other"), ("apps", "svc"), ("infra", "gw")]
+        {
+            let listed = expected.iter().any(|(n, g)| (n.as_str(), g.as_str()) == (namespace, name));
+            assert_eq!(view.concerns(namespace, name), listed, "{namespace}/{name}");
+        }
         let weights: Vec<u32> = view.backend_references().map(|b| b.weight()).collect();
         assert_eq!(weights, [1, 0]);
         assert_eq!(parent_ref_value(&view.parent_refs[0]), json!({"name": "gw", "sectionName": "tls"}));
+        let served = |namespace: &str, name: &str| (namespace, name) != ("apps", "old");
+        assert_eq!(view.without_stale_entries(served), None, "another controller's entry for a Gateway gone is kept");
+        let mut ours = view.clone();
+        let entry = |namespace: Option<&str>, name: &str| {
+            serde_json::from_value::<TcpRouteStatusParents>(json!({
+                "controllerName": CONTROLLER_NAME, "conditions": [],
+                "parentRef": {"name": name, "namespace": namespace},
+            }))
+            .expect("an entry")
+        };
+        ours.status_parents.extend([entry(None, "old"), entry(Some("apps"), "gw"), entry(Some("infra"), "old")]);
+        let kept = ours.without_stale_entries(served).expect("one is stale");
+        let names: Vec<(&str, &str)> =
+            kept.iter().map(|e| (e.controller_name.as_str(), e.parent_ref.name.as_str())).collect();
+        assert_eq!(
+            names,
+            [("x", "old"), (CONTROLLER_NAME, "gw"), (CONTROLLER_NAME, "old")],
+            "only ours for apps/old goes"
+        );
+        let services = referenced_services(&[view.clone(), view]);
+        assert_eq!(services, [("apps", "a"), ("apps", "b")].map(|(n, s)| (n.to_string(), s.to_string())), "once each");
     }
 }

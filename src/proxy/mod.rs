@@ -134,12 +134,9 @@ pub fn proxy(owner: &Owner, spec: &Admitted, settings: &ProxySettings, backends:
     let pods_read = backends.iter().all(|b| b.ready_pods.is_some());
     let pod_targets = (pods_read && pod_upstreams(spec, settings)).then(|| {
         of(&|backend: &BackendTarget<'_>, port: AdmittedPort<'_>| {
-            // One server per address: endpoints may share one (distinct pods listed at one
-            // address, a hostile slice), and their ports need not sort them together.
-            let mut seen = HashSet::new();
-            let pods = backend.ready_pods.iter().flatten().filter_map(|pod| pod_address(pod, port));
-            let addresses: Vec<SocketAddr> = pods.filter(|address| seen.insert(*address)).collect();
-            Targets::Pods { service: service(backend, port), pods: addresses }
+            let name = port.name.as_deref().unwrap_or_default();
+            let pods = pod_addresses(backend.ready_pods.as_deref().unwrap_or_default(), name, port.protocol);
+            Targets::Pods { service: service(backend, port), pods }
         })
     });
     let (pod_upstreams, (nginx_conf, model)) = match pod_targets.filter(|(conf, json)| model::fits(conf, json)) {
@@ -163,12 +160,17 @@ impl<F: Fn(&BackendSpec, AdmittedPort<'_>) -> Targets + ?Sized> UpstreamTargets 
     }
 }
 
-/// `pod`'s address at the Balancer port `port`: the pod's port of the backend Service's port of
-/// the same name and protocol; `None` when the pod has none.
-fn pod_address(pod: &ReadyPod, port: AdmittedPort<'_>) -> Option<SocketAddr> {
-    let name = port.name.as_deref().unwrap_or_default();
-    let on_pod = pod.ports.iter().find(|p| p.name == name && p.protocol == port.protocol)?;
-    Some(SocketAddr::new(pod.address, on_pod.port))
+/// Where `pods` take connections for their Service's port `name` (empty for an unnamed one) of
+/// `protocol`: each pod's address at its port of that name and protocol, a pod without one
+/// left out. One per address: endpoints may share one (distinct pods listed at one address, a
+/// hostile slice), and their ports need not sort them together.
+pub fn pod_addresses(pods: &[ReadyPod], name: &str, protocol: Protocol) -> Vec<SocketAddr> {
+    let mut seen = HashSet::new();
+    let at_port = |pod: &ReadyPod| {
+        let on_pod = pod.ports.iter().find(|p| p.name == name && p.protocol == protocol)?;
+        Some(SocketAddr::new(pod.address, on_pod.port))
+    };
+    pods.iter().filter_map(at_port).filter(|address| seen.insert(*address)).collect()
 }
 
 /// A backend's Service at `port`: its cluster IP, or its name when it has none yet.

@@ -12,7 +12,7 @@ use rustls::pki_types::{CertificateDer, ServerName};
 use serde_json::json;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
-use crate::fixtures::{Sample, backend_deployment};
+use crate::fixtures::{Sample, backend_deployment, pod_ips, proxy_model};
 use crate::toolkit::load::{Held, Load, one_request};
 use crate::toolkit::repo::repo;
 use crate::toolkit::runner::eventually;
@@ -120,6 +120,20 @@ pub async fn a_tcproute_flips_live_like_a_balancer(world: &mut World) {
     })
     .await;
     println!("node: the Gateway's TCP listener answers {first:?} at {address}");
+    // The route's backend is its Service's ready pods, at the Service's target port, as a
+    // Balancer's backend is (not the Service's cluster IP).
+    let mut v1_pods: Vec<String> =
+        pod_ips(world, NS, "app=test,version=v1").await.into_iter().map(|ip| format!("{ip}:5678")).collect();
+    v1_pods.sort();
+    assert!(!v1_pods.is_empty(), "v1 has pods");
+    eventually("the Gateway's upstreams are gw-v1's ready pods", Duration::from_secs(30), || async {
+        let model = proxy_model(world, PROXY).await?;
+        let mut serving: Vec<String> =
+            model.listeners.first()?.servers.iter().filter(|s| s.weight > 0).map(|s| s.address.clone()).collect();
+        serving.sort();
+        (serving == v1_pods).then_some(())
+    })
+    .await;
     let gateway: Gateway = Api::namespaced(world.admin.clone(), NS).get(GATEWAY).await.expect("the Gateway");
     let listeners = gateway.status.and_then(|s| s.listeners).expect("listener status");
     let web = listeners.iter().find(|l| l.name == "web").expect("the HTTP listener's status");
@@ -343,6 +357,84 @@ pub async fn a_gateway_and_a_balancer_in_one_namespace_coexist(world: &mut World
     world.kubectl.ok(&["-n", NS, "delete", "balancer", SIDE, "--wait=true"]);
     proxy_gone(world, "side").await;
     on_gateway.assert_no_failures("through the Gateway while the Balancer beside it was deleted").await;
+}
+
+/// The Gateway that moves between classes, its port and its route.
+const LEAVING: &str = "leaving";
+const LEAVING_PORT: u16 = 8090;
+
+/// A second class of balancer's, another controller's, and the Gateway `leaving` of class
+/// `class` with a TCPRoute to gw-v1.
+fn leaving(class: &str) -> String {
+    format!(
+        "apiVersion: gateway.networking.k8s.io/v1\nkind: GatewayClass\nmetadata: {{name: balancer-b}}\n\
+         spec: {{controllerName: exposer.hliangzhao.io/balancer}}\n---\n\
+         apiVersion: gateway.networking.k8s.io/v1\nkind: GatewayClass\nmetadata: {{name: elsewhere}}\n\
+         spec: {{controllerName: example.com/elsewhere}}\n---\n\
+         apiVersion: v1\nkind: Service\nmetadata: {{name: gw-v1, namespace: {NS}}}\n\
+         spec: {{selector: {{app: test, version: v1}}, ports: [{{port: 80, targetPort: 5678}}]}}\n---\n\
+         apiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: {{name: {LEAVING}, namespace: {NS}}}\n\
+         spec:\n  gatewayClassName: {class}\n  listeners: [{{name: echo, port: {LEAVING_PORT}, protocol: TCP}}]\n---\n\
+         apiVersion: gateway.networking.k8s.io/v1\nkind: TCPRoute\nmetadata: {{name: {LEAVING}, namespace: {NS}}}\n\
+         spec:\n  parentRefs: [{{name: {LEAVING}}}]\n  rules: [{{backendRefs: [{{name: gw-v1, port: 80}}]}}]\n"
+    )
+}
+
+/// Which of proxy `proxy`'s serving children exist: its Deployment and front Service (its
+/// ConfigMap and identity stay, inert, until the Gateway goes: the operator may not delete them).
+async fn proxy_children(world: &World, proxy: &str) -> [bool; 2] {
+    let exists = |kind: &str, name: &str| world.kubectl.run(&["-n", NS, "get", kind, name, "-o", "name"], None).0;
+    [exists("deployment", &balancer::api::proxy_deployment_name(proxy)), exists("service", proxy)]
+}
+
+/// Whether route `leaving`'s status has balancer's entry for its Gateway.
+async fn route_entry(world: &World) -> bool {
+    let routes: Api<balancer::gateway::api::tcproutes::TcpRoute> = Api::namespaced(world.admin.clone(), NS);
+    let route = routes.get(LEAVING).await.expect("the TCPRoute");
+    let parents = route.status.map(|s| s.parents).unwrap_or_default();
+    parents
+        .iter()
+        .any(|p| p.controller_name == balancer::gateway::status::CONTROLLER_NAME && p.parent_ref.name == LEAVING)
+}
+
+/// Waits until `what` holds: the children of `proxy` are `children`, and balancer's entry is
+/// in the route's status or not (`entry`).
+async fn leaving_state(world: &World, what: &str, proxy: &str, children: [bool; 2], entry: bool) {
+    eventually(what, Duration::from_secs(60), || async {
+        (proxy_children(world, proxy).await == children && route_entry(world).await == entry).then_some(())
+    })
+    .await;
+}
+
+/// A Gateway that moves to another of balancer's classes gets its proxy under the new name and
+/// loses the old one; moved to another controller's class, it loses its proxy and balancer's
+/// entries in its routes' status; back, and then deleted, its routes' entries go with it.
+pub async fn a_gateway_that_leaves_balancer_leaves_nothing_behind(world: &mut World) {
+    world.ensure_namespace().await;
+    world.ensure_gateway_api().await;
+    let (first, second) = ("leaving-balancer", "leaving-balancer-b");
+    let set_class = |class: &str| {
+        let patch = format!("{{\"spec\": {{\"gatewayClassName\": \"{class}\"}}}}");
+        world.kubectl.ok(&["-n", NS, "patch", "gateway", LEAVING, "--type=merge", "-p", &patch]);
+    };
+    world.kubectl.apply(&leaving("balancer"));
+    leaving_state(world, "the Gateway's proxy and its route's entry", first, [true; 2], true).await;
+    set_class("balancer-b");
+    leaving_state(world, "the proxy renamed for balancer-b, the old one gone", first, [false; 2], true).await;
+    leaving_state(world, "the proxy under its new name", second, [true; 2], true).await;
+    set_class("elsewhere");
+    leaving_state(world, "another controller's Gateway: no proxy, no entry", second, [false; 2], false).await;
+    set_class("balancer");
+    leaving_state(world, "balancer's again", first, [true; 2], true).await;
+    world.kubectl.ok(&["-n", NS, "delete", "gateway", LEAVING, "--wait=true"]);
+    eventually("the deleted Gateway's entry withdrawn from its route", Duration::from_secs(60), || async {
+        (!route_entry(world).await).then_some(())
+    })
+    .await;
+    proxy_gone(world, first).await;
+    println!("node: a Gateway moved between classes and deleted left no proxy and no route entry behind");
+    world.kubectl.ok(&["-n", NS, "delete", "tcproute", LEAVING]);
+    world.kubectl.ok(&["delete", "gatewayclass", "balancer-b", "elsewhere"]);
 }
 
 /// Where the conformance run writes its report (the committed one, `conformance/`, is copied

@@ -52,8 +52,9 @@ use faults::{
     the_other_replica_takes_over_when_the_leader_pod_is_deleted,
 };
 use gateway::{
-    a_gateway_and_a_balancer_in_one_namespace_coexist, a_tcproute_flips_live_like_a_balancer,
-    a_tlsroute_sends_each_server_name_to_its_own_backend, gateway_api_conformance_for_tcp_udp_and_tls,
+    a_gateway_and_a_balancer_in_one_namespace_coexist, a_gateway_that_leaves_balancer_leaves_nothing_behind,
+    a_tcproute_flips_live_like_a_balancer, a_tlsroute_sends_each_server_name_to_its_own_backend,
+    gateway_api_conformance_for_tcp_udp_and_tls,
 };
 use ingress_nginx::{
     ingress_nginx_tcp_and_udp_services_become_a_gateway, ingress_nginx_tcp_and_udp_services_become_balancers,
@@ -268,6 +269,7 @@ async fn run_suite(assets: &Path, images: &Path, tools: [&Path; 3], state: &Path
         a_tcproute_flips_live_like_a_balancer,
         a_tlsroute_sends_each_server_name_to_its_own_backend,
         a_gateway_and_a_balancer_in_one_namespace_coexist,
+        a_gateway_that_leaves_balancer_leaves_nothing_behind,
         ingress_nginx_tcp_and_udp_services_become_a_gateway,
         gateway_api_conformance_for_tcp_udp_and_tls,
         a_backend_behind_the_proxy_sees_the_client_pods_address,

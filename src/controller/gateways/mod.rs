@@ -37,6 +37,7 @@ pub(crate) struct GatewayController {
     pub caches: GatewayCaches,
     run: BoxStream<'static, ()>,
     classes: BoxStream<'static, crate::gateway::api::gatewayclasses::GatewayClass>,
+    tidy: UnboundedReceiver<()>,
     ctx: Arc<Context>,
 }
 
@@ -54,7 +55,8 @@ impl GatewayController {
     ) -> Self {
         let watched = watches::watched(client, scope, contact);
         let caches = watched.caches.clone();
-        let gctx = Arc::new(GatewayContext { ctx: ctx.clone(), caches: caches.clone() });
+        let (tidy, tidy_asked) = watched.tidy;
+        let gctx = Arc::new(GatewayContext { ctx: ctx.clone(), caches: caches.clone(), tidy });
         let config = controller::Config::default().debounce(Duration::from_millis(200)).concurrency(concurrency);
         let wakes = futures::stream::select_all(watched.wakes.into_iter().chain([woken.boxed()]));
         let run = Controller::for_stream(watched.gateways, caches.gateways.clone())
@@ -71,12 +73,14 @@ impl GatewayController {
                 }
             })
             .boxed();
-        GatewayController { caches, run, classes: watched.classes, ctx }
+        GatewayController { caches, run, classes: watched.classes, tidy: tidy_asked, ctx }
     }
 
-    /// Runs until stopped: the Gateways' reconciles, and the GatewayClasses' acceptance.
+    /// Runs until stopped: the Gateways' reconciles, the GatewayClasses' acceptance, and the
+    /// withdrawal of routes' entries for Gateways balancer no longer serves.
     pub(crate) async fn run(self, stop: CancellationToken) {
-        let GatewayController { run, mut classes, ctx, .. } = self;
+        let GatewayController { run, mut classes, ctx, caches, tidy } = self;
+        let tidy = tidy_routes(ctx.clone(), caches, tidy, stop.clone());
         let accept = async move {
             loop {
                 let class = tokio::select! {
@@ -88,7 +92,56 @@ impl GatewayController {
                 }
             }
         };
-        tokio::join!(run.for_each(|()| std::future::ready(())), accept);
+        tokio::join!(run.for_each(|()| std::future::ready(())), accept, tidy);
+    }
+}
+
+/// How long a failed withdrawal waits before it is tried again.
+const TIDY_RETRY: Duration = Duration::from_secs(5);
+
+/// Withdraws routes' entries for Gateways balancer no longer serves: once the caches have
+/// listed (for Gateways deleted while the operator was away), then at each signal, several at
+/// once taken as one; a failure (a conflicting route write) is tried again shortly.
+async fn tidy_routes(
+    ctx: Arc<Context>,
+    caches: GatewayCaches,
+    mut asked: UnboundedReceiver<()>,
+    stop: CancellationToken,
+) {
+    let synced = tokio::select! {
+        _ = stop.cancelled() => return,
+        synced = caches.synced() => synced,
+    };
+    if !synced {
+        return;
+    }
+    loop {
+        let tidied = tokio::select! {
+            _ = stop.cancelled() => return,
+            tidied = report::withdraw_stale_entries(&ctx, &caches) => tidied,
+        };
+        let wait = match tidied {
+            Ok(()) => None,
+            Err(e) => {
+                tracing::warn!(error = %e, "could not withdraw a route's entries for a Gateway no longer served");
+                Some(TIDY_RETRY)
+            }
+        };
+        let woken = async {
+            match wait {
+                Some(wait) => tokio::time::sleep(wait).await,
+                None => {
+                    if asked.next().await.is_none() {
+                        std::future::pending::<()>().await;
+                    }
+                }
+            }
+        };
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            () = woken => {}
+        }
+        while asked.try_recv().is_ok() {}
     }
 }
 

@@ -1,20 +1,22 @@
 //! One Gateway's reconcile: assemble it from its routes, write its proxy as a Balancer's is
 //! written (same builders, same `ensure`), then its status and its routes'.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Instant;
 
+use futures::channel::mpsc::UnboundedSender;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::jiff::Timestamp;
 use kube::runtime::controller::Action;
-use kube::runtime::reflector::ObjectRef;
+use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Resource, ResourceExt};
 use tracing::Instrument;
 
 use super::report::{GatewayOutcome, write_gateway_status, write_route_statuses};
 use super::watches::GatewayCaches;
+use crate::api::UpstreamKind;
 use crate::controller::apply::{delete_proxy, ensure};
 use crate::controller::context::{Context, backoff};
 use crate::controller::exposure::Exposure;
@@ -24,11 +26,11 @@ use crate::controller::report::Written;
 use crate::controller::{Error, RESYNC};
 use crate::gateway::api::gateways::Gateway;
 use crate::gateway::api::referencegrants::ReferenceGrant;
-use crate::gateway::assembly::{Lookups, assemble};
+use crate::gateway::assembly::{Assembly, Lookups, assemble};
 use crate::gateway::parameters::{self, ParametersSource, ProxyParameters};
 use crate::gateway::proxy::{GatewayProxy, gateway_owner, gateway_proxy, infrastructure_refusal};
-use crate::gateway::status::CONTROLLER_NAME;
-use crate::proxy::{self, Owner};
+use crate::gateway::routes::{RouteView, referenced_services};
+use crate::proxy::{self, BALANCER_NAME_LABEL, Owner};
 
 /// What Gateway reconciles share.
 pub(crate) struct GatewayContext {
@@ -36,6 +38,8 @@ pub(crate) struct GatewayContext {
     pub ctx: Arc<Context>,
     /// The Gateway API caches.
     pub caches: GatewayCaches,
+    /// Asks for the routes' entries of Gateways balancer no longer serves to be withdrawn.
+    pub tidy: UnboundedSender<()>,
 }
 
 /// Reconciles one Gateway of a GatewayClass balancer serves; others are left alone.
@@ -63,19 +67,20 @@ pub(crate) fn error_policy(gateway: Arc<Gateway>, _error: &Error, gctx: Arc<Gate
     Action::requeue(backoff(failures))
 }
 
-/// Whether `gateway`'s class is one balancer serves.
-pub(crate) fn is_ours(gateway: &Gateway, caches: &GatewayCaches) -> bool {
-    let class = caches.classes.get(&ObjectRef::new(&gateway.spec.gateway_class_name));
-    class.is_some_and(|c| c.spec.controller_name == CONTROLLER_NAME)
-}
-
 async fn converge(gateway: &Gateway, gctx: &GatewayContext) -> Result<Action, Error> {
     let (ctx, caches) = (&gctx.ctx, &gctx.caches);
     if !ctx.children.synced().await || !caches.synced().await {
         return Ok(Action::await_change());
     }
     let gateway_ref = ObjectRef::from_obj(gateway);
-    if !is_ours(gateway, caches) {
+    if !caches.is_ours(gateway) {
+        if names_another_controller(gateway, caches) {
+            // Moved to another controller's class: what balancer made for it goes, proxy and
+            // route entries (a class that is missing may come back: nothing is taken down).
+            delete_stale_proxies(ctx, gateway, None).await?;
+            caches.index.forget(&gateway_ref);
+            let _ = gctx.tidy.unbounded_send(());
+        }
         return Ok(Action::await_change());
     }
     if gateway.meta().deletion_timestamp.is_some() {
@@ -87,25 +92,31 @@ async fn converge(gateway: &Gateway, gctx: &GatewayContext) -> Result<Action, Er
     let owner = gateway_owner(gateway)?;
     let routes: Vec<_> = {
         let key = (owner.namespace.clone(), gateway.name_any());
-        caches.routes().into_iter().filter(|r| r.gateways().contains(&key)).collect()
+        caches.routes().into_iter().filter(|r| r.concerns(&key.0, &key.1)).map(Arc::unwrap_or_clone).collect()
     };
+    let class = caches.classes.get(&ObjectRef::new(&gateway.spec.gateway_class_name));
+    let source = parameters::source(gateway, class.as_deref());
+    // What the Gateway reads is recorded before it is read: a Service or parameters ConfigMap
+    // that changes later wakes this Gateway; one that changed earlier is read as it is now.
+    let proxy_key = (owner.namespace.clone(), owner.name.clone());
+    caches.index.record(&gateway_ref, proxy_key, &referenced_services(&routes), source.config_map());
+    let parameters = parameters_of(&source, ctx).await?;
+    // The backends' pods, as a Balancer's (the default), once their slices are listed: until
+    // then the Services' cluster IPs, and a look again shortly.
+    let wants_pods =
+        ctx.settings.metrics_image.is_some() && parameters.as_ref().is_ok_and(|p| p.upstreams() == UpstreamKind::Pods);
+    let pods_read = wants_pods && caches.backend_slices.listed();
     let lookups = Lookups {
         namespace_labels: |namespace: &str| namespace_labels(caches, namespace),
         service: |namespace: &str, name: &str| caches.services.get(&ObjectRef::new(name).within(namespace)),
         grants: |namespace: &str| grants_in(caches, namespace),
+        ready_pods: |namespace: &str, name: &str| pods_read.then(|| caches.backend_slices.ready_pods(namespace, name)),
     };
-    // The Services the routes name are recorded before the cache is read: a Service that
-    // arrives later wakes this Gateway; one that arrived earlier is in the cache it reads.
-    let referenced = referenced_services(&routes);
-    caches.index.record(&gateway_ref, (owner.namespace.clone(), owner.name.clone()), &referenced);
     let assembly = assemble(gateway, &routes, &lookups);
-    let parameters = parameters_of(gateway, ctx, caches).await?;
     let refusal = infrastructure_refusal(gateway, &ctx.settings.policy).or(parameters.as_ref().err().cloned());
+    let tell = |outcome: GatewayOutcome| report(ctx, gateway, &routes, &assembly, outcome, now);
     if let Some(refusal) = refusal {
-        write_route_statuses(ctx, gateway, &routes, &assembly, now).await?;
-        let outcome = GatewayOutcome { refused: Some(refusal), served: false, addresses: Vec::new() };
-        write_gateway_status(ctx, gateway, &assembly, &outcome, now).await?;
-        // A parameters ConfigMap is not watched: looked at again after the resync period.
+        tell(GatewayOutcome { refused: Some(refusal), ..GatewayOutcome::default() }).await?;
         return Ok(Action::requeue(RESYNC));
     }
     if assembly.listeners.is_empty() {
@@ -113,52 +124,100 @@ async fn converge(gateway: &Gateway, gctx: &GatewayContext) -> Result<Action, Er
         if delete_proxy(ctx, &owner).await? {
             tracing::info!("no listener is served: the proxy is deleted");
         }
-        write_route_statuses(ctx, gateway, &routes, &assembly, now).await?;
-        let outcome = GatewayOutcome { refused: None, served: false, addresses: Vec::new() };
-        write_gateway_status(ctx, gateway, &assembly, &outcome, now).await?;
+        tell(GatewayOutcome::default()).await?;
         return Ok(Action::requeue(RESYNC));
     }
     // The proxy first: a route's change is on its way to the wire before any status is written.
     let parameters = parameters.unwrap_or_default();
-    let proxy = gateway_proxy(&owner, gateway, assembly.listeners.clone(), &ctx.settings, &parameters);
-    let (deployment, front) = apply_proxy(ctx, &owner, &proxy).await?;
-    write_route_statuses(ctx, gateway, &routes, &assembly, now).await?;
+    let mut proxy = gateway_proxy(&owner, gateway, assembly.listeners.clone(), &ctx.settings, &parameters);
+    if pods_read && !proxy.fits() {
+        // Too many pods for one ConfigMap: the Services' cluster IPs, as a Balancer falls back.
+        let listeners = assemble(gateway, &routes, &lookups.without_pods()).listeners;
+        proxy = gateway_proxy(&owner, gateway, listeners, &ctx.settings, &parameters);
+    }
+    let (deployment, front) = match apply_proxy(ctx, &owner, &proxy).await {
+        Ok(applied) => applied,
+        Err(Error::Conflict { kind, name }) => {
+            // Its name is held (by a Balancer's proxy, say): said in the status, tried again
+            // when that object goes (its change wakes this Gateway) or at the resync.
+            tell(GatewayOutcome { conflict: Some(format!("{kind} {name}")), ..GatewayOutcome::default() }).await?;
+            return Ok(Action::requeue(RESYNC));
+        }
+        Err(other) => return Err(other),
+    };
+    // A proxy of this Gateway's under another name (it moved to another of balancer's classes).
+    delete_stale_proxies(ctx, gateway, Some(&owner.name)).await?;
     let served = serves(gateway, ctx, &owner, &proxy, &deployment, now);
-    let outcome = GatewayOutcome { refused: None, served, addresses: Exposure::of(&front).addresses };
-    write_gateway_status(ctx, gateway, &assembly, &outcome, now).await?;
-    Ok(Action::requeue(RESYNC))
+    tell(GatewayOutcome { served, addresses: Exposure::of(&front).addresses, ..GatewayOutcome::default() }).await?;
+    Ok(Action::requeue(if wants_pods && !pods_read { SLICES_PENDING } else { RESYNC }))
 }
 
-/// Every Service the routes' backend references name, as `(namespace, name)`.
-fn referenced_services(routes: &[crate::gateway::routes::RouteView]) -> Vec<(String, String)> {
-    let mut services: Vec<(String, String)> = routes
-        .iter()
-        .flat_map(|route| {
-            route
-                .backend_references()
-                .map(move |b| (b.namespace.unwrap_or(&route.namespace).to_string(), b.name.to_string()))
-        })
-        .collect();
-    services.sort();
-    services.dedup();
-    services
-}
+/// How soon a Gateway served by Services while the EndpointSlices are being listed looks again.
+const SLICES_PENDING: std::time::Duration = std::time::Duration::from_secs(1);
 
-/// The proxy settings `gateway`'s parameters give, or why they are refused (`Err` of the
-/// outer result only when the API server did not answer). Read at each reconcile: a change to
-/// the ConfigMap is applied at the Gateway's next one.
-async fn parameters_of(
-    gateway: &Gateway,
+/// Writes the routes' entries for `gateway`, then its own status: a route's change is told
+/// where it lands before the Gateway says it is programmed.
+async fn report(
     ctx: &Context,
-    caches: &GatewayCaches,
-) -> Result<Result<ProxyParameters, String>, Error> {
-    let class = caches.classes.get(&ObjectRef::new(&gateway.spec.gateway_class_name));
-    match parameters::source(gateway, class.as_deref()) {
+    gateway: &Gateway,
+    routes: &[RouteView],
+    assembly: &Assembly,
+    outcome: GatewayOutcome,
+    now: Timestamp,
+) -> Result<(), Error> {
+    write_route_statuses(ctx, gateway, routes, assembly, now).await?;
+    write_gateway_status(ctx, gateway, assembly, &outcome, now).await
+}
+
+/// Whether `gateway`'s class exists and is another controller's.
+fn names_another_controller(gateway: &Gateway, caches: &GatewayCaches) -> bool {
+    caches.classes.get(&ObjectRef::new(&gateway.spec.gateway_class_name)).is_some()
+}
+
+/// Deletes every proxy `gateway` controls but `keep` (see [`delete_proxy`]), as the child
+/// caches have them (its children carry the proxy's name in their labels).
+async fn delete_stale_proxies(ctx: &Context, gateway: &Gateway, keep: Option<&str>) -> Result<(), Error> {
+    let (namespace, uid) = (gateway.namespace().unwrap_or_default(), gateway.uid().unwrap_or_default());
+    let children = &ctx.children;
+    let mut stale: BTreeSet<String> = proxies_of(&children.deployments, &namespace, &uid);
+    stale.extend(proxies_of(&children.services, &namespace, &uid));
+    if let Some(keep) = keep {
+        stale.remove(keep);
+    }
+    for name in stale {
+        let owner = Owner { name, ..gateway_owner(gateway)? };
+        if delete_proxy(ctx, &owner).await? {
+            tracing::info!(proxy = %owner.name, "deleted a proxy this Gateway no longer has");
+        }
+    }
+    Ok(())
+}
+
+/// The proxies whose children in `store` the object of `uid` controls in `namespace`, by the
+/// name their labels give.
+fn proxies_of<K>(store: &Store<K>, namespace: &str, uid: &str) -> BTreeSet<String>
+where
+    K: Resource<DynamicType = ()> + Clone,
+{
+    let proxy = |child: &Arc<K>| {
+        let meta = child.meta();
+        let controlled = meta.owner_references.iter().flatten().any(|r| r.controller == Some(true) && r.uid == uid);
+        let here = meta.namespace.as_deref() == Some(namespace);
+        (controlled && here).then(|| meta.labels.as_ref()?.get(BALANCER_NAME_LABEL).cloned()).flatten()
+    };
+    store.state().iter().filter_map(proxy).collect()
+}
+
+/// The proxy settings `source` gives, or why they are refused (`Err` of the outer result only
+/// when the API server did not answer). A ConfigMap is read at each reconcile, and its change
+/// wakes the Gateways it configures (their reconciles record it).
+async fn parameters_of(source: &ParametersSource, ctx: &Context) -> Result<Result<ProxyParameters, String>, Error> {
+    match source {
         ParametersSource::Defaults => Ok(Ok(ProxyParameters::default())),
-        ParametersSource::Unsupported(why) => Ok(Err(why)),
+        ParametersSource::Unsupported(why) => Ok(Err(why.clone())),
         ParametersSource::ConfigMap { namespace, name } => {
-            let api: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), &namespace);
-            let found = api.get_opt(&name).await.map_err(|e| Error::api("get", "ConfigMap", &name, e))?;
+            let api: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), namespace);
+            let found = api.get_opt(name).await.map_err(|e| Error::api("get", "ConfigMap", name, e))?;
             Ok(match found {
                 Some(config_map) => parameters::read(&config_map, &ctx.settings.policy),
                 None => Err(format!("the parameters ConfigMap {namespace}/{name} does not exist")),
@@ -167,10 +226,9 @@ async fn parameters_of(
     }
 }
 
-/// The labels of `namespace`, as cached (none when only one namespace is watched).
+/// The labels of `namespace`, as cached.
 fn namespace_labels(caches: &GatewayCaches, namespace: &str) -> BTreeMap<String, String> {
-    let store = caches.namespaces.as_ref();
-    store.and_then(|s| s.get(&ObjectRef::new(namespace))).map(|n| n.labels().clone()).unwrap_or_default()
+    caches.namespaces.get(&ObjectRef::new(namespace)).map(|n| n.labels().clone()).unwrap_or_default()
 }
 
 /// The ReferenceGrants of `namespace`.

@@ -6,9 +6,11 @@
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Patch, PatchParams};
+use kube::runtime::reflector::ObjectRef;
 use kube::{Api, Resource, ResourceExt};
 use serde_json::{Value, json};
 
+use super::watches::GatewayCaches;
 use crate::api::v1beta1::BalancerAddress;
 use crate::controller::Error;
 use crate::controller::context::Context;
@@ -27,7 +29,8 @@ use crate::gateway::status::{CONTROLLER_NAME, Writing, listener_status, route_pa
 /// profiles.
 pub(crate) const SUPPORTED_FEATURES: [&str; 5] = ["Gateway", "ReferenceGrant", "TCPRoute", "TLSRoute", "UDPRoute"];
 
-/// What a Gateway's reconcile found beside its assembly.
+/// What a Gateway's reconcile found beside its assembly; by default, nothing served.
+#[derive(Default)]
 pub(crate) struct GatewayOutcome {
     /// Why the Gateway is refused (its `spec.infrastructure` against the operator's policy).
     pub refused: Option<String>,
@@ -35,6 +38,8 @@ pub(crate) struct GatewayOutcome {
     pub served: bool,
     /// Where it is reached.
     pub addresses: Vec<BalancerAddress>,
+    /// A child of its proxy whose name another object holds, as `<kind> <name>`.
+    pub conflict: Option<String>,
 }
 
 /// Writes `gateway`'s status when it differs from what is stored.
@@ -75,10 +80,29 @@ fn gateway_status(gateway: &Gateway, assembly: &Assembly, outcome: &GatewayOutco
         }
         (None, _) => condition(&at, "Accepted", true, "Accepted", "balancer serves every listener"),
     };
+    let asks_addresses = gateway.spec.addresses.as_ref().is_some_and(|a| !a.is_empty());
     let programmed = match (&outcome.refused, served_listeners, outcome.served, outcome.addresses.is_empty()) {
         (Some(_), ..) | (None, 0, ..) => {
             condition(&at, "Programmed", false, "Invalid", "balancer serves none of its listeners")
         }
+        _ if outcome.conflict.is_some() => condition(
+            &at,
+            "Programmed",
+            false,
+            "Pending",
+            &format!(
+                "{} already exists and balancer does not control it (a Balancer of the proxy's name?): rename or remove it",
+                outcome.conflict.as_deref().unwrap_or_default()
+            ),
+        ),
+        // The proxy serves at its front Service's cluster IP; an address asked for is not given.
+        _ if asks_addresses => condition(
+            &at,
+            "Programmed",
+            false,
+            "UnsupportedAddress",
+            "balancer does not assign the addresses spec.addresses asks for: the Gateway's address is its Service's cluster IP",
+        ),
         (None, _, _, true) => {
             condition(&at, "Programmed", false, "AddressNotAssigned", "its Service has no address yet")
         }
@@ -162,6 +186,28 @@ pub(crate) async fn write_route_statuses(
     Ok(())
 }
 
+/// Takes balancer's entries out of every route's `status.parents` for the Gateways it no longer
+/// serves: deleted (no finalizer holds a Gateway back, so this runs when one is deleted, and
+/// once at the start for those deleted meanwhile) or moved to another class. Each write is
+/// conditional on the route's resource version.
+pub(crate) async fn withdraw_stale_entries(ctx: &Context, caches: &GatewayCaches) -> Result<(), Error> {
+    let served = |namespace: &str, name: &str| {
+        let gateway = caches.gateways.get(&ObjectRef::new(name).within(namespace));
+        gateway.is_some_and(|g| g.metadata.deletion_timestamp.is_none() && caches.is_ours(&g))
+    };
+    for route in caches.routes() {
+        let Some(kept) = route.without_stale_entries(served) else { continue };
+        let patch = json!({
+            "metadata": {"resourceVersion": route.resource_version},
+            "status": {"parents": kept},
+        });
+        patch_route_status(ctx, &route, &patch).await?;
+        tracing::info!(kind = route.kind.kind(), namespace = %route.namespace, name = %route.name,
+            "took balancer's entries for Gateways it no longer serves out of the route's status");
+    }
+    Ok(())
+}
+
 /// Whether two lists of entries hold the same entries, in any order.
 fn same_entries(a: &[Value], b: &[Value]) -> bool {
     a.len() == b.len() && a.iter().all(|e| b.contains(e))
@@ -211,4 +257,67 @@ pub(crate) async fn accept_class(ctx: &Context, class: &GatewayClass, now: Times
         .await
         .map_err(|e| Error::api("write the status of", "GatewayClass", class.name_any(), e))?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use k8s_openapi::api::core::v1::Service;
+    use serde_json::json;
+
+    use super::*;
+    use crate::gateway::assembly::{Lookups, assemble};
+
+    fn programmed(gateway: serde_json::Value, served: bool) -> (String, String) {
+        let gateway: Gateway = serde_json::from_value(gateway).expect("a Gateway");
+        let lookups = Lookups {
+            namespace_labels: |_: &str| BTreeMap::new(),
+            service: |_: &str, _: &str| None::<&Service>,
+            grants: |_: &str| Vec::new(),
+            ready_pods: |_: &str, _: &str| None,
+        };
+        let assembly = assemble(&gateway, &[], &lookups);
+        let addresses = vec![BalancerAddress { type_: "IPAddress".into(), value: "10.96.0.20".into() }];
+        let outcome = GatewayOutcome { refused: None, served, addresses, conflict: None };
+        let status = gateway_status(&gateway, &assembly, &outcome, Timestamp::UNIX_EPOCH);
+        let condition = &status["conditions"][1];
+        (
+            condition["status"].as_str().unwrap_or_default().into(),
+            condition["reason"].as_str().unwrap_or_default().into(),
+        )
+    }
+
+    #[test]
+    fn a_gateway_asking_for_an_address_is_never_programmed() {
+        let gateway = |addresses: serde_json::Value| {
+            json!({
+                "metadata": {"namespace": "apps", "name": "gw", "generation": 1},
+                "spec": {"gatewayClassName": "balancer", "addresses": addresses,
+                         "listeners": [{"name": "pg", "port": 5432, "protocol": "TCP"}]}
+            })
+        };
+        assert_eq!(programmed(gateway(json!([])), true), ("True".into(), "Programmed".into()));
+        assert_eq!(programmed(gateway(json!([])), false), ("False".into(), "Pending".into()));
+        let asked = gateway(json!([{"type": "IPAddress", "value": "192.0.2.7"}]));
+        assert_eq!(programmed(asked, true), ("False".into(), "UnsupportedAddress".into()));
+        let outcome = |conflict: Option<&str>| GatewayOutcome {
+            refused: None,
+            served: false,
+            addresses: Vec::new(),
+            conflict: conflict.map(str::to_string),
+        };
+        let gateway: Gateway = serde_json::from_value(gateway(json!([]))).expect("a Gateway");
+        let lookups = Lookups {
+            namespace_labels: |_: &str| BTreeMap::new(),
+            service: |_: &str, _: &str| None::<&Service>,
+            grants: |_: &str| Vec::new(),
+            ready_pods: |_: &str, _: &str| None,
+        };
+        let assembly = assemble(&gateway, &[], &lookups);
+        let status =
+            gateway_status(&gateway, &assembly, &outcome(Some("Deployment gw-balancer-proxy")), Timestamp::UNIX_EPOCH);
+        let message = status["conditions"][1]["message"].as_str().unwrap_or_default();
+        assert!(message.starts_with("Deployment gw-balancer-proxy already exists"), "{message}");
+    }
 }

@@ -1,21 +1,26 @@
 //! What the Gateway controller caches, and which Gateways each change wakes.
 //!
-//! Memory: the Gateway API objects are cached as the API server sends them, less their
-//! `managedFields`; Services (every one in scope, since a route may name any) keep only their
-//! name, namespace, type, cluster IP and ports. See `docs/gateway-api.md` for the bound at
-//! 1,000 routes.
+//! Memory: routes are kept as their views ([`StoredRoute`]), the other Gateway API objects as
+//! the API server sends them less their `managedFields`; Services (every one in scope, since a
+//! route may name any) keep only their name, namespace, type, cluster IP and ports, and
+//! EndpointSlices only their Service and ready endpoints; ConfigMaps are watched by their
+//! metadata and not kept. See `docs/gateway-api.md` for the bound at 1,000 routes.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use futures::channel::mpsc::{UnboundedReceiver, UnboundedSender};
 use futures::stream::BoxStream;
 use futures::{StreamExt, TryStreamExt};
-use k8s_openapi::api::core::v1::{Namespace, Service, ServiceSpec};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Service, ServiceSpec};
+use kube::core::PartialObjectMeta;
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, predicates, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
 
+use crate::controller::cache::{LISTED_POLL, listed_now};
 use crate::controller::context::Scope;
+use crate::controller::endpoint_slices::{ReadyEndpointSlices, ReadySlice};
 use crate::controller::watches::{api, watch, watch_config};
 use crate::gateway::api::gatewayclasses::GatewayClass;
 use crate::gateway::api::gateways::Gateway;
@@ -23,8 +28,8 @@ use crate::gateway::api::referencegrants::ReferenceGrant;
 use crate::gateway::api::tcproutes::TcpRoute;
 use crate::gateway::api::tlsroutes::TlsRoute;
 use crate::gateway::api::udproutes::UdpRoute;
-use crate::gateway::attachment::RouteKind;
-use crate::gateway::routes::RouteView;
+use crate::gateway::routes::{RouteView, StoredRoute};
+use crate::gateway::status::CONTROLLER_NAME;
 use crate::runtime::contact::Contact;
 
 /// Every cache the Gateway controller reads.
@@ -34,47 +39,63 @@ pub(crate) struct GatewayCaches {
     pub classes: Store<GatewayClass>,
     /// The Gateways in scope.
     pub gateways: Store<Gateway>,
-    /// The TCPRoutes in scope.
-    pub tcp_routes: Store<TcpRoute>,
-    /// The UDPRoutes in scope.
-    pub udp_routes: Store<UdpRoute>,
-    /// The TLSRoutes in scope.
-    pub tls_routes: Store<TlsRoute>,
+    /// The TCPRoutes in scope, each read once into its view.
+    pub tcp_routes: Store<StoredRoute<TcpRoute>>,
+    /// The UDPRoutes in scope, likewise.
+    pub udp_routes: Store<StoredRoute<UdpRoute>>,
+    /// The TLSRoutes in scope, likewise.
+    pub tls_routes: Store<StoredRoute<TlsRoute>>,
     /// The ReferenceGrants in scope.
     pub grants: Store<ReferenceGrant>,
     /// Every Service in scope, slimmed.
     pub services: Store<Service>,
-    /// Every namespace's labels (for `allowedRoutes.namespaces.from: Selector`); `None` when
-    /// the controller watches one namespace.
-    pub namespaces: Option<Store<Namespace>>,
+    /// Every namespace's labels (for `allowedRoutes.namespaces.from: Selector`). Gateway API
+    /// is served only by a cluster-wide install, so every namespace is watched.
+    pub namespaces: Store<Namespace>,
+    /// The ready endpoints of every Service in scope, from every EndpointSlice (a route may
+    /// name any Service): a route's backend is its Service's ready pods.
+    pub backend_slices: ReadyEndpointSlices,
     /// Which Gateway each proxy and each Service concerns.
     pub index: Index,
 }
 
 impl GatewayCaches {
-    /// Waits until every cache has listed; false when a watch ended first.
+    /// Waits until every cache has listed; false when a watch ended first. It looks again
+    /// every [`LISTED_POLL`], as the child caches do: kube's `wait_until_ready` wakes only the
+    /// last of several tasks waiting on one store.
     pub(crate) async fn synced(&self) -> bool {
-        let listed = [
-            self.classes.wait_until_ready().await,
-            self.gateways.wait_until_ready().await,
-            self.tcp_routes.wait_until_ready().await,
-            self.udp_routes.wait_until_ready().await,
-            self.tls_routes.wait_until_ready().await,
-            self.grants.wait_until_ready().await,
-            self.services.wait_until_ready().await,
-        ];
-        let namespaces = match &self.namespaces {
-            Some(store) => store.wait_until_ready().await.is_ok(),
-            None => true,
-        };
-        listed.iter().all(Result::is_ok) && namespaces
+        loop {
+            let all = [
+                listed_now(&self.classes),
+                listed_now(&self.gateways),
+                listed_now(&self.tcp_routes),
+                listed_now(&self.udp_routes),
+                listed_now(&self.tls_routes),
+                listed_now(&self.grants),
+                listed_now(&self.services),
+                listed_now(&self.namespaces),
+            ];
+            if all.contains(&Some(false)) {
+                return false;
+            }
+            if all.iter().all(Option::is_some) {
+                return true;
+            }
+            tokio::time::sleep(LISTED_POLL).await;
+        }
+    }
+
+    /// Whether `gateway`'s class is one balancer serves.
+    pub(crate) fn is_ours(&self, gateway: &Gateway) -> bool {
+        let class = self.classes.get(&ObjectRef::new(&gateway.spec.gateway_class_name));
+        class.is_some_and(|c| c.spec.controller_name == CONTROLLER_NAME)
     }
 
     /// Every route of the three kinds, read alike.
-    pub(crate) fn routes(&self) -> Vec<RouteView> {
-        let tcp = self.tcp_routes.state().into_iter().filter_map(|r| RouteView::of(RouteKind::Tcp, r.as_ref()));
-        let udp = self.udp_routes.state().into_iter().filter_map(|r| RouteView::of(RouteKind::Udp, r.as_ref()));
-        let tls = self.tls_routes.state().into_iter().filter_map(|r| RouteView::of(RouteKind::Tls, r.as_ref()));
+    pub(crate) fn routes(&self) -> Vec<Arc<RouteView>> {
+        let tcp = self.tcp_routes.state().into_iter().map(|r| r.view.clone());
+        let udp = self.udp_routes.state().into_iter().map(|r| r.view.clone());
+        let tls = self.tls_routes.state().into_iter().map(|r| r.view.clone());
         tcp.chain(udp).chain(tls).collect()
     }
 
@@ -102,7 +123,26 @@ pub(crate) struct Index(Arc<Mutex<IndexTables>>);
 #[derive(Default)]
 struct IndexTables {
     proxies: HashMap<(String, String), ObjectRef<Gateway>>,
-    services: HashMap<(String, String), HashSet<ObjectRef<Gateway>>>,
+    services: Readers,
+    parameters: Readers,
+}
+
+/// Which Gateways read each object, by its namespace and name.
+type Readers = HashMap<(String, String), HashSet<ObjectRef<Gateway>>>;
+
+/// Makes `gateway` a reader of `objects` only.
+fn relink(readers: &mut Readers, gateway: &ObjectRef<Gateway>, objects: &[(String, String)]) {
+    readers.retain(|_, gateways| {
+        gateways.remove(gateway);
+        !gateways.is_empty()
+    });
+    for object in objects {
+        readers.entry(object.clone()).or_default().insert(gateway.clone());
+    }
+}
+
+fn readers_of(readers: &Readers, namespace: &str, name: &str) -> Vec<ObjectRef<Gateway>> {
+    readers.get(&(namespace.to_string(), name.to_string())).into_iter().flatten().cloned().collect()
 }
 
 impl Index {
@@ -110,27 +150,27 @@ impl Index {
         self.0.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Records what `gateway`'s reconcile found: its proxy's name, and the Services it reads.
-    pub(crate) fn record(&self, gateway: &ObjectRef<Gateway>, proxy: (String, String), services: &[(String, String)]) {
+    /// Records what `gateway`'s reconcile found: its proxy's name, the Services it reads, and
+    /// the ConfigMap its parameters are in.
+    pub(crate) fn record(
+        &self,
+        gateway: &ObjectRef<Gateway>,
+        proxy: (String, String),
+        services: &[(String, String)],
+        parameters: Option<(String, String)>,
+    ) {
         let mut tables = self.lock();
         tables.proxies.insert(proxy, gateway.clone());
-        tables.services.retain(|_, gateways| {
-            gateways.remove(gateway);
-            !gateways.is_empty()
-        });
-        for service in services {
-            tables.services.entry(service.clone()).or_default().insert(gateway.clone());
-        }
+        relink(&mut tables.services, gateway, services);
+        relink(&mut tables.parameters, gateway, parameters.as_slice());
     }
 
     /// Forgets `gateway`.
     pub(crate) fn forget(&self, gateway: &ObjectRef<Gateway>) {
         let mut tables = self.lock();
         tables.proxies.retain(|_, g| g != gateway);
-        tables.services.retain(|_, gateways| {
-            gateways.remove(gateway);
-            !gateways.is_empty()
-        });
+        relink(&mut tables.services, gateway, &[]);
+        relink(&mut tables.parameters, gateway, &[]);
     }
 
     /// The Gateway whose proxy is `name` in `namespace`.
@@ -138,9 +178,14 @@ impl Index {
         self.lock().proxies.get(&(namespace.to_string(), name.to_string())).cloned()
     }
 
+    /// The Gateways whose routes name Service `namespace/name`.
     fn feeding(&self, namespace: &str, name: &str) -> Vec<ObjectRef<Gateway>> {
-        let tables = self.lock();
-        tables.services.get(&(namespace.to_string(), name.to_string())).into_iter().flatten().cloned().collect()
+        readers_of(&self.lock().services, namespace, name)
+    }
+
+    /// The Gateways whose parameters are ConfigMap `namespace/name`.
+    fn configured_by(&self, namespace: &str, name: &str) -> Vec<ObjectRef<Gateway>> {
+        readers_of(&self.lock().parameters, namespace, name)
     }
 }
 
@@ -151,6 +196,9 @@ pub(crate) struct Watched {
     pub wakes: Vec<BoxStream<'static, ObjectRef<Gateway>>>,
     /// The GatewayClasses that changed, for their status.
     pub classes: BoxStream<'static, GatewayClass>,
+    /// A signal each time a Gateway is deleted, and where a reconcile finds one balancer no
+    /// longer serves: routes' entries for it are then withdrawn.
+    pub tidy: (UnboundedSender<()>, UnboundedReceiver<()>),
 }
 
 /// Starts every watch of the Gateway controller.
@@ -163,15 +211,22 @@ pub(crate) fn watched(client: &Client, scope: &Scope, contact: &Contact) -> Watc
         .filter_map(|c| std::future::ready(c.ok()))
         .boxed();
     let (gateways, gateway_writer) = reflector::store();
+    let tidy = futures::channel::mpsc::unbounded();
+    let deleted = tidy.0.clone();
     let gateway_changes = watch(api(client, scope), watch_config(), contact)
         .modify(strip)
         .reflect(gateway_writer)
+        .inspect_ok(move |event| {
+            if matches!(event, watcher::Event::Delete(_)) {
+                let _ = deleted.unbounded_send(());
+            }
+        })
         .applied_objects()
         .predicate_filter(predicates::generation, Default::default())
         .boxed();
-    let (tcp_routes, tcp) = reflected::<TcpRoute>(client, scope, contact);
-    let (udp_routes, udp) = reflected::<UdpRoute>(client, scope, contact);
-    let (tls_routes, tls) = reflected::<TlsRoute>(client, scope, contact);
+    let (tcp_routes, tcp) = reflected::<StoredRoute<TcpRoute>>(client, scope, contact);
+    let (udp_routes, udp) = reflected::<StoredRoute<UdpRoute>>(client, scope, contact);
+    let (tls_routes, tls) = reflected::<StoredRoute<TlsRoute>>(client, scope, contact);
     let (grants, grant_changes) = reflected::<ReferenceGrant>(client, scope, contact);
     let (services, writer) = reflector::store();
     let service_changes = watch(api::<Service>(client, scope), watch_config(), contact)
@@ -179,21 +234,23 @@ pub(crate) fn watched(client: &Client, scope: &Scope, contact: &Contact) -> Watc
         .reflect(writer)
         .touched_objects()
         .boxed();
-    let (namespaces, namespace_changes) = match scope {
-        Scope::All => {
-            let (store, writer) = reflector::store();
-            let changes = watch(Api::<Namespace>::all(client.clone()), watch_config(), contact)
-                .modify(|n| {
-                    strip(n);
-                    n.spec = None;
-                    n.status = None;
-                })
-                .reflect(writer)
-                .touched_objects()
-                .boxed();
-            (Some(store), Some(changes))
-        }
-        Scope::Namespace(_) => (None, None),
+    let (namespaces, writer) = reflector::store();
+    let namespace_changes = watch(Api::<Namespace>::all(client.clone()), watch_config(), contact)
+        .modify(|n| {
+            strip(n);
+            n.spec = None;
+            n.status = None;
+        })
+        .reflect(writer)
+        .touched_objects()
+        .boxed();
+    let backend_slices = ReadyEndpointSlices::default();
+    let slice_changes = {
+        let table = backend_slices.clone();
+        watch(api::<ReadySlice>(client, scope), watch_config(), contact)
+            .inspect_ok(move |event| table.apply(event))
+            .touched_objects()
+            .boxed()
     };
     let caches = GatewayCaches {
         classes,
@@ -204,6 +261,7 @@ pub(crate) fn watched(client: &Client, scope: &Scope, contact: &Contact) -> Watc
         grants,
         services,
         namespaces,
+        backend_slices,
         index: Index::default(),
     };
     let (class_wakes, class_status) = {
@@ -217,11 +275,11 @@ pub(crate) fn watched(client: &Client, scope: &Scope, contact: &Contact) -> Watc
             .boxed();
         (wakes, rx.boxed())
     };
-    let mut wakes = vec![
+    let wakes = vec![
         class_wakes,
-        route_wakes(tcp, RouteKind::Tcp),
-        route_wakes(udp, RouteKind::Udp),
-        route_wakes(tls, RouteKind::Tls),
+        route_wakes(tcp),
+        route_wakes(udp),
+        route_wakes(tls),
         every_gateway(grant_changes, caches.clone()),
         {
             let index = caches.index.clone();
@@ -232,11 +290,30 @@ pub(crate) fn watched(client: &Client, scope: &Scope, contact: &Contact) -> Watc
                 })
                 .boxed()
         },
+        every_gateway(namespace_changes, caches.clone()),
+        {
+            // Parameters ConfigMaps, by their metadata only (any ConfigMap may be one).
+            let index = caches.index.clone();
+            watch(Api::<PartialObjectMeta<ConfigMap>>::all(client.clone()), watch_config(), contact)
+                .touched_objects()
+                .filter_map(|c| std::future::ready(c.ok()))
+                .flat_map(move |c| {
+                    futures::stream::iter(index.configured_by(&c.namespace().unwrap_or_default(), &c.name_any()))
+                })
+                .boxed()
+        },
+        {
+            let index = caches.index.clone();
+            slice_changes
+                .filter_map(|s| std::future::ready(s.ok()))
+                .flat_map(move |slice| {
+                    let feeding = slice.service().map(|(namespace, name)| index.feeding(namespace, name));
+                    futures::stream::iter(feeding.unwrap_or_default())
+                })
+                .boxed()
+        },
     ];
-    if let Some(changes) = namespace_changes {
-        wakes.push(every_gateway(changes, caches.clone()));
-    }
-    Watched { caches, gateways: gateway_changes, wakes, classes: class_status }
+    Watched { caches, gateways: gateway_changes, wakes, classes: class_status, tidy }
 }
 
 fn reflected<K>(
@@ -261,16 +338,15 @@ where
 
 /// A route's change wakes the Gateways it names, and those its status lists.
 fn route_wakes<K>(
-    changes: BoxStream<'static, Result<K, watcher::Error>>,
-    kind: RouteKind,
+    changes: BoxStream<'static, Result<StoredRoute<K>, watcher::Error>>,
 ) -> BoxStream<'static, ObjectRef<Gateway>>
 where
-    K: Resource<DynamicType = ()> + serde::Serialize + serde::de::DeserializeOwned + Send + 'static,
+    K: Send + 'static,
 {
     changes
         .filter_map(|r| std::future::ready(r.ok()))
-        .flat_map(move |route| {
-            let gateways = RouteView::of(kind, &route).map(|view| view.gateways()).unwrap_or_default();
+        .flat_map(|route| {
+            let gateways = route.view.gateways();
             futures::stream::iter(
                 gateways.into_iter().map(|(namespace, name)| ObjectRef::new(&name).within(&namespace)),
             )
@@ -284,11 +360,7 @@ fn every_gateway<K: Send + 'static>(
     changes: BoxStream<'static, Result<K, watcher::Error>>,
     caches: GatewayCaches,
 ) -> BoxStream<'static, ObjectRef<Gateway>> {
-    changes
-        .try_filter_map(|_| std::future::ready(Ok(Some(()))))
-        .filter_map(|r| std::future::ready(r.ok()))
-        .flat_map(move |()| futures::stream::iter(caches.all()))
-        .boxed()
+    changes.filter_map(|r| std::future::ready(r.ok())).flat_map(move |_| futures::stream::iter(caches.all())).boxed()
 }
 
 /// Drops what no reconcile reads and a watch sends on every object: `managedFields`.

@@ -61,6 +61,7 @@ fn the_example_assembles_into_the_proxy_the_page_describes() {
         namespace_labels: |_: &str| BTreeMap::new(),
         service: |_: &str, name: &str| services.iter().find(|s| s.metadata.name.as_deref() == Some(name)),
         grants: |_: &str| Vec::new(),
+        ready_pods: |_: &str, _: &str| None,
     };
     let assembly = assemble(&gateway, &routes, &lookups);
     assert_eq!(assembly.attached, [1, 1]);
