@@ -293,11 +293,54 @@ pub struct ReadyEndpointSlices(Arc<RwLock<Table>>);
 
 #[derive(Default)]
 struct Table {
-    /// Every slice with a Service, by `namespace/slice`.
-    slices: HashMap<Box<str>, Slice>,
+    /// Every slice with a Service.
+    slices: Slices,
     /// A (re)list in progress: it replaces `slices` when done.
-    listing: Option<HashMap<Box<str>, Slice>>,
+    listing: Option<Slices>,
     listed: bool,
+}
+
+/// Slices by their key (`namespace/slice`), and each Service's slices: a Service's endpoints
+/// are read from its own slices, whatever the number of others (a Gateway's table holds every
+/// slice of the cluster).
+#[derive(Default)]
+struct Slices {
+    by_key: HashMap<Box<str>, Slice>,
+    /// The keys of each Service's slices, by `namespace/service`.
+    by_service: HashMap<Box<str>, HashSet<Box<str>>>,
+}
+
+impl Slices {
+    /// Puts `slice` in, or takes it out when it no longer names a Service.
+    fn put(&mut self, slice: &ReadySlice) {
+        let (key, kept) = entry(slice);
+        self.remove(&key);
+        if let Some(kept) = kept {
+            self.by_service.entry(kept.service.clone()).or_default().insert(key.clone());
+            self.by_key.insert(key, kept);
+        }
+    }
+
+    fn remove(&mut self, key: &str) {
+        let Some(gone) = self.by_key.remove(key) else { return };
+        if let Some(keys) = self.by_service.get_mut(&gone.service) {
+            keys.remove(key);
+            if keys.is_empty() {
+                self.by_service.remove(&gone.service);
+            }
+        }
+    }
+
+    /// The slices of Service `service` (`namespace/name`), with their keys.
+    fn of_service<'a>(&'a self, service: &str) -> impl Iterator<Item = (&'a str, &'a Slice)> {
+        let keys = self.by_service.get(service).into_iter().flatten();
+        keys.filter_map(|key| Some((&**key, self.by_key.get(key)?)))
+    }
+
+    fn shrink_to_fit(&mut self) {
+        self.by_key.shrink_to_fit();
+        self.by_service.shrink_to_fit();
+    }
 }
 
 /// What counting needs of one slice.
@@ -331,26 +374,16 @@ fn entry(slice: &ReadySlice) -> (Box<str>, Option<Slice>) {
     (key(namespace, name), kept)
 }
 
-/// Puts `slice` in `slices`, or takes it out when it no longer names a Service.
-fn put(slices: &mut HashMap<Box<str>, Slice>, slice: &ReadySlice) {
-    match entry(slice) {
-        (key, Some(kept)) => slices.insert(key, kept),
-        (key, None) => slices.remove(&key),
-    };
-}
-
 impl ReadyEndpointSlices {
     /// The distinct ready endpoints of Service `name` in `namespace`, across its slices (0 when
-    /// none is known). It looks at every slice: thousands take microseconds, and a reconcile
-    /// asks once per backend.
+    /// none is known).
     pub fn get(&self, namespace: &str, name: &str) -> u32 {
         let service = key(namespace, name);
         let table = self.read();
         let union: HashSet<&str> = table
             .slices
-            .values()
-            .filter(|slice| slice.service == service)
-            .flat_map(|slice| slice.ready.iter().map(|endpoint| &*endpoint.identity))
+            .of_service(&service)
+            .flat_map(|(_, slice)| slice.ready.iter().map(|endpoint| &*endpoint.identity))
             .collect();
         u32::try_from(union.len()).unwrap_or(u32::MAX)
     }
@@ -365,10 +398,9 @@ impl ReadyEndpointSlices {
         // Per endpoint, the listing to use: IPv4 first, then the slice's name, so that the
         // choice never depends on the table's order.
         let mut by_identity: HashMap<&str, Listing<'_>> = HashMap::new();
-        let slices = table.slices.iter().filter(|(_, slice)| slice.service == service);
-        for (name, slice) in slices {
+        for (name, slice) in table.slices.of_service(&service) {
             for (endpoint, address) in slice.ready.iter().filter_map(|e| Some((e, e.address?))) {
-                let rank = (slice.ipv6, &**name);
+                let rank = (slice.ipv6, name);
                 let entry = by_identity.entry(&endpoint.identity).or_insert((rank, address, &slice.ports));
                 if rank < entry.0 {
                     *entry = (rank, address, &slice.ports);
@@ -390,9 +422,8 @@ impl ReadyEndpointSlices {
         let table = self.read();
         let mut live: Vec<IpAddr> = table
             .slices
-            .values()
-            .filter(|slice| slice.service == service)
-            .flat_map(|slice| slice.live.iter())
+            .of_service(&service)
+            .flat_map(|(_, slice)| slice.live.iter())
             .filter(|endpoint| endpoint.pod.starts_with(pod_prefix))
             .map(|endpoint| endpoint.address)
             .collect();
@@ -405,12 +436,10 @@ impl ReadyEndpointSlices {
     pub fn apply(&self, event: &watcher::Event<ReadySlice>) {
         let mut table = self.0.write().unwrap_or_else(|e| e.into_inner());
         match event {
-            watcher::Event::Apply(slice) => put(&mut table.slices, slice),
-            watcher::Event::Delete(slice) => {
-                table.slices.remove(&entry(slice).0);
-            }
-            watcher::Event::Init => table.listing = Some(HashMap::new()),
-            watcher::Event::InitApply(slice) => put(table.listing.get_or_insert_default(), slice),
+            watcher::Event::Apply(slice) => table.slices.put(slice),
+            watcher::Event::Delete(slice) => table.slices.remove(&entry(slice).0),
+            watcher::Event::Init => table.listing = Some(Slices::default()),
+            watcher::Event::InitApply(slice) => table.listing.get_or_insert_default().put(slice),
             watcher::Event::InitDone => {
                 table.slices = table.listing.take().unwrap_or_default();
                 table.slices.shrink_to_fit();
@@ -593,6 +622,9 @@ mod tests {
         assert_eq!(table.get("ns", "lb-v1"), 3);
         table.apply(&watcher::Event::Delete(second));
         assert_eq!(table.get("ns", "lb-v1"), 2, "b is still in the first slice");
+        table.apply(&watcher::Event::Delete(slice("lb-v1-aaaaa", "lb-v1", Vec::new())));
+        assert_eq!(table.get("ns", "lb-v1"), 0);
+        assert!(table.read().slices.by_service.is_empty(), "a Service without slices is not kept");
     }
 
     #[test]

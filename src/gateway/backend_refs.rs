@@ -5,7 +5,7 @@
 use std::net::IpAddr;
 use std::ops::Deref;
 
-use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::core::v1::{Service, ServicePort};
 
 use super::api::referencegrants::ReferenceGrant;
 use super::attachment::{GROUP, RouteKind};
@@ -120,13 +120,12 @@ pub fn resolve<S: Deref<Target = Service>>(
     if spec.and_then(|s| s.type_.as_deref()) == Some("ExternalName") {
         return not_found("an ExternalName Service may point outside the cluster; balancer does not send to it".into());
     }
-    // The port of the route's protocol when the Service has that number for two (DNS's 53).
+    // The port of the route's protocol (a Service may have one number for two: DNS's 53).
     let protocol = kind.protocol().as_str();
-    let numbered: Vec<_> =
-        spec.and_then(|s| s.ports.as_ref()).into_iter().flatten().filter(|p| p.port == i32::from(port)).collect();
-    let same_protocol = numbered.iter().find(|p| p.protocol.as_deref().unwrap_or("TCP") == protocol);
-    let Some(service_port) = same_protocol.or(numbered.first()) else {
-        return not_found(format!("Service {namespace}/{} has no port {port}", reference.name));
+    let mut ports = spec.and_then(|s| s.ports.as_ref()).into_iter().flatten();
+    let same = |p: &&ServicePort| p.port == i32::from(port) && p.protocol.as_deref().unwrap_or("TCP") == protocol;
+    let Some(service_port) = ports.find(same) else {
+        return not_found(format!("Service {namespace}/{} has no {protocol} port {port}", reference.name));
     };
     let port_name = service_port.name.clone().unwrap_or_default();
     let cluster_ip = spec.and_then(|s| s.cluster_ip.as_deref()).and_then(|ip| ip.parse().ok());
@@ -263,5 +262,10 @@ mod tests {
         assert_eq!(port_name(RouteKind::Udp), Ok("dns".to_string()));
         assert_eq!(port_name(RouteKind::Tcp), Ok("dns-tcp".to_string()));
         assert_eq!(port_name(RouteKind::Tls), Ok("dns-tcp".to_string()));
+        let udp_only = BackendRef { name: "kube-dns", port: Some(5353), ..BackendRef::default() };
+        let mut dns = dns.clone();
+        dns.spec.as_mut().and_then(|s| s.ports.as_mut()).expect("ports")[0].port = 5353;
+        let found = resolve(RouteKind::Tcp, "kube-system", &udp_only, |_: &str, _: &str| Some(&dns), &[]);
+        assert_eq!(found.map_err(|e| e.reason()), Err("BackendNotFound"), "a TCPRoute to a UDP-only port");
     }
 }

@@ -74,14 +74,7 @@ async fn converge(gateway: &Gateway, gctx: &GatewayContext) -> Result<Action, Er
     }
     let gateway_ref = ObjectRef::from_obj(gateway);
     if !caches.is_ours(gateway) {
-        if names_another_controller(gateway, caches) {
-            // Moved to another controller's class: what balancer made for it goes, proxy and
-            // route entries (a class that is missing may come back: nothing is taken down).
-            delete_stale_proxies(ctx, gateway, None).await?;
-            caches.index.forget(&gateway_ref);
-            let _ = gctx.tidy.unbounded_send(());
-        }
-        return Ok(Action::await_change());
+        return leave(gateway, gctx).await;
     }
     if gateway.meta().deletion_timestamp.is_some() {
         ctx.records.forget(&gateway.uid().unwrap_or_default());
@@ -101,16 +94,19 @@ async fn converge(gateway: &Gateway, gctx: &GatewayContext) -> Result<Action, Er
     let proxy_key = (owner.namespace.clone(), owner.name.clone());
     caches.index.record(&gateway_ref, proxy_key, &referenced_services(&routes), source.config_map());
     let parameters = parameters_of(&source, ctx).await?;
-    // The backends' pods, as a Balancer's (the default), once their slices are listed: until
-    // then the Services' cluster IPs, and a look again shortly.
-    let wants_pods =
+    // The backends' pods, as a Balancer's (the default), and not before their slices are
+    // listed: a proxy written meanwhile with the Services' addresses would be written again a
+    // moment later, at every start of the operator.
+    let pods =
         ctx.settings.metrics_image.is_some() && parameters.as_ref().is_ok_and(|p| p.upstreams() == UpstreamKind::Pods);
-    let pods_read = wants_pods && caches.backend_slices.listed();
+    if pods && !caches.backend_slices.listed() {
+        return Ok(Action::requeue(SLICES_PENDING));
+    }
     let lookups = Lookups {
         namespace_labels: |namespace: &str| namespace_labels(caches, namespace),
         service: |namespace: &str, name: &str| caches.services.get(&ObjectRef::new(name).within(namespace)),
         grants: |namespace: &str| grants_in(caches, namespace),
-        ready_pods: |namespace: &str, name: &str| pods_read.then(|| caches.backend_slices.ready_pods(namespace, name)),
+        ready_pods: |namespace: &str, name: &str| pods.then(|| caches.backend_slices.ready_pods(namespace, name)),
     };
     let assembly = assemble(gateway, &routes, &lookups);
     let refusal = infrastructure_refusal(gateway, &ctx.settings.policy).or(parameters.as_ref().err().cloned());
@@ -121,16 +117,14 @@ async fn converge(gateway: &Gateway, gctx: &GatewayContext) -> Result<Action, Er
     }
     if assembly.listeners.is_empty() {
         // Nothing to serve (every listener HTTP, say): no proxy, and none left from before.
-        if delete_proxy(ctx, &owner).await? {
-            tracing::info!("no listener is served: the proxy is deleted");
-        }
+        delete_stale_proxies(ctx, gateway, None).await?;
         tell(GatewayOutcome::default()).await?;
         return Ok(Action::requeue(RESYNC));
     }
     // The proxy first: a route's change is on its way to the wire before any status is written.
     let parameters = parameters.unwrap_or_default();
     let mut proxy = gateway_proxy(&owner, gateway, assembly.listeners.clone(), &ctx.settings, &parameters);
-    if pods_read && !proxy.fits() {
+    if pods && !proxy.fits() {
         // Too many pods for one ConfigMap: the Services' cluster IPs, as a Balancer falls back.
         let listeners = assemble(gateway, &routes, &lookups.without_pods()).listeners;
         proxy = gateway_proxy(&owner, gateway, listeners, &ctx.settings, &parameters);
@@ -145,14 +139,31 @@ async fn converge(gateway: &Gateway, gctx: &GatewayContext) -> Result<Action, Er
         }
         Err(other) => return Err(other),
     };
-    // A proxy of this Gateway's under another name (it moved to another of balancer's classes).
-    delete_stale_proxies(ctx, gateway, Some(&owner.name)).await?;
     let served = serves(gateway, ctx, &owner, &proxy, &deployment, now);
+    if served {
+        // A proxy of this Gateway's under another name (it moved to another of balancer's
+        // classes) serves until this one does.
+        delete_stale_proxies(ctx, gateway, Some(&owner.name)).await?;
+    }
     tell(GatewayOutcome { served, addresses: Exposure::of(&front).addresses, ..GatewayOutcome::default() }).await?;
-    Ok(Action::requeue(if wants_pods && !pods_read { SLICES_PENDING } else { RESYNC }))
+    Ok(Action::requeue(RESYNC))
 }
 
-/// How soon a Gateway served by Services while the EndpointSlices are being listed looks again.
+/// A Gateway that is not of balancer's classes: when it is another controller's (it moved),
+/// what balancer made for it goes, its proxy and its routes' entries. A class that does not
+/// exist may be coming back: nothing is taken down for it.
+async fn leave(gateway: &Gateway, gctx: &GatewayContext) -> Result<Action, Error> {
+    let (ctx, caches) = (&gctx.ctx, &gctx.caches);
+    if caches.is_others(gateway) {
+        delete_stale_proxies(ctx, gateway, None).await?;
+        if caches.index.forget(&ObjectRef::from_obj(gateway)) {
+            let _ = gctx.tidy.unbounded_send(());
+        }
+    }
+    Ok(Action::await_change())
+}
+
+/// How soon a Gateway waiting for the EndpointSlices' first list looks again.
 const SLICES_PENDING: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Writes the routes' entries for `gateway`, then its own status: a route's change is told
@@ -167,11 +178,6 @@ async fn report(
 ) -> Result<(), Error> {
     write_route_statuses(ctx, gateway, routes, assembly, now).await?;
     write_gateway_status(ctx, gateway, assembly, &outcome, now).await
-}
-
-/// Whether `gateway`'s class exists and is another controller's.
-fn names_another_controller(gateway: &Gateway, caches: &GatewayCaches) -> bool {
-    caches.classes.get(&ObjectRef::new(&gateway.spec.gateway_class_name)).is_some()
 }
 
 /// Deletes every proxy `gateway` controls but `keep` (see [`delete_proxy`]), as the child

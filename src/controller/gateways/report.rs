@@ -72,15 +72,28 @@ fn gateway_status(gateway: &Gateway, assembly: &Assembly, outcome: &GatewayOutco
     let at = Writing { generation: gateway.metadata.generation, now, previous: &previous };
     let served_listeners = assembly.verdicts.iter().filter(|v| v.served()).count();
     let all = assembly.verdicts.len();
+    // balancer gives a Gateway its front Service's cluster IP, never an address asked for: an
+    // address of a type it has none of is not accepted, an IP address is not assigned.
+    let asked = gateway.spec.addresses.as_deref().unwrap_or_default();
+    let unsupported_type = asked.iter().find_map(|a| a.r#type.as_deref().filter(|t| *t != "IPAddress"));
     let accepted = match (&outcome.refused, served_listeners) {
         (Some(refusal), _) => condition(&at, "Accepted", false, "InvalidParameters", refusal),
+        _ if unsupported_type.is_some() => condition(
+            &at,
+            "Accepted",
+            false,
+            "UnsupportedAddress",
+            &format!(
+                "balancer assigns no address of type {}: a Gateway's address is its Service's cluster IP",
+                unsupported_type.unwrap_or_default()
+            ),
+        ),
         (None, 0) => condition(&at, "Accepted", false, "ListenersNotValid", "balancer serves none of its listeners"),
         (None, n) if n < all => {
             condition(&at, "Accepted", true, "ListenersNotValid", "balancer serves some of its listeners, not all")
         }
         (None, _) => condition(&at, "Accepted", true, "Accepted", "balancer serves every listener"),
     };
-    let asks_addresses = gateway.spec.addresses.as_ref().is_some_and(|a| !a.is_empty());
     let programmed = match (&outcome.refused, served_listeners, outcome.served, outcome.addresses.is_empty()) {
         (Some(_), ..) | (None, 0, ..) => {
             condition(&at, "Programmed", false, "Invalid", "balancer serves none of its listeners")
@@ -95,13 +108,12 @@ fn gateway_status(gateway: &Gateway, assembly: &Assembly, outcome: &GatewayOutco
                 outcome.conflict.as_deref().unwrap_or_default()
             ),
         ),
-        // The proxy serves at its front Service's cluster IP; an address asked for is not given.
-        _ if asks_addresses => condition(
+        _ if !asked.is_empty() => condition(
             &at,
             "Programmed",
             false,
-            "UnsupportedAddress",
-            "balancer does not assign the addresses spec.addresses asks for: the Gateway's address is its Service's cluster IP",
+            "AddressNotAssigned",
+            "balancer does not assign the addresses spec.addresses asks for: a Gateway's address is its Service's cluster IP",
         ),
         (None, _, _, true) => {
             condition(&at, "Programmed", false, "AddressNotAssigned", "its Service has no address yet")
@@ -190,22 +202,33 @@ pub(crate) async fn write_route_statuses(
 /// serves: deleted (no finalizer holds a Gateway back, so this runs when one is deleted, and
 /// once at the start for those deleted meanwhile) or moved to another class. Each write is
 /// conditional on the route's resource version.
+/// Every route is tried; the first failure (a conflicting write: the route changed) is returned
+/// once the others are done, for the caller to try again.
 pub(crate) async fn withdraw_stale_entries(ctx: &Context, caches: &GatewayCaches) -> Result<(), Error> {
+    // Still served unless gone, being deleted, or another controller's (a class that is missing
+    // may come back, and its Gateway's proxy still serves).
     let served = |namespace: &str, name: &str| {
         let gateway = caches.gateways.get(&ObjectRef::new(name).within(namespace));
-        gateway.is_some_and(|g| g.metadata.deletion_timestamp.is_none() && caches.is_ours(&g))
+        gateway.is_some_and(|g| g.metadata.deletion_timestamp.is_none() && !caches.is_others(&g))
     };
+    let mut failed = Ok(());
     for route in caches.routes() {
         let Some(kept) = route.without_stale_entries(served) else { continue };
         let patch = json!({
             "metadata": {"resourceVersion": route.resource_version},
             "status": {"parents": kept},
         });
-        patch_route_status(ctx, &route, &patch).await?;
-        tracing::info!(kind = route.kind.kind(), namespace = %route.namespace, name = %route.name,
-            "took balancer's entries for Gateways it no longer serves out of the route's status");
+        match patch_route_status(ctx, &route, &patch).await {
+            Ok(()) => tracing::info!(kind = route.kind.kind(), namespace = %route.namespace, name = %route.name,
+                "took balancer's entries for Gateways it no longer serves out of the route's status"),
+            Err(e) => {
+                if failed.is_ok() {
+                    failed = Err(e);
+                }
+            }
+        }
     }
-    Ok(())
+    failed
 }
 
 /// Whether two lists of entries hold the same entries, in any order.
@@ -269,7 +292,16 @@ mod tests {
     use super::*;
     use crate::gateway::assembly::{Lookups, assemble};
 
+    fn accepted(gateway: serde_json::Value) -> (String, String) {
+        condition_of(gateway, true, 0)
+    }
+
     fn programmed(gateway: serde_json::Value, served: bool) -> (String, String) {
+        condition_of(gateway, served, 1)
+    }
+
+    /// The status and reason of condition `index` (0: Accepted, 1: Programmed).
+    fn condition_of(gateway: serde_json::Value, served: bool, index: usize) -> (String, String) {
         let gateway: Gateway = serde_json::from_value(gateway).expect("a Gateway");
         let lookups = Lookups {
             namespace_labels: |_: &str| BTreeMap::new(),
@@ -281,7 +313,7 @@ mod tests {
         let addresses = vec![BalancerAddress { type_: "IPAddress".into(), value: "10.96.0.20".into() }];
         let outcome = GatewayOutcome { refused: None, served, addresses, conflict: None };
         let status = gateway_status(&gateway, &assembly, &outcome, Timestamp::UNIX_EPOCH);
-        let condition = &status["conditions"][1];
+        let condition = &status["conditions"][index];
         (
             condition["status"].as_str().unwrap_or_default().into(),
             condition["reason"].as_str().unwrap_or_default().into(),
@@ -289,7 +321,7 @@ mod tests {
     }
 
     #[test]
-    fn a_gateway_asking_for_an_address_is_never_programmed() {
+    fn a_gateway_asking_for_an_address_is_never_programmed_and_one_of_another_type_not_accepted() {
         let gateway = |addresses: serde_json::Value| {
             json!({
                 "metadata": {"namespace": "apps", "name": "gw", "generation": 1},
@@ -300,7 +332,10 @@ mod tests {
         assert_eq!(programmed(gateway(json!([])), true), ("True".into(), "Programmed".into()));
         assert_eq!(programmed(gateway(json!([])), false), ("False".into(), "Pending".into()));
         let asked = gateway(json!([{"type": "IPAddress", "value": "192.0.2.7"}]));
-        assert_eq!(programmed(asked, true), ("False".into(), "UnsupportedAddress".into()));
+        assert_eq!(programmed(asked, true), ("False".into(), "AddressNotAssigned".into()));
+        let named = gateway(json!([{"type": "Hostname", "value": "edge.example.com"}]));
+        assert_eq!(accepted(named), ("False".into(), "UnsupportedAddress".into()));
+        assert_eq!(accepted(gateway(json!([{"value": "192.0.2.7"}]))), ("True".into(), "Accepted".into()));
         let outcome = |conflict: Option<&str>| GatewayOutcome {
             refused: None,
             served: false,

@@ -55,7 +55,8 @@ pub(crate) struct GatewayCaches {
     /// The ready endpoints of every Service in scope, from every EndpointSlice (a route may
     /// name any Service): a route's backend is its Service's ready pods.
     pub backend_slices: ReadyEndpointSlices,
-    /// Which Gateway each proxy and each Service concerns.
+    /// Which Gateway each proxy concerns, and which Gateways each Service and parameters
+    /// ConfigMap wakes.
     pub index: Index,
 }
 
@@ -87,8 +88,18 @@ impl GatewayCaches {
 
     /// Whether `gateway`'s class is one balancer serves.
     pub(crate) fn is_ours(&self, gateway: &Gateway) -> bool {
-        let class = self.classes.get(&ObjectRef::new(&gateway.spec.gateway_class_name));
-        class.is_some_and(|c| c.spec.controller_name == CONTROLLER_NAME)
+        self.controller_of(gateway).is_some_and(|c| c == CONTROLLER_NAME)
+    }
+
+    /// Whether `gateway`'s class exists and is another controller's.
+    pub(crate) fn is_others(&self, gateway: &Gateway) -> bool {
+        self.controller_of(gateway).is_some_and(|c| c != CONTROLLER_NAME)
+    }
+
+    /// The `controllerName` of `gateway`'s class, when the class exists.
+    fn controller_of(&self, gateway: &Gateway) -> Option<String> {
+        let class = self.classes.get(&ObjectRef::new(&gateway.spec.gateway_class_name))?;
+        Some(class.spec.controller_name.clone())
     }
 
     /// Every route of the three kinds, read alike.
@@ -160,17 +171,20 @@ impl Index {
         parameters: Option<(String, String)>,
     ) {
         let mut tables = self.lock();
+        tables.proxies.retain(|_, g| g != gateway);
         tables.proxies.insert(proxy, gateway.clone());
         relink(&mut tables.services, gateway, services);
         relink(&mut tables.parameters, gateway, parameters.as_slice());
     }
 
-    /// Forgets `gateway`.
-    pub(crate) fn forget(&self, gateway: &ObjectRef<Gateway>) {
+    /// Forgets `gateway`; whether it was known.
+    pub(crate) fn forget(&self, gateway: &ObjectRef<Gateway>) -> bool {
         let mut tables = self.lock();
+        let known = tables.proxies.values().any(|g| g == gateway);
         tables.proxies.retain(|_, g| g != gateway);
         relink(&mut tables.services, gateway, &[]);
         relink(&mut tables.parameters, gateway, &[]);
+        known
     }
 
     /// The Gateway whose proxy is `name` in `namespace`.
@@ -211,15 +225,22 @@ pub(crate) fn watched(client: &Client, scope: &Scope, contact: &Contact) -> Watc
         .filter_map(|c| std::future::ready(c.ok()))
         .boxed();
     let (gateways, gateway_writer) = reflector::store();
+    let index = Index::default();
     let tidy = futures::channel::mpsc::unbounded();
-    let deleted = tidy.0.clone();
+    let (deleted, forgotten) = (tidy.0.clone(), index.clone());
     let gateway_changes = watch(api(client, scope), watch_config(), contact)
         .modify(strip)
         .reflect(gateway_writer)
-        .inspect_ok(move |event| {
-            if matches!(event, watcher::Event::Delete(_)) {
+        .inspect_ok(move |event| match event {
+            // A relist reports no deletion: the Gateways gone meanwhile are found by the tidy.
+            watcher::Event::Delete(gateway) => {
+                forgotten.forget(&ObjectRef::from_obj(gateway));
                 let _ = deleted.unbounded_send(());
             }
+            watcher::Event::InitDone => {
+                let _ = deleted.unbounded_send(());
+            }
+            _ => {}
         })
         .applied_objects()
         .predicate_filter(predicates::generation, Default::default())
@@ -262,7 +283,7 @@ pub(crate) fn watched(client: &Client, scope: &Scope, contact: &Contact) -> Watc
         services,
         namespaces,
         backend_slices,
-        index: Index::default(),
+        index,
     };
     let (class_wakes, class_status) = {
         let (tx, rx) = futures::channel::mpsc::unbounded::<GatewayClass>();
