@@ -65,21 +65,8 @@ spec:
 "#;
 
 pub(crate) async fn gateway_api_objects_read_through_the_generated_types(world: &mut World) {
-    let out =
-        std::process::Command::new("bash").arg(repo("tests/kubernetes/gateway-api.sh")).output().expect("bash runs");
-    assert!(out.status.success(), "gateway-api.sh: {}", String::from_utf8_lossy(&out.stderr));
-    let crds = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    install_gateway_api_crds(world).await;
     let kubectl = world.plane.kubectl("admin");
-    kubectl.ok(&["apply", "--server-side", "-f", &crds]);
-    let names: Vec<String> =
-        balancer::gateway::RESOURCES.iter().map(|r| format!("crd/{r}.gateway.networking.k8s.io")).collect();
-    let mut wait = vec!["wait", "--for=condition=Established", "--timeout=60s"];
-    wait.extend(names.iter().map(String::as_str));
-    kubectl.ok(&wait);
-    eventually("discovery to serve Gateway API", Duration::from_secs(30), || async {
-        (discover(&world.admin).await == GatewayApi::Served).then_some(())
-    })
-    .await;
     kubectl.apply(OBJECTS);
 
     let class = Api::<GatewayClass>::all(world.admin.clone()).get("balancer").await.expect("the GatewayClass");
@@ -102,4 +89,25 @@ pub(crate) async fn gateway_api_objects_read_through_the_generated_types(world: 
     assert_eq!(tls.spec.hostnames, ["db.example.com"]);
     let grant = Api::<ReferenceGrant>::namespaced(world.admin.clone(), "kube-system").get("dns-from-default").await;
     assert_eq!(grant.expect("the ReferenceGrant").spec.from[0].kind, "UDPRoute");
+}
+
+/// Installs the standard-channel CRDs from `tests/kubernetes/gateway-api.sh`'s cache, and waits
+/// until they are Established and discovery says Gateway API is served (an operator started
+/// after that serves it).
+pub(crate) async fn install_gateway_api_crds(world: &World) {
+    let out =
+        std::process::Command::new("bash").arg(repo("tests/kubernetes/gateway-api.sh")).output().expect("bash runs");
+    assert!(out.status.success(), "gateway-api.sh: {}", String::from_utf8_lossy(&out.stderr));
+    let crds = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let kubectl = world.plane.kubectl("admin");
+    kubectl.ok(&["apply", "--server-side", "-f", &crds]);
+    let names: Vec<String> =
+        balancer::gateway::RESOURCES.iter().map(|r| format!("crd/{r}.gateway.networking.k8s.io")).collect();
+    let mut wait = vec!["wait", "--for=condition=Established", "--timeout=60s"];
+    wait.extend(names.iter().map(String::as_str));
+    kubectl.ok(&wait);
+    eventually("discovery to serve Gateway API", Duration::from_secs(30), || async {
+        (discover(&world.admin).await == GatewayApi::Served).then_some(())
+    })
+    .await;
 }

@@ -16,6 +16,7 @@ mod crd;
 mod faults;
 mod garbage_collection;
 mod gateway_api;
+mod gateway_scale;
 mod leader_election;
 mod metrics;
 mod operator;
@@ -117,8 +118,7 @@ fn main() -> ExitCode {
     }
     let runtime = tokio::runtime::Runtime::new().expect("runtime");
     if std::env::args().any(|a| a == "--ignored") {
-        // The benchmarks: not tests, never run by default (`-- --ignored scale`).
-        return runtime.block_on(scale::run(&assets));
+        return runtime.block_on(benchmarks(&assets));
     }
     let outages = faults::Outages::start(&assets);
     runtime.block_on(async move {
@@ -156,6 +156,34 @@ fn main() -> ExitCode {
         println!("e2e: {passed} passed, {failed} failed");
         if failed == 0 { ExitCode::SUCCESS } else { ExitCode::FAILURE }
     })
+}
+
+/// The benchmarks: not tests, never run by default (`-- --ignored scale`). A filter that is a
+/// benchmark's name selects that one alone (`scale` is not also `gateway_scale`); any other,
+/// every benchmark whose name holds it; none, all of them, one after the other.
+async fn benchmarks(assets: &Path) -> ExitCode {
+    const BENCHMARKS: [&str; 2] = ["scale", "gateway_scale"];
+    let filter = std::env::args().skip(1).find(|a| !a.starts_with('-'));
+    let selected: Vec<&str> = match filter.as_deref() {
+        Some(name) if BENCHMARKS.contains(&name) => vec![name],
+        Some(part) => BENCHMARKS.into_iter().filter(|b| b.contains(part)).collect(),
+        None => BENCHMARKS.to_vec(),
+    };
+    if selected.is_empty() {
+        println!("e2e: no benchmark matches {filter:?} (there are {BENCHMARKS:?})");
+    }
+    let mut result = ExitCode::SUCCESS;
+    for benchmark in selected {
+        let ran = match benchmark {
+            "scale" => scale::run(assets).await,
+            "gateway_scale" => gateway_scale::run(assets).await,
+            other => unreachable!("no benchmark {other}"),
+        };
+        if ran != ExitCode::SUCCESS {
+            result = ran;
+        }
+    }
+    result
 }
 
 impl World {

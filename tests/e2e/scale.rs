@@ -48,17 +48,12 @@ use crate::toolkit::cluster::{ControlPlane, OPERATOR, PlaneOptions};
 use crate::toolkit::kubectl::Kubectl;
 use crate::{NS, World, apply_shipped_rbac, as_list, install_shipped_crd, register_webhooks};
 
-fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
+pub(crate) fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
     std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
 }
 
-/// Runs the benchmarks the arguments select (only `scale` exists).
+/// Runs the benchmark.
 pub async fn run(assets: &Path) -> ExitCode {
-    let filter = std::env::args().skip(1).find(|a| !a.starts_with('-'));
-    if filter.as_deref().is_some_and(|f| !"scale".contains(f)) {
-        println!("e2e: no benchmark matches {filter:?} (there is `scale`)");
-        return ExitCode::SUCCESS;
-    }
     let n: usize = env_or("BALANCER_SCALE_N", 1000);
     let batch: usize = env_or("BALANCER_SCALE_BATCH", 200).max(1);
     let settle = Duration::from_secs(env_or("BALANCER_SCALE_SETTLE", 10));
@@ -179,7 +174,7 @@ async fn forget_every_balancer(world: &World, n: usize) -> Option<i64> {
 }
 
 /// `12.3 s`, or `NOT within …` for what did not happen before `timeout`.
-fn took(elapsed: Option<Duration>, timeout: Duration) -> String {
+pub(crate) fn took(elapsed: Option<Duration>, timeout: Duration) -> String {
     elapsed.map_or_else(|| format!("NOT within {timeout:?}"), |took| format!("{:.1} s", took.as_secs_f64()))
 }
 
@@ -275,7 +270,7 @@ async fn wait_deployments_settled(admin: &Client, n: usize, started: Instant, ti
 }
 
 /// How many of the objects `api` lists with `params` are `counted`; `None` if the list fails.
-async fn count_listed<K>(api: &Api<K>, params: &ListParams, counted: impl Fn(&K) -> bool) -> Option<usize>
+pub(crate) async fn count_listed<K>(api: &Api<K>, params: &ListParams, counted: impl Fn(&K) -> bool) -> Option<usize>
 where
     K: Clone + serde::de::DeserializeOwned + std::fmt::Debug,
 {
@@ -285,7 +280,7 @@ where
 /// Every `period`, `count` says how many of `n` are done and whether that is all it waits
 /// for (`None`: no answer this time). Prints the count every 15 s as `{done}/{n} {what}`.
 /// Returns the time since `started` once done, or `None` past `timeout`.
-async fn count_until_done<F, Fut>(
+pub(crate) async fn count_until_done<F, Fut>(
     n: usize,
     what: &str,
     started: Instant,
@@ -324,7 +319,7 @@ async fn children_complete(admin: &Client, n: usize) -> bool {
 }
 
 /// The operator's resident and peak memory, in MiB, from /proc.
-fn memory(pid: u32) -> (f64, f64) {
+pub(crate) fn memory(pid: u32) -> (f64, f64) {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
     let kib = |key: &str| {
         status
