@@ -292,67 +292,58 @@ mod tests {
     use super::*;
     use crate::gateway::assembly::{Lookups, assemble};
 
-    fn accepted(gateway: serde_json::Value) -> (String, String) {
-        condition_of(gateway, true, 0)
+    /// A Gateway of one TCP listener asking for `addresses`.
+    fn gateway(addresses: serde_json::Value) -> Gateway {
+        serde_json::from_value(json!({
+            "metadata": {"namespace": "apps", "name": "gw", "generation": 1},
+            "spec": {"gatewayClassName": "balancer", "addresses": addresses,
+                     "listeners": [{"name": "pg", "port": 5432, "protocol": "TCP"}]}
+        }))
+        .expect("a Gateway")
     }
 
-    fn programmed(gateway: serde_json::Value, served: bool) -> (String, String) {
-        condition_of(gateway, served, 1)
-    }
-
-    /// The status and reason of condition `index` (0: Accepted, 1: Programmed).
-    fn condition_of(gateway: serde_json::Value, served: bool, index: usize) -> (String, String) {
-        let gateway: Gateway = serde_json::from_value(gateway).expect("a Gateway");
+    /// The status `gateway` gets with `outcome`, assembled without routes.
+    fn status(gateway: &Gateway, outcome: &GatewayOutcome) -> Value {
         let lookups = Lookups {
             namespace_labels: |_: &str| BTreeMap::new(),
             service: |_: &str, _: &str| None::<&Service>,
             grants: |_: &str| Vec::new(),
             ready_pods: |_: &str, _: &str| None,
         };
-        let assembly = assemble(&gateway, &[], &lookups);
+        gateway_status(gateway, &assemble(gateway, &[], &lookups), outcome, Timestamp::UNIX_EPOCH)
+    }
+
+    /// The status and reason of condition `index` (0: Accepted, 1: Programmed) of a Gateway
+    /// asking for `addresses`, served or not, at a cluster IP.
+    fn condition_of(addresses_asked: serde_json::Value, served: bool, index: usize) -> (String, String) {
         let addresses = vec![BalancerAddress { type_: "IPAddress".into(), value: "10.96.0.20".into() }];
-        let outcome = GatewayOutcome { refused: None, served, addresses, conflict: None };
-        let status = gateway_status(&gateway, &assembly, &outcome, Timestamp::UNIX_EPOCH);
+        let status =
+            status(&gateway(addresses_asked), &GatewayOutcome { served, addresses, ..GatewayOutcome::default() });
         let condition = &status["conditions"][index];
-        (
-            condition["status"].as_str().unwrap_or_default().into(),
-            condition["reason"].as_str().unwrap_or_default().into(),
-        )
+        let text = |key: &str| condition[key].as_str().unwrap_or_default().to_string();
+        (text("status"), text("reason"))
     }
 
     #[test]
     fn a_gateway_asking_for_an_address_is_never_programmed_and_one_of_another_type_not_accepted() {
-        let gateway = |addresses: serde_json::Value| {
-            json!({
-                "metadata": {"namespace": "apps", "name": "gw", "generation": 1},
-                "spec": {"gatewayClassName": "balancer", "addresses": addresses,
-                         "listeners": [{"name": "pg", "port": 5432, "protocol": "TCP"}]}
-            })
-        };
-        assert_eq!(programmed(gateway(json!([])), true), ("True".into(), "Programmed".into()));
-        assert_eq!(programmed(gateway(json!([])), false), ("False".into(), "Pending".into()));
-        let asked = gateway(json!([{"type": "IPAddress", "value": "192.0.2.7"}]));
+        let programmed = |addresses, served| condition_of(addresses, served, 1);
+        let accepted = |addresses| condition_of(addresses, true, 0);
+        assert_eq!(programmed(json!([]), true), ("True".into(), "Programmed".into()));
+        assert_eq!(programmed(json!([]), false), ("False".into(), "Pending".into()));
+        let asked = json!([{"type": "IPAddress", "value": "192.0.2.7"}]);
         assert_eq!(programmed(asked, true), ("False".into(), "AddressNotAssigned".into()));
-        let named = gateway(json!([{"type": "Hostname", "value": "edge.example.com"}]));
+        let named = json!([{"type": "Hostname", "value": "edge.example.com"}]);
         assert_eq!(accepted(named), ("False".into(), "UnsupportedAddress".into()));
-        assert_eq!(accepted(gateway(json!([{"value": "192.0.2.7"}]))), ("True".into(), "Accepted".into()));
-        let outcome = |conflict: Option<&str>| GatewayOutcome {
-            refused: None,
-            served: false,
-            addresses: Vec::new(),
-            conflict: conflict.map(str::to_string),
-        };
-        let gateway: Gateway = serde_json::from_value(gateway(json!([]))).expect("a Gateway");
-        let lookups = Lookups {
-            namespace_labels: |_: &str| BTreeMap::new(),
-            service: |_: &str, _: &str| None::<&Service>,
-            grants: |_: &str| Vec::new(),
-            ready_pods: |_: &str, _: &str| None,
-        };
-        let assembly = assemble(&gateway, &[], &lookups);
-        let status =
-            gateway_status(&gateway, &assembly, &outcome(Some("Deployment gw-balancer-proxy")), Timestamp::UNIX_EPOCH);
-        let message = status["conditions"][1]["message"].as_str().unwrap_or_default();
+        assert_eq!(accepted(json!([{"value": "192.0.2.7"}])), ("True".into(), "Accepted".into()));
+    }
+
+    #[test]
+    fn a_held_child_name_is_named_in_the_status() {
+        let conflict = Some("Deployment gw-balancer-proxy".to_string());
+        let status = status(&gateway(json!([])), &GatewayOutcome { conflict, ..GatewayOutcome::default() });
+        let programmed = &status["conditions"][1];
+        assert_eq!(programmed["reason"], "Pending");
+        let message = programmed["message"].as_str().unwrap_or_default();
         assert!(message.starts_with("Deployment gw-balancer-proxy already exists"), "{message}");
     }
 }
