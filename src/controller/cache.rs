@@ -8,7 +8,6 @@
 //! it. Everything the subset comparison reads is still there, so a hand edit is still seen and
 //! repaired.
 
-use std::borrow::Cow;
 use std::fmt;
 use std::marker::PhantomData;
 use std::time::Duration;
@@ -28,6 +27,7 @@ use serde_json::{Map, Value};
 use super::endpoint_slices::ReadyEndpointSlices;
 use super::stored::StoredBalancer;
 use crate::deploy::FIELD_MANAGER;
+use crate::runtime::cached_kind::resource_as_kind;
 
 /// One child of kind `K`, cached compactly.
 pub struct Cached<K> {
@@ -140,34 +140,7 @@ impl<K: Resource<DynamicType = ()>> fmt::Debug for Cached<K> {
     }
 }
 
-impl<K: Resource<DynamicType = ()>> Resource for Cached<K> {
-    type DynamicType = ();
-    type Scope = K::Scope;
-
-    fn kind(dt: &()) -> Cow<'_, str> {
-        K::kind(dt)
-    }
-
-    fn group(dt: &()) -> Cow<'_, str> {
-        K::group(dt)
-    }
-
-    fn version(dt: &()) -> Cow<'_, str> {
-        K::version(dt)
-    }
-
-    fn plural(dt: &()) -> Cow<'_, str> {
-        K::plural(dt)
-    }
-
-    fn meta(&self) -> &ObjectMeta {
-        &self.metadata
-    }
-
-    fn meta_mut(&mut self) -> &mut ObjectMeta {
-        &mut self.metadata
-    }
-}
+resource_as_kind!(impl[K: Resource<DynamicType = ()>] Cached<K> => K);
 
 /// The caches of the children balancer writes: only its own, selected by label. Objects it does
 /// not manage are not watched: creating a child is a POST, which a taken name refuses.

@@ -9,15 +9,12 @@
 //! which is then reported on that Balancer's status), and the status leniently
 //! (an unreadable one counts as absent; the next status write replaces it).
 
-use std::borrow::Cow;
-
-use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::Resource;
 use serde::{Deserialize, Deserializer};
 use serde_json::Value;
 
 use crate::api::{Balancer, BalancerSpec, BalancerStatus};
+use crate::runtime::cached_kind::resource_as_kind;
 use crate::spec::FieldError;
 use crate::spec::parse_spec;
 
@@ -51,34 +48,7 @@ impl From<Balancer> for StoredBalancer {
     }
 }
 
-impl Resource for StoredBalancer {
-    type DynamicType = ();
-    type Scope = NamespaceResourceScope;
-
-    fn kind(dt: &()) -> Cow<'_, str> {
-        Balancer::kind(dt)
-    }
-
-    fn group(dt: &()) -> Cow<'_, str> {
-        Balancer::group(dt)
-    }
-
-    fn version(dt: &()) -> Cow<'_, str> {
-        Balancer::version(dt)
-    }
-
-    fn plural(dt: &()) -> Cow<'_, str> {
-        Balancer::plural(dt)
-    }
-
-    fn meta(&self) -> &ObjectMeta {
-        &self.metadata
-    }
-
-    fn meta_mut(&mut self) -> &mut ObjectMeta {
-        &mut self.metadata
-    }
-}
+resource_as_kind!(impl[] StoredBalancer => Balancer);
 
 #[cfg(test)]
 mod tests {

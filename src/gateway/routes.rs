@@ -2,7 +2,6 @@
 //! `parentRefs`, `backendRefs` and `status.parents`, so each is read once into a [`RouteView`]
 //! and the rules are written once.
 
-use std::borrow::Cow;
 use std::fmt;
 use std::marker::PhantomData;
 use std::sync::Arc;
@@ -16,6 +15,7 @@ use super::api::tcproutes::{TcpRouteParentRefs, TcpRouteRulesBackendRefs, TcpRou
 use super::attachment::{GROUP, RouteKind};
 use super::backend_refs::BackendRef;
 use super::status::CONTROLLER_NAME;
+use crate::runtime::cached_kind::resource_as_kind;
 
 /// A route of any kind balancer serves, as the rules read it.
 #[derive(Debug, Clone, PartialEq)]
@@ -216,34 +216,7 @@ impl<K: Resource<DynamicType = ()>> fmt::Debug for StoredRoute<K> {
     }
 }
 
-impl<K: Resource<DynamicType = ()>> Resource for StoredRoute<K> {
-    type DynamicType = ();
-    type Scope = K::Scope;
-
-    fn kind(dt: &()) -> Cow<'_, str> {
-        K::kind(dt)
-    }
-
-    fn group(dt: &()) -> Cow<'_, str> {
-        K::group(dt)
-    }
-
-    fn version(dt: &()) -> Cow<'_, str> {
-        K::version(dt)
-    }
-
-    fn plural(dt: &()) -> Cow<'_, str> {
-        K::plural(dt)
-    }
-
-    fn meta(&self) -> &ObjectMeta {
-        &self.metadata
-    }
-
-    fn meta_mut(&mut self) -> &mut ObjectMeta {
-        &mut self.metadata
-    }
-}
+resource_as_kind!(impl[K: Resource<DynamicType = ()>] StoredRoute<K> => K);
 
 /// Every Service the `routes`' backend references name, as `(namespace, name)`, sorted and
 /// distinct: the Services whose change reassembles the Gateway that reads them.

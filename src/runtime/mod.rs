@@ -3,6 +3,7 @@
 //! probes, leader election, the API client's throttle and contact watch, the event recorder,
 //! retry delays and logging, and the rule of a condition's transition time.
 
+pub(crate) mod cached_kind;
 pub mod conditions;
 pub(crate) mod contact;
 pub mod events;
