@@ -27,7 +27,7 @@ use tokio_util::sync::CancellationToken;
 pub(crate) use reconcile::GatewayContext;
 pub(crate) use watches::GatewayCaches;
 
-use super::context::{Context, Scope};
+use super::context::{Context, Scope, backoff};
 use crate::gateway::api::gateways::Gateway;
 use crate::runtime::contact::Contact;
 
@@ -96,12 +96,10 @@ impl GatewayController {
     }
 }
 
-/// How long a failed withdrawal waits before it is tried again.
-const TIDY_RETRY: Duration = Duration::from_secs(5);
-
 /// Withdraws routes' entries for Gateways balancer no longer serves: once the caches have
 /// listed (for Gateways deleted while the operator was away), then at each signal, several at
-/// once taken as one; a failure (a conflicting route write) is tried again shortly.
+/// once taken as one; a failure (a conflicting route write) is tried again with the reconciles'
+/// backoff.
 async fn tidy_routes(
     ctx: Arc<Context>,
     caches: GatewayCaches,
@@ -115,16 +113,21 @@ async fn tidy_routes(
     if !synced {
         return;
     }
+    let mut failures = 0;
     loop {
         let tidied = tokio::select! {
             _ = stop.cancelled() => return,
             tidied = report::withdraw_stale_entries(&ctx, &caches) => tidied,
         };
         let wait = match tidied {
-            Ok(()) => None,
+            Ok(()) => {
+                failures = 0;
+                None
+            }
             Err(e) => {
                 tracing::warn!(error = %e, "could not withdraw a route's entries for a Gateway no longer served");
-                Some(TIDY_RETRY)
+                failures += 1;
+                Some(backoff(failures))
             }
         };
         let woken = async {

@@ -77,9 +77,17 @@ async fn converge(gateway: &Gateway, gctx: &GatewayContext) -> Result<Action, Er
         return leave(gateway, gctx).await;
     }
     if gateway.meta().deletion_timestamp.is_some() {
+        // Held back by someone's finalizer: its routes' entries go now.
         ctx.records.forget(&gateway.uid().unwrap_or_default());
         caches.index.forget(&gateway_ref);
+        let _ = gctx.tidy.unbounded_send(());
         return Ok(Action::await_change());
+    }
+    if ctx.settings.metrics_image.is_some() && !caches.backend_slices.listed() {
+        // Not before the backends' pods are known: a proxy written meanwhile with the Services'
+        // addresses would be written again a moment later, at every start of the operator.
+        tracing::debug!("waiting for the EndpointSlices' first list");
+        return Ok(Action::requeue(SLICES_PENDING));
     }
     let now = Timestamp::now();
     let owner = gateway_owner(gateway)?;
@@ -94,14 +102,9 @@ async fn converge(gateway: &Gateway, gctx: &GatewayContext) -> Result<Action, Er
     let proxy_key = (owner.namespace.clone(), owner.name.clone());
     caches.index.record(&gateway_ref, proxy_key, &referenced_services(&routes), source.config_map());
     let parameters = parameters_of(&source, ctx).await?;
-    // The backends' pods, as a Balancer's (the default), and not before their slices are
-    // listed: a proxy written meanwhile with the Services' addresses would be written again a
-    // moment later, at every start of the operator.
+    // The backends' pods, as a Balancer's (the default).
     let pods =
         ctx.settings.metrics_image.is_some() && parameters.as_ref().is_ok_and(|p| p.upstreams() == UpstreamKind::Pods);
-    if pods && !caches.backend_slices.listed() {
-        return Ok(Action::requeue(SLICES_PENDING));
-    }
     let lookups = Lookups {
         namespace_labels: |namespace: &str| namespace_labels(caches, namespace),
         service: |namespace: &str, name: &str| caches.services.get(&ObjectRef::new(name).within(namespace)),
@@ -156,7 +159,15 @@ async fn leave(gateway: &Gateway, gctx: &GatewayContext) -> Result<Action, Error
     let (ctx, caches) = (&gctx.ctx, &gctx.caches);
     if caches.is_others(gateway) {
         delete_stale_proxies(ctx, gateway, None).await?;
-        if caches.index.forget(&ObjectRef::from_obj(gateway)) {
+        // Known from a reconcile of this process, or listed in a route's status (balancer's
+        // entries from before a restart).
+        let known = caches.index.forget(&ObjectRef::from_obj(gateway));
+        let (namespace, name) = (gateway.namespace().unwrap_or_default(), gateway.name_any());
+        let listed = || {
+            let others = |n: &str, g: &str| (n, g) != (namespace.as_str(), name.as_str());
+            caches.routes().iter().any(|route| route.without_stale_entries(others).is_some())
+        };
+        if known || listed() {
             let _ = gctx.tidy.unbounded_send(());
         }
     }
