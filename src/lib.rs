@@ -10,6 +10,7 @@
 //! - [`api`]: the CRD's types and conversion;
 //! - [`spec`]: what a spec means (read, default, validate), shared by webhook, controller, CLI;
 //! - [`proxy`]: the pure builders of what a Balancer owns, nginx's config included;
+//! - [`canary`]: a canary's pure decisions: its gates, its steps, its split;
 //! - [`gateway`]: Gateway API's types, whether the cluster serves them, and its rules;
 //! - [`exporter`]: the proxy pods' metrics sidecar (`balancer proxy-metrics`);
 //! - [`webhook`] and [`controller`]: the two things `balancer run` serves;
@@ -19,6 +20,7 @@
 //! `tests/integration/architecture.rs` fails when a module imports a later layer.
 
 pub mod api;
+pub mod canary;
 pub mod cli;
 pub mod controller;
 pub mod deploy;

@@ -100,7 +100,7 @@ pub struct BackendSpec {
 }
 
 /// A duration as nginx writes it: digits and one unit, `ms`, `s`, `m` or `h` (`5s`, `500ms`).
-fn duration_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+pub(crate) fn duration_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
     schemars::json_schema!({
         "type": "string",
         "nullable": true,
@@ -226,6 +226,7 @@ mod tests {
             algorithm: None,
             service: None,
             proxy: None,
+            canary: None,
             ports: vec![],
             selector: Some(BTreeMap::from([("app".into(), "a".into()), ("tier".into(), "x".into())])),
             backends: vec![],

@@ -53,3 +53,11 @@ pub const MAX_PROXY_VALUES: usize = 512;
 pub const MAX_NESTED_STRING_LEN: usize = 1024;
 /// Most items or entries in one list or map inside them.
 pub const MAX_NESTED_ITEMS: usize = 64;
+/// Most steps one canary may take (`spec.canary.steps`).
+pub const MAX_CANARY_STEPS: usize = 32;
+/// Most gates one canary's analysis may judge (`spec.canary.analysis.gates`).
+pub const MAX_CANARY_GATES: usize = 8;
+/// Most sessions a canary step may wait for (`spec.canary.analysis.minSessions`).
+pub const MAX_CANARY_MIN_SESSIONS: i32 = 1_000_000;
+/// Most consecutive failed checks a canary may be allowed (`spec.canary.analysis.failureLimit`).
+pub const MAX_CANARY_FAILURE_LIMIT: i32 = 100;

@@ -9,6 +9,7 @@
 //! enforces them even when the webhook is unreachable; the webhook ([`crate::spec::validation`])
 //! is the complete rule set.
 
+pub mod canary;
 pub mod conversion;
 mod crd;
 mod fields;
@@ -22,7 +23,8 @@ mod values;
 pub use crd::{STORAGE_VERSION, crd};
 pub use fields::{BackendSpec, BalancerPort, duration_millis};
 pub(crate) use fields::{
-    read_annotations, read_backends, read_ports, read_selector, read_source_ranges, selector_schema, target_port_schema,
+    duration_schema, read_annotations, read_backends, read_ports, read_selector, read_source_ranges, selector_schema,
+    target_port_schema,
 };
 pub use limits::*;
 pub use names::*;

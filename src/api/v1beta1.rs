@@ -19,6 +19,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
+use super::canary::{CanarySpec, CanaryStatus};
 use super::{
     BackendSpec, BalancerPort, MAX_ANNOTATION_VALUE_LEN, MAX_BACKENDS, MAX_NESTED_ITEMS, MAX_NESTED_STRING_LEN,
     MAX_PORTS, MAX_PROXY_VALUES, MAX_REPLICAS, MAX_SERVICE_ANNOTATIONS, MAX_SOURCE_RANGES, MAX_SPREAD_CONSTRAINTS,
@@ -113,6 +114,24 @@ pub const VERSION: &str = "v1beta1";
         description = "Whether every backend with a weight has a ready endpoint",
         priority = 1
     ),
+    printcolumn(
+        name = "Canary",
+        type_ = "string",
+        json_path = ".status.canary.phase",
+        description = "Where the canary is: Progressing, Paused, RollingBack, Aborted or Completed"
+    ),
+    printcolumn(
+        name = "Step",
+        type_ = "integer",
+        json_path = ".status.canary.step",
+        description = "The canary's step (0-based; the number of steps once completed)"
+    ),
+    printcolumn(
+        name = "Canary-Weight",
+        type_ = "integer",
+        json_path = ".status.canary.weight",
+        description = "The canary backend's percentage of the new connections its pair takes"
+    ),
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
 )]
 #[serde(rename_all = "camelCase")]
@@ -142,6 +161,10 @@ pub struct BalancerSpec {
     /// The proxy pods: image (when the operator allows it), resources and placement.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub proxy: Option<ProxySpec>,
+    /// A canary: traffic moved from one backend to another a step at a time, each step judged
+    /// on what the proxy measured, and moved back when a gate fails (see `docs/canary.md`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub canary: Option<CanarySpec>,
     /// Front-end ports; each is proxied to the same port of every backend.
     #[serde(deserialize_with = "read_ports")]
     #[schemars(schema_with = "ports_schema")]
@@ -406,6 +429,10 @@ pub struct BalancerStatus {
     /// The `metadata.generation` this status describes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
+    /// Where the canary is, what it measured and decided; the live split between its two
+    /// backends is kept here.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub canary: Option<CanaryStatus>,
     /// Standard conditions: `Ready` (the proxy serves the spec), `BackendsAvailable` (every
     /// backend with a weight has a ready endpoint) and, with the metrics sidecar, `Programmed`
     /// (every proxy pod serves the current configuration).

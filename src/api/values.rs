@@ -19,6 +19,7 @@ macro_rules! wire_name {
         }
     )*};
 }
+pub(super) use wire_name;
 
 /// `spec.ports[].protocol`: what nginx's stream module can proxy. Serde writes the same names,
 /// for the proxy's model.

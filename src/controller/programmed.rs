@@ -9,22 +9,16 @@
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
-use futures::StreamExt;
-use http_body_util::{BodyExt, Empty, Limited};
-use hyper::body::Bytes;
-use hyper_util::rt::TokioIo;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use k8s_openapi::jiff::Timestamp;
 
 use super::conditions::{ConditionType, Finding};
 use super::reasons::Reason;
+use super::sidecar;
 use super::stored::StoredBalancer;
 use crate::api::ConditionStatus;
 use crate::proxy::nginx::config_hash;
 use crate::proxy::reload::{CONFIG_PATH, short_id};
-
-/// How long one pod's answer may take: a sidecar on the pod network answers in a millisecond.
-const ANSWER_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// The most of an answer read: 16 hex digits and a newline.
 const MAX_ANSWER_BYTES: usize = 64;
@@ -69,38 +63,19 @@ pub(super) fn config_id(nginx_conf: &str) -> String {
     short_id(&config_hash(nginx_conf)).to_string()
 }
 
-/// How many of one Balancer's sidecars are asked at once: with [`ANSWER_TIMEOUT`], a bound on
-/// what its silent pods cost the prober (see [`prober`](super::prober)).
-pub(super) const ASKED_PER_BALANCER: usize = 4;
-
 /// What each pod's sidecar said it serves; `None` for a pod that said nothing in time.
 pub(super) type Answers = Vec<(IpAddr, Option<String>)>;
 
 /// Asks the sidecar of every pod at `addresses` (on `port`) which configuration it serves,
-/// [`ASKED_PER_BALANCER`] at a time; a pod that does not answer in time says nothing (`None`).
+/// [`ASKED_PER_BALANCER`](sidecar::ASKED_PER_BALANCER) at a time; a pod that does not answer in time says nothing (`None`).
 pub(super) async fn ask(addresses: &[IpAddr], port: u16) -> Answers {
-    // Owned addresses: a stream of futures borrowing them would not be `Send` for every lifetime,
-    // as the controller's future must be.
-    let asks = addresses.iter().copied().map(move |ip| async move { (ip, served_by(SocketAddr::new(ip, port)).await) });
-    futures::stream::iter(asks).buffer_unordered(ASKED_PER_BALANCER).collect().await
+    sidecar::ask_each(addresses, port, served_by).await
 }
 
 /// The id the sidecar at `address` gives; `None` when it gives none in time.
 async fn served_by(address: SocketAddr) -> Option<String> {
-    let host = address.to_string();
-    let ask = async {
-        let stream = tokio::net::TcpStream::connect(address).await.ok()?;
-        let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.ok()?;
-        let connection = tokio::spawn(connection);
-        let request = hyper::Request::get(CONFIG_PATH).header("host", &host).body(Empty::<Bytes>::new()).ok()?;
-        let response = sender.send_request(request).await.ok()?;
-        let ok = response.status().is_success();
-        let body = Limited::new(response.into_body(), MAX_ANSWER_BYTES).collect().await.ok()?.to_bytes();
-        connection.abort();
-        let text = std::str::from_utf8(&body).ok()?.trim();
-        ok.then(|| text.to_string())
-    };
-    tokio::time::timeout(ANSWER_TIMEOUT, ask).await.ok().flatten()
+    let body = sidecar::get(address, CONFIG_PATH, MAX_ANSWER_BYTES).await?;
+    Some(std::str::from_utf8(&body).ok()?.trim().to_string())
 }
 
 /// When a reconcile looks again while some proxy pods do not serve the configuration they have
@@ -162,7 +137,7 @@ mod tests {
         let started = std::time::Instant::now();
         let pod = IpAddr::from([127, 0, 0, 1]);
         assert_eq!(ask(&[pod], port).await, vec![(pod, None)]);
-        assert!(started.elapsed() < ANSWER_TIMEOUT + Duration::from_millis(500), "{:?}", started.elapsed());
+        assert!(started.elapsed() < sidecar::ANSWER_TIMEOUT + Duration::from_millis(500), "{:?}", started.elapsed());
     }
 
     #[test]

@@ -16,6 +16,7 @@ use tracing::Instrument;
 
 use super::apply::{delete_budget, delete_go_proxy, delete_obsolete_backends, ensure, find_go_proxy};
 use super::backends::backends as backends_of;
+use super::canary;
 use super::conditions::is_true;
 use super::context::Context;
 use super::exposure::Exposure;
@@ -98,6 +99,8 @@ async fn converge(
         Err(errors) => return refuse(balancer, ctx, &owner, &errors, now).await,
     };
     let go_proxy = look_for_go_proxy(balancer, ctx, &owner).await?;
+    let canary = canary::take_turn(balancer, ctx, &owner, spec, now).await?;
+    let spec = canary.spec;
 
     let backends = apply_backend_services(ctx, &owner, &spec, written).await?;
     let mut proxy = proxy::proxy(&owner, &spec, &ctx.settings, &backends.targets);
@@ -131,8 +134,9 @@ async fn converge(
         exposure: Exposure::of(&front),
         backends: Some(backends_of(balancer, &spec, ready_endpoints, now)),
         programmed: programmed.map(|p| (i32::try_from(p.serving).unwrap_or(i32::MAX), p.condition(balancer, now))),
+        canary: canary.status,
     };
-    let requeue = takeover.requeue.unwrap_or(RESYNC);
+    let requeue = takeover.requeue.unwrap_or(RESYNC).min(canary.wake_after.unwrap_or(RESYNC));
     match write_status(balancer, ctx, observed, ready, takeover.condition, now).await? {
         StatusWrite::Done => Ok(Action::requeue(requeue)),
         StatusWrite::Held(wait) => Ok(Action::requeue(wait.min(requeue))),

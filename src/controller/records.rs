@@ -6,6 +6,7 @@ use std::sync::Mutex;
 
 use k8s_openapi::jiff::Timestamp;
 
+use super::measuring::SignalsProbe;
 use super::probing::PodProbe;
 
 /// What the controller remembers of one Balancer. A record that holds nothing is not kept.
@@ -18,6 +19,8 @@ pub(super) struct BalancerRecord {
     pub status_written: Option<Timestamp>,
     /// Which configuration its proxy pods serve, as the [`prober`](super::prober) learns it.
     pub probe: Option<PodProbe>,
+    /// What its proxy pods measured for a running canary, as the prober learns it.
+    pub signals: Option<SignalsProbe>,
 }
 
 /// Every Balancer's record.

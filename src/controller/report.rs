@@ -18,6 +18,8 @@ use super::plan::owned_backend_services;
 use super::reasons::Reason;
 use super::status::{Observed, ProxyCounts, hold, interval_left, next_status, ready_event};
 use super::stored::StoredBalancer;
+use crate::api::BalancerStatus;
+use crate::api::canary::CanaryStatus;
 use crate::proxy::Owner;
 use crate::runtime::events::{EventType, Note, Published};
 use crate::util::echo::cut;
@@ -78,14 +80,22 @@ pub(super) fn observed_from_cache(balancer: &StoredBalancer, ctx: &Context) -> O
     let proxy = ProxyCounts::previous(balancer);
     let exposure = Exposure::previous(balancer.status.as_ref());
     let Ok(owner) = Owner::of(balancer) else {
-        return Observed { active: 0, obsolete: 0, proxy, exposure, backends: None, programmed: None };
+        return Observed { active: 0, obsolete: 0, proxy, exposure, backends: None, programmed: None, canary: None };
     };
     // An unreadable spec names no backend: every owned one counts as obsolete.
     let backends = balancer.spec.as_ref().map(|s| s.backends.as_slice()).unwrap_or_default();
     let named: Vec<String> = backends.iter().map(|b| crate::api::backend_service_name(&owner.name, &b.name)).collect();
     let (active, obsolete): (Vec<_>, Vec<_>) =
         owned_backend_services(&ctx.children.services, &owner).into_iter().partition(|s| named.contains(&s.name_any()));
-    Observed { active: active.len(), obsolete: obsolete.len(), proxy, exposure, backends: None, programmed: None }
+    Observed {
+        active: active.len(),
+        obsolete: obsolete.len(),
+        proxy,
+        exposure,
+        backends: None,
+        programmed: None,
+        canary: None,
+    }
 }
 
 /// What became of a status write.
@@ -122,7 +132,7 @@ pub(super) async fn write_status(
     }
     let name = balancer.name_any();
     let api: Api<StoredBalancer> = Api::namespaced(ctx.client.clone(), &balancer.namespace().unwrap_or_default());
-    let patch = Patch::Merge(json!({ "status": status }));
+    let patch = Patch::Merge(json!({ "status": status_patch(balancer.status.as_ref(), &status) }));
     let status_error = |e| Error::api("update status of", "Balancer", &name, e);
     api.patch_status(&name, &PatchParams::default(), &patch).await.map_err(status_error)?;
     ctx.records.with(&uid, |record| record.status_written = Some(now));
@@ -133,6 +143,26 @@ pub(super) async fn write_status(
         publish(balancer, ctx, Note::new(type_, reason, &ready.message)).await;
     }
     Ok(StatusWrite::Done)
+}
+
+/// The status as a merge patch writes it: the canary's without the request a person writes
+/// (see [`written_form`]), and `null` for a canary the spec no longer has.
+fn status_patch(stored: Option<&BalancerStatus>, status: &BalancerStatus) -> serde_json::Value {
+    let written = BalancerStatus { canary: status.canary.as_ref().map(written_form), ..status.clone() };
+    let mut patch = serde_json::to_value(written).unwrap_or_default();
+    if status.canary.is_none()
+        && stored.is_some_and(|s| s.canary.is_some())
+        && let Some(fields) = patch.as_object_mut()
+    {
+        fields.insert("canary".into(), serde_json::Value::Null);
+    }
+    patch
+}
+
+/// The canary's status as the controller writes it: `request` is left out, so that a merge
+/// patch never overwrites one a person wrote meanwhile.
+pub(super) fn written_form(status: &CanaryStatus) -> CanaryStatus {
+    CanaryStatus { request: None, ..status.clone() }
 }
 
 /// Publishes an event about the Balancer. Events are for people: failing to record one does

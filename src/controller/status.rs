@@ -14,6 +14,7 @@ use super::exposure::Exposure;
 use super::programmed::Programmed;
 use super::reasons::Reason;
 use super::stored::StoredBalancer;
+use crate::api::canary::CanaryStatus;
 use crate::api::{BalancerStatus, ConditionStatus};
 use crate::proxy;
 use crate::runtime::events::EventType;
@@ -32,6 +33,9 @@ pub(super) struct Observed {
     /// How many proxy pods serve the current configuration, and the `Programmed` condition
     /// (with live configuration only); `None` keeps what the status said.
     pub programmed: Option<(i32, Condition)>,
+    /// The canary's status: `Some(None)` when the spec has no canary; `None` keeps what the
+    /// status said.
+    pub canary: Option<Option<CanaryStatus>>,
 }
 
 /// The proxy pods, for the scale subresource.
@@ -165,6 +169,7 @@ pub(super) fn next_status(
         backends_ready,
         configured_replicas,
         observed_generation: balancer.metadata.generation,
+        canary: observed.canary.unwrap_or_else(|| previous.and_then(|s| s.canary.clone())),
         conditions,
     }
 }
@@ -391,6 +396,7 @@ mod tests {
             exposure: Exposure::previous(None),
             backends: None,
             programmed: None,
+            canary: None,
         };
         let ready = ready_condition(&stored, ConditionStatus::True, Reason::ProxyAvailable, "serving", at(NOW));
         let status = next_status(&stored, counts, ready.clone(), None);

@@ -93,6 +93,8 @@ pub(super) struct Candidate {
     pub id: String,
     pub conf: String,
     pub upstreams: Upstreams,
+    /// The canary window it was made for (see [`ProxyConfig::canary_window`]).
+    pub window: Option<String>,
 }
 
 /// Reads a ConfigMap's `nginx.conf` and its model, or says why they cannot be applied.
@@ -104,20 +106,21 @@ pub(super) fn candidate(config_map: &ConfigMap, balancer: Option<&str>, trust: &
     if conf.len() > MAX_CONFIG_BYTES || model.len() > MAX_CONFIG_BYTES {
         return Err(Refusal::TooLarge);
     }
-    let upstreams = rendered_upstreams(conf, model).ok_or(Refusal::NotRendered)?;
+    let (upstreams, window) = rendered(conf, model).ok_or(Refusal::NotRendered)?;
     if balancer.is_some_and(|b| b != upstreams.balancer) {
         return Err(Refusal::NotRendered);
     }
     if !trust.signed(&upstreams.balancer, conf, model, data.and_then(|d| d.get(SIGNATURE_FILE))) {
         return Err(Refusal::Unsigned);
     }
-    Ok(Candidate { id: sha256_hex(conf), conf: conf.clone(), upstreams })
+    Ok(Candidate { id: sha256_hex(conf), conf: conf.clone(), upstreams, window })
 }
 
-/// The upstreams of `model`, when it reads and `conf` is balancer's rendering for its Balancer.
-pub(super) fn rendered_upstreams(conf: &str, model: &str) -> Option<Upstreams> {
+/// The upstreams of `model`, and the canary window it was made for, when it reads and `conf` is
+/// balancer's rendering for its Balancer.
+pub(super) fn rendered(conf: &str, model: &str) -> Option<(Upstreams, Option<String>)> {
     let model = ProxyConfig::from_json(model)?;
-    nginx::is_rendered_for(conf, &model).then(|| Upstreams::of(&model))
+    nginx::is_rendered_for(conf, &model).then(|| (Upstreams::of(&model), model.canary_window))
 }
 
 /// The watch of one ConfigMap, retried a few seconds apart at most while the API server is away.
@@ -242,6 +245,7 @@ pub(super) async fn follow(
 ) {
     let balancer = first.upstreams.balancer.clone();
     let mut handed = first.id.clone();
+    let mut handed_window = first.window.clone();
     let mut pending = Some(Pending { candidate: first, written: false, first: true });
     let mut changes = std::pin::pin!(changes);
     let mut lost = false;
@@ -276,9 +280,20 @@ pub(super) async fn follow(
             None => return,
         };
         match candidate(&config_map, Some(&balancer), &trust) {
-            Ok(candidate) if candidate.id == handed => {}
+            Ok(candidate) if candidate.id == handed => {
+                // The same nginx.conf for another canary step: its window opens once nginx
+                // serves it, which it may do already.
+                if candidate.window != handed_window {
+                    handed_window = candidate.window.clone();
+                    match pending.as_mut() {
+                        Some(waiting) => waiting.candidate.window = candidate.window,
+                        None => metrics.serve_window(candidate.window.as_deref()),
+                    }
+                }
+            }
             Ok(candidate) => {
                 handed = candidate.id.clone();
+                handed_window = candidate.window.clone();
                 let first = pending.as_ref().is_some_and(|p| p.first);
                 pending = Some(Pending { candidate, written: false, first });
                 poll.reset_immediately();
@@ -306,10 +321,12 @@ async fn advance(files: &SharedFiles, mut pending: Pending, metrics: &ProxyMetri
     match answer(files, &pending.candidate.id).await {
         Answer::Served if pending.first => {
             tracing::info!(id, "nginx serves its first configuration");
+            metrics.serve_window(pending.candidate.window.as_deref());
             metrics.started(&pending.candidate.id, pending.candidate.upstreams);
         }
         Answer::Served => {
             tracing::info!(id, "nginx serves a new configuration");
+            metrics.serve_window(pending.candidate.window.as_deref());
             metrics.serve(&pending.candidate.id, pending.candidate.upstreams);
         }
         Answer::Refused(why) => {

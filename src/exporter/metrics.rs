@@ -12,20 +12,22 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::{Registry, Unit};
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, Mutex, RwLock};
+use std::time::Instant;
 
+use super::window::CanaryWindow;
 use crate::api::Protocol;
 use crate::proxy::access_log::{LineError, Outcome};
 use crate::proxy::reload::{RELOAD_POLICY, short_id};
+use crate::proxy::signals::Signals;
 use crate::proxy::upstreams::{Upstreams, Weight};
 
 /// Session durations, in seconds: from a one-request connection to an hour-long stream.
 pub const SESSION_BUCKETS: [f64; 12] = [0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 30.0, 60.0, 300.0, 3600.0];
 
-/// Upstream connect times, in seconds (nginx measures milliseconds): a backend Service on the
-/// same node takes under 1 ms.
-pub const CONNECT_BUCKETS: [f64; 10] = [0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.5, 1.0, 5.0];
+/// Upstream connect times: the same bounds as a canary's connect-time gate reads.
+pub use crate::proxy::signals::CONNECT_BUCKETS;
 
 /// One backend at one port of one Balancer.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -93,6 +95,8 @@ pub(super) struct ProxyMetrics {
     served_id: Mutex<String>,
     /// Each backend's series, by port, as made so far.
     series_by_backend: Mutex<SeriesByBackend>,
+    /// A running canary's window, when nginx serves a configuration made for one of its steps.
+    window: Mutex<CanaryWindow>,
 }
 
 /// The configurations a proxy's workers may run: the one nginx serves, and the ones before it,
@@ -167,6 +171,7 @@ impl ProxyMetrics {
             config: Family::default(),
             served_id: Mutex::new(String::new()),
             series_by_backend: Mutex::default(),
+            window: Mutex::default(),
         };
         metrics.set_unread(0);
         let reasons = LineError::ALL.map(|e| e.name()).into_iter().chain([UNKNOWN_PORT, UNKNOWN_SERVER]);
@@ -284,6 +289,24 @@ impl ProxyMetrics {
         *served = short;
     }
 
+    /// nginx serves a configuration made for the canary window `mark` (none: for no step).
+    pub(super) fn serve_window(&self, mark: Option<&str>) {
+        self.window.lock().unwrap_or_else(|e| e.into_inner()).serve(mark, Instant::now());
+    }
+
+    /// What the controller reads of a running canary: the window's counts, and each backend's
+    /// weight at the first port nginx listens on.
+    pub(super) fn signals(&self) -> Signals {
+        let weights: BTreeMap<String, u32> = {
+            let served = self.read();
+            let all = served.current.weights();
+            let first = all.first().map(|w| (w.port, w.protocol));
+            all.iter().filter(|w| Some((w.port, w.protocol)) == first).map(|w| (w.backend.clone(), w.weight)).collect()
+        };
+        let window = self.window.lock().unwrap_or_else(|e| e.into_inner());
+        window.signals(self.served_id(), weights, Instant::now())
+    }
+
     /// Counts a configuration that was not applied.
     pub(super) fn refuse(&self, reason: Refusal) {
         let labels = ReasonLabels { balancer: self.balancer.clone(), reason: reason.as_str().to_string() };
@@ -331,6 +354,7 @@ impl ProxyMetrics {
             servers.push((backend, attempt.connect_seconds));
         }
         drop(served);
+        self.window.lock().unwrap_or_else(|e| e.into_inner()).count(&session, &servers, Instant::now());
         let at = |backend: &str| self.series(session.port, session.protocol, backend);
         for (backend, connected) in &servers {
             if connected.is_none() {

@@ -13,6 +13,7 @@
 mod live;
 mod log_file;
 mod metrics;
+mod window;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -30,6 +31,7 @@ pub use metrics::{CONNECT_BUCKETS, SESSION_BUCKETS};
 
 use crate::proxy::model::MODEL_FILE;
 use crate::proxy::reload::CONFIG_PATH;
+use crate::proxy::signals::SIGNALS_PATH;
 use crate::proxy::upstreams::Upstreams;
 use crate::runtime::http::not_found;
 use crate::runtime::listener::{self, ConnectionLimits, ServeOptions};
@@ -82,23 +84,25 @@ pub enum Error {
 
 /// Runs until `stop`, then for `options.drain` more while lines still arrive.
 pub async fn run(options: Options, stop: CancellationToken) -> Result<(), Error> {
-    let (id, upstreams, follower) = match &options.source {
+    let (id, upstreams, window, follower) = match &options.source {
         Source::File { path, hash } => {
             let reading = read_config(path, hash.as_deref());
-            let (id, upstreams) = tokio::select! {
+            let (id, upstreams, window) = tokio::select! {
                 read = reading => read?,
                 () = stop.cancelled() => return Ok(()),
             };
-            (Some(id), upstreams, None)
+            (Some(id), upstreams, window, None)
         }
         Source::Live(source) => {
             let Some((changes, first, trust)) = live::start(source, &stop).await? else { return Ok(()) };
             // Served only once the proxy container says so (see `live::follow`).
-            (None, first.upstreams.clone(), Some((changes, live::SharedFiles::in_dir(&source.dir), first, trust)))
+            (None, first.upstreams.clone(), None, Some((changes, live::SharedFiles::in_dir(&source.dir), first, trust)))
         }
     };
     let mut registry = Registry::default();
     let metrics = Arc::new(ProxyMetrics::register(id.as_deref(), upstreams, &mut registry));
+    // A mounted file is served from the pod's start.
+    metrics.serve_window(window.as_deref());
     if let Some((changes, files, first, trust)) = follower {
         let (metrics, stop) = (metrics.clone(), stop.clone());
         tokio::spawn(live::follow(changes, files, first, trust, metrics, stop));
@@ -114,8 +118,15 @@ pub async fn run(options: Options, stop: CancellationToken) -> Result<(), Error>
         let metrics = metrics.clone();
         move || std::future::ready(metrics.served_id() + "\n")
     };
-    let router =
-        Router::new().route("/metrics", get(scrape)).route(CONFIG_PATH, get(served_config)).fallback(not_found);
+    let signals = {
+        let metrics = metrics.clone();
+        move || std::future::ready(axum::Json(metrics.signals()))
+    };
+    let router = Router::new()
+        .route("/metrics", get(scrape))
+        .route(CONFIG_PATH, get(served_config))
+        .route(SIGNALS_PATH, get(signals))
+        .fallback(not_found);
     let served = CancellationToken::new();
     let server = listener::serve(listener, router, ServeOptions::new(scraper_limits()), served.clone());
     let counting = tokio::task::spawn_blocking(move || log_file::follow(log, &metrics, &stop, options.drain));
@@ -158,19 +169,22 @@ fn scraper_limits() -> ConnectionLimits {
 /// How often the mounted file is read again while it is not the expected one.
 const CONFIG_RECHECK: Duration = Duration::from_secs(1);
 
-/// The hash and upstreams of the file at `path` (with its model beside it, as the ConfigMap
-/// is mounted), once its hash is `expected` (see
+/// The hash, upstreams and canary window of the file at `path` (with its model beside it, as
+/// the ConfigMap is mounted), once its hash is `expected` (see
 /// [`ENTRYPOINT`](crate::proxy::nginx::ENTRYPOINT) for why a mounted file can be an old one).
-async fn read_config(path: &std::path::Path, expected: Option<&str>) -> Result<(String, Upstreams), Error> {
+async fn read_config(
+    path: &std::path::Path,
+    expected: Option<&str>,
+) -> Result<(String, Upstreams, Option<String>), Error> {
     let mut told = false;
     loop {
         let text = read_bounded(path).await?;
         let hash = crate::proxy::nginx::config_hash(&text);
         if expected.is_none_or(|expected| expected == hash) {
             let model = read_bounded(&path.with_file_name(MODEL_FILE)).await?;
-            let upstreams = live::rendered_upstreams(&text, &model)
-                .ok_or(Error::NotRendered { path: path.display().to_string() })?;
-            return Ok((hash, upstreams));
+            let (upstreams, window) =
+                live::rendered(&text, &model).ok_or(Error::NotRendered { path: path.display().to_string() })?;
+            return Ok((hash, upstreams, window));
         }
         if !told {
             tracing::info!(path = %path.display(), expected, mounted = %hash, "waiting for the kubelet to mount the pod's configuration");

@@ -79,6 +79,7 @@ fn empty_config() -> ProxyConfig {
         drain_timeout: DEFAULT_DRAIN_TIMEOUT.to_string(),
         access_log: None,
         listeners: Vec::new(),
+        canary_window: None,
     }
 }
 

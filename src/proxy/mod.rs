@@ -13,6 +13,7 @@ pub mod model;
 pub mod nginx;
 pub mod reload;
 mod services;
+pub mod signals;
 pub mod signature;
 pub mod stop;
 pub mod upstreams;

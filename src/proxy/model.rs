@@ -67,6 +67,11 @@ pub struct ProxyConfig {
     pub access_log: Option<String>,
     /// One per Balancer port.
     pub listeners: Vec<Listener>,
+    /// A running canary's step: the sidecars count the sessions of each backend under it, once
+    /// nginx serves this configuration. Not in `nginx.conf`: a new step of the same weights
+    /// reloads nothing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub canary_window: Option<String>,
 }
 
 /// One Balancer port: what nginx listens on, and the upstream it proxies to.
@@ -314,6 +319,7 @@ impl ProxyConfig {
             drain_timeout: spec.drain_timeout().to_string(),
             access_log: access_log.map(str::to_string),
             listeners: spec.ports().map(|port| listener(spec, port, targets)).collect(),
+            canary_window: spec.canary_window().map(str::to_string),
         }
     }
 
@@ -345,8 +351,12 @@ impl ProxyConfig {
 
 fn listener(spec: &Admitted, port: AdmittedPort<'_>, targets: &impl UpstreamTargets) -> Listener {
     let method = method(spec);
-    let backends: Vec<WeightedBackend> =
-        spec.backends.iter().map(|b| WeightedBackend::of(b, targets.targets(b, port))).collect();
+    let backends: Vec<WeightedBackend> = spec
+        .backends
+        .iter()
+        .enumerate()
+        .map(|(i, b)| WeightedBackend { weight: spec.weight(i), ..WeightedBackend::of(b, targets.targets(b, port)) })
+        .collect();
     Listener {
         port: port.number(),
         protocol: port.protocol,

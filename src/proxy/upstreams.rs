@@ -116,6 +116,7 @@ mod tests {
             drain_timeout,
             access_log: None,
             listeners,
+            canary_window: None,
         }
     }
 

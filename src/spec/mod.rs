@@ -8,6 +8,7 @@
 use std::ops::Deref;
 use std::str::FromStr;
 
+pub mod canary;
 mod defaults;
 mod policy;
 mod read;
@@ -23,6 +24,7 @@ pub use validation::{ANY_TAINT, unchangeable, validate, validate_proxy_settings}
 use crate::api::{
     Algorithm, BalancerPort, BalancerSpec, ExternalTrafficPolicy, Protocol, ServiceType, SessionAffinity, UpstreamKind,
 };
+use crate::spec::canary::CanaryPlan;
 
 /// A spec with its defaults filled in that passed every rule, with its enumerated fields read
 /// into their types.
@@ -31,6 +33,18 @@ pub struct Admitted {
     spec: BalancerSpec,
     warnings: Vec<String>,
     typed: Typed,
+    /// The split a running canary puts on the wire instead of the spec's weights.
+    split: Option<LiveSplit>,
+}
+
+/// What a running canary puts on the wire: each backend's weight, in spec order, in place of
+/// the spec's, and the window the proxy pods' sidecars count its sessions under.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LiveSplit {
+    /// One per backend of the spec.
+    pub weights: Vec<u32>,
+    /// The canary step's window (see `canary::progress::window`); `None` once it has completed.
+    pub window: Option<String>,
 }
 
 /// The enumerated fields of a valid, defaulted spec.
@@ -43,6 +57,8 @@ struct Typed {
     external_traffic_policy: Option<ExternalTrafficPolicy>,
     /// One per port, in spec order.
     protocols: Vec<Protocol>,
+    /// `spec.canary`, read.
+    canary: Option<CanaryPlan>,
 }
 
 impl Typed {
@@ -60,6 +76,10 @@ impl Typed {
                 .iter()
                 .map(|p| Some(read(p.protocol.as_ref())?.unwrap_or_default()))
                 .collect::<Option<_>>()?,
+            canary: match &spec.canary {
+                Some(canary) => Some(validation::read_canary(canary, spec, &mut Report::default())?),
+                None => None,
+            },
         })
     }
 }
@@ -135,6 +155,31 @@ impl Admitted {
         self.typed.external_traffic_policy
     }
 
+    /// `spec.canary`, read.
+    pub fn canary(&self) -> Option<&CanaryPlan> {
+        self.typed.canary.as_ref()
+    }
+
+    /// The spec, with the split a running canary sets; one weight per backend (another count
+    /// leaves the spec's weights).
+    pub fn with_split(mut self, split: LiveSplit) -> Admitted {
+        self.split = (split.weights.len() == self.spec.backends.len()).then_some(split);
+        self
+    }
+
+    /// The weight backend `index` gets on the wire: a running canary's, else the spec's.
+    pub fn weight(&self, index: usize) -> u32 {
+        match &self.split {
+            Some(split) => split.weights.get(index).copied().unwrap_or_default(),
+            None => self.spec.backends.get(index).map_or(0, |b| u32::try_from(b.effective_weight()).unwrap_or(0)),
+        }
+    }
+
+    /// The window a running canary's step is counted under.
+    pub fn canary_window(&self) -> Option<&str> {
+        self.split.as_ref().and_then(|s| s.window.as_deref())
+    }
+
     /// The ports, in spec order, each with its protocol.
     pub fn ports(&self) -> impl ExactSizeIterator<Item = AdmittedPort<'_>> + Clone {
         self.spec.ports.iter().zip(&self.typed.protocols).map(|(spec, &protocol)| AdmittedPort { spec, protocol })
@@ -154,7 +199,7 @@ pub fn admit(name: ObjectName<'_>, mut spec: BalancerSpec, policy: &SpecPolicy) 
     fill_defaults(&mut spec, policy);
     let mut report = validate(name, &spec, policy);
     match (report.is_valid(), Typed::read(&spec)) {
-        (true, Some(typed)) => Ok(Admitted { spec, warnings: report.warnings, typed }),
+        (true, Some(typed)) => Ok(Admitted { spec, warnings: report.warnings, typed, split: None }),
         (true, None) => {
             // Validation refuses every value `Typed::read` cannot read, so this is a bug in one
             // of them; the spec is refused with a message rather than a panic.

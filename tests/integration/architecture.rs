@@ -14,11 +14,12 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("api", &["util", "deploy"]),
     ("spec", &["util", "deploy", "api"]),
     ("proxy", &["util", "deploy", "api", "spec"]),
+    ("canary", &["util", "deploy", "api", "spec", "proxy"]),
     ("gateway", &["util", "deploy", "runtime", "api", "spec", "proxy"]),
     ("exporter", &["util", "deploy", "runtime", "api", "spec", "proxy"]),
     ("webhook", &["util", "deploy", "runtime", "api", "spec"]),
-    ("controller", &["util", "deploy", "runtime", "api", "spec", "proxy", "gateway"]),
-    ("manager", &["util", "deploy", "runtime", "api", "gateway", "spec", "proxy", "webhook", "controller"]),
+    ("controller", &["util", "deploy", "runtime", "api", "spec", "proxy", "canary", "gateway"]),
+    ("manager", &["util", "deploy", "runtime", "api", "canary", "gateway", "spec", "proxy", "webhook", "controller"]),
     (
         "cli",
         &[
@@ -29,6 +30,7 @@ const LAYERS: &[(&str, &[&str])] = &[
             "gateway",
             "spec",
             "proxy",
+            "canary",
             "exporter",
             "webhook",
             "controller",

@@ -19,6 +19,7 @@ fn config_table() -> Vec<(&'static str, BalancerSpec)> {
         algorithm: None,
         service: None,
         proxy: None,
+        canary: None,
         ports,
         selector: None,
         backends,

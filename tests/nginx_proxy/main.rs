@@ -15,6 +15,7 @@ mod support;
 mod affinity;
 mod algorithms;
 mod backends;
+mod canary_signals;
 mod config_check;
 mod ipv6;
 mod live;

@@ -42,6 +42,7 @@ fn config(port: u16, protocol: Protocol, served: &Backend, idle: &Backend) -> Pr
         drain_timeout,
         access_log: None,
         listeners: vec![listener],
+        canary_window: None,
     }
 }
 

@@ -103,6 +103,7 @@ fn passthrough(port: u16, routes: Vec<SniRoute>) -> ProxyConfig {
         drain_timeout,
         access_log: None,
         listeners: vec![listener],
+        canary_window: None,
     }
 }
 

@@ -114,8 +114,8 @@ pub(super) fn validate_annotations(at: &str, annotations: Option<&BTreeMap<Strin
 
 /// Bounds of a duration field, in milliseconds, with how they are written in messages.
 pub(super) struct DurationBounds {
-    min: (u64, &'static str),
-    max: (u64, &'static str),
+    pub(super) min: (u64, &'static str),
+    pub(super) max: (u64, &'static str),
 }
 
 pub(super) const CONNECT_TIMEOUT: DurationBounds = DurationBounds { min: (100, "100ms"), max: (300_000, "5m") };

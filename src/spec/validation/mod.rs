@@ -5,6 +5,7 @@
 //! Rules see the object *after* defaulting, as the validating webhook does.
 
 mod backends;
+mod canary;
 mod exposure;
 mod fields;
 mod ports;
@@ -14,6 +15,7 @@ pub use exposure::unchangeable;
 pub use scheduling::ANY_TAINT;
 
 use backends::validate_backends;
+pub use canary::read_canary;
 use exposure::{validate_proxy, validate_service};
 use fields::{one_of, validate_selector};
 use ports::validate_ports;
@@ -48,6 +50,9 @@ pub fn validate(name: ObjectName<'_>, spec: &BalancerSpec, policy: &SpecPolicy) 
     validate_service(spec, &mut report);
     validate_selector(&"spec.selector", spec.selector.as_ref(), &mut report);
     validate_backends(name, spec, &mut report);
+    if let Some(canary) = &spec.canary {
+        read_canary(canary, spec, &mut report);
+    }
     report
 }
 

@@ -87,6 +87,7 @@ fn admit_fills_in_the_defaults_the_webhook_did_not() {
         algorithm: None,
         service: None,
         proxy: None,
+        canary: None,
         ports: vec![BalancerPort { name: None, protocol: None, port: 8080, target_port: None, ..Default::default() }],
         selector: None,
         backends: vec![BackendSpec {

@@ -34,6 +34,7 @@ fn config(listeners: Vec<Listener>) -> ProxyConfig {
         drain_timeout,
         access_log: None,
         listeners,
+        canary_window: None,
     }
 }
 

@@ -169,6 +169,7 @@ fn arb_v1beta1_status() -> impl Strategy<Value = Option<Value>> {
     )
         .prop_map(|(replicas, ready, selector, active, obsolete, generation, conditions)| {
             serde_json::to_value(BalancerStatus {
+                canary: None,
                 replicas,
                 ready_replicas: ready,
                 selector,

@@ -152,6 +152,7 @@ pub(super) fn arb_spec() -> impl Strategy<Value = BalancerSpec> {
             algorithm,
             service,
             proxy,
+            canary: None,
             ports,
             selector,
             backends,
@@ -236,6 +237,7 @@ pub(super) fn valid_balancer() -> impl Strategy<Value = ValidBalancer> {
                 ),
                 service: Some(exposure(replicas)),
                 proxy: (replicas % 2 == 0).then(|| proxy_pods(replicas)),
+                canary: None,
                 ports,
                 selector,
                 backends: backends
