@@ -250,6 +250,9 @@ pub struct CanaryStatus {
     /// measured apart from the last one's.
     #[serde(default)]
     pub attempt: i32,
+    /// When the current step's weight was set (sent to the proxies).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub step_set_at: Option<Time>,
     /// When the current step's weight was on every proxy pod: its window starts here.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub step_started_at: Option<Time>,

@@ -45,11 +45,16 @@ pub struct StepCheck<'a> {
     pub stable_sessions: u64,
 }
 
-/// Judges every gate of `analysis` on the canary's and the stable backend's windows.
-pub fn judge<'a>(analysis: &'a Analysis, canary: &Window, stable: &Window) -> StepCheck<'a> {
+/// Judges every gate of `analysis` on the canary's and the stable backend's windows. When the
+/// stable backend takes no new connection (`stable_serves` false: the canary at 100 %), a
+/// relative bound has nothing to compare with and only `max` is judged.
+pub fn judge<'a>(analysis: &'a Analysis, canary: &Window, stable: &Window, stable_serves: bool) -> StepCheck<'a> {
     let enough = |window: &Window| window.sessions >= analysis.min_sessions;
-    let checks: Vec<Check<'a>> =
-        analysis.gates.iter().map(|gate| check(gate, canary, stable, enough(canary), enough(stable))).collect();
+    let checks: Vec<Check<'a>> = analysis
+        .gates
+        .iter()
+        .map(|gate| check(gate, canary, stable, enough(canary), stable_serves.then(|| enough(stable))))
+        .collect();
     let acting = || checks.iter().filter(|c| !c.gate.observe_only);
     let verdict = if acting().any(|c| c.verdict == Verdict::Failed) {
         Verdict::Failed
@@ -61,13 +66,21 @@ pub fn judge<'a>(analysis: &'a Analysis, canary: &Window, stable: &Window) -> St
     StepCheck { checks, verdict, canary_sessions: canary.sessions, stable_sessions: stable.sessions }
 }
 
-fn check<'a>(gate: &'a Gate, canary: &Window, stable: &Window, canary_enough: bool, stable_enough: bool) -> Check<'a> {
+/// One gate; `stable_enough` is `None` when the stable backend takes no new connection.
+fn check<'a>(
+    gate: &'a Gate,
+    canary: &Window,
+    stable: &Window,
+    canary_enough: bool,
+    stable_enough: Option<bool>,
+) -> Check<'a> {
     let (canary_value, stable_value) = (value(gate.signal, canary), value(gate.signal, stable));
     let verdict = match canary_value.filter(|_| canary_enough) {
         None => Verdict::Held,
         Some(value) if gate.max.is_some_and(|max| value > max) => Verdict::Failed,
-        Some(value) => match (gate.max_over_stable, stable_value.filter(|_| stable_enough)) {
+        Some(value) => match (gate.max_over_stable.filter(|_| stable_enough.is_some()), stable_value) {
             (None, _) => Verdict::Passed,
+            (Some(_), stable) if stable_enough != Some(true) || stable.is_none() => Verdict::Held,
             (Some(_), None) => Verdict::Held,
             (Some(over), Some(stable)) if value - stable > over + f64::EPSILON => Verdict::Failed,
             (Some(_), Some(_)) => Verdict::Passed,
@@ -135,6 +148,10 @@ mod tests {
         Gate { signal, max, max_over_stable: over, observe_only: false }
     }
 
+    fn judge_all<'a>(analysis: &'a Analysis, canary: &Window, stable: &Window) -> StepCheck<'a> {
+        judge(analysis, canary, stable, true)
+    }
+
     fn sessions(sessions: u64, errors: u64) -> Window {
         Window { sessions, errors, ..Window::empty() }
     }
@@ -142,24 +159,26 @@ mod tests {
     #[test]
     fn too_few_sessions_hold_and_never_fail() {
         let errors = analysis(vec![gate(GateSignal::ErrorSessionRatio, Some(0.01), None)]);
-        let check = judge(&errors, &sessions(99, 99), &sessions(1000, 0));
+        let check = judge_all(&errors, &sessions(99, 99), &sessions(1000, 0));
         assert_eq!(check.verdict, Verdict::Held, "99 failed sessions of 99 are not yet enough");
         assert_eq!(check.checks[0].canary, Some(1.0), "the value is still shown");
-        assert_eq!(judge(&errors, &sessions(100, 2), &sessions(0, 0)).verdict, Verdict::Failed);
-        assert_eq!(judge(&errors, &sessions(100, 1), &sessions(0, 0)).verdict, Verdict::Passed);
+        assert_eq!(judge_all(&errors, &sessions(100, 2), &sessions(0, 0)).verdict, Verdict::Failed);
+        assert_eq!(judge_all(&errors, &sessions(100, 1), &sessions(0, 0)).verdict, Verdict::Passed);
         let none = analysis(vec![]);
-        assert_eq!(judge(&none, &sessions(99, 0), &sessions(0, 0)).verdict, Verdict::Held, "sample size alone");
-        assert_eq!(judge(&none, &sessions(100, 0), &sessions(0, 0)).verdict, Verdict::Passed);
+        assert_eq!(judge_all(&none, &sessions(99, 0), &sessions(0, 0)).verdict, Verdict::Held, "sample size alone");
+        assert_eq!(judge_all(&none, &sessions(100, 0), &sessions(0, 0)).verdict, Verdict::Passed);
     }
 
     #[test]
     fn a_relative_bound_compares_with_the_stable_backend_in_the_same_window() {
         let relative = analysis(vec![gate(GateSignal::ErrorSessionRatio, None, Some(0.005))]);
-        assert_eq!(judge(&relative, &sessions(1000, 7), &sessions(1000, 3)).verdict, Verdict::Passed, "0.7 - 0.3");
-        assert_eq!(judge(&relative, &sessions(1000, 9), &sessions(1000, 3)).verdict, Verdict::Failed, "0.9 - 0.3");
-        assert_eq!(judge(&relative, &sessions(1000, 9), &sessions(10, 0)).verdict, Verdict::Held, "a quiet stable");
+        assert_eq!(judge_all(&relative, &sessions(1000, 7), &sessions(1000, 3)).verdict, Verdict::Passed, "0.7 - 0.3");
+        assert_eq!(judge_all(&relative, &sessions(1000, 9), &sessions(1000, 3)).verdict, Verdict::Failed, "0.9 - 0.3");
+        assert_eq!(judge_all(&relative, &sessions(1000, 9), &sessions(10, 0)).verdict, Verdict::Held, "a quiet stable");
         let both = analysis(vec![gate(GateSignal::ErrorSessionRatio, Some(0.01), Some(0.005))]);
-        assert_eq!(judge(&both, &sessions(1000, 20), &sessions(10, 0)).verdict, Verdict::Failed, "max alone fails");
+        assert_eq!(judge_all(&both, &sessions(1000, 20), &sessions(10, 0)).verdict, Verdict::Failed, "max alone fails");
+        let at_100 = judge(&relative, &sessions(1000, 9), &sessions(0, 0), false);
+        assert_eq!(at_100.verdict, Verdict::Passed, "no stable traffic: the relative bound is not judged");
     }
 
     #[test]
@@ -168,10 +187,10 @@ mod tests {
         refused.connects = 200;
         refused.connect_failures = 200;
         let mut gates = vec![gate(GateSignal::ConnectFailureRatio, Some(0.01), None)];
-        assert_eq!(judge(&analysis(gates.clone()), &refused, &sessions(0, 0)).verdict, Verdict::Failed);
+        assert_eq!(judge_all(&analysis(gates.clone()), &refused, &sessions(0, 0)).verdict, Verdict::Failed);
         gates[0].observe_only = true;
         let observed = analysis(gates);
-        let check = judge(&observed, &refused, &sessions(0, 0));
+        let check = judge_all(&observed, &refused, &sessions(0, 0));
         assert_eq!((check.verdict, check.checks[0].verdict), (Verdict::Passed, Verdict::Failed));
 
         let mut slow = sessions(100, 0);
@@ -179,7 +198,7 @@ mod tests {
             slow.connected(0.04);
         }
         let p95 = analysis(vec![gate(GateSignal::ConnectTimeP95, Some(0.02), None)]);
-        let check = judge(&p95, &slow, &sessions(0, 0));
+        let check = judge_all(&p95, &slow, &sessions(0, 0));
         assert_eq!((check.verdict, check.checks[0].canary), (Verdict::Failed, Some(0.05)));
         assert_eq!(Shown(GateSignal::ConnectTimeP95, 0.05).to_string(), "50ms");
     }

@@ -14,7 +14,7 @@ use crate::api::canary::{
     TimeoutAction,
 };
 use crate::proxy::signals::Window;
-use crate::spec::canary::{CanaryPlan, Step};
+use crate::spec::canary::{CanaryPlan, DEFAULT_STEP_TIMEOUT, Step};
 
 /// What was observed since the last decision.
 #[derive(Debug, Clone, Default)]
@@ -78,6 +78,8 @@ pub enum Reason {
     Started,
     /// A request that does nothing in this phase.
     RequestIgnored,
+    /// The operator runs without the proxy's metrics sidecar: nothing measures a canary.
+    Unmeasured,
 }
 
 impl Reason {
@@ -154,11 +156,14 @@ struct Machine<'a> {
 impl Machine<'_> {
     /// A new canary: step 0 of attempt 1; a person's last request stays handled.
     fn start(&mut self, last: Option<&CanaryStatus>) {
+        let request = last.and_then(|l| l.request.clone());
+        let pending =
+            request.as_ref().filter(|r| last.and_then(|l| l.handled_request.as_deref()) != Some(r.id.as_str()));
         self.status = CanaryStatus {
             revision: self.plan.revision.clone(),
             attempt: 1,
-            request: last.and_then(|l| l.request.clone()),
-            handled_request: last.and_then(|l| l.request.as_ref().map(|r| r.id.clone()).or(l.handled_request.clone())),
+            handled_request: request.as_ref().map(|r| r.id.clone()).or(last.and_then(|l| l.handled_request.clone())),
+            request: request.clone(),
             ..CanaryStatus::default()
         };
         self.set_step(0);
@@ -170,6 +175,10 @@ impl Machine<'_> {
             self.plan.revision
         );
         self.event(Reason::Started, message, false);
+        if let Some(pending) = pending {
+            let message = format!("{} (request {}) was for the canary before this one", pending.action, pending.id);
+            self.event(Reason::RequestIgnored, message, true);
+        }
     }
 
     /// Acts on a request not yet handled.
@@ -183,7 +192,11 @@ impl Machine<'_> {
         match (request.action.parse::<CanaryAction>(), phase) {
             (Ok(CanaryAction::Promote), _) if active => {
                 let step = self.status.step;
-                self.event(Reason::Promoted, format!("step {} promoted by request {}", step + 1, request.id), false);
+                self.event(
+                    Reason::Promoted,
+                    format!("step {} promoted by request {}", step.saturating_add(1), request.id),
+                    false,
+                );
                 self.advance();
             }
             (Ok(CanaryAction::PromoteFull), _) if active || phase == CanaryPhase::RollingBack => {
@@ -191,11 +204,12 @@ impl Machine<'_> {
                 self.complete();
             }
             (Ok(CanaryAction::Abort), _) if active => {
-                let message = format!("aborted by request {} at step {}", request.id, self.status.step + 1);
+                let message =
+                    format!("aborted by request {} at step {}", request.id, self.status.step.saturating_add(1));
                 self.abort(Reason::Aborted, message);
             }
             (Ok(CanaryAction::Retry), CanaryPhase::Aborted | CanaryPhase::RollingBack) => {
-                self.status.attempt += 1;
+                self.status.attempt = self.status.attempt.saturating_add(1);
                 self.status.phase = CanaryPhase::Progressing;
                 self.set_step(0);
                 let message = format!("attempt {} started by request {}", self.status.attempt, request.id);
@@ -215,22 +229,26 @@ impl Machine<'_> {
         let Some(started) = self.started() else {
             if !applied {
                 self.wake_at(APPLYING);
-                return;
+                return self.time_out_applying();
             }
             self.status.step_started_at = Some(Time(self.now));
             let message = format!(
                 "step {} of {}: canary at {}%",
-                self.status.step + 1,
+                self.status.step.saturating_add(1),
                 self.plan.steps.len(),
                 self.status.weight
             );
             self.event(Reason::StepStarted, message, false);
             return self.progress(applied, measured);
         };
-        let elapsed = self.now.duration_since(started).unsigned_abs();
+        let elapsed = self.since(started);
         if let Some(measured) = measured
             && self.check(measured)
         {
+            return;
+        }
+        if self.status.phase == CanaryPhase::Paused {
+            // Waiting for a person: a failing gate still aborts (above), nothing else moves.
             return;
         }
         let step = self.plan.steps.get(self.step_index()).copied();
@@ -250,16 +268,16 @@ impl Machine<'_> {
             }
         };
         if own_terms && gates_passed {
-            let message = format!("step {} passed after {}s", self.status.step + 1, elapsed.as_secs());
+            let message = format!("step {} passed after {}s", self.status.step.saturating_add(1), elapsed.as_secs());
             self.event(Reason::StepPassed, message, false);
             return self.advance();
         }
-        if step == Some(Step::Pause(None)) && self.status.phase != CanaryPhase::Paused {
+        if step == Some(Step::Pause(None)) {
             self.status.phase = CanaryPhase::Paused;
-            let message = format!("step {} waits for balancer canary promote", self.status.step + 1);
+            let message = format!("step {} waits for balancer canary promote", self.status.step.saturating_add(1));
             return self.event(Reason::WaitingForPromotion, message, false);
         }
-        self.time_out(elapsed, gates_passed);
+        self.time_out(elapsed);
     }
 
     /// Takes a check; returns whether it aborted the canary.
@@ -269,30 +287,31 @@ impl Machine<'_> {
             Measured::Windows { canary, stable } => (canary, stable),
             Measured::Incomplete { answered, pods } => {
                 self.status.verdict = Some(Verdict::Held.as_str().to_string());
-                let message = format!("{answered} of {pods} proxy pods answered for step {}", self.status.step + 1);
+                let message =
+                    format!("{answered} of {pods} proxy pods answered for step {}", self.status.step.saturating_add(1));
                 self.hold(message);
                 return false;
             }
         };
-        let check = gates::judge(analysis, canary, stable);
+        let check = gates::judge(analysis, canary, stable, self.status.weight < 100);
         self.record(&check);
         match check.verdict {
             Verdict::Passed => self.status.consecutive_failures = 0,
             Verdict::Held => {
                 let message = format!(
                     "step {}: {} of {} canary sessions",
-                    self.status.step + 1,
+                    self.status.step.saturating_add(1),
                     check.canary_sessions,
                     analysis.min_sessions
                 );
                 self.hold(message);
             }
             Verdict::Failed => {
-                self.status.consecutive_failures += 1;
+                self.status.consecutive_failures = self.status.consecutive_failures.saturating_add(1);
                 let failures = self.status.consecutive_failures;
                 let message = format!(
                     "step {} at {}%: {} (check {failures} of {} in a row)",
-                    self.status.step + 1,
+                    self.status.step.saturating_add(1),
                     self.status.weight,
                     failed_gates(&check),
                     analysis.failure_limit
@@ -338,24 +357,54 @@ impl Machine<'_> {
         }
     }
 
-    /// A step held for data past its timeout pauses or aborts, as the spec says.
-    fn time_out(&mut self, elapsed: Duration, gates_passed: bool) {
+    /// A step held for data past its timeout pauses or aborts, as the spec says (a step whose
+    /// gates passed and that only waits out `minDuration` or its pause is not held).
+    fn time_out(&mut self, elapsed: Duration) {
         let Some(analysis) = &self.plan.analysis else { return };
-        if gates_passed || self.status.phase != CanaryPhase::Progressing {
+        if self.status.verdict.as_deref() == Some(Verdict::Passed.as_str()) {
             return;
         }
         if elapsed < analysis.step_timeout {
             self.wake_at(analysis.step_timeout - elapsed);
             return;
         }
-        let message = format!("step {} held for data for {}s", self.status.step + 1, elapsed.as_secs());
-        match analysis.on_timeout {
+        let message = format!("step {} held for data for {}s", self.status.step.saturating_add(1), elapsed.as_secs());
+        self.timed_out(message);
+    }
+
+    /// A step whose weight is not on every proxy pod a step timeout after it was set (a pod's
+    /// sidecar does not answer, nginx refused the configuration) pauses or aborts likewise.
+    fn time_out_applying(&mut self) {
+        let Some(set) = self.status.step_set_at.as_ref().map(|t| t.0) else { return };
+        let timeout = self.plan.analysis.as_ref().map_or(DEFAULT_STEP_TIMEOUT, |a| a.step_timeout);
+        let waited = self.since(set);
+        if self.status.phase != CanaryPhase::Progressing || waited < timeout {
+            return;
+        }
+        let message = format!(
+            "step {} is not on every proxy pod after {}s (a pod's sidecar does not answer, or nginx refused the configuration)",
+            self.status.step.saturating_add(1),
+            waited.as_secs()
+        );
+        self.timed_out(message);
+    }
+
+    fn timed_out(&mut self, message: String) {
+        let on_timeout = self.plan.analysis.as_ref().map(|a| a.on_timeout).unwrap_or_default();
+        match on_timeout {
             TimeoutAction::Pause => {
                 self.status.phase = CanaryPhase::Paused;
-                self.event(Reason::StepTimedOut, format!("{message}: paused until promoted or aborted"), true);
+                let message = format!("{message}: paused until promoted or aborted (a failing gate still aborts)");
+                self.event(Reason::StepTimedOut, message, true);
             }
             TimeoutAction::Abort => self.abort(Reason::StepTimedOut, message),
         }
+    }
+
+    /// How long from `from` to now; nothing for a time in the future (another clock's, or a
+    /// status someone wrote).
+    fn since(&self, from: Timestamp) -> Duration {
+        Duration::try_from(self.now.duration_since(from)).unwrap_or(Duration::ZERO)
     }
 
     /// The next step, or the end.
@@ -414,7 +463,7 @@ impl Machine<'_> {
             }
             return;
         };
-        let elapsed = self.now.duration_since(started).unsigned_abs();
+        let elapsed = self.since(started);
         let hold = self.plan.rollback.step_duration;
         if elapsed < hold {
             return self.wake_at(hold - elapsed);
@@ -432,6 +481,7 @@ impl Machine<'_> {
 
     /// A new step's window: nothing measured yet.
     fn clear_step(&mut self) {
+        self.status.step_set_at = Some(Time(self.now));
         self.status.step_started_at = None;
         self.status.verdict = None;
         self.status.sessions = None;
@@ -767,6 +817,95 @@ mod tests {
             next.status.handled_request.as_deref(),
             Some("p"),
             "the old request is not acted on in the new canary"
+        );
+    }
+
+    #[test]
+    fn a_step_never_applied_times_out_and_a_timed_out_pause_waits_for_a_person() {
+        let mut run = Run::new(good_plan());
+        run.at(0, Observed::default());
+        let status = run.at(59, Observed::default());
+        assert_eq!((status.phase, status.step_started_at.is_some()), (CanaryPhase::Progressing, false));
+        let status = run.at(60, Observed::default());
+        assert_eq!(status.phase, CanaryPhase::Paused, "a minute without its weight on every pod");
+        let timed_out = run.events.last().map(|(_, m)| m.clone()).unwrap_or_default();
+        assert!(timed_out.starts_with("step 1 is not on every proxy pod after 60s"), "{timed_out}");
+        // Paused: good checks do not move it on; a failing one still aborts.
+        run.at(61, applied());
+        let status = run.at(200, measured(windows(5000, 0)));
+        assert_eq!((status.phase, status.step), (CanaryPhase::Paused, 0), "a person decides");
+        let status = run.at(201, measured(windows(5000, 500)));
+        assert_eq!(status.consecutive_failures, 1);
+        let status = run.at(202, measured(windows(5000, 500)));
+        assert_eq!(status.phase, CanaryPhase::Aborted);
+    }
+
+    #[test]
+    fn a_start_in_the_future_counts_no_time() {
+        let mut run = Run::new(good_plan());
+        run.at(0, applied());
+        run.at(1, applied());
+        let mut status = run.status.clone().expect("a status");
+        status.step_started_at = Some(Time(run.start + SignedDuration::from_secs(3600)));
+        status.verdict = Some("Passed".into());
+        run.status = Some(status);
+        let status = run.at(2, applied());
+        assert_eq!(status.step, 0, "a start an hour ahead is not an hour elapsed");
+    }
+
+    #[test]
+    fn a_request_left_for_the_canary_before_is_said_to_be_ignored() {
+        let old = CanaryStatus {
+            revision: "old".into(),
+            request: Some(CanaryRequest { id: "r1".into(), action: "Abort".into() }),
+            ..CanaryStatus::default()
+        };
+        let next = decide(&good_plan(), 100, Some(&old), &Observed::default(), Timestamp::UNIX_EPOCH);
+        assert_eq!(next.status.handled_request.as_deref(), Some("r1"));
+        assert_eq!(next.events[0].reason, Reason::Started);
+        assert_eq!(next.events[1].message, "Abort (request r1) was for the canary before this one");
+    }
+
+    #[test]
+    fn every_reason_keeps_its_wire_name() {
+        let names: Vec<&str> = [
+            Reason::StepStarted,
+            Reason::HeldForData,
+            Reason::StepPassed,
+            Reason::GateFailed,
+            Reason::StepTimedOut,
+            Reason::WaitingForPromotion,
+            Reason::Promoted,
+            Reason::Completed,
+            Reason::Aborted,
+            Reason::RollingBack,
+            Reason::RolledBack,
+            Reason::Retried,
+            Reason::Started,
+            Reason::RequestIgnored,
+            Reason::Unmeasured,
+        ]
+        .map(Reason::as_str)
+        .to_vec();
+        assert_eq!(
+            names,
+            [
+                "StepStarted",
+                "HeldForData",
+                "StepPassed",
+                "GateFailed",
+                "StepTimedOut",
+                "WaitingForPromotion",
+                "Promoted",
+                "Completed",
+                "Aborted",
+                "RollingBack",
+                "RolledBack",
+                "Retried",
+                "Started",
+                "RequestIgnored",
+                "Unmeasured",
+            ]
         );
     }
 }

@@ -8,7 +8,7 @@ use crate::spec::canary::CanaryPlan;
 
 /// Each backend's weight, for `backends` given as `(name, spec weight)`: the spec's when no
 /// canary runs (`status` is `None`, or it has completed), else the pair split by the status's
-/// weight, every weight scaled by 100 so that the split is exact.
+/// weight, every weight scaled by 100 so that the split is exact, then reduced (see [`reduced`]).
 pub fn weights(backends: &[(&str, u32)], plan: &CanaryPlan, status: Option<&CanaryStatus>) -> Vec<u32> {
     let spec = || backends.iter().map(|(_, weight)| *weight).collect();
     let Some(status) = status.filter(|s| s.phase != CanaryPhase::Completed && s.revision == plan.revision) else {
@@ -20,7 +20,7 @@ pub fn weights(backends: &[(&str, u32)], plan: &CanaryPlan, status: Option<&Cana
         .filter(|(name, _)| *name == plan.stable || *name == plan.canary)
         .map(|(_, weight)| *weight)
         .sum();
-    backends
+    let scaled: Vec<u32> = backends
         .iter()
         .map(|(name, weight)| {
             if *name == plan.canary {
@@ -31,7 +31,27 @@ pub fn weights(backends: &[(&str, u32)], plan: &CanaryPlan, status: Option<&Cana
                 weight * 100
             }
         })
-        .collect()
+        .collect();
+    reduced(scaled)
+}
+
+/// The most the weights of a canary's split add up to: nginx's consistent hash (a Service's
+/// weight with `sessionAffinity: ClientIP`) spends memory by the unit of weight, and a share
+/// within 0.1 point is as exact as a canary needs.
+const MAX_TOTAL: u64 = 1000;
+
+/// `weights` divided by their greatest common divisor, then scaled to add up to at most
+/// [`MAX_TOTAL`] (rounded, a weight above 0 staying at least 1).
+fn reduced(weights: Vec<u32>) -> Vec<u32> {
+    let divisor = weights.iter().copied().filter(|&w| w > 0).fold(0, gcd).max(1);
+    let weights: Vec<u64> = weights.into_iter().map(|w| u64::from(w / divisor)).collect();
+    let total: u64 = weights.iter().sum();
+    let scale = |w: u64| if total <= MAX_TOTAL || w == 0 { w } else { ((w * MAX_TOTAL + total / 2) / total).max(1) };
+    weights.into_iter().map(|w| u32::try_from(scale(w)).unwrap_or(u32::MAX)).collect()
+}
+
+fn gcd(a: u32, b: u32) -> u32 {
+    if b == 0 { a } else { gcd(b, a % b) }
 }
 
 /// The canary's percentage of the pair in the spec's own weights: where a completed canary
@@ -72,8 +92,16 @@ mod tests {
     fn the_pair_keeps_its_share_and_the_canary_gets_its_percentage_of_it() {
         let backends = [("v1", 0), ("v2", 100), ("other", 50)];
         let running = status(CanaryPhase::Progressing, 5);
-        assert_eq!(weights(&backends, &plan(), Some(&running)), [9500, 500, 5000]);
-        assert_eq!(weights(&backends, &plan(), Some(&status(CanaryPhase::Aborted, 0))), [10000, 0, 5000]);
+        assert_eq!(weights(&backends, &plan(), Some(&running)), [19, 1, 10], "9500, 500 and 5000, reduced");
+        assert_eq!(weights(&backends, &plan(), Some(&status(CanaryPhase::Aborted, 0))), [2, 0, 1]);
+        let odd = [("v1", 1), ("v2", 0), ("other", 1)];
+        let seven = weights(&odd, &plan(), Some(&status(CanaryPhase::Progressing, 7)));
+        assert_eq!(seven, [93, 7, 100], "exact when it fits");
+        let many = [("v1", 99), ("v2", 2), ("other", 97)];
+        let split = weights(&many, &plan(), Some(&status(CanaryPhase::Progressing, 3)));
+        assert!(split.iter().map(|&w| u64::from(w)).sum::<u64>() <= MAX_TOTAL + 2, "{split:?}");
+        let share = f64::from(split[1]) / f64::from(split[0] + split[1]);
+        assert!((share - 0.03).abs() < 0.002, "the canary's share within 0.2 point: {split:?}");
         assert_eq!(weights(&backends, &plan(), Some(&status(CanaryPhase::Completed, 100))), [0, 100, 50]);
         assert_eq!(weights(&backends, &plan(), None), [0, 100, 50], "no canary: the spec's weights");
         let other = CanaryStatus { revision: "another".into(), ..running };

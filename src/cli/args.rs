@@ -50,6 +50,43 @@ pub enum Command {
     /// Count a proxy pod's sessions from nginx's log and serve them as Prometheus metrics (the
     /// sidecar the controller adds to proxy pods with --proxy-metrics-image).
     ProxyMetrics(ProxyMetricsArgs),
+    /// Promote, abort, retry or show a Balancer's canary (through its status, which a GitOps sync
+    /// does not overwrite).
+    Canary(CanaryArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct CanaryArgs {
+    #[command(subcommand)]
+    pub command: CanaryCommand,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum CanaryCommand {
+    /// End the current step (a pause, or one held for data) and take the next; with --full, take
+    /// every step left.
+    Promote {
+        #[command(flatten)]
+        target: CanaryTarget,
+        /// Take every step left at once: the spec's weights serve.
+        #[arg(long)]
+        full: bool,
+    },
+    /// Roll the canary back, as spec.canary.rollback says.
+    Abort(CanaryTarget),
+    /// Start an aborted canary again from its first step.
+    Retry(CanaryTarget),
+    /// Show where the canary is, what it measured and what it decided.
+    Status(CanaryTarget),
+}
+
+#[derive(Debug, Args)]
+pub struct CanaryTarget {
+    /// The Balancer.
+    pub name: String,
+    /// Its namespace; the kubeconfig context's by default.
+    #[arg(short, long)]
+    pub namespace: Option<String>,
 }
 
 #[derive(Debug, Args)]

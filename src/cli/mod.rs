@@ -2,6 +2,7 @@
 //! variable: what each command does, reading files and writing answers.
 
 pub mod args;
+pub mod canary;
 mod certs;
 pub mod check;
 pub mod convert;
@@ -32,6 +33,7 @@ pub fn main(cli: Cli) -> ExitCode {
         Command::Convert(args) => convert::command(&args),
         Command::FromIngressNginx(args) => ingress_nginx::command(&args),
         Command::ProxyMetrics(args) => proxy_metrics::command(args),
+        Command::Canary(args) => canary::command(&args),
     }
 }
 

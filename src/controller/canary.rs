@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::reflector::ObjectRef;
-use kube::{Api, ResourceExt};
+use kube::{Api, Resource, ResourceExt};
 use serde_json::json;
 
 use super::Error;
@@ -23,10 +23,13 @@ use crate::canary::progress::{self, Event, Observed, Reason};
 use crate::canary::split;
 use crate::proxy::{self, Owner};
 use crate::runtime::events::{EventReason, EventType, Note};
-use crate::spec::canary::CanaryPlan;
+use crate::spec::canary::{CanaryPlan, DEFAULT_INTERVAL};
 use crate::spec::{Admitted, LiveSplit};
 
 impl EventReason for Reason {}
+
+/// The most proxy pods `status.canary.pods` lists (its schema's bound; a rollout may run more).
+const MAX_PODS_SHOWN: usize = 100;
 
 /// What a canary's turn comes to for the rest of the reconcile.
 pub(super) struct Turn {
@@ -53,6 +56,15 @@ pub(super) async fn take_turn(
         ctx.records.with(&uid, |record| record.signals = None);
         return Ok(Turn { spec, status: Some(None), wake_after: None });
     };
+    if ctx.settings.metrics_image.is_none() {
+        // Nothing measures the steps, nor says when one is on the wire: the spec's weights serve.
+        if last.is_some() || balancer.meta().generation != balancer.status.as_ref().and_then(|s| s.observed_generation)
+        {
+            let message = "spec.canary is not run: the operator runs without the proxy's metrics sidecar (--proxy-metrics-image), which measures the steps; the spec's weights serve";
+            publish(balancer, ctx, Note::new(EventType::Warning, Reason::Unmeasured, message)).await;
+        }
+        return Ok(Turn { spec, status: Some(None), wake_after: None });
+    }
     let backends = spec_weights(&spec);
     let goal = split::goal(&pairs(&backends), &plan);
     let reading = measure(balancer, ctx, owner, &spec, &plan, last.filter(|l| l.revision == plan.revision));
@@ -60,7 +72,7 @@ pub(super) async fn take_turn(
     let observed = Observed { serving: reading.serving, measured: reading.measured, request };
     let next = progress::decide(&plan, goal, last, &observed, now);
     let mut status = next.status;
-    status.pods = reading.pods;
+    status.pods = reading.pods.into_iter().take(MAX_PODS_SHOWN).collect();
     if moved(last, &status) {
         commit(balancer, ctx, &status).await?;
     }
@@ -68,10 +80,12 @@ pub(super) async fn take_turn(
         announce(balancer, ctx, event).await;
     }
     // What is measured next: the new step's window, or nothing once it is over.
-    measure(balancer, ctx, owner, &spec, &plan, Some(&status));
+    aim(balancer, ctx, owner, &spec, &plan, &status);
     let weights = split::weights(&pairs(&backends), &plan, Some(&status));
+    let running = matches!(status.phase, CanaryPhase::Progressing | CanaryPhase::Paused);
     let window = (status.phase != CanaryPhase::Completed).then(|| progress::window(&status));
-    let spec = spec.with_split(LiveSplit { weights, window });
+    let measured = spec.backends.iter().position(|b| b.name == plan.canary).filter(|_| running);
+    let spec = spec.with_split(LiveSplit { weights, window, measured });
     Ok(Turn { spec, status: Some(Some(status)), wake_after: next.wake_after })
 }
 
@@ -84,8 +98,8 @@ fn pairs(backends: &[(String, u32)]) -> Vec<(&str, u32)> {
     backends.iter().map(|(name, weight)| (name.as_str(), *weight)).collect()
 }
 
-/// Has the prober measure the window of `status`'s step (none once the canary is over); returns
-/// the last reading.
+/// The last reading of the window of `status`'s step (the canary's last status, `None` before it
+/// started); a check in it is given once.
 fn measure(
     balancer: &StoredBalancer,
     ctx: &Context,
@@ -95,39 +109,74 @@ fn measure(
     status: Option<&CanaryStatus>,
 ) -> Reading {
     let uid = balancer.uid().unwrap_or_default();
-    let over = status.is_some_and(|s| matches!(s.phase, CanaryPhase::Completed | CanaryPhase::Aborted));
-    if over || ctx.settings.metrics_image.is_none() {
-        ctx.records.with(&uid, |record| record.signals = None);
-        return Reading::default();
-    }
-    let window = status.map(progress::window).unwrap_or_default();
-    let started = status.is_some_and(|s| s.step_started_at.is_some());
-    let every = match &plan.analysis {
-        Some(analysis) if started => analysis.interval,
-        _ => WHILE_APPLYING,
-    };
-    let ours = format!("{}-", api::proxy_deployment_name(&owner.name));
-    let want = SignalsWant {
-        pods: ctx.children.endpoint_slices.live_addresses(&owner.namespace, &owner.name, &ours),
-        port: proxy::access_log::metrics_port(spec.ports.iter().map(|p| p.port)),
-        window,
-        pair: (plan.stable.clone(), plan.canary.clone()),
-        every,
-    };
+    let want = signals_want(ctx, owner, spec, plan, status);
     let whose = ObjectRef::from_obj(balancer);
-    let reading =
-        ctx.records.with(&uid, |record| SignalsProbe::observe(&mut record.signals, whose, want, Instant::now()));
-    ctx.probes_wanted.notify_one();
-    reading
+    ctx.records.with(&uid, |record| SignalsProbe::observe(&mut record.signals, whose, want, Instant::now()))
 }
 
-/// Whether the step, the phase, the weight or the attempt changed: what must be in the status
-/// before the split reaches a proxy.
+/// Has the prober measure the window of `status`'s step next, or nothing once the canary is over.
+fn aim(
+    balancer: &StoredBalancer,
+    ctx: &Context,
+    owner: &Owner,
+    spec: &Admitted,
+    plan: &CanaryPlan,
+    status: &CanaryStatus,
+) {
+    let uid = balancer.uid().unwrap_or_default();
+    if matches!(status.phase, CanaryPhase::Completed | CanaryPhase::Aborted) {
+        ctx.records.with(&uid, |record| record.signals = None);
+        return;
+    }
+    let want = signals_want(ctx, owner, spec, plan, Some(status));
+    let whose = ObjectRef::from_obj(balancer);
+    ctx.records.with(&uid, |record| SignalsProbe::aim(&mut record.signals, whose, want, Instant::now()));
+    ctx.probes_wanted.notify_one();
+}
+
+/// What to ask the proxy pods about `status`'s step: often while its weight is being applied,
+/// then as often as the gates are checked.
+fn signals_want(
+    ctx: &Context,
+    owner: &Owner,
+    spec: &Admitted,
+    plan: &CanaryPlan,
+    status: Option<&CanaryStatus>,
+) -> SignalsWant {
+    let started = status.is_some_and(|s| s.step_started_at.is_some());
+    let every = match &plan.analysis {
+        _ if !started => WHILE_APPLYING,
+        Some(analysis) => analysis.interval,
+        None => DEFAULT_INTERVAL,
+    };
+    let ours = format!("{}-", api::proxy_deployment_name(&owner.name));
+    SignalsWant {
+        pods: ctx.children.endpoint_slices.live_addresses(&owner.namespace, &owner.name, &ours),
+        port: proxy::access_log::metrics_port(spec.ports.iter().map(|p| p.port)),
+        window: status.map(progress::window).unwrap_or_default(),
+        pair: (plan.stable.clone(), plan.canary.clone()),
+        every,
+    }
+}
+
+/// Whether the step, the phase, the weight, the attempt, the verdict or the count of failed
+/// checks changed: what must be in the status before the split reaches a proxy, and before a
+/// check is forgotten (a later failure of the reconcile must not leave an older verdict).
 fn moved(last: Option<&CanaryStatus>, next: &CanaryStatus) -> bool {
-    last.is_none_or(|last| {
-        (&last.revision, last.phase, last.step, last.weight, last.attempt, last.step_started_at.is_some())
-            != (&next.revision, next.phase, next.step, next.weight, next.attempt, next.step_started_at.is_some())
-    })
+    let key = |s: &CanaryStatus| {
+        (
+            s.revision.clone(),
+            s.phase,
+            s.step,
+            s.weight,
+            s.attempt,
+            s.step_started_at.is_some(),
+            s.verdict.clone(),
+            s.consecutive_failures,
+            s.handled_request.clone(),
+        )
+    };
+    last.is_none_or(|last| key(last) != key(next))
 }
 
 /// Writes the canary's status, without the request a person writes (see
@@ -151,15 +200,29 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_new_step_is_written_before_its_split_and_a_new_check_is_not() {
+    fn a_new_step_or_verdict_is_written_first_and_new_values_alone_are_not() {
         let last = CanaryStatus { revision: "r".into(), step: 1, weight: 5, attempt: 1, ..CanaryStatus::default() };
         assert!(moved(None, &last));
-        let checked = CanaryStatus { verdict: Some("Held".into()), ..last.clone() };
-        assert!(!moved(Some(&last), &checked));
+        let held = CanaryStatus { verdict: Some("Held".into()), ..last.clone() };
+        assert!(moved(Some(&last), &held), "a new verdict is never lost to a later failure");
+        let sessions = Some(crate::api::canary::SessionCounts { canary: 10, stable: 90 });
+        assert!(!moved(Some(&held), &CanaryStatus { sessions, ..held.clone() }), "new counts alone wait");
         assert!(moved(Some(&last), &CanaryStatus { step: 2, ..last.clone() }));
         assert!(moved(Some(&last), &CanaryStatus { phase: CanaryPhase::Aborted, weight: 0, ..last.clone() }));
         let request = crate::api::canary::CanaryRequest { id: "a".into(), action: "Abort".into() };
-        let written = written_form(&CanaryStatus { request: Some(request), ..last });
-        assert_eq!(serde_json::to_value(&written).expect("json").get("request"), None);
+        let written = written_form(&CanaryStatus { request: Some(request), ..last.clone() });
+        assert_eq!(written.get("request"), None, "a person's request is never overwritten");
+        // A merge patch leaves what it does not name: what a new step unsets is written as null.
+        let mut stored = serde_json::to_value(CanaryStatus {
+            step_started_at: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+            )),
+            verdict: Some("Passed".into()),
+            ..last.clone()
+        })
+        .expect("json");
+        json_patch::merge(&mut stored, &written_form(&CanaryStatus { step: 2, ..last }));
+        let merged: CanaryStatus = serde_json::from_value(stored).expect("a status");
+        assert_eq!((merged.step, merged.step_started_at, merged.verdict), (2, None, None));
     }
 }

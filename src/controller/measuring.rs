@@ -124,6 +124,21 @@ impl SignalsProbe {
         PodSplit { pod: pod.to_string(), weight }
     }
 
+    /// Takes a reconcile's next `want` into `slot`, consuming nothing: a new window or set of
+    /// pods is asked about at once.
+    pub(super) fn aim(
+        slot: &mut Option<SignalsProbe>,
+        whose: ObjectRef<StoredBalancer>,
+        want: SignalsWant,
+        now: Instant,
+    ) {
+        let fresh = slot.as_ref().is_some_and(|p| p.fresh);
+        Self::observe(slot, whose, want, now);
+        if let Some(probe) = slot.as_mut() {
+            probe.fresh = fresh;
+        }
+    }
+
     /// The probe as a candidate to start at `now`, under `key`; `None` when it is not due.
     pub(super) fn candidate<K>(&self, key: K, now: Instant) -> Option<Due<K>> {
         let since = self.due.filter(|due| !self.asking && *due <= now)?;

@@ -58,6 +58,29 @@ struct BalancerLabels {
     balancer: String,
 }
 
+/// One Balancer's canary in one phase.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CanaryPhaseLabels {
+    namespace: String,
+    balancer: String,
+    phase: &'static str,
+}
+
+/// Where one Balancer's canary is, for the metrics.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CanaryCount {
+    /// The Balancer's namespace.
+    pub namespace: String,
+    /// Its name.
+    pub balancer: String,
+    /// Its canary's phase.
+    pub phase: &'static str,
+    /// The step it is on.
+    pub step: i64,
+    /// The canary backend's percentage of the pair.
+    pub weight: i64,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct KindLabels {
     kind: String,
@@ -77,6 +100,9 @@ pub struct ControllerMetrics {
     backends_unavailable: Family<BalancerLabels, Gauge>,
     /// Balancers with a record in memory (see `records`).
     records: Gauge,
+    canary_phase: Family<CanaryPhaseLabels, Gauge>,
+    canary_step: Family<BalancerLabels, Gauge>,
+    canary_weight: Family<BalancerLabels, Gauge>,
 }
 
 impl ControllerMetrics {
@@ -94,7 +120,25 @@ impl ControllerMetrics {
             balancers: Family::default(),
             backends_unavailable: Family::default(),
             records: Gauge::default(),
+            canary_phase: Family::default(),
+            canary_step: Family::default(),
+            canary_weight: Family::default(),
         };
+        registry.register(
+            "canary_phase",
+            "1 for the phase each Balancer's canary is in (Progressing, Paused, RollingBack, Aborted, Completed), as the leader sees it",
+            metrics.canary_phase.clone(),
+        );
+        registry.register(
+            "canary_step",
+            "The step each Balancer's canary is on (0-based; the number of steps once completed)",
+            metrics.canary_step.clone(),
+        );
+        registry.register(
+            "canary_weight",
+            "The canary backend's percentage of the new connections its pair takes, per Balancer with a canary",
+            metrics.canary_weight.clone(),
+        );
         registry.register(
             "records",
             "Balancers the controller keeps a record of in memory (failures, status writes, changes being applied), as of the last count",
@@ -195,6 +239,25 @@ impl ControllerMetrics {
         self.backends_unavailable.clear();
         for (namespace, balancer, count) in unavailable {
             self.backends_unavailable.get_or_create(&BalancerLabels { namespace, balancer }).set(count);
+        }
+    }
+
+    /// Where each Balancer with a canary is: only those have series, so a canary removed from
+    /// its spec, or a Balancer deleted, leaves none behind.
+    pub fn set_canaries(&self, canaries: impl IntoIterator<Item = CanaryCount>) {
+        self.canary_phase.clear();
+        self.canary_step.clear();
+        self.canary_weight.clear();
+        for canary in canaries {
+            let labels = BalancerLabels { namespace: canary.namespace, balancer: canary.balancer };
+            let phase = CanaryPhaseLabels {
+                namespace: labels.namespace.clone(),
+                balancer: labels.balancer.clone(),
+                phase: canary.phase,
+            };
+            self.canary_phase.get_or_create(&phase).set(1);
+            self.canary_step.get_or_create(&labels).set(canary.step);
+            self.canary_weight.get_or_create(&labels).set(canary.weight);
         }
     }
 

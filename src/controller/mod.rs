@@ -55,7 +55,7 @@ pub use conditions::ConditionType;
 pub use context::{Clients, Context, Options, Scope, error_policy};
 pub use endpoint_slices::{ReadyEndpointSlices, ReadySlice};
 pub use error::{Error, ErrorKind};
-pub use metrics::ControllerMetrics;
+pub use metrics::{CanaryCount, ControllerMetrics};
 pub use reasons::Reason;
 pub use reconcile::reconcile;
 pub use runner::run;

@@ -8,7 +8,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Patch, PatchParams};
 use kube::{Api, Resource, ResourceExt};
-use serde_json::json;
+use serde_json::{Value, json};
 
 use super::Error;
 use super::conditions::{ConditionType, find};
@@ -145,25 +145,37 @@ pub(super) async fn write_status(
     Ok(StatusWrite::Done)
 }
 
-/// The status as a merge patch writes it: the canary's without the request a person writes
-/// (see [`written_form`]), and `null` for a canary the spec no longer has.
+/// The status as a merge patch writes it: the canary's as [`written_form`] gives it, and
+/// `null` for a canary the spec no longer has.
 fn status_patch(stored: Option<&BalancerStatus>, status: &BalancerStatus) -> serde_json::Value {
-    let written = BalancerStatus { canary: status.canary.as_ref().map(written_form), ..status.clone() };
-    let mut patch = serde_json::to_value(written).unwrap_or_default();
-    if status.canary.is_none()
-        && stored.is_some_and(|s| s.canary.is_some())
-        && let Some(fields) = patch.as_object_mut()
-    {
-        fields.insert("canary".into(), serde_json::Value::Null);
+    let mut patch = serde_json::to_value(status).unwrap_or_default();
+    if let Some(fields) = patch.as_object_mut() {
+        match &status.canary {
+            Some(canary) => drop(fields.insert("canary".into(), written_form(canary))),
+            None if stored.is_some_and(|s| s.canary.is_some()) => drop(fields.insert("canary".into(), Value::Null)),
+            None => {}
+        }
     }
     patch
 }
 
-/// The canary's status as the controller writes it: `request` is left out, so that a merge
-/// patch never overwrites one a person wrote meanwhile.
-pub(super) fn written_form(status: &CanaryStatus) -> CanaryStatus {
-    CanaryStatus { request: None, ..status.clone() }
+/// The canary's status as a merge patch writes it: every field the controller owns, an unset
+/// one as `null` (a merge patch leaves a key it does not name as it was: a new step's unset
+/// start would keep the last step's), and never `request`, so that the patch cannot overwrite
+/// one a person wrote meanwhile.
+pub(super) fn written_form(status: &CanaryStatus) -> Value {
+    let mut written = serde_json::to_value(CanaryStatus { request: None, ..status.clone() }).unwrap_or_default();
+    if let Some(fields) = written.as_object_mut() {
+        for unset in CONTROLLER_OPTIONAL_FIELDS {
+            fields.entry(unset).or_insert(Value::Null);
+        }
+    }
+    written
 }
+
+/// The optional fields of `status.canary` that the controller writes (not `request`).
+const CONTROLLER_OPTIONAL_FIELDS: [&str; 6] =
+    ["stepSetAt", "stepStartedAt", "verdict", "sessions", "decision", "handledRequest"];
 
 /// Publishes an event about the Balancer. Events are for people: failing to record one does
 /// not fail the reconcile. The note's `related` names the child concerned, which also keeps the

@@ -25,7 +25,7 @@ use super::conditions::{ConditionType, find};
 use super::context::{Clients, Context, Options, error_policy};
 use super::endpoint_slices::{ReadyEndpointSlices, ReadySlice};
 use super::gateways::{GatewayCaches, GatewayController, gateway_of};
-use super::metrics::ControllerMetrics;
+use super::metrics::{CanaryCount, ControllerMetrics};
 use super::prober::{self, Wakers};
 use super::reconcile::reconcile;
 use super::stored::StoredBalancer;
@@ -140,6 +140,7 @@ pub async fn run(
     tokio::join!(controller, readiness, census, prober, gateway_controller);
     metrics.set_balancers(0, 0, 0);
     metrics.set_backends_unavailable([]);
+    metrics.set_canaries([]);
 }
 
 /// Backends with a weight and no ready endpoint, as the status says.
@@ -210,8 +211,10 @@ async fn count_balancers(
         let (mut ready, mut not_ready, mut unknown) = (0, 0, 0);
         let mut uids = std::collections::HashSet::new();
         let mut unavailable = Vec::new();
+        let mut canaries = Vec::new();
         for balancer in balancers.state() {
             uids.extend(balancer.uid());
+            canaries.extend(canary_count(&balancer));
             let missing = balancer.status.as_ref().map_or(0, unavailable_backends);
             if missing > 0 {
                 unavailable.push((balancer.namespace().unwrap_or_default(), balancer.name_any(), missing));
@@ -228,8 +231,22 @@ async fn count_balancers(
         }
         ctx.metrics.set_balancers(ready, not_ready, unknown);
         ctx.metrics.set_backends_unavailable(unavailable);
+        ctx.metrics.set_canaries(canaries);
         ctx.metrics.set_records(ctx.records.keep_only(&uids));
     }
+}
+
+/// Where `balancer`'s canary is, when its spec has one.
+fn canary_count(balancer: &StoredBalancer) -> Option<CanaryCount> {
+    balancer.spec.as_ref().ok()?.canary.as_ref()?;
+    let canary = balancer.status.as_ref()?.canary.as_ref()?;
+    Some(CanaryCount {
+        namespace: balancer.namespace().unwrap_or_default(),
+        balancer: balancer.name_any(),
+        phase: canary.phase.as_str(),
+        step: i64::from(canary.step),
+        weight: i64::from(canary.weight),
+    })
 }
 
 fn log_controller_error(error: &controller::Error<Error, watcher::Error>) {

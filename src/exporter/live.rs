@@ -287,7 +287,11 @@ pub(super) async fn follow(
                     handed_window = candidate.window.clone();
                     match pending.as_mut() {
                         Some(waiting) => waiting.candidate.window = candidate.window,
-                        None => metrics.serve_window(candidate.window.as_deref()),
+                        // Only over the configuration nginx serves: not over one it refused.
+                        None if metrics.served_id() == short_id(&candidate.id) => {
+                            metrics.serve_window(candidate.window.as_deref())
+                        }
+                        None => {}
                     }
                 }
             }

@@ -58,6 +58,8 @@ impl CanaryWindow {
         match session.outcome {
             Outcome::Ok => {
                 window.sessions += 1;
+                // Never answered. Whether the client asked cannot tell: a backend that closes at
+                // once may leave its question unread by nginx.
                 if session.bytes_sent == 0 {
                     window.unanswered += 1;
                 }
@@ -121,6 +123,7 @@ mod tests {
         window.count(&session(Outcome::Ok, 5, 0.2), &tried(&[("v2", Some(0.0005))]), later);
         window.count(&session(Outcome::Ok, 0, 0.1), &tried(&[("v2", Some(0.0005))]), later);
         window.count(&session(Outcome::Ok, 5, 0.1), &tried(&[("v2", None), ("v1", Some(0.001))]), later);
+
         window.count(&session(Outcome::BadGateway, 0, 0.1), &tried(&[("v2", None), ("v1", None)]), later);
         window.count(&session(Outcome::Unavailable, 0, 0.0), &tried(&[("v2", Some(0.001))]), later);
         window.count(&session(Outcome::Ok, 5, 60.0), &tried(&[("v2", Some(0.001))]), later);

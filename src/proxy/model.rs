@@ -355,7 +355,12 @@ fn listener(spec: &Admitted, port: AdmittedPort<'_>, targets: &impl UpstreamTarg
         .backends
         .iter()
         .enumerate()
-        .map(|(i, b)| WeightedBackend { weight: spec.weight(i), ..WeightedBackend::of(b, targets.targets(b, port)) })
+        .map(|(i, b)| {
+            let backend =
+                WeightedBackend { weight: spec.weight(i), ..WeightedBackend::of(b, targets.targets(b, port)) };
+            // A running canary's backend takes its share whatever it does with it: the gates judge it.
+            if spec.is_measured(i) { WeightedBackend { max_fails: Some(0), ..backend } } else { backend }
+        })
         .collect();
     Listener {
         port: port.number(),
@@ -645,5 +650,41 @@ mod tests {
     #[test]
     fn a_limit_is_shared_but_never_below_one() {
         assert_eq!((shared_limit(100, 3), shared_limit(2, 5), shared_limit(7, 0)), (33, 1, 7));
+    }
+
+    #[test]
+    fn a_running_canarys_split_and_window_reach_the_model_and_only_its_weights_reach_nginx() {
+        let spec: crate::api::BalancerSpec = serde_json::from_value(serde_json::json!({
+            "ports": [{"port": 80}],
+            "selector": {"app": "web"},
+            "backends": [{"name": "v1", "weight": 0, "selector": {"v": "1"}}, {"name": "v2", "weight": 100, "selector": {"v": "2"}},
+                         {"name": "v3", "weight": 50, "selector": {"v": "3"}}],
+            "canary": {"stableBackend": "v1", "canaryBackend": "v2", "steps": [{"setWeight": 5}]},
+        }))
+        .expect("a spec");
+        let admitted =
+            crate::spec::admit(crate::spec::ObjectName::Name("lb"), spec, &Default::default()).expect("admitted");
+        let address = |_: &BackendSpec, _: &BalancerPort| Destination::Address(SocketAddr::from(([10, 0, 0, 1], 80)));
+        let plain = ProxyConfig::of("lb", &admitted, &[], None, &ServiceUpstreams(&address));
+        assert_eq!(plain.canary_window, None);
+        let weights = |config: &ProxyConfig| config.listeners[0].servers.iter().map(|s| s.weight).collect::<Vec<_>>();
+        assert_eq!(weights(&plain), [0, 100, 50], "without a split, the spec's weights");
+        let split =
+            crate::spec::LiveSplit { weights: vec![9500, 500, 5000], window: Some("r/1/0".into()), measured: Some(1) };
+        let canary = ProxyConfig::of("lb", &admitted.clone().with_split(split), &[], None, &ServiceUpstreams(&address));
+        assert_eq!(weights(&canary), [9500, 500, 5000]);
+        assert_eq!(canary.canary_window.as_deref(), Some("r/1/0"));
+        let max_fails = canary.listeners[0].servers.iter().map(|s| s.max_fails).collect::<Vec<_>>();
+        assert_eq!(max_fails[1], Some(0), "the canary is measured, not health-checked: {max_fails:?}");
+        assert_eq!(max_fails[0], plain.listeners[0].servers[0].max_fails, "the others keep theirs");
+        let same_weights =
+            crate::spec::LiveSplit { weights: vec![9500, 500, 5000], window: Some("r/1/1".into()), measured: Some(1) };
+        let next_step =
+            ProxyConfig::of("lb", &admitted.with_split(same_weights), &[], None, &ServiceUpstreams(&address));
+        assert_eq!(
+            super::super::nginx::write(&next_step),
+            super::super::nginx::write(&canary),
+            "a new window alone reloads nothing"
+        );
     }
 }

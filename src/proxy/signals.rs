@@ -107,15 +107,16 @@ impl Window {
     /// The bound, in seconds, of the histogram's bucket that holds the 95th percentile of
     /// connect times (infinite above the last bound); `None` before the first connect.
     pub fn connect_time_p95(&self) -> Option<f64> {
-        let total: u64 = self.connect_times.iter().sum();
+        // Wide enough for any counts a sidecar may send.
+        let total: u128 = self.connect_times.iter().map(|&n| u128::from(n)).sum();
         if total == 0 {
             return None;
         }
         // The smallest bucket with at least 95 % of the connects at or below it.
-        let mut seen = 0u64;
+        let mut seen = 0u128;
         for (i, count) in self.connect_times.iter().enumerate() {
-            seen += count;
-            if seen.saturating_mul(100) >= total.saturating_mul(95) {
+            seen += u128::from(*count);
+            if seen * 100 >= total * 95 {
                 return Some(CONNECT_BUCKETS.get(i).copied().unwrap_or(f64::INFINITY));
             }
         }

@@ -45,6 +45,10 @@ pub struct LiveSplit {
     pub weights: Vec<u32>,
     /// The canary step's window (see `canary::progress::window`); `None` once it has completed.
     pub window: Option<String>,
+    /// The backend being measured (its index), while the canary runs: its passive health check
+    /// is off, so that it takes its share and the gates see what it does with it (nginx still
+    /// moves a failed connect to the next backend).
+    pub measured: Option<usize>,
 }
 
 /// The enumerated fields of a valid, defaulted spec.
@@ -173,6 +177,11 @@ impl Admitted {
             Some(split) => split.weights.get(index).copied().unwrap_or_default(),
             None => self.spec.backends.get(index).map_or(0, |b| u32::try_from(b.effective_weight()).unwrap_or(0)),
         }
+    }
+
+    /// Whether backend `index` is a running canary's, measured rather than health-checked.
+    pub fn is_measured(&self, index: usize) -> bool {
+        self.split.as_ref().is_some_and(|s| s.measured == Some(index))
     }
 
     /// The window a running canary's step is counted under.

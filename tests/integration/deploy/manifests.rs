@@ -264,6 +264,15 @@ fn rbac_grants_exactly_what_the_controller_uses() {
         assert!(viewer.contains(&triple("balancers", verb)), "viewer: {verb} balancers");
     }
     assert!(!viewer.contains(&triple("balancers/scale", "update")));
+
+    // Canary control is the status subresource: its own role, aggregated nowhere, since a status
+    // write reaches every status field; editors only read the status.
+    let canary = find(&docs, "ClusterRole", "balancer-canary");
+    let labels = canary["metadata"]["labels"].as_object().cloned().unwrap_or_default();
+    assert!(!labels.keys().any(|k| k.starts_with("rbac.authorization.k8s.io/aggregate-to")), "{labels:?}");
+    let canary = grants(&canary["rules"]);
+    assert!(canary.contains(&triple("balancers/status", "patch")) && canary.contains(&triple("balancers", "get")));
+    assert!(!editor.contains(&triple("balancers/status", "patch")), "editors cannot steer a canary");
 }
 
 /// Without cert-manager, docs/install.md's overlay (deploy/ plus the without-cert-manager component)

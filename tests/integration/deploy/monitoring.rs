@@ -96,6 +96,13 @@ fn only_while_set() -> String {
     let mut registry = prometheus_client::registry::Registry::default();
     let metrics = ControllerMetrics::register(registry.sub_registry_with_prefix("balancer"));
     metrics.set_backends_unavailable([("ns".to_string(), "lb".to_string(), 1)]);
+    metrics.set_canaries([balancer::controller::CanaryCount {
+        namespace: "ns".into(),
+        balancer: "lb".into(),
+        phase: "Aborted",
+        step: 0,
+        weight: 0,
+    }]);
     let mut text = String::new();
     prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
     assert!(text.contains("balancer_backends_unavailable{namespace=\"ns\",balancer=\"lb\"} 1"), "{text}");
@@ -159,6 +166,7 @@ async fn dashboard_and_alerts_query_only_exported_metrics() {
             "BalancerAPIServerUnreachable",
             "BalancersNotReady",
             "BalancerBackendConnectFailures",
+            "BalancerCanaryRolledBack",
             "BalancerBackendsUnavailable"
         ]
     );
