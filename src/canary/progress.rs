@@ -10,8 +10,8 @@ use k8s_openapi::jiff::Timestamp;
 
 use super::gates::{self, Shown, StepCheck, Verdict};
 use crate::api::canary::{
-    CanaryAction, CanaryDecision, CanaryPhase, CanaryRequest, CanaryStatus, GateStatus, RollbackMode, SessionCounts,
-    TimeoutAction,
+    CanaryAction, CanaryDecision, CanaryPhase, CanaryRequest, CanaryStatus, GateSignal, GateStatus, RollbackMode,
+    SessionCounts, TimeoutAction,
 };
 use crate::proxy::signals::Window;
 use crate::spec::canary::{CanaryPlan, DEFAULT_STEP_TIMEOUT, Step};
@@ -313,7 +313,7 @@ impl Machine<'_> {
                     "step {} at {}%: {} (check {failures} of {} in a row)",
                     self.status.step.saturating_add(1),
                     self.status.weight,
-                    failed_gates(&check),
+                    failed_gates(&check, canary),
                     analysis.failure_limit
                 );
                 if u32::try_from(failures).unwrap_or(u32::MAX) >= analysis.failure_limit {
@@ -520,8 +520,9 @@ impl Verdict {
     }
 }
 
-/// `ErrorSessionRatio 12.5% over max 1%; …`: each acting gate that failed, with its numbers.
-fn failed_gates(check: &StepCheck) -> String {
+/// `ErrorSessionRatio 12.5% past max 1% (…)`: each acting gate that failed, with its numbers,
+/// and the canary's counts behind them.
+fn failed_gates(check: &StepCheck, canary: &Window) -> String {
     check
         .checks
         .iter()
@@ -529,7 +530,17 @@ fn failed_gates(check: &StepCheck) -> String {
         .map(|c| {
             let shown = |v: Option<f64>| v.map_or("none".to_string(), |v| Shown(c.gate.signal, v).to_string());
             let stable = c.gate.max_over_stable.map(|_| format!(" (stable {})", shown(c.stable))).unwrap_or_default();
-            format!("{} {}{stable} past {}", c.gate.signal, shown(c.canary), c.gate.bounds())
+            let counts = match c.gate.signal {
+                GateSignal::ConnectFailureRatio => {
+                    format!("{} of {} connects failed", canary.connect_failures, canary.connects)
+                }
+                GateSignal::ErrorSessionRatio => format!(
+                    "{} of {} sessions ended in error, {} unanswered",
+                    canary.errors, canary.sessions, canary.unanswered
+                ),
+                GateSignal::ConnectTimeP95 => format!("{} connects timed", canary.connect_times.iter().sum::<u64>()),
+            };
+            format!("{} {}{stable} past {} ({counts})", c.gate.signal, shown(c.canary), c.gate.bounds())
         })
         .collect::<Vec<_>>()
         .join("; ")
@@ -537,7 +548,6 @@ fn failed_gates(check: &StepCheck) -> String {
 
 #[cfg(test)]
 mod tests {
-    use crate::api::canary::GateSignal;
     use crate::spec::canary::{Analysis, Gate, Rollback};
 
     use super::*;
@@ -681,7 +691,11 @@ mod tests {
             [Reason::Started, Reason::StepStarted, Reason::GateFailed, Reason::GateFailed, Reason::RolledBack]
         );
         let failed = &run.events[3].1;
-        assert_eq!(failed, "step 1 at 5%: ErrorSessionRatio 20% past max 1% (check 2 of 2 in a row)");
+        assert_eq!(
+            failed,
+            "step 1 at 5%: ErrorSessionRatio 20% past max 1% (80 of 400 sessions ended in error, 0 unanswered) \
+             (check 2 of 2 in a row)"
+        );
         let status = run.at(30, measured(windows(1000, 0)));
         assert_eq!((status.phase, status.weight), (CanaryPhase::Aborted, 0), "an aborted canary stays back");
         assert_eq!(window(status), "rev/1/back/0");

@@ -22,7 +22,7 @@ use crate::api::{self};
 use crate::canary::progress::{self, Event, Observed, Reason};
 use crate::canary::split;
 use crate::proxy::{self, Owner};
-use crate::runtime::events::{EventReason, EventType, Note};
+use crate::runtime::events::{Budget, EventReason, EventType, Note};
 use crate::spec::canary::{CanaryPlan, DEFAULT_INTERVAL};
 use crate::spec::{Admitted, LiveSplit};
 
@@ -67,8 +67,12 @@ pub(super) async fn take_turn(
     }
     let backends = spec_weights(&spec);
     let goal = split::goal(&pairs(&backends), &plan);
-    let reading = measure(balancer, ctx, owner, &spec, &plan, last.filter(|l| l.revision == plan.revision));
+    let reading = match last.filter(|l| l.revision == plan.revision && l.phase != CanaryPhase::Completed) {
+        Some(_) => measure(balancer, ctx),
+        None => Reading::default(),
+    };
     let request = last.and_then(|l| l.request.as_ref());
+    let serving = reading.serving.clone();
     let observed = Observed { serving: reading.serving, measured: reading.measured, request };
     let next = progress::decide(&plan, goal, last, &observed, now);
     let mut status = next.status;
@@ -80,7 +84,8 @@ pub(super) async fn take_turn(
         announce(balancer, ctx, event).await;
     }
     // What is measured next: the new step's window, or nothing once it is over.
-    aim(balancer, ctx, owner, &spec, &plan, &status);
+    let applied = serving.as_deref() == Some(progress::window(&status).as_str());
+    aim(balancer, ctx, owner, &spec, &plan, &status, applied);
     let weights = split::weights(&pairs(&backends), &plan, Some(&status));
     let running = matches!(status.phase, CanaryPhase::Progressing | CanaryPhase::Paused);
     let window = (status.phase != CanaryPhase::Completed).then(|| progress::window(&status));
@@ -98,23 +103,13 @@ fn pairs(backends: &[(String, u32)]) -> Vec<(&str, u32)> {
     backends.iter().map(|(name, weight)| (name.as_str(), *weight)).collect()
 }
 
-/// The last reading of the window of `status`'s step (the canary's last status, `None` before it
-/// started); a check in it is given once.
-fn measure(
-    balancer: &StoredBalancer,
-    ctx: &Context,
-    owner: &Owner,
-    spec: &Admitted,
-    plan: &CanaryPlan,
-    status: Option<&CanaryStatus>,
-) -> Reading {
-    let uid = balancer.uid().unwrap_or_default();
-    let want = signals_want(ctx, owner, spec, plan, status);
-    let whose = ObjectRef::from_obj(balancer);
-    ctx.records.with(&uid, |record| SignalsProbe::observe(&mut record.signals, whose, want, Instant::now()))
+/// The last reading of the window last aimed at (see [`aim`]); a check in it is given once.
+fn measure(balancer: &StoredBalancer, ctx: &Context) -> Reading {
+    ctx.records.with(&balancer.uid().unwrap_or_default(), |record| SignalsProbe::read(&mut record.signals))
 }
 
-/// Has the prober measure the window of `status`'s step next, or nothing once the canary is over.
+/// Has the prober measure the window of `status`'s step next (and, once rolled back, which
+/// split each pod serves); nothing once the canary has completed.
 fn aim(
     balancer: &StoredBalancer,
     ctx: &Context,
@@ -122,32 +117,33 @@ fn aim(
     spec: &Admitted,
     plan: &CanaryPlan,
     status: &CanaryStatus,
+    applied: bool,
 ) {
     let uid = balancer.uid().unwrap_or_default();
-    if matches!(status.phase, CanaryPhase::Completed | CanaryPhase::Aborted) {
+    if status.phase == CanaryPhase::Completed {
         ctx.records.with(&uid, |record| record.signals = None);
         return;
     }
-    let want = signals_want(ctx, owner, spec, plan, Some(status));
+    let want = signals_want(ctx, owner, spec, plan, Some(status), applied);
     let whose = ObjectRef::from_obj(balancer);
     ctx.records.with(&uid, |record| SignalsProbe::aim(&mut record.signals, whose, want, Instant::now()));
     ctx.probes_wanted.notify_one();
 }
 
-/// What to ask the proxy pods about `status`'s step: often while its weight is being applied,
-/// then as often as the gates are checked.
+/// What to ask the proxy pods about `status`'s step: every second until they all serve it
+/// (`applied`), then as often as the gates are checked (5 s without gates).
 fn signals_want(
     ctx: &Context,
     owner: &Owner,
     spec: &Admitted,
     plan: &CanaryPlan,
     status: Option<&CanaryStatus>,
+    applied: bool,
 ) -> SignalsWant {
-    let started = status.is_some_and(|s| s.step_started_at.is_some());
     let every = match &plan.analysis {
-        _ if !started => WHILE_APPLYING,
-        Some(analysis) => analysis.interval,
-        None => DEFAULT_INTERVAL,
+        _ if !applied => WHILE_APPLYING,
+        Some(analysis) if status.is_some_and(|s| s.phase != CanaryPhase::Aborted) => analysis.interval,
+        _ => DEFAULT_INTERVAL,
     };
     let ours = format!("{}-", api::proxy_deployment_name(&owner.name));
     SignalsWant {
@@ -192,8 +188,13 @@ async fn commit(balancer: &StoredBalancer, ctx: &Context, status: &CanaryStatus)
 
 async fn announce(balancer: &StoredBalancer, ctx: &Context, event: &Event) {
     let type_ = if event.warning { EventType::Warning } else { EventType::Normal };
-    publish(balancer, ctx, Note::new(type_, event.reason, &event.message)).await;
+    publish(balancer, ctx, Note::new(type_, event.reason, &event.message).in_budget(CANARY_EVENTS)).await;
 }
+
+/// A canary's events take from a budget of their own, so that its story is told whole beside
+/// the Balancer's other events: its steps bound them (at most 32, about three events each), then
+/// one every 5 s (a failure limit of 100 checks, a person's requests).
+const CANARY_EVENTS: Budget = Budget::apart("canary", 128, Duration::from_secs(5));
 
 #[cfg(test)]
 mod tests {

@@ -62,14 +62,14 @@ pub(super) struct Reading {
 }
 
 impl SignalsProbe {
-    /// Takes a reconcile's `want` into `slot`; returns what the last reading says (a check is
-    /// given once). A new window or set of pods is asked about at once.
-    pub(super) fn observe(
+    /// Takes a reconcile's `want` into `slot`: a new window or set of pods is asked about at
+    /// once, a shorter interval from now.
+    pub(super) fn aim(
         slot: &mut Option<SignalsProbe>,
         whose: ObjectRef<StoredBalancer>,
         want: SignalsWant,
         now: Instant,
-    ) -> Reading {
+    ) {
         let probe = slot.get_or_insert_with(|| SignalsProbe {
             whose: whose.clone(),
             want: want.clone(),
@@ -80,9 +80,17 @@ impl SignalsProbe {
         });
         if probe.want.window != want.window || probe.want.pods != want.pods || probe.want.port != want.port {
             probe.due = Some(now);
+        } else if want.every < probe.want.every {
+            probe.due = probe.due.map(|due| due.min(now + want.every));
         }
         probe.whose = whose;
         probe.want = want;
+    }
+
+    /// What the last reading says of the window last aimed at (nothing before the first); a
+    /// check in it is given once.
+    pub(super) fn read(slot: &mut Option<SignalsProbe>) -> Reading {
+        let Some(probe) = slot.as_mut() else { return Reading::default() };
         let reading = probe.reading();
         probe.fresh = false;
         reading
@@ -122,21 +130,6 @@ impl SignalsProbe {
             (pair > 0).then(|| i32::try_from((canary * 200 + pair) / (pair * 2)).unwrap_or(100))
         });
         PodSplit { pod: pod.to_string(), weight }
-    }
-
-    /// Takes a reconcile's next `want` into `slot`, consuming nothing: a new window or set of
-    /// pods is asked about at once.
-    pub(super) fn aim(
-        slot: &mut Option<SignalsProbe>,
-        whose: ObjectRef<StoredBalancer>,
-        want: SignalsWant,
-        now: Instant,
-    ) {
-        let fresh = slot.as_ref().is_some_and(|p| p.fresh);
-        Self::observe(slot, whose, want, now);
-        if let Some(probe) = slot.as_mut() {
-            probe.fresh = fresh;
-        }
     }
 
     /// The probe as a candidate to start at `now`, under `key`; `None` when it is not due.
@@ -203,7 +196,8 @@ mod tests {
         let now = Instant::now();
         let whose: ObjectRef<StoredBalancer> = ObjectRef::new("b").within("a");
         let mut slot = None;
-        let first = SignalsProbe::observe(&mut slot, whose.clone(), want("w/1", &[1, 2]), now);
+        SignalsProbe::aim(&mut slot, whose.clone(), want("w/1", &[1, 2]), now);
+        let first = SignalsProbe::read(&mut slot);
         assert_eq!((first.serving, first.measured), (None, None), "nothing asked yet");
         assert!(first.pods.iter().all(|p| p.weight.is_none()));
         let probe = slot.as_mut().expect("a probe");
@@ -212,11 +206,12 @@ mod tests {
         assert!(probe.candidate((), now).is_none(), "not twice at once");
         probe.answered(&asked, vec![answer(1, "w/1", 30), answer(2, "w/1", 20)], now);
         assert_eq!(probe.next_due(), Some(now + Duration::from_secs(5)));
-        let reading = SignalsProbe::observe(&mut slot, whose.clone(), want("w/1", &[1, 2]), now);
+        let reading = SignalsProbe::read(&mut slot);
         assert_eq!(reading.serving.as_deref(), Some("w/1"));
         let Some(Measured::Windows { canary, stable }) = reading.measured else { panic!("{reading:?}") };
         assert_eq!((canary.sessions, stable.sessions), (50, 0));
-        let again = SignalsProbe::observe(&mut slot, whose, want("w/1", &[1, 2]), now);
+        SignalsProbe::aim(&mut slot, whose, want("w/1", &[1, 2]), now);
+        let again = SignalsProbe::read(&mut slot);
         assert_eq!((again.serving.as_deref(), again.measured), (Some("w/1"), None), "a check counts once");
         assert_eq!(again.pods.len(), 2);
     }
@@ -226,7 +221,7 @@ mod tests {
         let now = Instant::now();
         let whose: ObjectRef<StoredBalancer> = ObjectRef::new("b").within("a");
         let mut slot = None;
-        SignalsProbe::observe(&mut slot, whose.clone(), want("w/2", &[1, 2, 3]), now);
+        SignalsProbe::aim(&mut slot, whose.clone(), want("w/2", &[1, 2, 3]), now);
         let probe = slot.as_mut().expect("a probe");
         let asked = probe.start();
         probe.answered(
@@ -234,16 +229,17 @@ mod tests {
             vec![answer(1, "w/2", 30), answer(2, "w/1", 20), (IpAddr::from([10, 0, 0, 3]), None)],
             now,
         );
-        let reading = SignalsProbe::observe(&mut slot, whose.clone(), want("w/2", &[1, 2, 3]), now);
+        let reading = SignalsProbe::read(&mut slot);
         assert_eq!(reading.serving, None, "the pods do not all serve one window");
         assert_eq!(reading.measured, Some(Measured::Incomplete { answered: 1, pods: 3 }));
         // An answer to an older want is dropped, and the new one is asked at once.
         let probe = slot.as_mut().expect("a probe");
         let asked = probe.start();
-        SignalsProbe::observe(&mut slot, whose.clone(), want("w/3", &[1, 2, 3]), now);
+        SignalsProbe::aim(&mut slot, whose.clone(), want("w/3", &[1, 2, 3]), now);
         let probe = slot.as_mut().expect("a probe");
         probe.answered(&asked, vec![answer(1, "w/2", 30)], now);
         assert_eq!(probe.next_due(), Some(now));
-        assert_eq!(SignalsProbe::observe(&mut slot, whose, want("w/3", &[1, 2, 3]), now).measured, None);
+        SignalsProbe::aim(&mut slot, whose, want("w/3", &[1, 2, 3]), now);
+        assert_eq!(SignalsProbe::read(&mut slot).measured, None);
     }
 }

@@ -27,6 +27,26 @@ use crate::util::token_bucket::TokenBucket;
 pub const BURST: f64 = 8.0;
 /// How often a Balancer's budget gains one event back.
 pub const REFILL: Duration = Duration::from_secs(60);
+/// A budget of events per object: a burst, then one per interval.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Budget {
+    /// Its name, which keys it beside the object's uid (empty: the object's own).
+    name: &'static str,
+    burst: u32,
+    refill: Duration,
+}
+
+impl Budget {
+    /// Every event's, by default: [`BURST`], then one per [`REFILL`].
+    pub const OBJECT: Budget = Budget { name: "", burst: BURST as u32, refill: REFILL };
+
+    /// A budget of its own, apart from the object's: for a story told in several events whose
+    /// number the object's spec bounds (a canary's steps, say).
+    pub const fn apart(name: &'static str, burst: u32, refill: Duration) -> Budget {
+        Budget { name, burst, refill }
+    }
+}
+
 /// How long a published event is remembered, to fold a repeat into its series (kube's figure).
 const REMEMBER: Duration = Duration::from_secs(360);
 
@@ -54,12 +74,19 @@ pub struct Note<'a> {
     pub note: &'a str,
     /// The object the event is about besides the Balancer (a child), if any.
     pub related: Option<ObjectReference>,
+    /// Whose tokens it takes.
+    budget: Budget,
 }
 
 impl<'a> Note<'a> {
     /// A note for `reason`, about no other object.
     pub fn new(type_: EventType, reason: impl EventReason, note: &'a str) -> Self {
-        Note { type_, reason: reason.into(), note, related: None }
+        Note { type_, reason: reason.into(), note, related: None, budget: Budget::OBJECT }
+    }
+
+    /// The same note, taking its token from `budget`.
+    pub fn in_budget(self, budget: Budget) -> Self {
+        Note { budget, ..self }
     }
 
     /// The same note, naming `related` (part of what tells two series apart).
@@ -69,7 +96,7 @@ impl<'a> Note<'a> {
 
     /// The same note with another text (a cut one, say).
     pub fn with_note<'b>(self, note: &'b str) -> Note<'b> {
-        Note { type_: self.type_, reason: self.reason, note, related: self.related }
+        Note { type_: self.type_, reason: self.reason, note, related: self.related, budget: self.budget }
     }
 
     /// The reason's wire name.
@@ -126,7 +153,7 @@ impl Events {
         let repeat = {
             let mut state = self.state();
             state.prune();
-            if !state.take_token(&uid) {
+            if !state.take_token(&uid, note.budget) {
                 return Ok(Published::Dropped);
             }
             state.series.get(&digest).map(|s| (s.name.clone(), s.count + 1))
@@ -190,18 +217,20 @@ impl State {
             return;
         }
         // A budget untouched for this long has refilled completely, which is the same as
-        // having none: a new one starts full.
+        // having none: a new one starts full. (The object's own fills slowest.)
         let full_after = REFILL.mul_f64(BURST);
         self.budgets.retain(|_, budget| now.duration_since(budget.refilled_at()) < full_after);
         self.series.retain(|_, s| now.duration_since(s.at) < REMEMBER);
         self.pruned = Some(now);
     }
 
-    /// Takes a token from the budget of the Balancer `uid`; false when it is spent.
-    fn take_token(&mut self, uid: &str) -> bool {
+    /// Takes a token from `budget` of the Balancer `uid`; false when it is spent.
+    fn take_token(&mut self, uid: &str, budget: Budget) -> bool {
         let now = Instant::now();
-        let budget = self.budgets.entry(uid.to_string());
-        budget.or_insert_with(|| TokenBucket::full(BURST, 1.0 / REFILL.as_secs_f64(), now)).try_take(now)
+        let key = if budget.name.is_empty() { uid.to_string() } else { format!("{uid}/{}", budget.name) };
+        let per_second = 1.0 / budget.refill.as_secs_f64();
+        let bucket = self.budgets.entry(key);
+        bucket.or_insert_with(|| TokenBucket::full(f64::from(budget.burst), per_second, now)).try_take(now)
     }
 }
 
@@ -220,9 +249,11 @@ mod tests {
     #[test]
     fn a_budget_allows_a_burst_then_one_a_minute() {
         let mut state = State::default();
-        let allowed = (0..20).filter(|_| state.take_token("u")).count();
+        let allowed = (0..20).filter(|_| state.take_token("u", Budget::OBJECT)).count();
         assert_eq!(allowed, BURST as usize);
-        assert!(state.take_token("other"), "budgets are per Balancer");
+        assert!(state.take_token("other", Budget::OBJECT), "budgets are per Balancer");
+        let story = Budget::apart("story", 64, Duration::from_secs(5));
+        assert_eq!((0..100).filter(|_| state.take_token("u", story)).count(), 64, "a budget apart is its own");
     }
 
     #[test]

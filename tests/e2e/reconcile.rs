@@ -85,9 +85,11 @@ pub(crate) async fn balancers_are_reconciled_into_children_and_status(world: &mu
     let (ok, out, err) = world.plane.kubectl("admin").run(&["get", "bal", SAMPLE], None);
     // Printer columns: a `[*]` path shows only its first value (v1, not v1,v2,v3).
     let row: Vec<&str> = out.lines().nth(1).unwrap_or_default().split_whitespace().collect();
-    // v1beta1's columns: Active, Ready-Replicas and Obsolete only with `-o wide` (priority 1).
+    // v1beta1's columns: Active, Ready-Replicas and Obsolete only with `-o wide` (priority 1); the
+    // canary's three are blank without a canary.
     let header: Vec<&str> = out.lines().next().unwrap_or_default().split_whitespace().collect();
-    assert_eq!(header, ["NAME", "PORTS", "BACKENDS", "ADDRESS", "READY", "BACKENDS-READY", "REPLICAS", "AGE"], "{out}");
+    let columns = ["NAME", "PORTS", "BACKENDS", "ADDRESS", "READY", "BACKENDS-READY", "REPLICAS"];
+    assert_eq!(header, [&columns[..], &["CANARY", "STEP", "CANARY-WEIGHT", "AGE"]].concat(), "{out}");
     let ready = if world.plane.has_controller_manager() { "True" } else { "False" };
     let front = Api::<Service>::namespaced(world.admin.clone(), NS).get(SAMPLE).await.expect("the front Service");
     let cluster_ip = front.spec.and_then(|s| s.cluster_ip).unwrap_or_default();
