@@ -228,7 +228,10 @@ impl Machine<'_> {
     fn progress(&mut self, applied: bool, measured: Option<&Measured>) {
         let Some(started) = self.started() else {
             if !applied {
-                self.wake_at(APPLYING);
+                // Paused (after the timeout below), a person decides: no need to look often.
+                if self.status.phase == CanaryPhase::Progressing {
+                    self.wake_at(APPLYING);
+                }
                 return self.time_out_applying();
             }
             self.status.step_started_at = Some(Time(self.now));
@@ -255,7 +258,9 @@ impl Machine<'_> {
         let own_terms = match step {
             Some(Step::SetWeight(_)) => true,
             Some(Step::Pause(Some(duration))) => {
-                self.wake_at(duration.saturating_sub(elapsed));
+                if elapsed < duration {
+                    self.wake_at(duration - elapsed);
+                }
                 elapsed >= duration
             }
             Some(Step::Pause(None)) | None => false,
@@ -263,7 +268,10 @@ impl Machine<'_> {
         let gates_passed = match &self.plan.analysis {
             None => true,
             Some(analysis) => {
-                self.wake_at(analysis.min_duration.saturating_sub(elapsed));
+                // A new check wakes the reconcile by itself; only the end of `minDuration` needs a wake.
+                if elapsed < analysis.min_duration {
+                    self.wake_at(analysis.min_duration - elapsed);
+                }
                 self.status.verdict.as_deref() == Some(Verdict::Passed.into()) && elapsed >= analysis.min_duration
             }
         };
@@ -921,5 +929,18 @@ mod tests {
                 "Unmeasured",
             ]
         );
+    }
+
+    #[test]
+    fn a_step_held_past_its_minimum_waits_for_the_next_check_not_a_timer() {
+        let mut run = Run::new(good_plan());
+        run.at(0, applied());
+        run.at(1, applied());
+        let last = run.at(20, measured(windows(5, 0))).clone();
+        let now = run.start + SignedDuration::from_secs(21);
+        let serving = Some(window(&last));
+        let next = decide(&run.plan, 100, Some(&last), &Observed { serving, ..Observed::default() }, now);
+        assert_eq!(next.status.verdict.as_deref(), Some("Held"));
+        assert_eq!(next.wake_after, Some(Duration::from_secs(40)), "only the step timeout, 60 s after its start");
     }
 }

@@ -73,7 +73,11 @@ pub(super) async fn take_turn(
     };
     let request = last.and_then(|l| l.request.as_ref());
     let serving = reading.serving.clone();
-    let observed = Observed { serving: reading.serving, measured: reading.measured, request };
+    // A check of another window than the last status's step (a cache that does not show the
+    // last commit yet) is not this step's.
+    let this_window = last.is_some_and(|l| reading.window == progress::window(l));
+    let measured = reading.measured.filter(|_| this_window);
+    let observed = Observed { serving: reading.serving, measured, request };
     let next = progress::decide(&plan, goal, last, &observed, now);
     let mut status = next.status;
     status.pods = reading.pods.into_iter().take(MAX_PODS_SHOWN).collect();
@@ -140,8 +144,9 @@ fn signals_want(
     status: Option<&CanaryStatus>,
     applied: bool,
 ) -> SignalsWant {
+    let paused = status.is_some_and(|s| s.phase == CanaryPhase::Paused);
     let every = match &plan.analysis {
-        _ if !applied => WHILE_APPLYING,
+        _ if !applied && !paused => WHILE_APPLYING,
         Some(analysis) if status.is_some_and(|s| s.phase != CanaryPhase::Aborted) => analysis.interval,
         _ => DEFAULT_INTERVAL,
     };

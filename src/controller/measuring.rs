@@ -59,6 +59,8 @@ pub(super) struct Reading {
     pub measured: Option<Measured>,
     /// The canary's share of the pair that each pod asked serves, as its sidecar said.
     pub pods: Vec<PodSplit>,
+    /// The window the reading was asked about: a check is of this window only.
+    pub window: String,
 }
 
 impl SignalsProbe {
@@ -117,7 +119,7 @@ impl SignalsProbe {
             Measured::Windows { canary: of(&self.want.pair.1), stable: of(&self.want.pair.0) }
         });
         let pods = self.want.pods.iter().map(|pod| self.pod_split(*pod)).collect();
-        Reading { serving, measured, pods }
+        Reading { serving, measured, pods, window: self.want.window.clone() }
     }
 
     /// The canary's share of the pair at `pod`, as its last answer said.

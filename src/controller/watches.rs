@@ -7,7 +7,9 @@ use futures::stream::BoxStream;
 use futures::{Stream, StreamExt, TryStreamExt};
 use k8s_openapi::NamespaceResourceScope;
 use kube::runtime::reflector::{self, ObjectRef, Store};
-use kube::runtime::{WatchStreamExt, predicates, watcher};
+use std::hash::{Hash, Hasher};
+
+use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -123,18 +125,28 @@ pub(super) fn service_endpoint_slices(
 }
 
 impl Reflected<StoredBalancer> {
-    /// Every Balancer in scope, slimmed as cached. Only generation changes trigger: status
-    /// updates do not change it, so the controller's own status writes never come back to it.
+    /// Every Balancer in scope, slimmed as cached. Only generation changes trigger, and a
+    /// person's new request on a canary (written through the status, which changes no
+    /// generation): the controller's own status writes never come back to it.
     pub(super) fn balancers(client: &Client, scope: &Scope, contact: &Contact) -> Self {
         let (store, writer) = reflector::store();
         let changes = watch(api(client, scope), watch_config(), contact)
             .modify(slim)
             .reflect(writer)
             .applied_objects()
-            .predicate_filter(predicates::generation, Default::default())
+            .predicate_filter(generation_or_canary_request, Default::default())
             .boxed();
         Reflected { store, changes }
     }
+}
+
+/// What makes a Balancer worth a reconcile: its generation, and the id of the last request a
+/// person wrote on its canary (the controller never writes one).
+fn generation_or_canary_request(balancer: &StoredBalancer) -> Option<u64> {
+    let request = balancer.status.as_ref().and_then(|s| s.canary.as_ref()).and_then(|c| c.request.as_ref());
+    let mut hasher = std::hash::DefaultHasher::new();
+    (balancer.metadata.generation, request.map(|r| &r.id)).hash(&mut hasher);
+    Some(hasher.finish())
 }
 
 /// The API of `K` in `scope`: every namespace, or one.

@@ -47,7 +47,7 @@ use bench::{the_data_plane_keeps_up_with_haproxy, the_metrics_sidecar_costs_litt
 use canary::{
     a_canary_is_promoted_aborted_and_retried_by_a_person_and_a_reapply_undoes_nothing,
     a_canary_that_accepts_and_answers_nothing_is_rolled_back, a_good_canary_is_promoted_step_by_step,
-    a_refusing_canary_is_rolled_back,
+    a_quiet_canary_holds_then_proceeds_with_traffic, a_refusing_canary_is_rolled_back,
 };
 use certificates::{
     a_replaced_certificate_is_served_without_a_restart, cert_manager_issues_the_webhook_certificate_and_injects_its_ca,
@@ -269,6 +269,7 @@ async fn run_suite(assets: &Path, images: &Path, tools: [&Path; 3], state: &Path
         a_good_canary_is_promoted_step_by_step,
         a_refusing_canary_is_rolled_back,
         a_canary_that_accepts_and_answers_nothing_is_rolled_back,
+        a_quiet_canary_holds_then_proceeds_with_traffic,
         a_canary_is_promoted_aborted_and_retried_by_a_person_and_a_reapply_undoes_nothing,
         a_configmap_writer_cannot_steer_the_proxy,
         a_tenant_whose_sidecars_never_answer_does_not_slow_another_tenant,
