@@ -51,16 +51,16 @@ fn balancer(stable: &str, canary: &str, spec: Option<serde_json::Value>) -> Stri
     manifest.to_string()
 }
 
-/// A canary from `stable` to `canary` in `steps`, judged every second on 20 sessions and 2 s; its
+/// A canary from `stable` to `canary` in `steps`, judged every second on `min_sessions` and 2 s; its
 /// error sessions are bounded relative to the stable backend's too, as a user whose clients may
 /// open silent connections would (see docs/canary.md).
-fn canary(steps: serde_json::Value) -> serde_json::Value {
+fn canary_judged_on(steps: serde_json::Value, min_sessions: u32) -> serde_json::Value {
     json!({
         "stableBackend": "stable",
         "canaryBackend": "canary",
         "steps": steps,
         "analysis": {
-            "interval": "1s", "minSessions": 20, "minDuration": "2s", "failureLimit": 1,
+            "interval": "1s", "minSessions": min_sessions, "minDuration": "2s", "failureLimit": 1,
             "gates": [
                 {"signal": "ConnectFailureRatio", "max": "1%"},
                 {"signal": "ErrorSessionRatio", "max": "5%", "maxOverStable": "1%"},
@@ -68,6 +68,11 @@ fn canary(steps: serde_json::Value) -> serde_json::Value {
             ],
         },
     })
+}
+
+/// [`canary_judged_on`] 20 sessions: a misbehaving canary is caught within seconds at 5 %.
+fn canary(steps: serde_json::Value) -> serde_json::Value {
+    canary_judged_on(steps, 20)
 }
 
 /// Pods labelled `version` that are ready (their probe port answers) and whose port 5678 runs
@@ -205,7 +210,9 @@ pub async fn a_good_canary_is_promoted_step_by_step(world: &mut World) {
         {"setWeight": 50}, {"pause": {"duration": "5s"}},
     ]);
     let released = Instant::now();
-    world.kubectl.apply(&balancer("v1", "v2", Some(canary(steps))));
+    // Judged on 200 sessions a step: the kubelet's TCP readiness probes of the proxy pods open
+    // sessions that send nothing and get nothing, and one of them among 20 sessions is 5 %.
+    world.kubectl.apply(&balancer("v1", "v2", Some(canary_judged_on(steps, 200))));
     let mut splits = Vec::new();
     for (step, weight) in [(0, 5.0), (2, 25.0), (4, 50.0)] {
         follow(world, &format!("step {} started", step + 1), Duration::from_secs(60), |c| {
