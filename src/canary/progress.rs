@@ -14,7 +14,7 @@ use crate::api::canary::{
     SessionCounts, TimeoutAction,
 };
 use crate::proxy::signals::Window;
-use crate::spec::canary::{CanaryPlan, DEFAULT_STEP_TIMEOUT, Step};
+use crate::spec::canary::{CanaryPlan, DEFAULT_INTERVAL, DEFAULT_STEP_TIMEOUT, Step};
 
 /// What was observed since the last decision.
 #[derive(Debug, Clone, Default)]
@@ -141,6 +141,22 @@ pub fn window(status: &CanaryStatus) -> String {
             format!("{}/{}/back/{}", status.revision, status.attempt, status.weight)
         }
         _ => format!("{}/{}/{}", status.revision, status.attempt, status.step),
+    }
+}
+
+/// How often the proxy pods' signals are read while a step's weight is on its way to them: the
+/// step starts once every pod serves it.
+pub const WHILE_APPLYING: Duration = Duration::from_secs(1);
+
+/// How often the proxy pods' signals are read for `status`'s step: every
+/// [`WHILE_APPLYING`] until its weight is `applied` on every pod (a paused canary waits for a
+/// person, not for its pods), then at the analysis's interval; a canary without an analysis, or
+/// aborted, needs only to see its split applied, at the default interval.
+pub fn reading_interval(plan: &CanaryPlan, status: &CanaryStatus, applied: bool) -> Duration {
+    match &plan.analysis {
+        _ if !applied && status.phase != CanaryPhase::Paused => WHILE_APPLYING,
+        Some(analysis) if status.phase != CanaryPhase::Aborted => analysis.interval,
+        _ => DEFAULT_INTERVAL,
     }
 }
 
@@ -586,6 +602,23 @@ mod tests {
             rollback: Rollback { mode, step_duration: Duration::from_secs(10) },
             revision: "rev".into(),
         }
+    }
+
+    #[test]
+    fn signals_are_read_every_second_until_applied_then_at_the_interval() {
+        let at = |phase| CanaryStatus { phase, ..CanaryStatus::default() };
+        let mut judged = good_plan();
+        if let Some(analysis) = judged.analysis.as_mut() {
+            analysis.interval = Duration::from_secs(3);
+        }
+        let unjudged = plan(vec![Step::SetWeight(5)], None, RollbackMode::Immediate);
+        let every = |plan: &CanaryPlan, phase, applied| reading_interval(plan, &at(phase), applied);
+        assert_eq!(every(&judged, CanaryPhase::Progressing, false), WHILE_APPLYING);
+        assert_eq!(every(&judged, CanaryPhase::RollingBack, false), WHILE_APPLYING);
+        assert_eq!(every(&judged, CanaryPhase::Progressing, true), Duration::from_secs(3), "the analysis's");
+        assert_eq!(every(&judged, CanaryPhase::Paused, false), Duration::from_secs(3), "a person, not its pods");
+        assert_eq!(every(&judged, CanaryPhase::Aborted, true), DEFAULT_INTERVAL);
+        assert_eq!(every(&unjudged, CanaryPhase::Progressing, true), DEFAULT_INTERVAL);
     }
 
     fn good_plan() -> CanaryPlan {

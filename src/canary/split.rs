@@ -5,6 +5,7 @@
 
 use crate::api::canary::{CanaryPhase, CanaryStatus};
 use crate::spec::canary::CanaryPlan;
+use crate::util::arith::gcd;
 
 /// Each backend's weight, for `backends` given as `(name, spec weight)`: the spec's when no
 /// canary runs (`status` is `None`, or it has completed), else the pair split by the status's
@@ -43,15 +44,11 @@ const MAX_TOTAL: u64 = 1000;
 /// `weights` divided by their greatest common divisor, then scaled to add up to at most
 /// [`MAX_TOTAL`] (rounded, a weight above 0 staying at least 1).
 fn reduced(weights: Vec<u32>) -> Vec<u32> {
-    let divisor = weights.iter().copied().filter(|&w| w > 0).fold(0, gcd).max(1);
-    let weights: Vec<u64> = weights.into_iter().map(|w| u64::from(w / divisor)).collect();
+    let divisor = weights.iter().map(|&w| u64::from(w)).filter(|&w| w > 0).fold(0, gcd).max(1);
+    let weights: Vec<u64> = weights.into_iter().map(|w| u64::from(w) / divisor).collect();
     let total: u64 = weights.iter().sum();
     let scale = |w: u64| if total <= MAX_TOTAL || w == 0 { w } else { ((w * MAX_TOTAL + total / 2) / total).max(1) };
     weights.into_iter().map(|w| u32::try_from(scale(w)).unwrap_or(u32::MAX)).collect()
-}
-
-fn gcd(a: u32, b: u32) -> u32 {
-    if b == 0 { a } else { gcd(b, a % b) }
 }
 
 /// The canary's percentage of the pair in the spec's own weights: where a completed canary

@@ -14,7 +14,7 @@ use serde_json::json;
 
 use super::Error;
 use super::context::Context;
-use super::measuring::{Reading, SignalsProbe, SignalsWant, WHILE_APPLYING};
+use super::measuring::{Reading, SignalsProbe, SignalsWant};
 use super::report::{publish, written_form};
 use super::stored::StoredBalancer;
 use crate::api::canary::{CanaryPhase, CanaryStatus};
@@ -23,7 +23,7 @@ use crate::canary::progress::{self, Event, Observed, Reason};
 use crate::canary::split;
 use crate::proxy::{self, Owner};
 use crate::runtime::events::{Budget, EventReason, EventType, Note};
-use crate::spec::canary::{CanaryPlan, DEFAULT_INTERVAL};
+use crate::spec::canary::CanaryPlan;
 use crate::spec::{Admitted, LiveSplit};
 
 impl EventReason for Reason {}
@@ -128,35 +128,29 @@ fn aim(
         ctx.records.with(&uid, |record| record.signals = None);
         return;
     }
-    let want = signals_want(ctx, owner, spec, plan, Some(status), applied);
+    let want = signals_want(ctx, owner, spec, plan, status, applied);
     let whose = ObjectRef::from_obj(balancer);
     ctx.records.with(&uid, |record| SignalsProbe::aim(&mut record.signals, whose, want, Instant::now()));
     ctx.probes_wanted.notify_one();
 }
 
-/// What to ask the proxy pods about `status`'s step: every second until they all serve it
-/// (`applied`), then as often as the gates are checked (5 s without gates).
+/// What to ask the proxy pods about `status`'s step, and how often
+/// ([`progress::reading_interval`]).
 fn signals_want(
     ctx: &Context,
     owner: &Owner,
     spec: &Admitted,
     plan: &CanaryPlan,
-    status: Option<&CanaryStatus>,
+    status: &CanaryStatus,
     applied: bool,
 ) -> SignalsWant {
-    let paused = status.is_some_and(|s| s.phase == CanaryPhase::Paused);
-    let every = match &plan.analysis {
-        _ if !applied && !paused => WHILE_APPLYING,
-        Some(analysis) if status.is_some_and(|s| s.phase != CanaryPhase::Aborted) => analysis.interval,
-        _ => DEFAULT_INTERVAL,
-    };
     let ours = format!("{}-", api::proxy_deployment_name(&owner.name));
     SignalsWant {
         pods: ctx.children.endpoint_slices.live_addresses(&owner.namespace, &owner.name, &ours),
         port: proxy::access_log::metrics_port(spec.ports.iter().map(|p| p.port)),
-        window: status.map(progress::window).unwrap_or_default(),
+        window: progress::window(status),
         pair: (plan.stable.clone(), plan.canary.clone()),
-        every,
+        every: progress::reading_interval(plan, status, applied),
     }
 }
 

@@ -16,9 +16,6 @@ use crate::api::canary::PodSplit;
 use crate::canary::progress::Measured;
 use crate::proxy::signals::{Signals, Window};
 
-/// How often the pods are asked while a step's weight is being applied.
-pub(super) const WHILE_APPLYING: Duration = Duration::from_secs(1);
-
 /// What a reconcile wants measured.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) struct SignalsWant {

@@ -18,6 +18,7 @@ use serde::{Deserialize, Serialize};
 use crate::api::formats::is_hostname;
 use crate::api::{Algorithm, BackendSpec, BalancerPort, Protocol, SessionAffinity};
 use crate::spec::{Admitted, AdmittedPort};
+use crate::util::arith::gcd;
 
 /// The ConfigMap key the model is stored under, beside `nginx.conf`.
 pub const MODEL_FILE: &str = "proxy.json";
@@ -540,10 +541,6 @@ fn exact_weights(backends: &[(u32, usize)], budget: u64) -> Option<Vec<u64>> {
     // Before the common divisor: the reduced total is smaller still.
     let divisor = weights.iter().copied().filter(|&w| w > 0).fold(0, gcd).max(1);
     (total / divisor <= budget).then_some(weights)
-}
-
-fn gcd(a: u64, b: u64) -> u64 {
-    if b == 0 { a } else { gcd(b, a % b) }
 }
 
 #[cfg(test)]

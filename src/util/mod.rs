@@ -1,5 +1,6 @@
 //! Small helpers every layer may use; they know nothing of Balancers or Kubernetes.
 
+pub(crate) mod arith;
 pub(crate) mod bounded;
 pub(crate) mod echo;
 pub(crate) mod hash;
