@@ -56,10 +56,12 @@ impl CanaryWindow {
         let Some((first, _)) = servers.first() else { return };
         let window = at(backends, first);
         match session.outcome {
+            // Nothing said either way: a TCP health check (the kubelet's probe of the proxy pod,
+            // a cloud load balancer's of the front Service), which tells nothing of the backend.
+            Outcome::Ok if session.bytes_received == 0 && session.bytes_sent == 0 => {}
             Outcome::Ok => {
                 window.sessions += 1;
-                // Never answered. Whether the client asked cannot tell: a backend that closes at
-                // once may leave its question unread by nginx.
+                // Asked and never answered.
                 if session.bytes_sent == 0 {
                     window.unanswered += 1;
                 }
@@ -97,15 +99,11 @@ mod tests {
     use crate::api::Protocol;
 
     fn session(outcome: Outcome, bytes_sent: u64, seconds: f64) -> Session<'static> {
-        Session {
-            port: 80,
-            protocol: Protocol::Tcp,
-            outcome,
-            bytes_received: 10,
-            bytes_sent,
-            seconds,
-            attempts: vec![],
-        }
+        asked(10, outcome, bytes_sent, seconds)
+    }
+
+    fn asked(bytes_received: u64, outcome: Outcome, bytes_sent: u64, seconds: f64) -> Session<'static> {
+        Session { port: 80, protocol: Protocol::Tcp, outcome, bytes_received, bytes_sent, seconds, attempts: vec![] }
     }
 
     fn tried(servers: &[(&str, Option<f64>)]) -> Vec<(String, Option<f64>)> {
@@ -128,11 +126,13 @@ mod tests {
         window.count(&session(Outcome::Unavailable, 0, 0.0), &tried(&[("v2", Some(0.001))]), later);
         window.count(&session(Outcome::Ok, 5, 60.0), &tried(&[("v2", Some(0.001))]), later);
         window.count(&session(Outcome::Ok, 5, f64::NAN), &tried(&[("v2", Some(0.001))]), later);
+        // A health check's session: connected, nothing said either way.
+        window.count(&asked(0, Outcome::Ok, 0, 0.0), &tried(&[("v2", Some(0.001))]), later);
         let signals = window.signals("c".into(), BTreeMap::from([("v2".into(), 5)]), later);
         assert_eq!((signals.window.as_str(), signals.window_ms), ("r/1/0", 10_000));
         let canary = &signals.backends["v2"];
-        assert_eq!((canary.sessions, canary.errors, canary.unanswered), (4, 1, 1), "the 503 counts in neither");
-        assert_eq!((canary.connects, canary.connect_failures), (5, 2));
+        assert_eq!((canary.sessions, canary.errors, canary.unanswered), (4, 1, 1), "the 503 and the check in neither");
+        assert_eq!((canary.connects, canary.connect_failures), (6, 2), "the check's connect counts");
         let stable = &signals.backends["v1"];
         assert_eq!((stable.sessions, stable.connects, stable.connect_failures), (0, 2, 1), "tried second only");
     }

@@ -45,11 +45,12 @@ pub struct Signals {
 pub struct Window {
     /// Sessions that nginx sent to this backend first and that the backend's side ended:
     /// nginx's status 200, 500 or 502 (400, 403 and 503 are the client's or the proxy's own
-    /// limits, and say nothing of the backend).
+    /// limits, and say nothing of the backend; nor does a 200 in which neither side sent a
+    /// byte, a TCP health check).
     pub sessions: u64,
     /// Of those, the ones nginx ended with 500 or 502 (no backend could be connected to).
     pub errors: u64,
-    /// Of those, the ones that ended 200 with nothing sent back to the client: a backend that
+    /// Of those, the ones that ended 200 with the client's bytes never answered: a backend that
     /// accepts and then resets or closes.
     pub unanswered: u64,
     /// Connects to this backend, in any try of a session.
