@@ -452,9 +452,10 @@ pub struct BackendStatus {
     /// Ready endpoints behind its Service, counted across all the Service's EndpointSlices: a
     /// pod listed in several (an IPv4 and an IPv6 slice) counts once, and a terminating one not.
     pub ready_endpoints: i32,
-    /// The percentage of new connections the proxy aims to give it: its weight over the weights
-    /// of the backends with a ready endpoint, rounded down, with the points left over given to
-    /// the largest remainders (so the shares add up to 100 while any backend is ready).
+    /// The percentage of new connections the proxy aims to give it: its weight on the wire (a
+    /// running canary's split, else the spec's) over those of the backends with a ready endpoint,
+    /// rounded down, with the points left over given to the largest remainders (so the shares
+    /// add up to 100 while any backend is ready).
     pub share: i32,
 }
 

@@ -23,35 +23,41 @@ pub(super) struct Backends {
     pub condition: Condition,
 }
 
-/// One backend of the spec, and how many ready endpoints it has.
+/// One backend of the spec, its weight on the wire, and how many ready endpoints it has.
 struct SeenBackend<'a> {
     name: &'a str,
+    /// The spec's.
     weight: i32,
+    /// A running canary's split, else the spec's.
+    live: u64,
     ready: u32,
     backup: bool,
 }
 
-/// The backends of `spec`, in spec order, with the ready endpoints `ready` finds for each
-/// backend name (none when it finds nothing), as of `now`.
+/// The backends of `spec`, in spec order, with the weight `on_the_wire` gives each by index (a
+/// running canary's split, or the spec's) and the ready endpoints `ready` finds for each backend
+/// name (none when it finds nothing), as of `now`.
 pub(super) fn backends(
     balancer: &StoredBalancer,
     spec: &BalancerSpec,
+    on_the_wire: impl Fn(usize) -> u32,
     ready: impl Fn(&str) -> u32,
     now: Timestamp,
 ) -> Backends {
     let seen: Vec<SeenBackend> = spec
         .backends
         .iter()
-        .map(|b| SeenBackend {
+        .enumerate()
+        .map(|(index, b)| SeenBackend {
             name: &b.name,
             weight: b.effective_weight(),
+            live: u64::from(on_the_wire(index)),
             ready: ready(&b.name),
             backup: b.is_backup(),
         })
         .collect();
     let serving = |backups: bool| -> Vec<u64> {
-        let weight =
-            |b: &SeenBackend| if b.ready > 0 && b.backup == backups { u64::try_from(b.weight).unwrap_or(0) } else { 0 };
+        let weight = |b: &SeenBackend| if b.ready > 0 && b.backup == backups { b.live } else { 0 };
         seen.iter().map(weight).collect()
     };
     let primaries = serving(false);
@@ -68,9 +74,9 @@ pub(super) fn backends(
         .collect::<Vec<_>>();
     let with_endpoints = statuses.iter().filter(|s| s.ready_endpoints > 0).count();
     let summary = format!("{with_endpoints}/{}", statuses.len());
-    let weighted = statuses.iter().filter(|s| s.weight > 0).count();
-    let missing: Vec<&str> = seen.iter().filter(|b| b.weight > 0 && b.ready == 0).map(|b| b.name).collect();
-    let only_backups_missing = seen.iter().all(|b| b.backup || b.weight <= 0 || b.ready > 0);
+    let weighted = seen.iter().filter(|b| b.live > 0).count();
+    let missing: Vec<&str> = seen.iter().filter(|b| b.live > 0 && b.ready == 0).map(|b| b.name).collect();
+    let only_backups_missing = seen.iter().all(|b| b.backup || b.live == 0 || b.ready > 0);
     let (status, reason, message) = match missing.as_slice() {
         [] => (
             ConditionStatus::True,
@@ -165,10 +171,36 @@ mod tests {
 
     const NOW: &str = "2026-11-24T08:00:00Z";
 
+    /// The spec's own weights, as on the wire without a canary.
+    fn as_written(spec: &BalancerSpec) -> impl Fn(usize) -> u32 + '_ {
+        |index| spec.backends.get(index).map_or(0, |b| u32::try_from(b.effective_weight()).unwrap_or(0))
+    }
+
+    #[test]
+    fn a_running_canarys_split_gives_the_shares_and_says_which_backends_need_endpoints() {
+        // The spec's goal is all on v2; the canary has v2 at 5 %, then at 0 % with no pod ready.
+        let spec = spec(&[("v1", 0), ("v2", 100)]);
+        let split = |weights: [u32; 2]| move |index: usize| weights.get(index).copied().unwrap_or(0);
+        let seen = backends(&balancer(), &spec, split([95, 5]), |_| 1, NOW.parse().unwrap());
+        let rows: Vec<(i32, i32)> = seen.statuses.iter().map(|s| (s.weight, s.share)).collect();
+        assert_eq!(rows, [(0, 95), (100, 5)], "the spec's weights beside the split's shares");
+        let back = backends(&balancer(), &spec, split([100, 0]), |name| u32::from(name == "v1"), NOW.parse().unwrap());
+        assert_eq!(back.condition.status, "True", "a canary at 0 % needs no endpoint: {}", back.condition.message);
+        let starved =
+            backends(&balancer(), &spec, split([95, 5]), |name| u32::from(name == "v1"), NOW.parse().unwrap());
+        assert!(starved.condition.message.contains("behind v2;"), "{}", starved.condition.message);
+    }
+
     #[test]
     fn a_backend_without_ready_endpoints_gets_no_share_and_is_named() {
         let spec = spec(&[("v1", 40), ("v2", 20), ("v3", 40)]);
-        let seen = backends(&balancer(), &spec, |name| if name == "v2" { 0 } else { 1 }, NOW.parse().unwrap());
+        let seen = backends(
+            &balancer(),
+            &spec,
+            as_written(&spec),
+            |name| if name == "v2" { 0 } else { 1 },
+            NOW.parse().unwrap(),
+        );
         let rows: Vec<(&str, i32, i32)> =
             seen.statuses.iter().map(|s| (s.name.as_str(), s.ready_endpoints, s.share)).collect();
         assert_eq!(rows, [("v1", 1, 50), ("v2", 0, 0), ("v3", 1, 50)]);
@@ -183,7 +215,8 @@ mod tests {
     #[test]
     fn a_backend_weighted_zero_needs_no_endpoint() {
         let spec = spec(&[("v1", 1), ("spare", 0)]);
-        let seen = backends(&balancer(), &spec, |name| u32::from(name == "v1") * 3, NOW.parse().unwrap());
+        let seen =
+            backends(&balancer(), &spec, as_written(&spec), |name| u32::from(name == "v1") * 3, NOW.parse().unwrap());
         assert_eq!((seen.condition.status.as_str(), seen.summary.as_str()), ("True", "1/2"));
         assert_eq!(seen.statuses.iter().map(|s| s.share).collect::<Vec<_>>(), [100, 0]);
         assert_eq!(seen.statuses[0].ready_endpoints, 3);
@@ -192,7 +225,7 @@ mod tests {
     #[test]
     fn with_no_ready_backend_every_share_is_zero_and_the_condition_says_connections_fail() {
         let spec = spec(&[("v1", 1), ("v2", 1)]);
-        let seen = backends(&balancer(), &spec, |_| 0, NOW.parse().unwrap());
+        let seen = backends(&balancer(), &spec, as_written(&spec), |_| 0, NOW.parse().unwrap());
         assert_eq!(seen.statuses.iter().map(|s| s.share).collect::<Vec<_>>(), [0, 0]);
         assert_eq!(seen.summary, "0/2");
         assert!(seen.condition.message.contains("new connections fail"), "{}", seen.condition.message);
@@ -203,13 +236,14 @@ mod tests {
         let mut spec = spec(&[("v1", 40), ("v2", 20), ("spare", 10)]);
         spec.backends[2].backup = Some(true);
         let shares = |ready: &dyn Fn(&str) -> u32| {
-            let seen = backends(&balancer(), &spec, ready, NOW.parse().unwrap());
+            let seen = backends(&balancer(), &spec, as_written(&spec), ready, NOW.parse().unwrap());
             seen.statuses.iter().map(|s| s.share).collect::<Vec<_>>()
         };
         assert_eq!(shares(&|_| 1), [67, 33, 0]);
         assert_eq!(shares(&|name| u32::from(name != "v1")), [0, 100, 0]);
         assert_eq!(shares(&|name| u32::from(name == "spare")), [0, 0, 100]);
-        let cold = backends(&balancer(), &spec, |name| u32::from(name != "spare"), NOW.parse().unwrap());
+        let cold =
+            backends(&balancer(), &spec, as_written(&spec), |name| u32::from(name != "spare"), NOW.parse().unwrap());
         assert_eq!(cold.condition.status, "False", "a backup without endpoints is reported");
         assert!(cold.condition.message.contains("backup spare: it cannot take over"), "{}", cold.condition.message);
     }

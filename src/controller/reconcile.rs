@@ -132,7 +132,7 @@ async fn converge(
         obsolete,
         proxy: ProxyCounts::of(&deployment),
         exposure: Exposure::of(&front),
-        backends: Some(backends_of(balancer, &spec, ready_endpoints, now)),
+        backends: Some(backends_of(balancer, &spec, |index| spec.weight(index), ready_endpoints, now)),
         programmed: programmed.map(|p| (i32::try_from(p.serving).unwrap_or(i32::MAX), p.condition(balancer, now))),
         canary: canary.status,
     };
