@@ -79,7 +79,8 @@ pub struct CanaryAnalysis {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "duration_schema")]
     pub min_duration: Option<String>,
-    /// How long a step may hold for want of data, 1s to 24h; unset: 10m. Then `onTimeout`.
+    /// How long a step may hold for want of data once it could have passed (its pause and
+    /// `minDuration` over), 1s to 24h; unset: 10m. Then `onTimeout`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "duration_schema")]
     pub step_timeout: Option<String>,

@@ -271,6 +271,10 @@ impl Machine<'_> {
             return;
         }
         let step = self.plan.steps.get(self.step_index()).copied();
+        let pause = match step {
+            Some(Step::Pause(Some(duration))) => duration,
+            _ => Duration::ZERO,
+        };
         let own_terms = match step {
             Some(Step::SetWeight(_)) => true,
             Some(Step::Pause(Some(duration))) => {
@@ -301,7 +305,8 @@ impl Machine<'_> {
             let message = format!("step {} waits for balancer canary promote", self.status.step.saturating_add(1));
             return self.event(Reason::WaitingForPromotion, message, false);
         }
-        self.time_out(elapsed);
+        let min_duration = self.plan.analysis.as_ref().map_or(Duration::ZERO, |a| a.min_duration);
+        self.time_out(elapsed.saturating_sub(pause.max(min_duration)));
     }
 
     /// Takes a check; returns whether it aborted the canary.
@@ -381,18 +386,19 @@ impl Machine<'_> {
         }
     }
 
-    /// A step held for data past its timeout pauses or aborts, as the spec says (a step whose
-    /// gates passed and that only waits out `minDuration` or its pause is not held).
-    fn time_out(&mut self, elapsed: Duration) {
+    /// A step held for data past its timeout pauses or aborts, as the spec says. `held` counts
+    /// from when the step could have passed (its pause and `minDuration` over): a long pause is
+    /// not held, nor a step whose gates passed.
+    fn time_out(&mut self, held: Duration) {
         let Some(analysis) = &self.plan.analysis else { return };
         if self.status.verdict.as_deref() == Some(Verdict::Passed.as_str()) {
             return;
         }
-        if elapsed < analysis.step_timeout {
-            self.wake_at(analysis.step_timeout - elapsed);
+        if held < analysis.step_timeout {
+            self.wake_at(analysis.step_timeout - held);
             return;
         }
-        let message = format!("step {} held for data for {}s", self.status.step.saturating_add(1), elapsed.as_secs());
+        let message = format!("step {} held for data for {}s", self.status.step.saturating_add(1), held.as_secs());
         self.timed_out(message);
     }
 
@@ -768,7 +774,9 @@ mod tests {
         let held = run.reasons().iter().filter(|r| **r == Reason::HeldForData).count();
         assert_eq!(held, 1, "one event per step, the decision kept up to date");
         let status = run.at(61, applied());
-        assert_eq!(status.phase, CanaryPhase::Paused, "held 60 s: paused, never failed");
+        assert_eq!(status.phase, CanaryPhase::Progressing, "held 50 s past its 10 s minimum: not yet timed out");
+        let status = run.at(71, applied());
+        assert_eq!(status.phase, CanaryPhase::Paused, "held 60 s past its minimum: paused, never failed");
         assert_eq!(run.reasons().last(), Some(&Reason::StepTimedOut));
 
         let mut run = Run::new(good_plan());
@@ -974,6 +982,10 @@ mod tests {
         let serving = Some(window(&last));
         let next = decide(&run.plan, 100, Some(&last), &Observed { serving, ..Observed::default() }, now);
         assert_eq!(next.status.verdict.as_deref(), Some("Held"));
-        assert_eq!(next.wake_after, Some(Duration::from_secs(40)), "only the step timeout, 60 s after its start");
+        assert_eq!(
+            next.wake_after,
+            Some(Duration::from_secs(50)),
+            "only the step timeout, 60 s after its 10 s minimum"
+        );
     }
 }
