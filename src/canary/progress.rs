@@ -112,9 +112,6 @@ pub struct Next {
     pub wake_after: Option<Duration>,
 }
 
-/// How soon to look again while a step's weight is being applied.
-const APPLYING: Duration = Duration::from_secs(1);
-
 /// Decides the canary's next status from its last one (`None` before it started) and what was
 /// observed since. `goal` is the canary's percentage of the pair in the spec's own weights.
 pub fn decide(plan: &CanaryPlan, goal: u8, last: Option<&CanaryStatus>, observed: &Observed, now: Timestamp) -> Next {
@@ -144,8 +141,8 @@ pub fn window(status: &CanaryStatus) -> String {
     }
 }
 
-/// How often the proxy pods' signals are read while a step's weight is on its way to them: the
-/// step starts once every pod serves it.
+/// How often the proxy pods' signals are read, and the canary looked at again, while a step's
+/// weight is on its way to them: the step starts once every pod serves it.
 pub const WHILE_APPLYING: Duration = Duration::from_secs(1);
 
 /// How often the proxy pods' signals are read for `status`'s step: every
@@ -246,7 +243,7 @@ impl Machine<'_> {
             if !applied {
                 // Paused (after the timeout below), a person decides: no need to look often.
                 if self.status.phase == CanaryPhase::Progressing {
-                    self.wake_at(APPLYING);
+                    self.wake_at(WHILE_APPLYING);
                 }
                 return self.time_out_applying();
             }
@@ -489,7 +486,7 @@ impl Machine<'_> {
                 self.status.step_started_at = Some(Time(self.now));
                 self.wake_at(self.plan.rollback.step_duration);
             } else {
-                self.wake_at(APPLYING);
+                self.wake_at(WHILE_APPLYING);
             }
             return;
         };
@@ -970,6 +967,25 @@ mod tests {
                 "Unmeasured",
             ]
         );
+    }
+
+    #[test]
+    fn a_pause_longer_than_the_step_timeout_is_not_held_until_it_is_over() {
+        // Pauses of 20 s, a step timeout of 60 s; here a pause of 100 s with no data at all.
+        let mut plan = good_plan();
+        plan.steps[1] = Step::Pause(Some(Duration::from_secs(100)));
+        let mut run = Run::new(plan);
+        run.at(0, applied());
+        run.at(1, applied());
+        run.at(20, measured(windows(150, 0)));
+        assert_eq!(run.status.as_ref().map(|s| s.step), Some(1), "step 1 passed; the pause is next");
+        run.at(21, applied());
+        assert!(run.status.as_ref().is_some_and(|s| s.step_started_at.is_some()), "the pause started at 21 s");
+        let at = |run: &mut Run, seconds| run.at(seconds, measured(windows(5, 0))).phase;
+        assert_eq!(at(&mut run, 115), CanaryPhase::Progressing, "94 s into a 100 s pause: not held");
+        assert_eq!(at(&mut run, 175), CanaryPhase::Progressing, "held 54 s past the pause");
+        assert_eq!(at(&mut run, 182), CanaryPhase::Paused, "held 61 s past the pause: timed out");
+        assert_eq!(run.reasons().last(), Some(&Reason::StepTimedOut));
     }
 
     #[test]
