@@ -1,19 +1,27 @@
 //! A Balancer's canary under continuous load: a good version promoted step by step, one that
-//! refuses connections and one that accepts and answers nothing rolled back by their gates, and
-//! a person's control through the status that a GitOps re-apply does not undo.
+//! refuses connections and one that accepts and answers nothing rolled back by their gates, a
+//! quiet one held for data, one kept at its step through the operator's kill and an API server
+//! outage, docs/canary.md's walkthrough as written, a UDP canary, and a person's control through
+//! the status that a GitOps re-apply does not undo.
 //!
 //! The Balancer `canary-web` sends to the echo backends' pods (v1, v2) and to two made here: pods
-//! whose port 5678 refuses (nothing listens there) and pods that close every connection without a
-//! byte (nginx's `return 444`). All are ready through their probe port.
+//! whose port 5678 refuses (`broken`: nothing listens there) and pods that close every connection
+//! without a byte (`silent`: nginx's `return 444`). All are ready through their probe port.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use balancer::api::Balancer;
 use balancer::api::canary::{CanaryPhase, CanaryStatus};
+use k8s_openapi::api::events::v1::Event;
+use kube::Api;
+use kube::api::ListParams;
 use serde_json::json;
 
-use crate::fixtures::{backend_deployment, balancers, front_ip, wait_available, wait_ready_balancer};
+use crate::faults::operator_pid;
+use crate::fixtures::{
+    backend_deployment, balancers, front_ip, lease_holder, lease_identity, wait_available, wait_ready_balancer,
+};
 use crate::toolkit::load::{Held, Load};
 use crate::toolkit::runner::eventually;
 use crate::weights::live_pod_uids;
@@ -51,16 +59,17 @@ fn balancer(stable: &str, canary: &str, spec: Option<serde_json::Value>) -> Stri
     manifest.to_string()
 }
 
-/// A canary from `stable` to `canary` in `steps`, judged every second on `min_sessions` and 2 s; its
-/// error sessions are bounded relative to the stable backend's too, as a user whose clients may
-/// open silent connections would (see docs/canary.md).
-fn canary_judged_on(steps: serde_json::Value, min_sessions: u32) -> serde_json::Value {
+/// A canary from `stable` to `canary` in `steps`, judged every second on 20 sessions and 2 s: a
+/// misbehaving canary is caught within seconds at 5 %. The kubelet's TCP readiness probes of the
+/// proxy pods (each a session in which nothing is said) land on either backend by weight, and
+/// count in no session: one among 20 would be 5 %.
+fn canary(steps: serde_json::Value) -> serde_json::Value {
     json!({
         "stableBackend": "stable",
         "canaryBackend": "canary",
         "steps": steps,
         "analysis": {
-            "interval": "1s", "minSessions": min_sessions, "minDuration": "2s", "failureLimit": 1,
+            "interval": "1s", "minSessions": 20, "minDuration": "2s", "failureLimit": 1,
             "gates": [
                 {"signal": "ConnectFailureRatio", "max": "1%"},
                 {"signal": "ErrorSessionRatio", "max": "5%", "maxOverStable": "1%"},
@@ -68,11 +77,6 @@ fn canary_judged_on(steps: serde_json::Value, min_sessions: u32) -> serde_json::
             ],
         },
     })
-}
-
-/// [`canary_judged_on`] 20 sessions: a misbehaving canary is caught within seconds at 5 %.
-fn canary(steps: serde_json::Value) -> serde_json::Value {
-    canary_judged_on(steps, 20)
 }
 
 /// Pods labelled `version` that are ready (their probe port answers) and whose port 5678 runs
@@ -103,14 +107,23 @@ fn misbehaving_backend(version: &str, server: Option<&str>) -> String {
     json!({"apiVersion": "v1", "kind": "List", "items": [config_map, deployment]}).to_string()
 }
 
-/// The echo backends, the two misbehaving ones, and `canary-web` all on `stable` (`next` at
-/// weight 0), Ready.
-async fn ensure_canary_web(world: &mut World, stable: &str, next: &str) {
+/// The echo backends and the two misbehaving ones (`broken`, `silent`), each with a ready pod.
+async fn ensure_backends(world: &mut World) {
     world.ensure_echo_backends().await;
-    world.kubectl.apply(&misbehaving_backend("refuse", None));
+    world.kubectl.apply(&misbehaving_backend("broken", None));
     world.kubectl.apply(&misbehaving_backend("silent", Some("location / { return 444; }")));
-    wait_available(world, NS, "echo-refuse", 1).await;
+    wait_available(world, NS, "echo-broken", 1).await;
     wait_available(world, NS, "echo-silent", 1).await;
+}
+
+/// [`ensure_backends`], and `canary-web` all on `stable` (`next` at weight 0), Ready.
+async fn ensure_canary_web(world: &mut World, stable: &str, next: &str) {
+    ensure_backends(world).await;
+    canary_web_on(world, stable, next).await;
+}
+
+/// `canary-web` all on `stable` (`next` at weight 0), Ready and answering.
+async fn canary_web_on(world: &World, stable: &str, next: &str) {
     world.kubectl.apply(&before(stable, next));
     wait_ready_balancer(world, NAME, Duration::from_secs(120)).await;
     // kube-proxy programs the front Service a moment after Ready: its first answer is awaited.
@@ -121,17 +134,33 @@ async fn ensure_canary_web(world: &mut World, stable: &str, next: &str) {
     .await;
 }
 
-/// The canary's status, as stored.
+/// `canary-web`'s canary status, as stored.
 async fn status(world: &World) -> Option<CanaryStatus> {
-    let balancer: Balancer = balancers(world).get(NAME).await.ok()?;
+    status_of(world, NAME).await
+}
+
+/// Balancer `name`'s canary status, as stored.
+async fn status_of(world: &World, name: &str) -> Option<CanaryStatus> {
+    let balancer: Balancer = balancers(world).get(name).await.ok()?;
     balancer.status?.canary
 }
 
-/// Waits for the canary's status to satisfy `done`; returns it.
+/// Waits for `canary-web`'s canary status to satisfy `done`; returns it.
 async fn follow(world: &World, what: &str, timeout: Duration, done: impl Fn(&CanaryStatus) -> bool) -> CanaryStatus {
+    follow_of(world, NAME, what, timeout, done).await
+}
+
+/// Waits for Balancer `name`'s canary status to satisfy `done`; returns it.
+async fn follow_of(
+    world: &World,
+    name: &str,
+    what: &str,
+    timeout: Duration,
+    done: impl Fn(&CanaryStatus) -> bool,
+) -> CanaryStatus {
     let deadline = Instant::now() + timeout;
     loop {
-        let canary = status(world).await;
+        let canary = status_of(world, name).await;
         if let Some(canary) = canary.as_ref().filter(|c| done(c)) {
             return canary.clone();
         }
@@ -159,23 +188,30 @@ async fn released_then_rolled_back(world: &World, stable: &str, canary: &str) ->
     .await;
     let detected = step_started.elapsed();
     assert_eq!(back.decision.map(|d| d.reason).as_deref(), Some("RolledBack"));
-    (detected, reasons_message(world, "GateFailed"))
+    let failed = told(world, "GateFailed").await.pop().map(|(message, _)| message).unwrap_or_default();
+    (detected, failed)
 }
 
-/// The reasons of the events about `canary-web`, oldest first.
-fn event_reasons(world: &World) -> Vec<String> {
-    let out = world.kubectl.ok(&[
-        "-n",
-        NS,
-        "get",
-        "events",
-        "--field-selector",
-        &format!("involvedObject.name={NAME}"),
-        "--sort-by=.metadata.creationTimestamp",
-        "-o",
-        "jsonpath={range .items[*]}{.reason}{\"\\n\"}{end}",
-    ]);
-    out.lines().map(str::to_string).collect()
+/// The events about `canary-web` as it is now (by its uid), oldest first: each one's reason,
+/// message, and how many times it was told (a repeat within minutes is a series of one event).
+async fn events(world: &World) -> Vec<(String, String, i32)> {
+    let uid = balancers(world).get(NAME).await.ok().and_then(|b| b.metadata.uid);
+    let listed = Api::<Event>::namespaced(world.admin.clone(), NS).list(&ListParams::default()).await;
+    let mut ours: Vec<Event> = listed
+        .map(|l| l.items)
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|e| uid.is_some() && e.regarding.as_ref().and_then(|r| r.uid.as_ref()) == uid.as_ref())
+        .collect();
+    ours.sort_by_key(|e| e.metadata.creation_timestamp.clone());
+    let told = |e: &Event| e.series.as_ref().map_or(1, |s| s.count);
+    ours.iter().map(|e| (e.reason.clone().unwrap_or_default(), e.note.clone().unwrap_or_default(), told(e))).collect()
+}
+
+/// The events of `reason` about `canary-web`, oldest first: each one's message and how many
+/// times it was told.
+async fn told(world: &World, reason: &str) -> Vec<(String, i32)> {
+    events(world).await.into_iter().filter(|(r, _, _)| r == reason).map(|(_, m, n)| (m, n)).collect()
 }
 
 /// Whether `canary`'s share of `counts` is within 3 binomial standard deviations of `percent`.
@@ -210,9 +246,7 @@ pub async fn a_good_canary_is_promoted_step_by_step(world: &mut World) {
         {"setWeight": 50}, {"pause": {"duration": "5s"}},
     ]);
     let released = Instant::now();
-    // Judged on 200 sessions a step: the kubelet's TCP readiness probes of the proxy pods open
-    // sessions that send nothing and get nothing, and one of them among 20 sessions is 5 %.
-    world.kubectl.apply(&balancer("v1", "v2", Some(canary_judged_on(steps, 200))));
+    world.kubectl.apply(&balancer("v1", "v2", Some(canary(steps))));
     let mut splits = Vec::new();
     for (step, weight) in [(0, 5.0), (2, 25.0), (4, 50.0)] {
         follow(world, &format!("step {} started", step + 1), Duration::from_secs(60), |c| {
@@ -237,8 +271,9 @@ pub async fn a_good_canary_is_promoted_step_by_step(world: &mut World) {
     .await;
     let sent = load.assert_no_failures("while the canary went 5 → 25 → 50 → 100 %").await;
     assert_eq!(live_pod_uids(world, PROXY_PODS).await, pods, "no proxy pod replaced");
-    let reasons = event_reasons(world);
-    let count = |reason: &str| reasons.iter().filter(|r| *r == reason).count();
+    let told = events(world).await;
+    let reasons: Vec<&str> = told.iter().map(|(reason, _, _)| reason.as_str()).collect();
+    let count = |reason: &str| told.iter().filter(|(r, _, _)| r == reason).map(|(_, _, n)| *n as usize).sum::<usize>();
     println!(
         "node: a good canary promoted in {:.1} s, {sent} requests, 0 failed; then {after:?}; events {reasons:?}",
         promoted.as_secs_f64()
@@ -253,12 +288,12 @@ pub async fn a_good_canary_is_promoted_step_by_step(world: &mut World) {
 /// backend throughout are untouched; the status names the gate, its value and its bound.
 pub async fn a_refusing_canary_is_rolled_back(world: &mut World) {
     world.ensure_operator().await;
-    ensure_canary_web(world, "v2", "refuse").await;
+    ensure_canary_web(world, "v2", "broken").await;
     let front = front_ip(world, NAME).await;
     let held = Held::open(&format!("{front}:80"), 20).await;
     let load = Load::start(format!("{front}:80"), 4);
     tokio::time::sleep(Duration::from_secs(1)).await;
-    let (detected, failed) = released_then_rolled_back(world, "v2", "refuse").await;
+    let (detected, failed) = released_then_rolled_back(world, "v2", "broken").await;
     println!(
         "node: a refusing canary rolled back on every proxy pod {:.1} s after its step started: {failed}",
         detected.as_secs_f64()
@@ -330,13 +365,23 @@ pub async fn a_canary_is_promoted_aborted_and_retried_by_a_person_and_a_reapply_
     let promoted = canary_cli(world, &["promote", NAME]);
     println!("node: balancer canary promote: {promoted}");
     follow(world, "the second pause", Duration::from_secs(60), |c| c.step == 3 && c.phase == CanaryPhase::Paused).await;
+    // Connections opened at 50 %, about half of them to the canary, held through the abort.
+    let held = Held::open(&format!("{front}:80"), 20).await;
     let aborted = canary_cli(world, &["abort", NAME]);
     println!("node: balancer canary abort: {aborted}");
     let back = status(world).await.expect("a status");
     assert_eq!((back.phase, back.weight), (CanaryPhase::Aborted, 0));
+    follow(world, "the abort on every proxy pod", Duration::from_secs(10), |c| {
+        !c.pods.is_empty() && c.pods.iter().all(|p| p.weight == Some(0))
+    })
+    .await;
     world.kubectl.apply(&release);
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert_eq!(status(world).await.map(|c| c.phase), Some(CanaryPhase::Aborted), "a re-apply does not undo an abort");
+    let kept = held.assert_kept("through the abort (the drain timeout is an hour)").await;
+    let on_the_canary = kept.get("hello world v2").copied().unwrap_or(0);
+    println!("node: {on_the_canary} of 20 connections held to the canary survived its abort, on the canary");
+    assert!(on_the_canary > 0, "some held connections went to the canary at 50 %: {kept:?}");
     let refused = canary_cli_fails(world, &["promote", NAME]);
     assert!(refused.contains("Promote does nothing to a canary that is Aborted"), "{refused}");
 
@@ -353,7 +398,7 @@ pub async fn a_canary_is_promoted_aborted_and_retried_by_a_person_and_a_reapply_
     load.assert_no_failures("while a person promoted, aborted, retried and promoted to the end").await;
     // What the canary scenarios made goes, for the scenarios after them.
     world.kubectl.ok(&["-n", NS, "delete", "balancer", NAME, "--wait=true", "--timeout=60s"]);
-    for made in ["echo-refuse", "echo-silent"] {
+    for made in ["echo-broken", "echo-silent"] {
         world.kubectl.ok(&["-n", NS, "delete", "deployment,configmap", made, "--wait=true", "--timeout=60s"]);
     }
 }
@@ -409,18 +454,198 @@ fn run_canary_cli(world: &World, args: &[&str]) -> (bool, String, String) {
     (out.status.success(), String::from_utf8_lossy(&out.stdout).into(), String::from_utf8_lossy(&out.stderr).into())
 }
 
-/// The message of the last event about `canary-web` with `reason`.
-fn reasons_message(world: &World, reason: &str) -> String {
-    let out = world.kubectl.ok(&[
-        "-n",
-        NS,
-        "get",
-        "events",
-        "--field-selector",
-        &format!("involvedObject.name={NAME},reason={reason}"),
-        "--sort-by=.metadata.creationTimestamp",
-        "-o",
-        "jsonpath={range .items[*]}{.message}{\"\\n\"}{end}",
-    ]);
-    out.lines().last().unwrap_or_default().to_string()
+/// How long the faults scenario's step lasts: past the leader's kill (the Lease runs out after
+/// 15 s), the API server's 15 s away, and their recovery.
+const FAULTED_STEP: Duration = Duration::from_secs(70);
+
+/// In the middle of a step (20 %, then a 70 s pause), under load: the operator's leader is
+/// killed, then the API server is stopped for 15 s. The clients' split stays the step's all
+/// along, no proxy pod is replaced, the canary is on the same step with the same start once each
+/// fault is over, and then takes each step left once.
+pub async fn a_canary_keeps_its_step_through_the_operators_kill_and_an_api_server_outage(world: &mut World) {
+    world.ensure_operator().await;
+    world.ensure_echo_backends().await;
+    canary_web_on(world, "v1", "v2").await;
+    let front = front_ip(world, NAME).await;
+    let pods = live_pod_uids(world, PROXY_PODS).await;
+    let load = Load::start(format!("{front}:80"), 4);
+    let pause = format!("{}s", FAULTED_STEP.as_secs());
+    let steps =
+        json!([{"setWeight": 20}, {"pause": {"duration": pause}}, {"setWeight": 60}, {"pause": {"duration": "2s"}}]);
+    world.kubectl.apply(&balancer("v1", "v2", Some(canary(steps))));
+    let step =
+        follow(world, "the pause started", Duration::from_secs(60), |c| c.step == 1 && c.step_started_at.is_some())
+            .await;
+    let same_step = |c: &CanaryStatus| {
+        (c.phase, c.step, c.weight, c.attempt, c.step_started_at.clone())
+            == (CanaryPhase::Progressing, 1, 20, step.attempt, step.step_started_at.clone())
+    };
+    let on_the_wire = |what: &str, counts: &BTreeMap<String, usize>| {
+        let (within, share, n) = within_three_sigma(counts, "hello world v2", "hello world v1", 20.0);
+        println!("node: canary at 20% {what}: the clients' {n} connections gave v2 {share:.2}%");
+        assert!(n > 1000 && within, "{what}: v2 got {share:.2}% of {n} connections: {counts:?}");
+    };
+
+    let leader = eventually("a leader", Duration::from_secs(30), || lease_holder(world)).await;
+    let killed_identity = eventually("a leader", Duration::from_secs(30), || lease_identity(world)).await;
+    let pid = operator_pid(&leader).unwrap_or_else(|| panic!("no balancer process for pod {leader} on the host"));
+    let measured = |c: &CanaryStatus| c.sessions.as_ref().map_or(0, |s| s.canary);
+    let at_kill = measured(&status_now(world).await);
+    let before = load.answers();
+    let status = std::process::Command::new("kill").args(["-KILL", &pid.to_string()]).status().expect("kill runs");
+    assert!(status.success(), "kill -KILL {pid}");
+    let killed = Instant::now();
+    let successor = eventually("a new leader", Duration::from_secs(40), || async {
+        lease_identity(world).await.filter(|holder| *holder != killed_identity)
+    })
+    .await;
+    // The new leader checks the step once a second, on the same window: more sessions.
+    let resumed = follow(world, "a check by the new leader", Duration::from_secs(10), |c| measured(c) > at_kill).await;
+    on_the_wire("from the leader's kill until a new leader checked the step", &since(&before, &load.answers()));
+    println!(
+        "node: {successor} leads {:.1} s after the leader's kill; the canary: {:?}",
+        killed.elapsed().as_secs_f64(),
+        resumed.decision
+    );
+    assert!(same_step(&resumed), "the same step after the leader's kill: {resumed:#?}");
+
+    world.plane.process("kube-apiserver").kill();
+    let counts = load.answers_within(Duration::from_secs(15)).await;
+    world.plane.process("kube-apiserver").restart();
+    world.plane.wait_ready().await;
+    on_the_wire("while the API server was away", &counts);
+    let before = load.answers();
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    on_the_wire("once the API server was back", &since(&before, &load.answers()));
+    let resumed = status_now(world).await;
+    assert!(same_step(&resumed), "the same step after the API server's outage: {resumed:#?}");
+    println!("node: the faults took {:.1} s of the step's {FAULTED_STEP:?}", killed.elapsed().as_secs_f64());
+
+    let done =
+        follow(world, "completed", FAULTED_STEP + Duration::from_secs(30), |c| c.phase == CanaryPhase::Completed).await;
+    assert_eq!((done.step, done.weight, done.attempt), (4, 100, 1));
+    load.assert_no_failures("while the operator was killed and the API server stopped mid-step").await;
+    assert_eq!(live_pod_uids(world, PROXY_PODS).await, pods, "no proxy pod replaced");
+    // Each step started once: a step's message names its number, the count and its weight.
+    let started = told(world, "StepStarted").await;
+    println!("node: steps started: {started:?}");
+    for (n, weight) in [(1, 20), (2, 20), (3, 60), (4, 60)] {
+        let step = format!("step {n} of 4: canary at {weight}%");
+        let times: i32 = started.iter().filter(|(m, _)| *m == step).map(|(_, n)| n).sum();
+        assert_eq!(times, 1, "{step:?} started once: {started:?}");
+    }
+    wait_available(world, crate::OPERATOR_NS, "balancer", 2).await;
+    world.kubectl.ok(&["-n", NS, "delete", "balancer", NAME, "--wait=true", "--timeout=60s"]);
+}
+
+/// The canary's status now, which must be there.
+async fn status_now(world: &World) -> CanaryStatus {
+    status(world).await.expect("a canary status")
+}
+
+/// The answers counted in `after` and not yet in `before`.
+fn since(before: &BTreeMap<String, usize>, after: &BTreeMap<String, usize>) -> BTreeMap<String, usize> {
+    after.iter().map(|(answer, n)| (answer.clone(), n - before.get(answer).copied().unwrap_or(0))).collect()
+}
+
+/// docs/canary.md's walkthrough, its blocks run as they are written (`kubectl` and `balancer`
+/// pointed at the suite's cluster and namespace), under 4 clients: `v2` promoted, `broken`
+/// rolled back, no request failed.
+pub async fn the_canary_walkthrough_runs_as_written(world: &mut World) {
+    world.ensure_operator().await;
+    ensure_backends(world).await;
+    run_walkthrough_block(world, "--for=condition=Ready");
+    let address = format!("{}:80", front_ip(world, "web").await);
+    eventually("web's first answer", Duration::from_secs(10), || async {
+        crate::toolkit::load::one_request(&address).await.ok()
+    })
+    .await;
+    let load = Load::start(address, 4);
+    let promoted = run_walkthrough_block(world, "=Completed");
+    println!("node: docs/canary.md's walkthrough, v2 released:\n{promoted}");
+    assert!(promoted.contains("Completed, all 4 steps, canary at 100%"), "{promoted}");
+    let rolled_back = run_walkthrough_block(world, "=Aborted");
+    println!("node: docs/canary.md's walkthrough, broken released:\n{rolled_back}");
+    assert!(rolled_back.contains("Aborted") && rolled_back.contains("GateFailed"), "{rolled_back}");
+    assert!(rolled_back.contains("ConnectFailureRatio"), "{rolled_back}");
+    load.assert_no_failures("through docs/canary.md's walkthrough").await;
+    world.kubectl.ok(&["-n", NS, "delete", "balancer", "web", "--wait=true", "--timeout=60s"]);
+}
+
+/// docs/canary.md's `sh` block holding `marker`, run by bash with `kubectl` and `balancer` on the
+/// suite's cluster in [`NS`]: what it printed.
+fn run_walkthrough_block(world: &World, marker: &str) -> String {
+    let block = crate::fixtures::sh_block("docs/canary.md", marker);
+    let kubeconfig = world.plane.kubeconfig("admin").display().to_string();
+    let prelude = format!(
+        "kubectl() {{ command kubectl --kubeconfig={kubeconfig} -n {NS} \"$@\"; }}\n\
+         balancer() {{ KUBECONFIG={kubeconfig} command {} \"$@\" -n {NS}; }}\n",
+        env!("CARGO_BIN_EXE_balancer")
+    );
+    let out = std::process::Command::new("timeout")
+        .args(["300", "bash", "-ec", &format!("{prelude}{block}")])
+        .output()
+        .expect("bash runs");
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "docs/canary.md's block failed:\n{block}\n{text}");
+    text
+}
+
+/// The UDP canary scenario's Balancer.
+const UDP_CANARY: &str = "udp-canary";
+
+/// `udp-canary` over the UDP echo pods, a canary from u1 to u2 (25 %, a 2 s pause) judged by
+/// `gates`.
+fn udp_canary(gates: &[&str]) -> String {
+    let gates: Vec<serde_json::Value> = gates.iter().map(|g| json!({"signal": g, "max": "1%"})).collect();
+    json!({
+        "apiVersion": "exposer.hliangzhao.io/v1beta1", "kind": "Balancer",
+        "metadata": {"name": UDP_CANARY, "namespace": NS},
+        "spec": {
+            "ports": [{"name": "echo", "protocol": "UDP", "port": 53, "targetPort": 5353}],
+            "selector": {"app": "udp-echo"},
+            "backends": [
+                {"name": "u1", "weight": 0, "selector": {"version": "u1"}},
+                {"name": "u2", "weight": 100, "selector": {"version": "u2"}},
+            ],
+            "canary": {
+                "stableBackend": "u1", "canaryBackend": "u2",
+                "steps": [{"setWeight": 25}, {"pause": {"duration": "2s"}}],
+                "analysis": {"interval": "1s", "minSessions": 20, "minDuration": "2s", "gates": gates},
+            },
+        },
+    })
+    .to_string()
+}
+
+/// A UDP Balancer's canary: a connect gate is refused with the reason when the spec is written;
+/// with the error-session gate (a datagram that got no reply) the canary is judged on the UDP
+/// sessions and completes under continuous exchanges.
+pub async fn a_udp_canary_is_judged_on_the_signals_udp_has(world: &mut World) {
+    world.ensure_operator().await;
+    world.ensure_udp_backends().await;
+    let refused = world.kubectl.try_apply(&udp_canary(&["ErrorSessionRatio", "ConnectFailureRatio"]));
+    let refused = refused.expect_err("a connect gate on a UDP port is refused");
+    println!("node: a UDP canary with a connect gate: {}", refused.trim());
+    assert!(refused.contains("ConnectFailureRatio cannot be measured on a UDP port"), "{refused}");
+
+    world.kubectl.apply(&udp_canary(&["ErrorSessionRatio"]));
+    wait_ready_balancer(world, UDP_CANARY, Duration::from_secs(120)).await;
+    let front = front_ip(world, UDP_CANARY).await;
+    eventually("a first UDP reply", Duration::from_secs(30), || crate::protocols::udp_exchange(&front, "hello")).await;
+    let exchanges = crate::protocols::UdpLoad::start(front.clone(), 4);
+    let judged = follow_of(world, UDP_CANARY, "the gate judged", Duration::from_secs(60), |c| {
+        c.phase == CanaryPhase::Completed || c.gates.iter().any(|g| g.canary.is_some())
+    })
+    .await;
+    let gates: Vec<&str> = judged.gates.iter().map(|g| g.signal.as_str()).collect();
+    println!("node: a UDP canary judged: {:?} on {:?}", judged.gates, judged.sessions);
+    assert!(judged.phase == CanaryPhase::Completed || gates == ["ErrorSessionRatio"], "{judged:#?}");
+    follow_of(world, UDP_CANARY, "completed", Duration::from_secs(60), |c| c.phase == CanaryPhase::Completed).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let (sent, lost, answers) = exchanges.finish().await;
+    println!("node: {sent} UDP exchanges while the canary ran: answers {answers:?}, {lost} lost");
+    assert!(answers.contains_key("u2") && answers.contains_key("u1"), "both versions answered: {answers:?}");
+    assert!(lost * 100 <= sent, "{lost} of {sent} UDP exchanges lost");
+    world.kubectl.ok(&["-n", NS, "delete", "balancer", UDP_CANARY, "--wait=true", "--timeout=60s"]);
 }

@@ -144,7 +144,7 @@ pub async fn a_change_after_an_api_server_restart_reaches_the_wire_without_a_fai
 }
 
 /// The host pid of the operator process in `pod` (its container's process, seen from the host).
-fn operator_pid(pod: &str) -> Option<u32> {
+pub fn operator_pid(pod: &str) -> Option<u32> {
     let wanted = format!("POD_NAME={pod}");
     std::fs::read_dir("/proc").ok()?.flatten().find_map(|entry| {
         let pid: u32 = entry.file_name().to_str()?.parse().ok()?;

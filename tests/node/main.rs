@@ -46,8 +46,10 @@ use kube::{Api, Client, ResourceExt};
 use bench::{the_data_plane_keeps_up_with_haproxy, the_metrics_sidecar_costs_little};
 use canary::{
     a_canary_is_promoted_aborted_and_retried_by_a_person_and_a_reapply_undoes_nothing,
+    a_canary_keeps_its_step_through_the_operators_kill_and_an_api_server_outage,
     a_canary_that_accepts_and_answers_nothing_is_rolled_back, a_good_canary_is_promoted_step_by_step,
     a_quiet_canary_holds_then_proceeds_with_traffic, a_refusing_canary_is_rolled_back,
+    a_udp_canary_is_judged_on_the_signals_udp_has, the_canary_walkthrough_runs_as_written,
 };
 use certificates::{
     a_replaced_certificate_is_served_without_a_restart, cert_manager_issues_the_webhook_certificate_and_injects_its_ca,
@@ -270,6 +272,8 @@ async fn run_suite(assets: &Path, images: &Path, tools: [&Path; 3], state: &Path
         a_refusing_canary_is_rolled_back,
         a_canary_that_accepts_and_answers_nothing_is_rolled_back,
         a_quiet_canary_holds_then_proceeds_with_traffic,
+        the_canary_walkthrough_runs_as_written,
+        a_udp_canary_is_judged_on_the_signals_udp_has,
         a_canary_is_promoted_aborted_and_retried_by_a_person_and_a_reapply_undoes_nothing,
         a_configmap_writer_cannot_steer_the_proxy,
         a_tenant_whose_sidecars_never_answer_does_not_slow_another_tenant,
@@ -293,6 +297,7 @@ async fn run_suite(assets: &Path, images: &Path, tools: [&Path; 3], state: &Path
         a_go_operator_balancer_is_taken_over_without_a_failed_request,
         a_change_after_an_api_server_restart_reaches_the_wire_without_a_failed_request,
         the_leader_killed_in_the_middle_of_a_change_is_finished_by_a_new_leader,
+        a_canary_keeps_its_step_through_the_operators_kill_and_an_api_server_outage,
         a_replaced_certificate_is_served_without_a_restart,
         cert_manager_issues_the_webhook_certificate_and_injects_its_ca,
         // After cert-manager: the ServiceMonitor trusts the CA in its Secret.

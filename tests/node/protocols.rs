@@ -134,13 +134,13 @@ async fn udp_weights_change_live(world: &World, front: &str) {
 
 /// UDP clients exchanging datagrams back to back until stopped, each exchange once, with no
 /// retry: a datagram without a reply within a second is a lost exchange.
-struct UdpLoad {
+pub struct UdpLoad {
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
     tasks: tokio::task::JoinSet<(usize, usize, BTreeMap<String, usize>)>,
 }
 
 impl UdpLoad {
-    fn start(ip: String, clients: usize) -> UdpLoad {
+    pub fn start(ip: String, clients: usize) -> UdpLoad {
         let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         let mut tasks = tokio::task::JoinSet::new();
         for client in 0..clients {
@@ -168,7 +168,7 @@ impl UdpLoad {
     }
 
     /// Stops the clients: exchanges sent, lost, and the replies by backend.
-    async fn finish(self) -> (usize, usize, BTreeMap<String, usize>) {
+    pub async fn finish(self) -> (usize, usize, BTreeMap<String, usize>) {
         self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
         let mut all = (0, 0, BTreeMap::new());
         for (sent, lost, answers) in self.tasks.join_all().await {
@@ -183,7 +183,7 @@ impl UdpLoad {
 }
 
 /// One datagram from a fresh socket to `ip:53`, and the reply, if one came within a second.
-async fn udp_exchange(ip: &str, line: &str) -> Option<String> {
+pub async fn udp_exchange(ip: &str, line: &str) -> Option<String> {
     let socket = tokio::net::UdpSocket::bind("0.0.0.0:0").await.ok()?;
     socket.send_to(format!("{line}\n").as_bytes(), format!("{ip}:53")).await.ok()?;
     let mut buffer = [0u8; 512];

@@ -271,8 +271,9 @@ impl Held {
         Held { stop, tasks }
     }
 
-    /// Stops the exchanges; every connection must still be open, and on its first backend.
-    pub async fn assert_kept(self, context: &str) {
+    /// Stops the exchanges; every connection must still be open, and on its first backend: how
+    /// many were held to each backend.
+    pub async fn assert_kept(self, context: &str) -> BTreeMap<String, usize> {
         self.stop.store(true, Ordering::Relaxed);
         let results = self.tasks.join_all().await;
         let broken: Vec<&String> = results.iter().filter_map(|r| r.as_ref().err()).collect();
@@ -287,6 +288,7 @@ impl Held {
             broken.len()
         );
         assert!(broken.is_empty(), "held connections broken {context}: {broken:?}");
+        backends
     }
 }
 
