@@ -501,7 +501,7 @@ pub async fn a_canary_keeps_its_step_through_the_operators_kill_and_an_api_serve
     .await;
     // The new leader checks the step once a second, on the same window: more sessions.
     let resumed = follow(world, "a check by the new leader", Duration::from_secs(10), |c| measured(c) > at_kill).await;
-    on_the_wire("from the leader's kill until a new leader checked the step", &since(&before, &load.answers()));
+    on_the_wire("from the leader's kill until a new leader checked the step", &load.answers_since(&before));
     println!(
         "node: {successor} leads {:.1} s after the leader's kill; the canary: {:?}",
         killed.elapsed().as_secs_f64(),
@@ -516,7 +516,7 @@ pub async fn a_canary_keeps_its_step_through_the_operators_kill_and_an_api_serve
     on_the_wire("while the API server was away", &counts);
     let before = load.answers();
     tokio::time::sleep(Duration::from_secs(4)).await;
-    on_the_wire("once the API server was back", &since(&before, &load.answers()));
+    on_the_wire("once the API server was back", &load.answers_since(&before));
     let resumed = status_now(world).await;
     assert!(same_step(&resumed), "the same step after the API server's outage: {resumed:#?}");
     println!("node: the faults took {:.1} s of the step's {FAULTED_STEP:?}", killed.elapsed().as_secs_f64());
@@ -541,11 +541,6 @@ pub async fn a_canary_keeps_its_step_through_the_operators_kill_and_an_api_serve
 /// The canary's status now, which must be there.
 async fn status_now(world: &World) -> CanaryStatus {
     status(world).await.expect("a canary status")
-}
-
-/// The answers counted in `after` and not yet in `before`.
-fn since(before: &BTreeMap<String, usize>, after: &BTreeMap<String, usize>) -> BTreeMap<String, usize> {
-    after.iter().map(|(answer, n)| (answer.clone(), n - before.get(answer).copied().unwrap_or(0))).collect()
 }
 
 /// docs/canary.md's walkthrough, its blocks run as they are written (`kubectl` and `balancer`

@@ -150,10 +150,17 @@ impl Load {
     pub async fn answers_within(&self, window: Duration) -> BTreeMap<String, usize> {
         let before = self.answers();
         tokio::time::sleep(window).await;
-        let after = self.answers();
-        after
-            .iter()
-            .map(|(answer, n)| (answer.clone(), n - before.get(answer).copied().unwrap_or(0)))
+        self.answers_since(&before)
+    }
+
+    /// The answers the clients got since [`answers`](Self::answers) gave `before`.
+    pub fn answers_since(&self, before: &BTreeMap<String, usize>) -> BTreeMap<String, usize> {
+        self.answers()
+            .into_iter()
+            .map(|(answer, n)| {
+                let earlier = before.get(&answer).copied().unwrap_or(0);
+                (answer, n - earlier)
+            })
             .filter(|(_, n)| *n > 0)
             .collect()
     }
