@@ -11,9 +11,9 @@ use k8s_openapi::api::core::v1::Service;
 use super::api::gateways::Gateway;
 use super::api::referencegrants::ReferenceGrant;
 use super::api::tcproutes::TcpRouteParentRefs;
-use super::attachment::{ParentRef, Route, attach};
+use super::attachment::{NotAccepted, ParentRef, Route, attach};
 use super::backend_refs::{ResolvedService, resolve};
-use super::listeners::{AttachedRoute, proxy_listeners};
+use super::listeners::{AttachedRoute, ProxyListeners, Shadowed, proxy_listeners};
 use super::routes::RouteView;
 use super::status::RouteFindings;
 use super::verdicts::{Verdict, verdicts};
@@ -76,7 +76,8 @@ where
     let name = gateway.metadata.name.as_deref().unwrap_or_default();
     let listeners = &gateway.spec.listeners;
     let mut by_listener: Vec<Vec<AttachedRoute>> = vec![Vec::new(); listeners.len()];
-    let mut findings = Vec::with_capacity(routes.len());
+    // Each route's parents that name this Gateway, with the listeners each attached it to.
+    let mut parents = Vec::with_capacity(routes.len());
     for route in routes {
         let labels = (lookups.namespace_labels)(&route.namespace);
         let seen = Route {
@@ -94,7 +95,7 @@ where
             if let Ok(indexes) = &attached {
                 attached_to.extend(indexes);
             }
-            own.push((parent.clone(), RouteFindings { attached: attached.map(drop), resolved: resolved.clone() }));
+            own.push((parent.clone(), attached));
         }
         attached_to.sort_unstable();
         attached_to.dedup();
@@ -107,14 +108,93 @@ where
                 backends: backends.clone(),
             });
         }
-        findings.push(own);
+        parents.push((own, resolved));
     }
+    let ProxyListeners { listeners: proxy, shadowed } = proxy_listeners(listeners, &by_listener);
+    let findings = routes
+        .iter()
+        .zip(parents)
+        .map(|(route, (own, resolved))| {
+            own.into_iter()
+                .map(|(parent, attached)| {
+                    let lost = |s: &&Shadowed| {
+                        (&s.namespace, &s.name) == (&route.namespace, &route.name)
+                            && attached.as_ref().is_ok_and(|indexes| indexes.contains(&s.listener))
+                    };
+                    let mut shadowed: Vec<String> = shadowed.iter().filter(lost).map(|s| s.hostname.clone()).collect();
+                    shadowed.sort_unstable();
+                    shadowed.dedup();
+                    (parent, RouteFindings { attached: attached.map(drop), resolved: resolved.clone(), shadowed })
+                })
+                .collect()
+        })
+        .collect();
     Assembly {
-        listeners: proxy_listeners(listeners, &by_listener),
+        listeners: proxy,
         verdicts: verdicts(listeners),
         attached: by_listener.iter().map(|routes| i32::try_from(routes.len()).unwrap_or(i32::MAX)).collect(),
         findings,
     }
+}
+
+/// [`assemble`], with only as many routes as `fits` the proxy's listeners: when all of them
+/// do not, the oldest that do (by Gateway API's precedence: the oldest first, then by
+/// namespace and name) are served and every newer one is refused, `Accepted=False`
+/// [`NotAccepted::GatewayFull`] through each parent it attached through. A tenant that floods
+/// a shared Gateway with routes therefore refuses only its own newest ones, and every older
+/// route is still served and updated. `fits` is asked about `log2` of the routes' count times.
+pub fn assemble_to_fit<N, S, G, P, R>(
+    gateway: &Gateway,
+    routes: &[RouteView],
+    lookups: &Lookups<N, S, G, P>,
+    fits: impl Fn(&[Listener]) -> bool,
+) -> Assembly
+where
+    N: Fn(&str) -> BTreeMap<String, String>,
+    S: Fn(&str, &str) -> Option<R>,
+    R: Deref<Target = Service>,
+    G: Fn(&str) -> Vec<ReferenceGrant>,
+    P: Fn(&str, &str) -> Option<Vec<ReadyPod>>,
+{
+    let all = assemble(gateway, routes, lookups);
+    if fits(&all.listeners) {
+        return all;
+    }
+    let mut oldest_first: Vec<usize> = (0..routes.len()).collect();
+    let age = |r: &RouteView| (r.created.is_none(), r.created.as_ref().map(|t| t.0));
+    oldest_first.sort_by(|&a, &b| {
+        let (a, b) = (&routes[a], &routes[b]);
+        age(a).cmp(&age(b)).then_with(|| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)))
+    });
+    let oldest =
+        |count: usize| -> Vec<RouteView> { oldest_first[..count].iter().map(|&i| routes[i].clone()).collect() };
+    // The most routes that fit, between none (assumed to fit: a proxy of no route) and all
+    // (which do not).
+    let (mut fitting, mut too_many) = (0, routes.len());
+    while too_many - fitting > 1 {
+        let middle = fitting + (too_many - fitting) / 2;
+        if fits(&assemble(gateway, &oldest(middle), lookups).listeners) {
+            fitting = middle;
+        } else {
+            too_many = middle;
+        }
+    }
+    let kept = assemble(gateway, &oldest(fitting), lookups);
+    let mut findings = all.findings;
+    for (position, &route) in oldest_first.iter().enumerate() {
+        match kept.findings.get(position) {
+            Some(served) => findings[route] = served.clone(),
+            None => {
+                for (_, refused) in &mut findings[route] {
+                    if refused.attached.is_ok() {
+                        refused.attached = Err(NotAccepted::GatewayFull);
+                        refused.shadowed.clear();
+                    }
+                }
+            }
+        }
+    }
+    Assembly { findings, ..kept }
 }
 
 /// A route's backends, each weighed, and whether all resolve (else the first one's reason and
@@ -256,6 +336,50 @@ mod tests {
         assert_eq!(split.resolved.as_ref().map_err(|e| e.0), Err("BackendNotFound"));
         assert_eq!(assembly.findings[2][0].1.attached, Err(NotAccepted::NotAllowedByListeners));
         assert!(assembly.findings[3].is_empty(), "no finding for another Gateway's reference");
+    }
+
+    /// A TLSRoute `name` created at `second`, for `hostnames`, to Service `v1`.
+    fn tls_route(name: &str, second: i64, hostnames: &[&str]) -> RouteView {
+        let created = Timestamp::from_second(second).expect("a time").to_string();
+        let route: crate::gateway::api::tlsroutes::TlsRoute = serde_json::from_value(json!({
+            "metadata": {"namespace": "apps", "name": name, "creationTimestamp": created},
+            "spec": {"parentRefs": [{"name": "gw"}], "hostnames": hostnames,
+                     "rules": [{"backendRefs": [{"name": "v1", "port": 5432}]}]}
+        }))
+        .expect("a TLSRoute");
+        RouteView::of(RouteKind::Tls, &route).expect("it reads")
+    }
+
+    /// When the routes would not fit, the oldest that do are served and the newer are refused
+    /// `GatewayFull`, whatever order the cache lists them in.
+    #[test]
+    fn the_newest_routes_that_would_not_fit_are_refused() {
+        let gateway: Gateway = serde_json::from_value(json!({
+            "metadata": {"namespace": "apps", "name": "gw"},
+            "spec": {"gatewayClassName": "balancer", "listeners": [{"name": "tls", "port": 443, "protocol": "TLS"}]}
+        }))
+        .expect("a Gateway");
+        let services = [service("v1", "10.96.0.11")];
+        let lookups = Lookups {
+            namespace_labels: |_: &str| BTreeMap::new(),
+            service: |_: &str, name: &str| services.iter().find(|s| s.metadata.name.as_deref() == Some(name)),
+            grants: |_: &str| Vec::new(),
+            ready_pods: |_: &str, _: &str| None,
+        };
+        // Listed newest first; the fourth and fifth by age are the flood.
+        let routes: Vec<RouteView> =
+            (0..5).rev().map(|i| tls_route(&format!("r{i}"), 10 + i, &[&format!("h{i}.example.com")])).collect();
+        let at_most_three = |listeners: &[Listener]| listeners.iter().map(|l| l.sni_routes.len()).sum::<usize>() <= 3;
+        let assembly = assemble_to_fit(&gateway, &routes, &lookups, at_most_three);
+        let served: Vec<&str> = assembly.listeners[0].sni_routes.iter().map(|r| r.hostnames[0].as_str()).collect();
+        assert_eq!(served, ["h0.example.com", "h1.example.com", "h2.example.com"]);
+        let accepted: Vec<(&str, Result<(), NotAccepted>)> =
+            routes.iter().zip(&assembly.findings).map(|(r, f)| (r.name.as_str(), f[0].1.attached)).collect();
+        let full = Err(NotAccepted::GatewayFull);
+        assert_eq!(accepted, [("r4", full), ("r3", full), ("r2", Ok(())), ("r1", Ok(())), ("r0", Ok(()))]);
+        assert_eq!(assembly.attached, [3], "the refused are not counted as attached");
+        let everything = assemble_to_fit(&gateway, &routes, &lookups, |_| true);
+        assert_eq!(everything, assemble(&gateway, &routes, &lookups), "all fit: the plain assembly");
     }
 
     #[test]

@@ -134,6 +134,9 @@ pub enum NotAccepted {
     NotAllowedByListeners,
     /// TLS listeners admit it, but no hostname of the route is one of theirs.
     NoMatchingListenerHostname,
+    /// It attaches, but the Gateway's proxy configuration would not fit with it: the older
+    /// routes are served, the newer refused (an implementation's own reason).
+    GatewayFull,
 }
 
 impl NotAccepted {
@@ -143,6 +146,7 @@ impl NotAccepted {
             NotAccepted::NoMatchingParent => "NoMatchingParent",
             NotAccepted::NotAllowedByListeners => "NotAllowedByListeners",
             NotAccepted::NoMatchingListenerHostname => "NoMatchingListenerHostname",
+            NotAccepted::GatewayFull => "GatewayFull",
         }
     }
 }

@@ -21,6 +21,9 @@ pub struct RouteFindings {
     pub attached: Result<(), NotAccepted>,
     /// `ResolvedRefs`: every backend reference resolved, or the first one's reason and message.
     pub resolved: Result<(), (&'static str, String)>,
+    /// The route's hostnames a more specific listener of the Gateway takes, so that the
+    /// listeners it attached to do not serve them (sorted): `Accepted` says which.
+    pub shadowed: Vec<String>,
 }
 
 /// A route's status for one parent, as every route kind's `status.parents[]` holds it.
@@ -92,7 +95,8 @@ pub fn route_parent_status(
     at: Writing<'_>,
 ) -> RouteParentStatus {
     let accepted = match findings.attached {
-        Ok(()) => at.condition("Accepted", true, "Accepted", "attached to the Gateway"),
+        Ok(()) if findings.shadowed.is_empty() => at.condition("Accepted", true, "Accepted", "attached to the Gateway"),
+        Ok(()) => at.condition("Accepted", true, "Accepted", shadowed_message(&findings.shadowed)),
         Err(why) => at.condition("Accepted", false, why.reason(), not_accepted_message(why)),
     };
     let resolved = match &findings.resolved {
@@ -102,6 +106,22 @@ pub fn route_parent_status(
     RouteParentStatus { parent_ref, controller_name: CONTROLLER_NAME.to_string(), conditions: vec![accepted, resolved] }
 }
 
+/// What `Accepted` says of a route that lost names to a more specific listener: at most
+/// [`SHADOWED_NAMES_SHOWN`] of them, so that the message stays short whatever the route lists.
+fn shadowed_message(shadowed: &[String]) -> String {
+    let shown: Vec<&str> = shadowed.iter().take(SHADOWED_NAMES_SHOWN).map(String::as_str).collect();
+    let more = shadowed.len().saturating_sub(SHADOWED_NAMES_SHOWN);
+    let more = if more > 0 { format!(" and {more} more") } else { String::new() };
+    format!(
+        "attached to the Gateway; not served through the listeners it attached to, because a more specific \
+         listener takes them: {}{more}",
+        shown.join(", ")
+    )
+}
+
+/// How many lost names [`shadowed_message`] lists.
+const SHADOWED_NAMES_SHOWN: usize = 8;
+
 fn not_accepted_message(why: NotAccepted) -> &'static str {
     match why {
         NotAccepted::NoMatchingParent => {
@@ -109,6 +129,10 @@ fn not_accepted_message(why: NotAccepted) -> &'static str {
         }
         NotAccepted::NotAllowedByListeners => "no listener the reference names admits this route's kind and namespace",
         NotAccepted::NoMatchingListenerHostname => "no hostname of the route is one the listeners it names cover",
+        NotAccepted::GatewayFull => {
+            "the Gateway's proxy configuration would exceed its 1 MiB with this route: older routes are served, this \
+             one once room is made"
+        }
     }
 }
 
@@ -180,22 +204,40 @@ mod tests {
     #[test]
     fn a_routes_parent_status_says_why_and_keeps_its_transition_times() {
         let parent = json!({"name": "gw", "sectionName": "pg"});
-        let attached =
-            RouteFindings { attached: Ok(()), resolved: Err(("BackendNotFound", "no Service apps/pg".into())) };
+        let attached = RouteFindings {
+            attached: Ok(()),
+            resolved: Err(("BackendNotFound", "no Service apps/pg".into())),
+            shadowed: Vec::new(),
+        };
         let first = route_parent_status(parent.clone(), &attached, at(100, &[]));
         assert_eq!(first.controller_name, CONTROLLER_NAME);
         assert_eq!(
             summary(&first.conditions),
             owned(&[("Accepted", "True", "Accepted"), ("ResolvedRefs", "False", "BackendNotFound")])
         );
-        let fixed = RouteFindings { attached: Ok(()), resolved: Ok(()) };
+        let fixed = RouteFindings { attached: Ok(()), resolved: Ok(()), shadowed: Vec::new() };
         let second = route_parent_status(parent.clone(), &fixed, at(200, &first.conditions));
         let times: Vec<i64> = second.conditions.iter().map(|c| c.last_transition_time.0.as_second()).collect();
         assert_eq!(times, [100, 200], "Accepted held, ResolvedRefs changed");
-        let refused = RouteFindings { attached: Err(NotAccepted::NotAllowedByListeners), resolved: Ok(()) };
+        let refused =
+            RouteFindings { attached: Err(NotAccepted::NotAllowedByListeners), resolved: Ok(()), shadowed: Vec::new() };
         let third = route_parent_status(parent, &refused, at(300, &second.conditions));
         assert_eq!(summary(&third.conditions)[0], owned(&[("Accepted", "False", "NotAllowedByListeners")])[0]);
         assert_eq!(serde_json::to_value(&third).expect("JSON")["parentRef"]["sectionName"], "pg");
+    }
+
+    /// A route that lost names to a more specific listener stays `Accepted` and says which
+    /// names, at most eight of them.
+    #[test]
+    fn a_route_says_which_names_a_more_specific_listener_takes() {
+        let parent = json!({"name": "gw"});
+        let shadowed: Vec<String> = (0..10).map(|i| format!("h{i}.pay.example.com")).collect();
+        let findings = RouteFindings { attached: Ok(()), resolved: Ok(()), shadowed };
+        let status = route_parent_status(parent, &findings, at(1, &[]));
+        let accepted = &status.conditions[0];
+        assert_eq!((accepted.status.as_str(), accepted.reason.as_str()), ("True", "Accepted"));
+        assert!(accepted.message.contains("h0.pay.example.com, h1.pay.example.com"), "{}", accepted.message);
+        assert!(accepted.message.ends_with("h7.pay.example.com and 2 more"), "{}", accepted.message);
     }
 
     #[test]

@@ -146,3 +146,68 @@ async fn each_server_name_reaches_its_own_backend_and_an_unknown_one_is_refused(
     assert_eq!((served(&a), served(&b)), (10, 10), "a refused connection reaches no backend");
     drop(nginx);
 }
+
+/// Gateway API's listener precedence on a shared port, through the real nginx: a tenant's
+/// route on an open `*.example.test` listener names `api.pay.example.test` and
+/// `db.example.test`, which a restricted wildcard listener and a restricted exact listener
+/// take. In either listing order, 50 connections for each restricted name reach the
+/// restricted listener's backend and none the tenant's, whose certificate covers every name
+/// (so a misrouted handshake would succeed), and a name the restricted wildcard listener has no
+/// route for is refused rather than sent to the tenant.
+#[tokio::test]
+async fn the_most_specific_listener_takes_its_names_from_a_tenants_route() {
+    use balancer::gateway::api::gateways::GatewayListeners;
+    use balancer::gateway::listeners::{AttachedRoute, proxy_listeners};
+
+    let Some(bin) = nginx_binary() else { return };
+    let all = ["web.example.test", "api.pay.example.test", "other.pay.example.test", "db.example.test"];
+    let (tenant, tenant_cert) = tls_backend("tenant", Ipv4Addr::new(127, 0, 9, 2), &all).await;
+    let (payments, payments_cert) = tls_backend("payments", Ipv4Addr::new(127, 0, 9, 3), &all).await;
+    let (database, database_cert) = tls_backend("database", Ipv4Addr::new(127, 0, 9, 4), &all).await;
+    let mut roots = RootCertStore::empty();
+    for cert in [tenant_cert, payments_cert, database_cert] {
+        roots.add(cert).expect("a root");
+    }
+    let listener = |name: &str, hostname: &str| -> GatewayListeners {
+        let listener = serde_json::json!({"name": name, "port": 443, "protocol": "TLS", "hostname": hostname});
+        serde_json::from_value(listener).expect("a listener")
+    };
+    let attached = |name: &str, hostnames: &[&str], backend: &Backend| AttachedRoute {
+        created: None,
+        namespace: name.into(),
+        name: name.into(),
+        hostnames: hostnames.iter().map(|h| h.to_string()).collect(),
+        backends: vec![to(backend)],
+    };
+    for reversed in [false, true] {
+        let mut gateway = vec![
+            (
+                listener("open", "*.example.test"),
+                vec![attached("tenant", &["api.pay.example.test", "db.example.test", "web.example.test"], &tenant)],
+            ),
+            (listener("pay", "*.pay.example.test"), vec![attached("payments", &["api.pay.example.test"], &payments)]),
+            (listener("db", "db.example.test"), vec![attached("database", &[], &database)]),
+        ];
+        if reversed {
+            gateway.reverse();
+        }
+        let (listeners, routes): (Vec<_>, Vec<_>) = gateway.into_iter().unzip();
+        let built = proxy_listeners(&listeners, &routes).listeners;
+        let config = |port: u16| {
+            let listeners = built.iter().map(|l| Listener { port, ..l.clone() }).collect();
+            ProxyConfig { listeners, ..passthrough(port, Vec::new()) }
+        };
+        let (nginx, port) = start_nginx(&bin, |p| nginx::write(&config(p))).await;
+        for (name, wanted) in [("api.pay.example.test", "payments"), ("db.example.test", "database")] {
+            for _ in 0..50 {
+                assert_eq!(tls_ask(port, name, &roots).await.as_deref(), Ok(wanted), "{name}, reversed: {reversed}");
+            }
+        }
+        assert_eq!(tls_ask(port, "web.example.test", &roots).await.as_deref(), Ok("tenant"));
+        let refused = tls_ask(port, "other.pay.example.test", &roots).await;
+        assert!(refused.is_err(), "the pay listener has no route for it, reversed: {reversed}: {refused:?}");
+        drop(nginx);
+    }
+    let served = |backend: &Backend| backend.served.load(std::sync::atomic::Ordering::SeqCst);
+    assert_eq!((served(&tenant), served(&payments), served(&database)), (2, 100, 100));
+}

@@ -26,10 +26,11 @@ use crate::controller::report::Written;
 use crate::controller::{Error, RESYNC};
 use crate::gateway::api::gateways::Gateway;
 use crate::gateway::api::referencegrants::ReferenceGrant;
-use crate::gateway::assembly::{Assembly, Lookups, assemble};
+use crate::gateway::assembly::{Assembly, Lookups, assemble, assemble_to_fit};
 use crate::gateway::parameters::{self, ParametersSource, ProxyParameters};
 use crate::gateway::proxy::{GatewayProxy, gateway_owner, gateway_proxy, infrastructure_refusal};
 use crate::gateway::routes::{RouteView, referenced_services};
+use crate::proxy::model::Listener;
 use crate::proxy::{self, BALANCER_NAME_LABEL, Owner};
 
 /// What Gateway reconciles share.
@@ -111,33 +112,50 @@ async fn converge(gateway: &Gateway, gctx: &GatewayContext) -> Result<Action, Er
         grants: |namespace: &str| grants_in(caches, namespace),
         ready_pods: |namespace: &str, name: &str| pods.then(|| caches.backend_slices.ready_pods(namespace, name)),
     };
-    let assembly = assemble(gateway, &routes, &lookups);
+    let mut assembly = assemble(gateway, &routes, &lookups);
     let refusal = infrastructure_refusal(gateway, &ctx.settings.policy).or(parameters.as_ref().err().cloned());
-    let tell = |outcome: GatewayOutcome| report(ctx, gateway, &routes, &assembly, outcome, now);
     if let Some(refusal) = refusal {
-        tell(GatewayOutcome { refused: Some(refusal), ..GatewayOutcome::default() }).await?;
+        report(
+            ctx,
+            gateway,
+            &routes,
+            &assembly,
+            now,
+            GatewayOutcome { refused: Some(refusal), ..GatewayOutcome::default() },
+        )
+        .await?;
         return Ok(Action::requeue(RESYNC));
     }
     if assembly.listeners.is_empty() {
         // Nothing to serve (every listener HTTP, say): no proxy, and none left from before.
         delete_stale_proxies(ctx, gateway, None).await?;
-        tell(GatewayOutcome::default()).await?;
+        report(ctx, gateway, &routes, &assembly, now, GatewayOutcome::default()).await?;
         return Ok(Action::requeue(RESYNC));
     }
     // The proxy first: a route's change is on its way to the wire before any status is written.
     let parameters = parameters.unwrap_or_default();
-    let mut proxy = gateway_proxy(&owner, gateway, assembly.listeners.clone(), &ctx.settings, &parameters);
-    if pods && !proxy.fits() {
-        // Too many pods for one ConfigMap: the Services' cluster IPs, as a Balancer falls back.
-        let listeners = assemble(gateway, &routes, &lookups.without_pods()).listeners;
-        proxy = gateway_proxy(&owner, gateway, listeners, &ctx.settings, &parameters);
+    let proxy_of = |listeners: Vec<Listener>| gateway_proxy(&owner, gateway, listeners, &ctx.settings, &parameters);
+    let mut proxy = proxy_of(assembly.listeners.clone());
+    if !proxy.fits() {
+        // Too many pods for one ConfigMap: the Services' cluster IPs, as a Balancer falls back;
+        // and when the routes do not fit even so, the newest are refused (`GatewayFull`) so that
+        // every older one is still served and updated.
+        let fits = |listeners: &[Listener]| proxy_of(listeners.to_vec()).fits();
+        assembly = if pods {
+            assemble_to_fit(gateway, &routes, &lookups.without_pods(), fits)
+        } else {
+            assemble_to_fit(gateway, &routes, &lookups, fits)
+        };
+        proxy = proxy_of(assembly.listeners.clone());
     }
     let (deployment, front) = match apply_proxy(ctx, &owner, &proxy).await {
         Ok(applied) => applied,
         Err(Error::Conflict { kind, name }) => {
             // Its name is held (by a Balancer's proxy, say): said in the status, tried again
             // when that object goes (its change wakes this Gateway) or at the resync.
-            tell(GatewayOutcome { conflict: Some(format!("{kind} {name}")), ..GatewayOutcome::default() }).await?;
+            let conflict = Some(format!("{kind} {name}"));
+            report(ctx, gateway, &routes, &assembly, now, GatewayOutcome { conflict, ..GatewayOutcome::default() })
+                .await?;
             return Ok(Action::requeue(RESYNC));
         }
         Err(other) => return Err(other),
@@ -148,7 +166,9 @@ async fn converge(gateway: &Gateway, gctx: &GatewayContext) -> Result<Action, Er
         // classes) serves until this one does.
         delete_stale_proxies(ctx, gateway, Some(&owner.name)).await?;
     }
-    tell(GatewayOutcome { served, addresses: Exposure::of(&front).addresses, ..GatewayOutcome::default() }).await?;
+    let addresses = Exposure::of(&front).addresses;
+    report(ctx, gateway, &routes, &assembly, now, GatewayOutcome { served, addresses, ..GatewayOutcome::default() })
+        .await?;
     Ok(Action::requeue(RESYNC))
 }
 
@@ -184,8 +204,8 @@ async fn report(
     gateway: &Gateway,
     routes: &[RouteView],
     assembly: &Assembly,
-    outcome: GatewayOutcome,
     now: Timestamp,
+    outcome: GatewayOutcome,
 ) -> Result<(), Error> {
     write_route_statuses(ctx, gateway, routes, assembly, now).await?;
     write_gateway_status(ctx, gateway, assembly, &outcome, now).await
