@@ -91,6 +91,7 @@ pub fn write(config: &ProxyConfig) -> String {
         conf.push_str(&access_log::directives(path));
         conf.push('\n');
     }
+    write_map_hash_sizes(&mut conf, config);
     for listener in &config.listeners {
         // A Balancer's backends are Services it names after itself; a route's are named as
         // what they are.
@@ -173,6 +174,32 @@ fn write_upstream(
 /// upstream, and one marked `down` is never connected to.
 const NO_SERVER: &str = REFUSED_ADDRESS;
 
+/// The sizes of the `map` hashes, when some listener routes by SNI. nginx's default bucket
+/// (a cache line, 64 bytes) holds no name longer than about 50 characters, and one longer name
+/// in any route makes nginx refuse the whole file (`could not build map_hash`); a bucket of
+/// [`MAP_HASH_BUCKET_SIZE`] holds the longest name Gateway API allows (253 characters), and the
+/// table may grow to twice the names written.
+fn write_map_hash_sizes(conf: &mut String, config: &ProxyConfig) {
+    let names: usize = config
+        .listeners
+        .iter()
+        .filter(|l| l.routes_by_sni())
+        .flat_map(|l| &l.sni_routes)
+        .map(|r| r.hostnames.len())
+        .sum();
+    if config.listeners.iter().any(Listener::routes_by_sni) {
+        let max_size = MAP_HASH_MAX_SIZE.max(names.saturating_mul(2));
+        let _ = writeln!(conf, "    map_hash_bucket_size {MAP_HASH_BUCKET_SIZE};\n    map_hash_max_size {max_size};\n");
+    }
+}
+
+/// The bucket of a `map` hash: one entry of a 253-character name takes 272 bytes on a 64-bit
+/// host (the name, its length and a pointer, aligned, then the bucket's end marker).
+const MAP_HASH_BUCKET_SIZE: usize = 512;
+
+/// nginx's default `map_hash_max_size`, the least written.
+const MAP_HASH_MAX_SIZE: usize = 2048;
+
 /// The variable a listener routed by SNI proxies to, set by [`write_sni_map`].
 fn sni_variable(listener: &Listener) -> String {
     format!("${}_sni", listener.upstream_name())
@@ -181,7 +208,8 @@ fn sni_variable(listener: &Listener) -> String {
 /// A TLS listener's `map` from the ClientHello's server name (`ssl_preread`) to a route's
 /// upstream: `hostnames` matches exact names first, then the longest wildcard, and the
 /// listener's own upstream takes the rest. A name goes to the first route that lists it (nginx
-/// refuses a map with a name twice), and only Gateway API hostnames are written.
+/// refuses a map with a name twice), and only Gateway API hostnames are written, each as a
+/// [`map_key`].
 fn write_sni_map(conf: &mut String, listener: &Listener) {
     let _ = writeln!(conf, "    map $ssl_preread_server_name {} {{\n        hostnames;", sni_variable(listener));
     let mut written = std::collections::HashSet::new();
@@ -189,11 +217,19 @@ fn write_sni_map(conf: &mut String, listener: &Listener) {
         let upstream = listener.route_upstream_name(index);
         for hostname in route.hostnames.iter().filter(|h| is_hostname(h)) {
             if written.insert(hostname.as_str()) {
-                let _ = writeln!(conf, "        {hostname} {upstream};");
+                let _ = writeln!(conf, "        {} {upstream};", map_key(hostname));
             }
         }
     }
     let _ = writeln!(conf, "        default {};\n    }}\n", listener.upstream_name());
+}
+
+/// `key` as a `map` key that is always data: a leading `\`, which nginx strips before it
+/// reads the key (wildcards still match). Without it a route's hostname `default`,
+/// `hostnames`, `include` or `volatile` is one of the map's own parameters, and nginx refuses
+/// the whole file for every tenant of the Gateway (or, for `include`, opens a file).
+fn map_key(key: &str) -> String {
+    format!("\\{key}")
 }
 
 /// The upstream's balancing directive; `None` for nginx's default, weighted round robin.

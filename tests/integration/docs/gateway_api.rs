@@ -80,9 +80,11 @@ fn the_example_assembles_into_the_proxy_the_page_describes() {
     };
     let proxy = gateway_proxy(&owner, &gateway, assembly.listeners, &settings, &Default::default());
     let conf = &proxy.nginx_conf;
-    for line in
-        ["server 10.96.0.11:5432 weight=90;", "server 10.96.0.12:5432 weight=10;", "db.example.com port_443_tcp_sni_0;"]
-    {
+    for line in [
+        "server 10.96.0.11:5432 weight=90;",
+        "server 10.96.0.12:5432 weight=10;",
+        r"\db.example.com port_443_tcp_sni_0;",
+    ] {
         assert!(conf.contains(line), "{line:?} in:\n{conf}");
     }
     let ports: Vec<Option<String>> =
