@@ -73,7 +73,7 @@ pub struct ReadySlice {
 }
 
 /// A ready endpoint: what it stands for (see [`ReadySlice`]) and its first address, when that
-/// is an IP address.
+/// is an IP address a proxy may send to ([`upstream_address`]).
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub struct ReadyEndpoint {
     identity: Box<str>,
@@ -214,11 +214,30 @@ fn ip_address(endpoint: &Endpoint) -> Option<IpAddr> {
     first.and_then(|a| a.parse().ok())
 }
 
+/// An endpoint's address as an upstream: its [`ip_address`], unless that is [`special`].
+fn upstream_address(endpoint: &Endpoint) -> Option<IpAddr> {
+    ip_address(endpoint).filter(|ip| !special(*ip))
+}
+
+/// Whether `ip` is one no backend can be at: unspecified, loopback (the proxy pod itself),
+/// link-local (a cloud's metadata service at 169.254.169.254), or multicast; an IPv4 address
+/// written as IPv6 (`::ffff:127.0.0.1`) is judged as IPv4. The API server refuses these in an
+/// `Endpoints` object, not in an EndpointSlice, which anyone who may write EndpointSlices in a
+/// namespace can make for any Service there (the CVE-2021-25740 family).
+pub fn special(ip: IpAddr) -> bool {
+    match ip.to_canonical() {
+        IpAddr::V4(v4) => {
+            v4.is_unspecified() || v4.is_loopback() || v4.is_link_local() || v4.is_multicast() || v4.is_broadcast()
+        }
+        IpAddr::V6(v6) => v6.is_unspecified() || v6.is_loopback() || v6.is_unicast_link_local() || v6.is_multicast(),
+    }
+}
+
 /// The ready endpoints, sorted by identity and distinct, [`MAX_ENDPOINTS_PER_SLICE`] at most.
 fn ready_endpoints(endpoints: &[Endpoint], slice_namespace: &str) -> Arc<[ReadyEndpoint]> {
     let ready_endpoint = |endpoint: &Endpoint| {
         let identity = bounded(endpoint.identity(slice_namespace)?);
-        Some(ReadyEndpoint { identity, address: ip_address(endpoint) })
+        Some(ReadyEndpoint { identity, address: upstream_address(endpoint) })
     };
     let mut ready: Vec<ReadyEndpoint> = endpoints
         .iter()
@@ -568,6 +587,23 @@ mod tests {
         assert_eq!(table.live_addresses("ns", "lb", "b"), [ip("10.244.0.6")], "only the pods named so");
         assert!(table.live_addresses("ns", "lb-v1", "").is_empty(), "a backend's slice keeps no addresses");
         assert_eq!(table.get("ns", "lb"), 1, "and the front's ready count as before");
+    }
+
+    /// An EndpointSlice anyone may write in the namespace cannot send the proxy to itself, to
+    /// a node's or a cloud's link-local services, or to no address: such endpoints count as
+    /// ready but give no upstream.
+    #[test]
+    fn special_addresses_never_become_upstreams() {
+        let refused =
+            ["127.0.0.1", "169.254.169.254", "0.0.0.0", "224.0.0.1", "255.255.255.255", "::1", "fe80::1", "::"];
+        let mut endpoints: Vec<Value> =
+            refused.iter().enumerate().map(|(i, address)| pod(&format!("p{i}"), address, ready())).collect();
+        endpoints.push(pod("mapped", "::ffff:127.0.0.1", ready()));
+        endpoints.push(pod("real", "10.244.0.5", ready()));
+        let table = listed(&[slice("lb-v1-aaaaa", "lb-v1", endpoints)]);
+        let addresses: Vec<IpAddr> = table.ready_pods("ns", "lb-v1").into_iter().map(|pod| pod.address).collect();
+        assert_eq!(addresses, ["10.244.0.5".parse::<IpAddr>().unwrap()]);
+        assert!(!special("192.0.2.1".parse().unwrap()) && !special("fd00::5".parse().unwrap()));
     }
 
     #[test]
