@@ -97,12 +97,13 @@ pub async fn start(
         let cluster = config.cluster.clone();
         tokio::spawn(supervise(clients, cluster, metrics.controller.clone(), synced, shutdown.clone()))
     });
-    // The budget is never smaller than one review body, so a single review can always be read.
-    // Conversions have a budget of their own, the size of one largest body: it admits many small
-    // conversions, or one large one, at a time (bodies of at most 16 KiB pay nothing).
-    let budget = limits.max_body_bytes_in_flight.max(limits.max_body_bytes);
+    // Each budget is at least two of its largest bodies, so that no single connection ever
+    // holds all of it: one client that sends a large body and stalls leaves room for the API
+    // server's next review. Conversions have a budget of their own (bodies of at most 16 KiB
+    // pay nothing).
+    let budget = limits.max_body_bytes_in_flight.max(limits.max_body_bytes.saturating_mul(2));
     let body_budget = Budget::new(budget);
-    let conversion_budget = Budget::new(limits.max_conversion_body_bytes);
+    let conversion_budget = Budget::new(limits.max_conversion_body_bytes.saturating_mul(2));
     let limits = Arc::new(limits);
     let policy = config.cluster.controller.proxy.policy.clone();
     let state = AppState {

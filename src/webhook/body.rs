@@ -5,7 +5,10 @@
 //!
 //! A body of at most [`UNPAID_BYTES`] never touches the budget: every connection may hold one
 //! (1,024 connections hold 16 MiB at most). A larger one pays for its whole buffer as it
-//! grows, never for the length it declares before those bytes arrive.
+//! grows, never for the length it declares before those bytes arrive, and the buffer grows by
+//! an eighth at a time ([`BodySize::next_capacity`]): what a body holds is what it sent, plus
+//! at most an eighth. Its rate is judged over the last [`RATE_WINDOW`] ([`next_due`]), so a burst
+//! followed by silence holds the budget for a second, not until the body's time limit.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -167,14 +170,35 @@ struct BodySize {
 }
 
 impl BodySize {
-    /// The capacity to grow to when `needed` bytes do not fit in `current`.
-    fn next_capacity(&self, current: usize, needed: usize) -> usize {
-        let doubled = needed.max(current.saturating_mul(2)).max(self.first).min(self.limit);
+    /// The capacity to grow to when `needed` bytes do not fit: `needed` and an eighth more
+    /// (at least the first allocation), within the limit and, while the body keeps to it, the
+    /// declared length. Not doubled: a body that sent half its declared length and stopped
+    /// would hold the whole of it. Growing by an eighth copies each byte about eight times
+    /// over a body's life, well within a review's time.
+    fn next_capacity(&self, needed: usize) -> usize {
+        let grown = needed.saturating_add(needed / 8).max(self.first).min(self.limit);
         match self.declared {
-            Some(declared) if needed <= declared => doubled.min(declared),
-            _ => doubled,
+            Some(declared) if needed <= declared => grown.min(declared),
+            _ => grown,
         }
     }
+}
+
+/// How much of a recent burst counts towards a body's rate: bytes sent ahead of the rate buy
+/// at most this much silence. Judged from the body's start instead, 8 MiB sent at once would
+/// buy two minutes at 64 KiB a second, and with them the budget they were paid from.
+pub(super) const RATE_WINDOW: Duration = Duration::from_secs(1);
+
+/// When a body's next bytes are due, once `received` more arrived at `now` while the next
+/// ones were due at `due`: each byte buys `1 / min_rate` of time, but never beyond
+/// [`RATE_WINDOW`] after `now`. `None`: no floor.
+fn next_due(due: Instant, received: usize, now: Instant, min_rate: MinRate) -> Option<Instant> {
+    if min_rate.bytes_per_second == 0 {
+        return None;
+    }
+    let bought = min_rate.allowed(received as u64).saturating_sub(min_rate.grace);
+    let earned = due.max(now).checked_add(bought).unwrap_or(now + RATE_WINDOW);
+    Some(earned.min(now + RATE_WINDOW).max(due))
 }
 
 /// What a buffer of `capacity` bytes costs the budget: nothing up to [`UNPAID_BYTES`], then all of it.
@@ -201,11 +225,11 @@ where
     B::Error: std::fmt::Display,
 {
     let started = Instant::now();
-    let mut held = Duration::ZERO;
+    // When the next bytes are due: the grace first, then as [`next_due`] says.
+    let mut due = started.checked_add(pace.min_rate.grace).filter(|_| pace.min_rate.bytes_per_second > 0);
     let mut buffer: Vec<u8> = Vec::new();
     loop {
-        let allowed = held.saturating_add(pace.min_rate.allowed(buffer.len() as u64));
-        let behind = started.checked_add(allowed).unwrap_or(pace.deadline).min(pace.deadline.max(started));
+        let behind = due.unwrap_or(pace.deadline).min(pace.deadline.max(started));
         let frame = match tokio::time::timeout_at(behind, body.frame()).await {
             Ok(Some(frame)) => frame,
             Ok(None) => break,
@@ -218,20 +242,24 @@ where
         if needed > size.limit {
             return Err(BodyError::TooLarge);
         }
+        let mut held = Duration::ZERO;
         if needed > buffer.capacity() {
-            let capacity = size.next_capacity(buffer.capacity(), needed);
+            let capacity = size.next_capacity(needed);
             let more = cost(capacity).saturating_sub(cost(buffer.capacity()));
             if more > 0 && !tab.try_pay(more) {
                 let _held = pace.upload.as_ref().map(Upload::hold);
                 let waiting = Instant::now();
                 let wait = pace.wait.min(pace.deadline.saturating_duration_since(waiting));
                 let paid = tab.pay(more, wait).await;
-                held += waiting.elapsed();
+                held = waiting.elapsed();
                 paid.map_err(|_| BodyError::Busy)?;
             }
             buffer.reserve_exact(capacity - buffer.len());
         }
         buffer.extend_from_slice(&data);
+        // The time spent waiting for room is the server's: the bytes are due that much later.
+        let now = Instant::now();
+        due = due.and_then(|due| next_due(due.checked_add(held).unwrap_or(due), data.len(), now, pace.min_rate));
         if let Some(upload) = &pace.upload {
             upload.received(buffer.len() as u64);
         }
@@ -263,4 +291,41 @@ fn is_json(headers: &HeaderMap) -> bool {
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.split(';').next())
         .is_some_and(|mime| mime.trim().eq_ignore_ascii_case("application/json"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: usize = 1024 * 1024;
+
+    /// A body pays for what it sent and an eighth more: half of a declared 16 MiB holds 9 MiB,
+    /// not the 16 MiB a doubled buffer would.
+    #[test]
+    fn a_buffer_grows_by_an_eighth_within_the_declared_length_and_the_limit() {
+        let declared = BodySize { limit: 16 * MIB, first: UNPAID_BYTES, declared: Some(16 * MIB) };
+        assert_eq!(declared.next_capacity(8 * MIB + 1), 9 * MIB + 1);
+        assert_eq!(declared.next_capacity(15 * MIB), 16 * MIB, "never past the declared length");
+        assert_eq!(declared.next_capacity(100), UNPAID_BYTES, "at least the first allocation");
+        let undeclared = BodySize { limit: 16 * MIB, first: UNPAID_BYTES, declared: None };
+        assert_eq!(undeclared.next_capacity(15 * MIB), 16 * MIB, "never past the limit");
+        let lied = BodySize { limit: 16 * MIB, first: UNPAID_BYTES, declared: Some(MIB) };
+        assert_eq!(lied.next_capacity(2 * MIB), 2 * MIB + MIB / 4, "past the declared length: as undeclared");
+    }
+
+    /// Bytes ahead of the rate buy time, but at most a window of it: 8 MiB sent at once does
+    /// not buy two minutes of silence.
+    #[test]
+    fn a_burst_buys_at_most_the_window() {
+        let rate = MinRate { bytes_per_second: 64 * 1024, grace: Duration::from_secs(1) };
+        let start = Instant::now();
+        let due = start + rate.grace;
+        assert_eq!(next_due(due, 8 * MIB, start, rate), Some(start + RATE_WINDOW), "the burst");
+        let now = start + Duration::from_millis(1500);
+        let steady = next_due(now + Duration::from_millis(100), 32 * 1024, now, rate);
+        assert_eq!(steady, Some(now + Duration::from_millis(600)), "half a second bought, within the window");
+        let slow = next_due(now, 6_554, now, rate);
+        assert_eq!(slow, Some(now + Duration::from_nanos(100_006_103)), "a tenth of a second for a tenth of the rate");
+        assert_eq!(next_due(due, 1, start, MinRate::NONE), None, "no floor, no due time");
+    }
 }

@@ -1,4 +1,5 @@
-//! Row 8: slow and idle clients from many addresses against the API server's requests.
+//! Rows 8 and 9: slow, idle, and burst-then-stall clients from many addresses against the API
+//! server's requests.
 //!
 //! 1,200 clients, each from a loopback address of its own (127.1.x.y: the whole of 127/8 is
 //! local, so each client socket binds one), hold the webhook port as a hostile pod could:
@@ -18,13 +19,13 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use serde_json::Value;
+use serde_json::{Value, json};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpSocket, TcpStream};
 use tokio::task::JoinSet;
 
-use crate::support::conversion_review;
-use crate::support::fixtures::sample_v1alpha1;
+use crate::support::fixtures::{sample_json as sample_balancer, sample_v1alpha1};
+use crate::support::{conversion_review, review};
 use crate::{MEASURE_CAP, Server, normal_review, one_at_a_time, require_open_files};
 
 /// What each hostile client does, and how many do it.
@@ -38,6 +39,10 @@ enum Kind {
     IdleTls,
     /// A TCP connection that never sends a byte.
     IdleTcp,
+    /// `POST /convert` declaring 16 MiB, 8 MiB and a byte at once, then nothing.
+    BurstConversion,
+    /// `POST /validate` declaring 1 MiB, 512 KiB at once, then nothing.
+    BurstReview,
 }
 
 const CLIENTS: [(Kind, usize); 4] =
@@ -96,8 +101,10 @@ async fn hostile(kind: Kind, from: IpAddr, server: Arc<Server>, stop: Arc<Atomic
                     _ => match server.tls_handshake(tcp).await {
                         Err(_) => "handshake failed".to_string(),
                         Ok(tls) => match kind {
-                            Kind::SlowConversion => trickle(tls, "/convert", 16 * 1024 * 1024, &stop).await,
-                            Kind::SlowReview => trickle(tls, "/validate", 1024 * 1024, &stop).await,
+                            Kind::SlowConversion => trickle(tls, "/convert", 16 * MIB, 0, &stop).await,
+                            Kind::SlowReview => trickle(tls, "/validate", MIB, 0, &stop).await,
+                            Kind::BurstConversion => trickle(tls, "/convert", 16 * MIB, 8 * MIB + 1, &stop).await,
+                            Kind::BurstReview => trickle(tls, "/validate", MIB, MIB / 2, &stop).await,
                             _ => until_closed(tls, &stop).await,
                         },
                     },
@@ -124,9 +131,18 @@ async fn until_closed<S: AsyncRead + Unpin>(mut stream: S, stop: &AtomicBool) ->
     "held until the end".into()
 }
 
-/// Sends the head of a POST declaring `length` bytes, then a byte every 250 ms, until the
-/// server answers (its status code) or closes without an answer, or `stop`.
-async fn trickle<S: AsyncRead + AsyncWrite + Unpin>(stream: S, path: &str, length: u64, stop: &AtomicBool) -> String {
+const MIB: u64 = 1024 * 1024;
+
+/// Sends the head of a POST declaring `length` bytes, then `burst` bytes at once: with no
+/// burst, a byte every 250 ms; after one, nothing. Until the server answers (its status code)
+/// or closes without an answer, or `stop`.
+async fn trickle<S: AsyncRead + AsyncWrite + Unpin>(
+    stream: S,
+    path: &str,
+    length: u64,
+    burst: u64,
+    stop: &AtomicBool,
+) -> String {
     let (mut reader, mut writer) = tokio::io::split(stream);
     let head = format!(
         "POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {length}\r\n\r\n{{"
@@ -134,6 +150,11 @@ async fn trickle<S: AsyncRead + AsyncWrite + Unpin>(stream: S, path: &str, lengt
     if writer.write_all(head.as_bytes()).await.is_err() || writer.flush().await.is_err() {
         return "closed before its head".into();
     }
+    let burst = vec![b' '; usize::try_from(burst).unwrap_or(0)];
+    if writer.write_all(&burst).await.is_err() || writer.flush().await.is_err() {
+        return "closed during its burst".into();
+    }
+    let trickling = burst.is_empty();
     let mut answer = Vec::new();
     let mut chunk = [0u8; 512];
     let mut tick = tokio::time::interval(Duration::from_millis(250));
@@ -152,7 +173,7 @@ async fn trickle<S: AsyncRead + AsyncWrite + Unpin>(stream: S, path: &str, lengt
                 if stop.load(Ordering::Acquire) {
                     return "held until the end".into();
                 }
-                if writer.write_all(b" ").await.is_err() || writer.flush().await.is_err() {
+                if trickling && (writer.write_all(b" ").await.is_err() || writer.flush().await.is_err()) {
                     return "closed without an answer".into();
                 }
             }
@@ -166,31 +187,46 @@ enum Request {
     Validate,
     Mutate,
     Convert,
+    /// A review of a Balancer with a 64 KiB annotation.
+    LargeValidate,
+    /// A ConversionReview of 64 Balancers.
+    LargeConvert,
 }
 
 impl Request {
     const ALL: [Request; 3] = [Request::Validate, Request::Mutate, Request::Convert];
+    /// With reviews over 16 KiB, which pay from the budgets a burst-then-stall client holds.
+    const WITH_LARGE: [Request; 5] =
+        [Request::Validate, Request::Mutate, Request::Convert, Request::LargeValidate, Request::LargeConvert];
 
     fn path(self) -> &'static str {
         match self {
-            Request::Validate => "/validate",
+            Request::Validate | Request::LargeValidate => "/validate",
             Request::Mutate => "/mutate",
-            Request::Convert => "/convert",
+            Request::Convert | Request::LargeConvert => "/convert",
         }
     }
 
     fn body(self) -> Value {
         match self {
             Request::Validate | Request::Mutate => normal_review(),
+            Request::LargeValidate => {
+                let mut balancer = sample_balancer();
+                balancer["metadata"]["annotations"] = json!({"example.com/note": "x".repeat(64 * 1024)});
+                review("CREATE", balancer)
+            }
             Request::Convert => conversion_review("exposer.hliangzhao.io/v1beta1", vec![sample_v1alpha1()]),
+            Request::LargeConvert => conversion_review("exposer.hliangzhao.io/v1beta1", vec![sample_v1alpha1(); 64]),
         }
     }
 
     /// Whether `answer` is this request's review, answered.
     fn answered(self, answer: &Value) -> bool {
         match self {
-            Request::Validate | Request::Mutate => answer.pointer("/response/uid").is_some(),
-            Request::Convert => answer.pointer("/response/result/status") == Some(&Value::from("Success")),
+            Request::Validate | Request::Mutate | Request::LargeValidate => answer.pointer("/response/uid").is_some(),
+            Request::Convert | Request::LargeConvert => {
+                answer.pointer("/response/result/status") == Some(&Value::from("Success"))
+            }
         }
     }
 }
@@ -236,24 +272,24 @@ fn quantile(latencies: &[Duration], q: f64) -> f64 {
 
 /// [`api_server`] on a thread and runtime of its own, as a separate process would: its
 /// latencies are the server's, not this test's runtime busy with the hostile clients.
-async fn api_server_apart(server: &Arc<Server>, window: Duration) -> Measured {
+async fn api_server_apart(server: &Arc<Server>, window: Duration, requests: &'static [Request]) -> Measured {
     let server = server.clone();
     let apart = tokio::task::spawn_blocking(move || {
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a runtime");
-        runtime.block_on(api_server(&server, window))
+        runtime.block_on(api_server(&server, window, requests))
     });
     apart.await.expect("the API server's thread")
 }
 
-/// Sends the API server's requests one after another for `window`: on one keep-alive client,
-/// and every fifth on a fresh one (a new connection, as the API server opens when it needs one).
-async fn api_server(server: &Server, window: Duration) -> Measured {
+/// Sends `requests` in turn, one after another for `window`: on one keep-alive client, and
+/// every fifth on a fresh one (a new connection, as the API server opens when it needs one).
+async fn api_server(server: &Server, window: Duration, requests: &[Request]) -> Measured {
     let kept = server.client(MEASURE_CAP);
     let mut measured = Measured { latencies: Vec::new(), fresh: Vec::new(), failures: BTreeMap::new() };
     let started = Instant::now();
     let mut n = 0usize;
     while started.elapsed() < window {
-        let request = Request::ALL[n % Request::ALL.len()];
+        let request = requests[n % requests.len()];
         let fresh = n % 5 == 4;
         let client = if fresh { server.client(MEASURE_CAP) } else { kept.clone() };
         n += 1;
@@ -299,43 +335,60 @@ fn series(metrics: &str, name: &str) -> f64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn row8_slow_and_idle_clients_do_not_starve_the_api_server() {
-    let total: usize = CLIENTS.iter().map(|(_, n)| n).sum();
+    let most_open = api_server_under_attack("row 8", &CLIENTS, &Request::ALL).await;
+    assert!(most_open >= 1024, "row 8: the attack must hold more connections than the server's 1,024: {most_open}");
+}
+
+/// Row 9: clients that send a large part of a body at once, then stop: 4 on `/convert`
+/// (8 MiB and a byte of a declared 16 MiB, enough to take the whole conversion budget with a
+/// doubled buffer) and 32 on `/validate` (512 KiB of a declared 1 MiB each, the whole
+/// admission budget the same way), each starting again 100 ms after the server closes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn row9_burst_then_stall_clients_do_not_starve_the_api_server() {
+    let clients = [(Kind::BurstConversion, 4), (Kind::BurstReview, 32)];
+    api_server_under_attack("row 9", &clients, &Request::WITH_LARGE).await;
+}
+
+/// The API server's requests measured idle, then under `clients`' attack: every one must be
+/// answered. Returns how many hostile connections were open at most at once.
+async fn api_server_under_attack(row: &str, clients: &[(Kind, usize)], requests: &'static [Request]) -> usize {
+    let total: usize = clients.iter().map(|(_, n)| n).sum();
     let _serial = one_at_a_time().await;
     require_open_files(2 * total as u64 + 400);
     let server = Arc::new(Server::start().await);
     server.warm_up().await;
-    let idle = api_server_apart(&server, IDLE_WINDOW).await;
+    let idle = api_server_apart(&server, IDLE_WINDOW, requests).await;
 
     let stop = Arc::new(AtomicBool::new(false));
     let outcomes = Arc::new(Outcomes::default());
-    let mut clients = JoinSet::new();
+    let mut attack = JoinSet::new();
     let mut i = 0;
-    for (kind, count) in CLIENTS {
+    for &(kind, count) in clients {
         for _ in 0..count {
-            clients.spawn(hostile(kind, source(i), server.clone(), stop.clone(), outcomes.clone()));
+            attack.spawn(hostile(kind, source(i), server.clone(), stop.clone(), outcomes.clone()));
             i += 1;
         }
     }
     tokio::time::sleep(RAMP).await;
-    let attacked = api_server_apart(&server, ATTACK_WINDOW).await;
+    let attacked = api_server_apart(&server, ATTACK_WINDOW, requests).await;
     let most_open = outcomes.most_open.load(Ordering::Relaxed);
     stop.store(true, Ordering::Release);
-    clients.join_all().await;
+    attack.join_all().await;
     let metrics = server.metrics().await;
     let mut server = Arc::into_inner(server).expect("the clients are done with the server");
-    server.assert_alive("row 8");
+    server.assert_alive(row);
 
     let tally = outcomes.tally.lock().unwrap().clone();
     let eviction =
         |reason: &str| series(&metrics, &format!("balancer_webhook_connection_evictions_total{{reason=\"{reason}\"}}"));
     let body = |reason: &str| series(&metrics, &format!("balancer_webhook_body_refusals_total{{reason=\"{reason}\"}}"));
     eprintln!(
-        "hostile: row 8: {total} hostile clients from as many addresses ({CLIENTS:?}), {} connections made, at most \
+        "hostile: {row}: {total} hostile clients from as many addresses ({clients:?}), {} connections made, at most \
          {most_open} open at once; their outcomes {tally:?}",
         outcomes.made.load(Ordering::Relaxed)
     );
     eprintln!(
-        "hostile: row 8: the server closed for newcomers {} unused, {} slow uploads, {} idle, {} uploads; refused {} \
+        "hostile: {row}: the server closed for newcomers {} unused, {} slow uploads, {} idle, {} uploads; refused {} \
          newcomers; bodies cut for slowness {}, timed out {}, refused for the budget {}",
         eviction("unused"),
         eviction("slow_upload"),
@@ -346,15 +399,15 @@ async fn row8_slow_and_idle_clients_do_not_starve_the_api_server() {
         body("timeout"),
         body("budget"),
     );
-    eprintln!("hostile: row 8: the API server's requests idle: {}", idle.describe());
-    eprintln!("hostile: row 8: the API server's requests under attack: {}", attacked.describe());
-    eprintln!("hostile: row 8: p99 idle {:.1} ms, under attack {:.1} ms", idle.quantile(0.99), attacked.quantile(0.99));
-    assert!(idle.failures.is_empty(), "row 8: without the attack every request is answered: {}", idle.describe());
-    assert!(most_open >= 1024, "row 8: the attack must hold more connections than the server's 1,024: {most_open}");
+    eprintln!("hostile: {row}: the API server's requests idle: {}", idle.describe());
+    eprintln!("hostile: {row}: the API server's requests under attack: {}", attacked.describe());
+    eprintln!("hostile: {row}: p99 idle {:.1} ms, under attack {:.1} ms", idle.quantile(0.99), attacked.quantile(0.99));
+    assert!(idle.failures.is_empty(), "{row}: without the attack every request is answered: {}", idle.describe());
     assert!(
         attacked.failures.is_empty(),
-        "row 8: every request the API server sends is answered under the attack: {}",
+        "{row}: every request the API server sends is answered under the attack: {}",
         attacked.describe()
     );
-    assert!(attacked.latencies.len() >= 30, "row 8: too few requests to judge: {}", attacked.describe());
+    assert!(attacked.latencies.len() >= 30, "{row}: too few requests to judge: {}", attacked.describe());
+    most_open
 }

@@ -617,9 +617,10 @@ async fn a_load_balancers_class_change_is_refused_on_update() {
     server.stop().await;
 }
 
-/// Review bodies share a byte budget: while one client holds all of it with a body it has
-/// not finished sending, another review waits only `budget_wait`, then gets 503 at once,
-/// well inside the API server's timeout; once the first is gone, reviews flow again.
+/// Review bodies share a byte budget of at least two bodies, so that no one client holds all
+/// of it: while two clients hold it with bodies they have not finished sending, another
+/// review waits only `budget_wait`, then gets 503 at once, well inside the API server's
+/// timeout; once they are gone, reviews flow again.
 #[tokio::test]
 async fn reviews_beyond_the_body_budget_fail_fast_with_503() {
     let server = TestServer::start_with(balancer::webhook::Limits {
@@ -632,14 +633,18 @@ async fn reviews_beyond_the_body_budget_fail_fast_with_503() {
     let mut object = sample_balancer();
     object["metadata"]["annotations"] = json!({"pad": "x".repeat(60_000)});
     let body = review("CREATE", object).to_string();
-    let mut holder = tls_connect(&server).await;
     let head = format!(
         "POST /validate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
         body.len()
     );
-    holder.write_all(head.as_bytes()).await.unwrap();
-    holder.write_all(&body.as_bytes()[..body.len() - 10]).await.unwrap();
-    holder.flush().await.unwrap();
+    let mut holders = Vec::new();
+    for _ in 0..2 {
+        let mut holder = tls_connect(&server).await;
+        holder.write_all(head.as_bytes()).await.unwrap();
+        holder.write_all(&body.as_bytes()[..body.len() - 10]).await.unwrap();
+        holder.flush().await.unwrap();
+        holders.push(holder);
+    }
     tokio::time::sleep(Duration::from_millis(300)).await;
 
     let started = std::time::Instant::now();
@@ -654,7 +659,7 @@ async fn reviews_beyond_the_body_budget_fail_fast_with_503() {
     assert_eq!(response.status().as_u16(), 503);
     assert!(started.elapsed() < Duration::from_secs(2), "waited {:?}", started.elapsed());
 
-    drop(holder);
+    drop(holders);
     tokio::time::sleep(Duration::from_millis(200)).await;
     let response = server
         .client()
