@@ -53,6 +53,7 @@ use crate::leader_election::leader_election_hands_over;
 use crate::metrics::metrics_need_a_token_allowed_to_get_them;
 use crate::rbac::{
     operator_runs_with_only_the_shipped_rbac, the_admission_policy_holds_the_operator_to_the_proxy_identity,
+    the_admission_policy_holds_the_operators_workloads,
 };
 use crate::reconcile::{
     a_balancer_is_exposed_by_node_ports_and_a_load_balancer, a_dropped_port_leaves_every_child,
@@ -131,6 +132,7 @@ fn main() -> ExitCode {
             crd_is_accepted_and_established,
             operator_runs_with_only_the_shipped_rbac,
             the_admission_policy_holds_the_operator_to_the_proxy_identity,
+            the_admission_policy_holds_the_operators_workloads,
             webhooks_are_called_by_the_api_server,
             balancers_are_reconciled_into_children_and_status,
             each_backends_ready_endpoints_are_in_the_status,

@@ -108,8 +108,131 @@ pub(crate) async fn the_admission_policy_holds_the_operator_to_the_proxy_identit
         let (ok, out) = as_operator(object);
         assert!(!ok && out.contains("balancer-proxy-identity"), "{what} was not refused by the policy: {out}");
     }
-    let kubectl = world.plane.kubectl("admin");
-    kubectl.ok(&["delete", "validatingadmissionpolicybinding,validatingadmissionpolicy", "balancer-proxy-identity"]);
-    kubectl.ok(&["-n", NS, "delete", "serviceaccount,role", "identity-proxy"]);
+    remove_admission_policies(world);
+    world.plane.kubectl("admin").ok(&["-n", NS, "delete", "serviceaccount,role", "identity-proxy"]);
     balancers(world).delete("identity", &DeleteParams::default()).await.expect("delete the Balancer");
+}
+
+/// Both policies of `deploy/admission-policy.yaml`, and their bindings.
+const POLICIES: &str = "balancer-proxy-identity,balancer-proxy-workloads";
+
+fn remove_admission_policies(world: &World) {
+    let kubectl = world.plane.kubectl("admin");
+    for kind in ["validatingadmissionpolicybinding", "validatingadmissionpolicy"] {
+        for name in POLICIES.split(',') {
+            kubectl.ok(&["delete", kind, name]);
+        }
+    }
+}
+
+/// The admission policy holds the operator's token to the workloads it builds: the Deployment,
+/// ConfigMap, Services and PodDisruptionBudget the operator makes for a Balancer, with and
+/// without the metrics sidecar, pass (and the running operator makes the Balancer's own under
+/// it); each write of a stolen token that its RBAC alone allows
+/// is refused: a Deployment in `kube-system` no Balancer owns, the proxy Deployment made
+/// privileged, given the host's network or a hostPath, or run as another ServiceAccount, a
+/// Service with `externalIPs` (CVE-2020-8554), `kube-system/coredns`' ConfigMap rewritten,
+/// and a ConfigMap not named after its Balancer. Server-side dry runs, as above.
+pub(crate) async fn the_admission_policy_holds_the_operators_workloads(world: &mut World) {
+    use balancer::proxy::signature::ConfigSigner;
+    use balancer::proxy::{BackendTarget, ProxySettings};
+    use balancer::spec::{ObjectName, SpecPolicy, admit};
+
+    apply_shipped_rbac(world);
+    let policy = repo_file("deploy/admission-policy.yaml")
+        .replace("system:serviceaccount:balancer-system:balancer", OPERATOR.name);
+    let (ok, out) = apply(world, "admin", &policy);
+    assert!(ok, "applying deploy/admission-policy.yaml failed: {out}");
+    let (ok, out) = apply(world, "admin", &balancer_yaml("workloads", &sample_spec_yaml()));
+    assert!(ok, "{out}");
+    let stored = balancers(world).get("workloads").await.expect("the Balancer");
+    // Children of the Balancer under names the running operator does not make itself.
+    let owner = Owner { name: "dry-run".into(), ..Owner::of(&stored).expect("an owner") };
+    let spec = admit(ObjectName::Name("workloads"), stored.spec.clone(), &SpecPolicy::default()).expect("valid");
+    let targets: Vec<BackendTarget<'_>> =
+        spec.backends.iter().map(|spec| BackendTarget { spec, cluster_ip: None, ready_pods: None }).collect();
+    let key = ConfigSigner::generate().expect("a key");
+    let settings = |metrics_image: Option<&str>| ProxySettings {
+        image: "nginxinc/nginx-unprivileged:1.28.0-alpine".into(),
+        load_modules: Vec::new(),
+        metrics_image: metrics_image.map(str::to_string),
+        policy: SpecPolicy::default(),
+        signer: Some(ConfigSigner::from_pkcs8(&key).expect("the key reads")),
+    };
+    let live = proxy::proxy(&owner, &spec, &settings(Some("balancer:dev")), &targets);
+    let mounted = proxy::proxy(&owner, &spec, &settings(None), &targets);
+    let value = |object: Result<Value, serde_json::Error>| object.expect("serializes");
+    let mut own = vec![
+        value(serde_json::to_value(&live.deployment)),
+        value(serde_json::to_value(&mounted.deployment)),
+        value(serde_json::to_value(&live.config_map)),
+        value(serde_json::to_value(&live.front_service)),
+        value(serde_json::to_value(proxy::proxy_disruption_budget(&owner))),
+    ];
+    own.extend(proxy::backend_services(&owner, &spec).iter().map(|s| value(serde_json::to_value(s))));
+    let as_operator = |object: &Value| {
+        let (ok, out, err) = world
+            .plane
+            .kubectl("operator")
+            .run(&["create", "--dry-run=server", "-o", "name", "-f", "-"], Some(&object.to_string()));
+        (ok, format!("{out}{err}"))
+    };
+    let deployment = value(serde_json::to_value(&live.deployment));
+    let changed = |change: &dyn Fn(&mut Value)| {
+        let mut object = deployment.clone();
+        change(&mut object);
+        object
+    };
+    // Privileged needs privilege escalation allowed, or the API server refuses the object itself.
+    let privileged = changed(&|d| {
+        let context = &mut d["spec"]["template"]["spec"]["containers"][0]["securityContext"];
+        context["privileged"] = json!(true);
+        context["allowPrivilegeEscalation"] = json!(true);
+    });
+    // The API server takes a while to start enforcing a new policy: until the first refusal.
+    let refusal = eventually("the policy refusing a privileged proxy", Duration::from_secs(30), || async {
+        let (ok, out) = as_operator(&privileged);
+        (!ok).then_some(out)
+    })
+    .await;
+    assert!(refusal.contains("balancer-proxy-workloads"), "{refusal}");
+    for object in &own {
+        let (ok, out) = as_operator(object);
+        assert!(ok, "the operator's own {} {} was refused: {out}", object["kind"], object["metadata"]["name"]);
+    }
+    let mut elsewhere = changed(&|d| {
+        d["metadata"]["namespace"] = json!("kube-system");
+        d["metadata"]["name"] = json!("kube-proxy-helper");
+    });
+    elsewhere["metadata"].as_object_mut().expect("metadata").remove("ownerReferences");
+    // A host-network pod may not set the port sysctl: the API server refuses the object itself.
+    let host_network = changed(&|d| {
+        d["spec"]["template"]["spec"]["hostNetwork"] = json!(true);
+        d["spec"]["template"]["spec"]["securityContext"].as_object_mut().map(|c| c.remove("sysctls"));
+    });
+    let host_path = changed(&|d| {
+        let volumes = d["spec"]["template"]["spec"]["volumes"].as_array_mut().expect("volumes");
+        volumes.push(json!({"name": "root", "hostPath": {"path": "/"}}));
+    });
+    let another_account = changed(&|d| d["spec"]["template"]["spec"]["serviceAccountName"] = json!("default"));
+    let mut external = value(serde_json::to_value(&live.front_service));
+    external["spec"]["externalIPs"] = json!(["192.0.2.10"]);
+    let coredns = json!({"apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "coredns", "namespace": "kube-system"}, "data": {"Corefile": ". { forward . 192.0.2.53 }"}});
+    let mut misnamed = value(serde_json::to_value(&live.config_map));
+    misnamed["metadata"]["name"] = json!("other-config");
+    for (what, object) in [
+        ("a Deployment in kube-system no Balancer owns", &elsewhere),
+        ("a proxy Deployment with the host's network", &host_network),
+        ("a proxy Deployment mounting the host's root", &host_path),
+        ("a proxy Deployment running as another ServiceAccount", &another_account),
+        ("a Service with externalIPs", &external),
+        ("kube-system/coredns rewritten", &coredns),
+        ("a ConfigMap not named after its Balancer", &misnamed),
+    ] {
+        let (ok, out) = as_operator(object);
+        assert!(!ok && out.contains("balancer-proxy-workloads"), "{what} was not refused by the policy: {out}");
+    }
+    remove_admission_policies(world);
+    balancers(world).delete("workloads", &DeleteParams::default()).await.expect("delete the Balancer");
 }

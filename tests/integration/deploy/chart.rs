@@ -113,10 +113,12 @@ fn listed_exceptions(chart: &mut Objects, kustomize: &mut Objects) {
     // kustomize's schema does not know the admission policy and its binding are cluster-scoped,
     // and gives them the namespace; the API server has none for them, and kubectl drops it.
     for kind in ["ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"] {
-        let key = format!("{kind} {NAMESPACE}/balancer-proxy-identity");
-        let mut object = kustomize.remove(&key).unwrap_or_else(|| panic!("deploy/ renders {key}"));
-        object["metadata"].as_object_mut().unwrap().remove("namespace");
-        kustomize.insert(format!("{kind} /balancer-proxy-identity"), object);
+        for name in ["balancer-proxy-identity", "balancer-proxy-workloads"] {
+            let key = format!("{kind} {NAMESPACE}/{name}");
+            let mut object = kustomize.remove(&key).unwrap_or_else(|| panic!("deploy/ renders {key}"));
+            object["metadata"].as_object_mut().unwrap().remove("namespace");
+            kustomize.insert(format!("{kind} /{name}"), object);
+        }
     }
     // An uninstall must not delete the CRD, and with it every Balancer: cert-manager's chart
     // keeps its CRDs the same way. kustomize has no uninstall to survive.
