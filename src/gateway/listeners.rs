@@ -143,9 +143,16 @@ fn tls_listener(port: u16, group: &[TlsListener<'_>], shadowed: &mut Vec<Shadowe
                 }
                 continue;
             };
+            let winner = |name: &String| most_specific(&hostnames, name);
             let (kept, lost): (Vec<String>, Vec<String>) =
-                names.into_iter().partition(|name| most_specific(&hostnames, name) == Some(position));
-            shadowed.extend(lost.into_iter().map(|hostname| Shadowed {
+                names.into_iter().partition(|name| winner(name) == Some(position));
+            // A name the route also serves through the listener that wins it is not lost.
+            let served_by_winner = |name: &String| {
+                winner(name).and_then(|w| group.get(w)).is_some_and(|w| {
+                    w.routes.iter().any(|r| (&r.namespace, &r.name) == (&route.namespace, &route.name))
+                })
+            };
+            shadowed.extend(lost.into_iter().filter(|name| !served_by_winner(name)).map(|hostname| Shadowed {
                 listener: listener.index,
                 namespace: route.namespace.clone(),
                 name: route.name.clone(),
@@ -344,6 +351,19 @@ mod tests {
                 "reversed: {reversed}"
             );
         }
+    }
+
+    /// A route attached to both the broader and the more specific listener (a parent
+    /// reference without a `sectionName`) serves the name through the more specific one, and
+    /// has lost nothing.
+    #[test]
+    fn a_route_on_both_listeners_serves_the_name_through_the_more_specific() {
+        let open = listener(json!({"name": "open", "port": 443, "protocol": "TLS", "hostname": "*.example.com"}));
+        let pay = listener(json!({"name": "pay", "port": 443, "protocol": "TLS", "hostname": "*.pay.example.com"}));
+        let both = route("both", 1, &["api.pay.example.com"], "api");
+        let built = proxy_listeners(&[open, pay], &[vec![both.clone()], vec![both]]);
+        assert_eq!(nginx_picks(&built.listeners[0], "api.pay.example.com"), ["api"]);
+        assert!(built.shadowed.is_empty(), "{:?}", built.shadowed);
     }
 
     /// A wildcard under a listener without a hostname: the listener for `*.pay.example.com`
