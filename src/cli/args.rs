@@ -166,8 +166,8 @@ pub struct RunArgs {
     /// Largest AdmissionReview body accepted, in bytes (4 KiB to 64 MiB).
     #[arg(long, env = "BALANCER_MAX_BODY_BYTES", default_value_t = 1024 * 1024, value_parser = body_limit)]
     pub max_body_bytes: usize,
-    /// Slowest a review body may arrive once its first second has passed, in bytes a second on
-    /// average (0: no floor); a body behind it gets 408 at once.
+    /// Slowest a review body may arrive once its first second has passed, in bytes a second,
+    /// judged over the last two seconds (0: no floor); a body behind it gets 408 at once.
     #[arg(long, env = "BALANCER_MIN_BODY_RATE", default_value_t = 64 * 1024)]
     pub min_body_rate: u64,
     #[command(flatten)]

@@ -90,7 +90,9 @@ impl Default for ConnectionLimits {
 }
 
 /// A floor under how fast a client sends a body: once `grace` has passed, at least
-/// `bytes_per_second` on average, counted from the end of the grace. Zero is no floor.
+/// `bytes_per_second`. The listener ranks uploads by their average since the grace
+/// ([`MinRate::behind`]); the webhook's body reader judges the rate over a recent window
+/// instead, so that a burst cannot buy a long silence. Zero is no floor.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MinRate {
     /// The rate owed once the grace has passed.

@@ -8,7 +8,7 @@
 //! grows, never for the length it declares before those bytes arrive, and the buffer grows by
 //! an eighth at a time ([`BodySize::next_capacity`]): what a body holds is what it sent, plus
 //! at most an eighth. Its rate is judged over the last [`RATE_WINDOW`] ([`next_due`]), so a burst
-//! followed by silence holds the budget for a second, not until the body's time limit.
+//! followed by silence holds the budget for two seconds, not until the body's time limit.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -186,8 +186,11 @@ impl BodySize {
 
 /// How much of a recent burst counts towards a body's rate: bytes sent ahead of the rate buy
 /// at most this much silence. Judged from the body's start instead, 8 MiB sent at once would
-/// buy two minutes at 64 KiB a second, and with them the budget they were paid from.
-pub(super) const RATE_WINDOW: Duration = Duration::from_secs(1);
+/// buy two minutes at 64 KiB a second, and with them the budget they were paid from. Two
+/// seconds, not one: a TCP retransmission after a lost segment can stall a sender for a
+/// second, and the API server's review must not be cut for it (the body time limit, 3 s for a
+/// review, bounds the rest).
+pub(super) const RATE_WINDOW: Duration = Duration::from_secs(2);
 
 /// When a body's next bytes are due, once `received` more arrived at `now` while the next
 /// ones were due at `due`: each byte buys `1 / min_rate` of time, but never beyond

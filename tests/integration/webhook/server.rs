@@ -627,6 +627,8 @@ async fn reviews_beyond_the_body_budget_fail_fast_with_503() {
         max_body_bytes_in_flight: 64 * 1024,
         budget_wait: Duration::from_millis(300),
         body_timeout: Duration::from_secs(10),
+        // The holders stop sending: no minimum rate may cut them before the review is judged.
+        min_body_rate: balancer::runtime::listener::MinRate::NONE,
         ..support::test_limits()
     })
     .await;
