@@ -286,7 +286,7 @@ async fn supervise(
     if options.gateway_api && matches!(options.scope, controller::Scope::Namespace(_)) {
         // GatewayClasses are cluster-wide, which a namespaced install's Role cannot read.
         tracing::info!(
-            "Gateway API is off: the operator watches one namespace (--watch-namespace); Gateways need the cluster-wide install"
+            "Gateway API is off: the operator watches one namespace (--namespace); Gateways need the cluster-wide install"
         );
         options.gateway_api = false;
     }
