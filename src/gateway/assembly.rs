@@ -13,7 +13,7 @@ use super::api::referencegrants::ReferenceGrant;
 use super::api::tcproutes::TcpRouteParentRefs;
 use super::attachment::{NotAccepted, ParentRef, Route, attach};
 use super::backend_refs::{ResolvedService, resolve};
-use super::listeners::{AttachedRoute, ProxyListeners, Shadowed, proxy_listeners};
+use super::listeners::{AttachedRoute, ProxyListeners, Shadowed, precedence_key, proxy_listeners};
 use super::routes::RouteView;
 use super::status::RouteFindings;
 use super::verdicts::{Verdict, verdicts};
@@ -161,11 +161,7 @@ where
         return all;
     }
     let mut oldest_first: Vec<usize> = (0..routes.len()).collect();
-    let age = |r: &RouteView| (r.created.is_none(), r.created.as_ref().map(|t| t.0));
-    oldest_first.sort_by(|&a, &b| {
-        let (a, b) = (&routes[a], &routes[b]);
-        age(a).cmp(&age(b)).then_with(|| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)))
-    });
+    oldest_first.sort_by_key(|&i| precedence_key(routes[i].created.as_ref(), &routes[i].namespace, &routes[i].name));
     let oldest =
         |count: usize| -> Vec<RouteView> { oldest_first[..count].iter().map(|&i| routes[i].clone()).collect() };
     // The most routes that fit, between none (assumed to fit: a proxy of no route) and all

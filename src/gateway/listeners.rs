@@ -7,6 +7,7 @@
 use std::cmp::Ordering;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
 
 use super::api::gateways::GatewayListeners;
 use super::attachment::ListenerProtocol;
@@ -33,8 +34,17 @@ pub struct AttachedRoute {
 /// Gateway API's precedence between routes: the oldest first, then by namespace and name. A
 /// route without a creation time (not yet stored) comes last.
 pub fn precedence(a: &AttachedRoute, b: &AttachedRoute) -> Ordering {
-    let created = |r: &AttachedRoute| (r.created.is_none(), r.created.as_ref().map(|t| t.0));
-    created(a).cmp(&created(b)).then_with(|| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)))
+    let a_key = precedence_key(a.created.as_ref(), &a.namespace, &a.name);
+    a_key.cmp(&precedence_key(b.created.as_ref(), &b.namespace, &b.name))
+}
+
+/// [`precedence`] as a sort key, for a route created at `created` (`None`: not yet stored).
+pub fn precedence_key<'a>(
+    created: Option<&Time>,
+    namespace: &'a str,
+    name: &'a str,
+) -> (bool, Option<Timestamp>, &'a str, &'a str) {
+    (created.is_none(), created.map(|t| t.0), namespace, name)
 }
 
 /// A route's hostname that it does not serve through a listener because a more specific
