@@ -46,10 +46,7 @@ pub(crate) async fn operator_runs_with_only_the_shipped_rbac(world: &mut World) 
 /// at the end.
 pub(crate) async fn the_admission_policy_holds_the_operator_to_the_proxy_identity(world: &mut World) {
     apply_shipped_rbac(world);
-    let policy = repo_file("deploy/admission-policy.yaml")
-        .replace("system:serviceaccount:balancer-system:balancer", OPERATOR.name);
-    let (ok, out) = apply(world, "admin", &policy);
-    assert!(ok, "applying deploy/admission-policy.yaml failed: {out}");
+    install_admission_policies(world);
     let (ok, out) = apply(world, "admin", &balancer_yaml("identity", &sample_spec_yaml()));
     assert!(ok, "{out}");
     let stored = balancers(world).get("identity").await.expect("the Balancer");
@@ -116,6 +113,15 @@ pub(crate) async fn the_admission_policy_holds_the_operator_to_the_proxy_identit
 /// Both policies of `deploy/admission-policy.yaml`, and their bindings.
 const POLICIES: &str = "balancer-proxy-identity,balancer-proxy-workloads";
 
+/// Applies `deploy/admission-policy.yaml`, naming the e2e operator's user in place of the
+/// installed operator's ServiceAccount.
+fn install_admission_policies(world: &World) {
+    let policy = repo_file("deploy/admission-policy.yaml")
+        .replace("system:serviceaccount:balancer-system:balancer", OPERATOR.name);
+    let (ok, out) = apply(world, "admin", &policy);
+    assert!(ok, "applying deploy/admission-policy.yaml failed: {out}");
+}
+
 fn remove_admission_policies(world: &World) {
     let kubectl = world.plane.kubectl("admin");
     for kind in ["validatingadmissionpolicybinding", "validatingadmissionpolicy"] {
@@ -139,10 +145,7 @@ pub(crate) async fn the_admission_policy_holds_the_operators_workloads(world: &m
     use balancer::spec::{ObjectName, SpecPolicy, admit};
 
     apply_shipped_rbac(world);
-    let policy = repo_file("deploy/admission-policy.yaml")
-        .replace("system:serviceaccount:balancer-system:balancer", OPERATOR.name);
-    let (ok, out) = apply(world, "admin", &policy);
-    assert!(ok, "applying deploy/admission-policy.yaml failed: {out}");
+    install_admission_policies(world);
     let (ok, out) = apply(world, "admin", &balancer_yaml("workloads", &sample_spec_yaml()));
     assert!(ok, "{out}");
     let stored = balancers(world).get("workloads").await.expect("the Balancer");
