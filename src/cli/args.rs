@@ -102,9 +102,14 @@ pub struct ProxyMetricsArgs {
     #[arg(long, default_value = "/run/balancer")]
     pub live_dir: PathBuf,
     /// The operator's public key (base64 Ed25519): with --configmap, only configurations it
-    /// signed for this pod's Balancer are applied. The controller sets it on proxy pods.
-    #[arg(long, env = "BALANCER_CONFIG_KEY")]
+    /// signed for this pod's Balancer (--owner-uid) are applied, each no older than the last.
+    /// The controller sets it on proxy pods.
+    #[arg(long, env = "BALANCER_CONFIG_KEY", requires = "owner_uid")]
     pub config_key: Option<ConfigKey>,
+    /// The `metadata.uid` of the Balancer (or Gateway) the pod serves, which the operator's
+    /// signature binds: a deleted namesake's configurations are refused. The controller sets it.
+    #[arg(long, env = "BALANCER_OWNER_UID")]
+    pub owner_uid: Option<String>,
     /// Whose configurations are applied, with --configmap: a Balancer's name (or
     /// `Gateway/<name>`); any other owner's is refused, the first one included. Without it, the
     /// owner of the first configuration read. The controller sets it on proxy pods.

@@ -18,9 +18,13 @@ pub(super) fn command(args: ProxyMetricsArgs) -> ExitCode {
         Err(e) => return fail(&format!("cannot start the async runtime: {e}")),
     };
     let source = match (args.configmap, args.config) {
-        (Some(config_map), _) => {
-            Source::Live(LiveSource { config_map, dir: args.live_dir, key: args.config_key, owner: args.owner })
-        }
+        (Some(config_map), _) => Source::Live(LiveSource {
+            config_map,
+            dir: args.live_dir,
+            key: args.config_key,
+            owner: args.owner,
+            owner_uid: args.owner_uid.unwrap_or_default(),
+        }),
         (None, Some(path)) => Source::File { path, hash: args.config_hash.filter(|h| !h.is_empty()) },
         (None, None) => return fail("either --config or --configmap is required"),
     };

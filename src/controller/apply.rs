@@ -5,8 +5,9 @@ use std::fmt::Debug;
 
 use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::core::v1::{ConfigMap, Service};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::jiff::Timestamp;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Resource, ResourceExt};
@@ -29,7 +30,8 @@ use crate::runtime::events::{EventType, Note};
 /// Writes `desired` unless the child already holds every field it sets; returns the child as
 /// the API server has it (cached, created or applied).
 ///
-/// Only objects this Balancer controls are ever written: a name held by any other object is a
+/// Only objects this Balancer controls are ever written, and its own children that lost their
+/// controller reference ([`Owner::adopts`]): a name held by any other object is a
 /// [`Error::Conflict`], never adopted. A child the cache does not know is created with a POST,
 /// which the API server refuses when the name is taken, even by an object created a moment ago
 /// that no cache has seen yet (a user's Service applied with the Balancer, say); a forced apply
@@ -70,7 +72,7 @@ where
             }
         },
     };
-    if !controlled_by(&current, owner) {
+    if !controlled_by(&current, owner) && !owner.adopts(&current) {
         return Err(Error::Conflict { kind: kind(), name });
     }
     if is_subset(desired, &current) {
@@ -82,6 +84,49 @@ where
     let params = PatchParams::apply(FIELD_MANAGER).force();
     let applied = api.patch(&name, &params, &Patch::Apply(desired)).await.map_err(|e| api_error("apply", e))?;
     Ok(written.add(ctx, Verb::Updated, applied))
+}
+
+/// Applies the proxy's ConfigMap, signed against the one cached ([`ConfigSigner::seal`]: an
+/// unchanged configuration keeps its sequence, a new one gets a later one). One the cache shows
+/// holding a configuration balancer did not sign for this owner is told on `reported` (a
+/// `ForeignConfiguration` event) before balancer's is written back.
+///
+/// [`ConfigSigner::seal`]: crate::proxy::signature::ConfigSigner::seal
+pub(super) async fn ensure_proxy_config<K: Resource<DynamicType = ()>>(
+    ctx: &Context,
+    owner: &Owner,
+    reported: &K,
+    desired: &ConfigMap,
+    now: Timestamp,
+    written: &mut Written,
+) -> Result<ConfigMap, Error> {
+    let name = desired.name_any();
+    let cached = ctx.children.config_maps.get(&ObjectRef::new(&name).within(&owner.namespace));
+    let current = cached
+        .and_then(|cached| cached.object().ok())
+        .filter(|current| controlled_by(current, owner) || owner.adopts(current));
+    let mut desired = desired.clone();
+    if let Some(signer) = &ctx.settings.signer {
+        let key = signer.public_key();
+        if current.as_ref().is_some_and(|current| proxy::written_by_another(current, &desired, owner, &key)) {
+            tell_foreign_configuration(ctx, reported, &name).await;
+        }
+        let now_ms = u64::try_from(now.as_millisecond()).unwrap_or_default();
+        let data = desired.data.get_or_insert_default();
+        signer.seal(data, &owner.subject(), current.as_ref().and_then(|c| c.data.as_ref()), now_ms);
+    }
+    ensure(ctx, owner, &ctx.children.config_maps, &desired, written).await
+}
+
+/// Tells on `reported` that its proxy's ConfigMap `name` held a configuration balancer did not
+/// sign for it.
+async fn tell_foreign_configuration<K: Resource<DynamicType = ()>>(ctx: &Context, reported: &K, name: &str) {
+    tracing::warn!(config_map = %name, "the proxy's ConfigMap held a configuration balancer did not sign; writing balancer's back");
+    let note = format!(
+        "ConfigMap {name} held a configuration balancer did not sign for this {kind}: the proxies refuse it and serve the last one balancer made, which is written back",
+        kind = K::kind(&()),
+    );
+    publish(reported, ctx, Note::new(EventType::Warning, Reason::ForeignConfiguration, &note)).await;
 }
 
 /// Creates `desired` (as balancer's field manager); `None` when its name is taken.

@@ -7,21 +7,23 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{ConfigMap, Service};
+use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::jiff::Timestamp;
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
 use tracing::Instrument;
 
-use super::apply::{delete_budget, delete_go_proxy, delete_obsolete_backends, ensure, find_go_proxy};
+use super::apply::{
+    delete_budget, delete_go_proxy, delete_obsolete_backends, ensure, ensure_proxy_config, find_go_proxy,
+};
 use super::backends::backends as backends_of;
 use super::canary;
 use super::conditions::is_true;
 use super::context::Context;
 use super::exposure::Exposure;
 use super::metrics::ReconcileResult;
-use super::plan::{cluster_ip, controlled_by, obsolete_backends};
+use super::plan::{cluster_ip, obsolete_backends};
 use super::probing::{PodProbe, Want};
 use super::programmed::{self, Programmed};
 use super::reasons::Reason;
@@ -104,7 +106,7 @@ async fn converge(
 
     let backends = apply_backend_services(ctx, &owner, &spec, written).await?;
     let mut proxy = proxy::proxy(&owner, &spec, &ctx.settings, &backends.targets);
-    let deployment = apply_proxy(balancer, ctx, &owner, &spec, &proxy, written).await?;
+    let deployment = apply_proxy(balancer, ctx, &owner, &spec, &proxy, now, written).await?;
     let programmed = match ctx.settings.metrics_image {
         Some(_) => Some(learnt_serving(balancer, ctx, &owner, &spec, &proxy.nginx_conf, now)),
         None => None,
@@ -240,17 +242,14 @@ async fn apply_proxy(
     owner: &Owner,
     spec: &Admitted,
     proxy: &Proxy,
+    now: Timestamp,
     written: &mut Written,
 ) -> Result<Deployment, Error> {
     let caches = &ctx.children;
     if ctx.settings.metrics_image.is_some() {
         apply_proxy_identity(ctx, owner, written).await?;
     }
-    if let Some(forged) = foreign_configuration(ctx, owner, &proxy.config_map) {
-        tracing::warn!(config_map = %proxy.config_map.name_any(), "the proxy's ConfigMap held a configuration balancer did not sign; writing balancer's back");
-        publish(balancer, ctx, Note::new(EventType::Warning, Reason::ForeignConfiguration, &forged)).await;
-    }
-    ensure(ctx, owner, &caches.config_maps, &proxy.config_map, written).await?;
+    ensure_proxy_config(ctx, owner, balancer, &proxy.config_map, now, written).await?;
     let deployment = ensure(ctx, owner, &caches.deployments, &proxy.deployment, written).await?;
     let budget = proxy::proxy_disruption_budget(owner);
     // A PodDisruptionBudget is kept only for a proxy of more than one pod: with one pod, it
@@ -268,22 +267,6 @@ async fn apply_proxy(
         publish(balancer, ctx, Note::new(EventType::Warning, Reason::DisruptionBudget, &note)).await;
     }
     Ok(deployment)
-}
-
-/// What to tell of the proxy's ConfigMap, as cached, when it is this Balancer's and holds a
-/// configuration someone else wrote (see [`proxy::written_by_another`]); the live proxies refuse
-/// such a file, and [`ensure`] then writes balancer's back. A ConfigMap balancer does not
-/// control is reported as a conflict instead.
-fn foreign_configuration(ctx: &Context, owner: &Owner, desired: &ConfigMap) -> Option<String> {
-    let key = ctx.settings.signer.as_ref()?.public_key();
-    let name = desired.name_any();
-    let cached = ctx.children.config_maps.get(&ObjectRef::new(&name).within(&owner.namespace))?;
-    let current = cached.object().ok()?;
-    (controlled_by(&current, owner) && proxy::written_by_another(&current, desired, owner, &key)).then(|| {
-        format!(
-            "ConfigMap {name} held a configuration balancer did not sign for this Balancer: the proxies refuse it and serve the last one balancer made, which is written back"
-        )
-    })
 }
 
 /// Deletes the backend Services the spec no longer names once the proxy serves without them

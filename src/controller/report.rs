@@ -177,14 +177,14 @@ pub(super) fn written_form(status: &CanaryStatus) -> Value {
 const CONTROLLER_OPTIONAL_FIELDS: [&str; 6] =
     ["stepSetAt", "stepStartedAt", "verdict", "sessions", "decision", "handledRequest"];
 
-/// Publishes an event about the Balancer. Events are for people: failing to record one does
-/// not fail the reconcile. The note's `related` names the child concerned, which also keeps the
-/// recorder from folding events about different children into one series.
-pub(super) async fn publish(balancer: &StoredBalancer, ctx: &Context, note: Note<'_>) {
+/// Publishes an event about a Balancer or a Gateway. Events are for people: failing to record
+/// one does not fail the reconcile. The note's `related` names the child concerned, which also
+/// keeps the recorder from folding events about different children into one series.
+pub(super) async fn publish<K: Resource<DynamicType = ()>>(object: &K, ctx: &Context, note: Note<'_>) {
     // The events API refuses notes over 1 KiB.
     let cut_note = cut(note.note, 1024);
     let reason = note.reason();
-    match ctx.events.publish(&balancer.object_ref(&()), note.with_note(&cut_note)).await {
+    match ctx.events.publish(&object.object_ref(&()), note.with_note(&cut_note)).await {
         Ok(Published::Sent) => {}
         Ok(Published::Dropped) => {
             ctx.metrics.event_dropped();

@@ -9,6 +9,7 @@
 //! The sidecar says a configuration is served (its metrics, and `/config`) only once the proxy
 //! container says so.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -24,7 +25,7 @@ use super::metrics::{ProxyMetrics, Refusal};
 use crate::proxy::model::{MAX_CONFIG_BYTES, MODEL_FILE, ProxyConfig};
 use crate::proxy::nginx::{self, CONFIG_FILE};
 use crate::proxy::reload::{CONFIG_ID_PREFIX, desired_file, short_id};
-use crate::proxy::signature::{ConfigKey, SIGNATURE_FILE};
+use crate::proxy::signature::{ConfigKey, Subject};
 use crate::proxy::upstreams::Upstreams;
 use crate::runtime::retry::{RetryDelay, relist_at_once};
 use crate::util::hash::sha256_hex;
@@ -43,21 +44,32 @@ pub struct LiveSource {
     /// Whose configurations the pod applies ([`ProxyConfig::identity`]), from the pod template,
     /// so that not even its first is another owner's; `None`: the first one's owner.
     pub owner: Option<String>,
+    /// The owner's `metadata.uid`, which the operator's signature binds (from the pod template).
+    pub owner_uid: String,
 }
 
-/// Whose configurations this pod applies: those signed with `key` for its `namespace`.
+/// Whose configurations this pod applies: those signed with `key` for its `namespace` and
+/// owner.
 #[derive(Debug, Clone)]
 pub(super) struct Trust {
     key: Option<ConfigKey>,
     namespace: String,
+    owner_uid: String,
 }
 
 impl Trust {
-    /// Whether `signature` is the operator's for this configuration of `balancer`.
-    fn signed(&self, balancer: &str, conf: &str, model: &str, signature: Option<&String>) -> bool {
-        self.key.is_none_or(|key| {
-            signature.is_some_and(|signature| key.verifies(&self.namespace, balancer, conf, model, signature))
-        })
+    /// The sequence of the configuration in `data` when the operator signed it for `owner` (see
+    /// [`signature`](crate::proxy::signature)); `Some(0)` for a pod that checks nothing.
+    fn sequence(&self, owner: &str, data: &BTreeMap<String, String>) -> Option<u64> {
+        let Some(key) = self.key else { return Some(0) };
+        key.sealed_sequence(data, &Subject { namespace: &self.namespace, owner, uid: &self.owner_uid })
+    }
+
+    /// Whether `candidate` is an earlier configuration written back: signed, and below `floor`
+    /// (the sequence of the newest one taken), or at it with other files than `handed`'s. A pod
+    /// that checks no signature has no sequence to go by.
+    fn replayed(&self, candidate: &Candidate, floor: u64, handed: &str) -> bool {
+        self.key.is_some() && (candidate.sequence < floor || (candidate.sequence == floor && candidate.id != handed))
     }
 }
 
@@ -95,6 +107,8 @@ pub(super) struct Candidate {
     pub upstreams: Upstreams,
     /// The canary window it was made for (see [`ProxyConfig::canary_window`]).
     pub window: Option<String>,
+    /// The operator's sequence for it: a pod never applies one below what it applied before.
+    pub sequence: u64,
 }
 
 /// Reads a ConfigMap's `nginx.conf` and its model, or says why they cannot be applied.
@@ -110,10 +124,8 @@ pub(super) fn candidate(config_map: &ConfigMap, balancer: Option<&str>, trust: &
     if balancer.is_some_and(|b| b != upstreams.balancer) {
         return Err(Refusal::NotRendered);
     }
-    if !trust.signed(&upstreams.balancer, conf, model, data.and_then(|d| d.get(SIGNATURE_FILE))) {
-        return Err(Refusal::Unsigned);
-    }
-    Ok(Candidate { id: sha256_hex(conf), conf: conf.clone(), upstreams, window })
+    let sequence = data.and_then(|data| trust.sequence(&upstreams.balancer, data)).ok_or(Refusal::Unsigned)?;
+    Ok(Candidate { id: sha256_hex(conf), conf: conf.clone(), upstreams, window, sequence })
 }
 
 /// The upstreams of `model`, and the canary window it was made for, when it reads and `conf` is
@@ -194,7 +206,8 @@ pub(super) async fn start(
 ) -> Result<Option<(ConfigMapChanges, Candidate, Trust)>, StartError> {
     let config = kube::Config::incluster().map_err(|e| StartError::Client(e.to_string()))?;
     let client = kube::Client::try_from(config).map_err(|e| StartError::Client(e.to_string()))?;
-    let trust = Trust { key: source.key, namespace: client.default_namespace().to_string() };
+    let namespace = client.default_namespace().to_string();
+    let trust = Trust { key: source.key, namespace, owner_uid: source.owner_uid.clone() };
     let mut changes: ConfigMapChanges = Box::pin(watch_config_map(client, &source.config_map));
     let mut told = false;
     loop {
@@ -233,8 +246,9 @@ struct Pending {
 
 /// Hands `first` and each later configuration to nginx, and follows the ConfigMap: the metrics
 /// (and `/config`) switch to a configuration once nginx serves it. A refused one is counted and
-/// logged, and the last good one keeps serving. A change that arrives before nginx answered
-/// about the one before replaces it: nginx applies only the newest. Runs until `stop`.
+/// logged, and the last good one keeps serving, as does an earlier one written back (its
+/// sequence is below the newest taken). A change that arrives before nginx answered about the
+/// one before replaces it: nginx applies only the newest. Runs until `stop`.
 pub(super) async fn follow(
     changes: impl Stream<Item = Result<ConfigMap, watcher::Error>>,
     files: SharedFiles,
@@ -246,6 +260,8 @@ pub(super) async fn follow(
     let balancer = first.upstreams.balancer.clone();
     let mut handed = first.id.clone();
     let mut handed_window = first.window.clone();
+    // The sequence of the newest configuration taken: none below it is taken again.
+    let mut floor = first.sequence;
     let mut pending = Some(Pending { candidate: first, written: false, first: true });
     let mut changes = std::pin::pin!(changes);
     let mut lost = false;
@@ -280,7 +296,12 @@ pub(super) async fn follow(
             None => return,
         };
         match candidate(&config_map, Some(&balancer), &trust) {
+            Ok(candidate) if trust.replayed(&candidate, floor, &handed) => {
+                tracing::warn!(config_map = %config_map.name_any(), sequence = candidate.sequence, floor, "an earlier configuration was written back; nginx serves the newer one");
+                metrics.refuse(Refusal::Replayed);
+            }
             Ok(candidate) if candidate.id == handed => {
+                floor = candidate.sequence;
                 // The same nginx.conf for another canary step: its window opens once nginx
                 // serves it, which it may do already.
                 if candidate.window != handed_window {
@@ -296,6 +317,7 @@ pub(super) async fn follow(
                 }
             }
             Ok(candidate) => {
+                floor = candidate.sequence;
                 handed = candidate.id.clone();
                 handed_window = candidate.window.clone();
                 let first = pending.as_ref().is_some_and(|p| p.first);
@@ -399,34 +421,61 @@ mod tests {
         candidate(config_map, Some("lb"), &unsigned()).err()
     }
 
-    #[test]
-    fn a_pod_with_the_operators_key_takes_only_what_the_operator_signed_for_its_balancer() {
+    const UID: &str = "uid-1";
+
+    /// `data` sealed by `signer` for Balancer `lb` of `uid` in `namespace`, at `sequence`.
+    fn sealed(
+        signer: &crate::proxy::signature::ConfigSigner,
+        (namespace, uid): (&str, &str),
+        (conf, model): &(String, String),
+        sequence: u64,
+    ) -> ConfigMap {
+        let mut config_map = config_map(Some(&(conf.clone(), model.clone())));
+        let subject = Subject { namespace, owner: "lb", uid };
+        let data = config_map.data.get_or_insert_default();
+        signer.seal(data, &subject, None, sequence);
+        config_map
+    }
+
+    fn signer() -> crate::proxy::signature::ConfigSigner {
         use crate::proxy::signature::ConfigSigner;
-        let signer = ConfigSigner::from_pkcs8(&ConfigSigner::generate().expect("a key")).expect("a signer");
-        let trust = Trust { key: Some(signer.public_key()), namespace: "ns".into() };
-        let signed = |namespace: &str, (conf, model): &(String, String)| {
-            let mut config_map = config_map(Some(&(conf.clone(), model.clone())));
-            let signature = signer.sign(namespace, "lb", conf, model);
-            config_map.data.get_or_insert_default().insert(SIGNATURE_FILE.into(), signature);
-            config_map
-        };
+        ConfigSigner::from_pkcs8(&ConfigSigner::generate().expect("a key")).expect("a signer")
+    }
+
+    fn trusting(signer: &crate::proxy::signature::ConfigSigner) -> Trust {
+        Trust { key: Some(signer.public_key()), namespace: "ns".into(), owner_uid: UID.into() }
+    }
+
+    #[test]
+    fn a_pod_with_the_operators_key_takes_only_what_the_operator_signed_for_its_owner() {
+        use crate::proxy::signature::SIGNATURE_FILE;
+        let signer = signer();
+        let trust = trusting(&signer);
         let good = rendered("lb", 1);
-        assert!(candidate(&signed("ns", &good), Some("lb"), &trust).is_ok());
+        let taken = candidate(&sealed(&signer, ("ns", UID), &good, 7), Some("lb"), &trust).expect("a candidate");
+        assert_eq!(taken.sequence, 7);
         assert_eq!(candidate(&config_map(Some(&good)), Some("lb"), &trust).err(), Some(Refusal::Unsigned), "unsigned");
-        let elsewhere = candidate(&signed("other", &good), Some("lb"), &trust).err();
+        let elsewhere = candidate(&sealed(&signer, ("other", UID), &good, 7), Some("lb"), &trust).err();
         assert_eq!(elsewhere, Some(Refusal::Unsigned), "signed for another namespace's namesake");
+        let namesake = candidate(&sealed(&signer, ("ns", "uid-0"), &good, 7), Some("lb"), &trust).err();
+        assert_eq!(namesake, Some(Refusal::Unsigned), "signed for a deleted namesake");
         // A well-formed model with another upstream, under the signature of the operator's.
-        let mut forged = signed("ns", &good);
+        let mut forged = sealed(&signer, ("ns", UID), &good, 7);
         let (conf, model) = rendered("lb", 1);
         let data = forged.data.get_or_insert_default();
         data.insert(CONFIG_FILE.into(), conf.replace("10.0.0.1:80", "169.254.169.254:80"));
         data.insert(MODEL_FILE.into(), model.replace("10.0.0.1:80", "169.254.169.254:80"));
         assert_eq!(candidate(&forged, Some("lb"), &trust).err(), Some(Refusal::Unsigned), "forged upstream");
+        let mut renumbered = sealed(&signer, ("ns", UID), &good, 7);
+        renumbered.data.get_or_insert_default().insert(crate::proxy::signature::SEQUENCE_FILE.into(), "8".into());
+        assert_eq!(candidate(&renumbered, Some("lb"), &trust).err(), Some(Refusal::Unsigned), "another sequence");
+        renumbered.data.get_or_insert_default().remove(SIGNATURE_FILE);
+        assert_eq!(candidate(&renumbered, Some("lb"), &trust).err(), Some(Refusal::Unsigned), "no signature");
     }
 
     /// A pod that checks no signature.
     fn unsigned() -> Trust {
-        Trust { key: None, namespace: "ns".into() }
+        Trust { key: None, namespace: "ns".into(), owner_uid: String::new() }
     }
 
     /// What the proxy container does: serves every id it is handed, except a refused one.
@@ -495,6 +544,60 @@ mod tests {
         let refused = until("reason=\"nginx\"} 1").await;
         assert!(refused.contains("config_reloads_total{balancer=\"lb\"} 1"), "the same configuration once: {refused}");
         assert_eq!(refused.matches("balancer_proxy_config_info{").count(), 1, "one served configuration: {refused}");
+        stop.cancel();
+        let (_, _) = (nginx.await, following.await);
+    }
+
+    /// An earlier signed configuration written back is refused and counted, whether its
+    /// `nginx.conf` differs (no reload) or only its canary window does; the newer one stays.
+    #[tokio::test]
+    async fn an_earlier_signed_configuration_is_never_taken_again() {
+        let signer = signer();
+        let trust = trusting(&signer);
+        let dir = tempfile::tempdir().expect("a directory");
+        let files = SharedFiles::in_dir(dir.path());
+        let at = |weight: u32, sequence: u64| sealed(&signer, ("ns", UID), &rendered("lb", weight), sequence);
+        let first = candidate(&at(1, 100), Some("lb"), &trust).expect("the first");
+        let mut registry = Registry::default();
+        let metrics = Arc::new(ProxyMetrics::register(None, first.upstreams.clone(), &mut registry));
+        let stop = CancellationToken::new();
+        let (sender, changes) = futures::channel::mpsc::unbounded();
+        let following = tokio::spawn(follow(changes, files.clone(), first, trust, metrics.clone(), stop.clone()));
+        let nginx = tokio::spawn(play_nginx(files.clone(), "weight=66", stop.clone()));
+        let text = || {
+            let mut text = String::new();
+            prometheus_client::encoding::text::encode(&mut text, &registry).expect("encodes");
+            text
+        };
+        let until = |wanted: String| {
+            let text = &text;
+            async move {
+                let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+                while !text().contains(&wanted) && tokio::time::Instant::now() < deadline {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                let text = text();
+                assert!(text.contains(&wanted), "no {wanted}: {text}");
+                text
+            }
+        };
+        let send = |config_map: ConfigMap| sender.unbounded_send(Ok(config_map)).expect("sent");
+        until("balancer_proxy_config_info{".into()).await;
+        send(at(2, 200));
+        until("config_reloads_total{balancer=\"lb\"} 1".into()).await;
+        // Written back: the first, with its own sequence; the same sequence with other files.
+        send(at(1, 100));
+        until("reason=\"replayed\"} 1".into()).await;
+        send(at(3, 200));
+        let refused = until("reason=\"replayed\"} 2".into()).await;
+        assert!(refused.contains("config_reloads_total{balancer=\"lb\"} 1"), "no reload: {refused}");
+        let id = short_id(&config_hash(&conf("lb", 2))).to_string();
+        assert!(refused.contains(&format!("id=\"{id}\"}} 1")), "the newer one serves: {refused}");
+        // The same file again at its own sequence (a relist) is nothing; a newer one is taken.
+        send(at(2, 200));
+        send(at(3, 300));
+        let served = until("config_reloads_total{balancer=\"lb\"} 2".into()).await;
+        assert!(served.contains("reason=\"replayed\"} 2"), "{served}");
         stop.cancel();
         let (_, _) = (nginx.await, following.await);
     }

@@ -428,6 +428,9 @@ pub(super) enum Refusal {
     /// Not signed by the operator for this pod's Balancer (see
     /// [`signature`](crate::proxy::signature)): written by someone else.
     Unsigned,
+    /// Signed by the operator, but older than the newest configuration the pod took: an
+    /// earlier one written back.
+    Replayed,
     /// nginx's own check (`nginx -t`) refused it.
     Nginx,
 }

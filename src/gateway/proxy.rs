@@ -122,7 +122,7 @@ pub fn gateway_proxy(
     let model = config.to_json();
     let carried = carried(gateway);
     let mut proxy = GatewayProxy {
-        config_map: proxy_config_map(owner, &nginx_conf, &model, settings.signer.as_ref()),
+        config_map: proxy_config_map(owner, &nginx_conf, &model),
         deployment: workload_deployment(owner, &workload, settings, &nginx::config_hash(&nginx_conf)),
         front_service: workload_front_service(owner, &workload, ServiceType::ClusterIp),
         identity: (proxy_service_account(owner), proxy_config_reader(owner), proxy_config_reader_binding(owner)),

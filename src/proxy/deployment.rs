@@ -23,7 +23,7 @@ use super::nginx::{
     running_readiness_command,
 };
 use super::reload::{LIVE_DIR, LIVE_ENTRYPOINT, LIVE_POD_FILES, RELOAD_POLICY, live_environment};
-use super::signature::{CONFIG_KEY_ENV, ConfigKey, ConfigSigner, SIGNATURE_FILE};
+use super::signature::{CONFIG_KEY_ENV, ConfigKey, ConfigSigner};
 use super::stop::{SIDECAR_DRAIN, TERMINATION_GRACE_SECONDS, graceful_stop};
 use super::workload::Workload;
 use crate::api::{self, Protocol};
@@ -51,15 +51,11 @@ pub struct ProxySettings {
     pub signer: Option<ConfigSigner>,
 }
 
-/// `<balancer>-proxy-configmap` holding `nginx.conf` and its model (see [`super::model`]), and
-/// the operator's signature of both when it has a `signer`.
-pub fn proxy_config_map(owner: &Owner, nginx_conf: &str, model_json: &str, signer: Option<&ConfigSigner>) -> ConfigMap {
-    let mut data: BTreeMap<String, String> =
+/// `<balancer>-proxy-configmap` holding `nginx.conf` and its model (see [`super::model`]); the
+/// write path signs it ([`ConfigSigner::seal`]) against the ConfigMap as it then is.
+pub fn proxy_config_map(owner: &Owner, nginx_conf: &str, model_json: &str) -> ConfigMap {
+    let data: BTreeMap<String, String> =
         [(CONFIG_FILE, nginx_conf), (MODEL_FILE, model_json)].map(|(k, v)| (k.to_string(), v.to_string())).into();
-    if let Some(signer) = signer {
-        let signature = signer.sign(&owner.namespace, &owner.identity, nginx_conf, model_json);
-        data.insert(SIGNATURE_FILE.to_string(), signature);
-    }
     ConfigMap {
         metadata: metadata(owner, api::proxy_configmap_name(&owner.name), labels(&owner.name, COMPONENT_PROXY)),
         data: Some(data),
@@ -68,17 +64,15 @@ pub fn proxy_config_map(owner: &Owner, nginx_conf: &str, model_json: &str, signe
 }
 
 /// Whether the proxy's ConfigMap as it is (`current`) holds a configuration someone else wrote:
-/// neither the one balancer wants (`desired`, signed or not: a ConfigMap written before
-/// configurations were signed is not someone else's) nor one it signed for the Balancer.
+/// neither the files balancer wants (`desired`, signed or not: a ConfigMap written before
+/// configurations were signed is not someone else's) nor files it signed for this owner.
 pub fn written_by_another(current: &ConfigMap, desired: &ConfigMap, owner: &Owner, key: &ConfigKey) -> bool {
     let file = |config_map: &ConfigMap, name: &str| config_map.data.as_ref().and_then(|d| d.get(name)).cloned();
     let files = |config_map: &ConfigMap| (file(config_map, CONFIG_FILE), file(config_map, MODEL_FILE));
-    let (conf, model) = files(current);
-    if (&conf, &model) == (&files(desired).0, &files(desired).1) {
+    if files(current) == files(desired) {
         return false;
     }
-    let (Some(conf), Some(model), Some(signature)) = (conf, model, file(current, SIGNATURE_FILE)) else { return true };
-    !key.verifies(&owner.namespace, &owner.identity, &conf, &model, &signature)
+    current.data.as_ref().and_then(|data| key.sealed_sequence(data, &owner.subject())).is_none()
 }
 
 /// A Balancer's proxy Deployment: [`workload_deployment`] of its spec's [`Workload`].
@@ -357,9 +351,11 @@ fn sidecar_source(owner: &Owner, delivery: Delivery<'_>) -> Vec<String> {
     match delivery {
         Delivery::Mounted { .. } => vec![format!("--config={}", POD_FILES.mounted)],
         Delivery::Live => {
-            // The owner too, so that the sidecar refuses another's configuration from the first.
+            // The owner too, so that the sidecar refuses another's configuration from the first,
+            // and its UID, which the signature binds (a deleted namesake's is refused).
             let configmap = format!("--configmap={}", api::proxy_configmap_name(&owner.name));
-            vec![configmap, format!("--live-dir={LIVE_DIR}"), format!("--owner={}", owner.identity)]
+            let owner_uid = format!("--owner-uid={}", owner.reference.uid);
+            vec![configmap, format!("--live-dir={LIVE_DIR}"), format!("--owner={}", owner.identity), owner_uid]
         }
     }
 }

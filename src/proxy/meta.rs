@@ -7,6 +7,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference}
 use kube::Resource;
 use serde::Serialize;
 
+use super::signature::Subject;
 use crate::util::hash::sha256_hex;
 
 /// Label every child carries: who manages it.
@@ -75,6 +76,25 @@ impl Owner {
         // Balancer wait for its children.
         reference.block_owner_deletion = Some(true);
         Ok(Owner { identity: name.clone(), name, namespace, reference })
+    }
+
+    /// Whom its proxy's configurations are signed for.
+    pub fn subject(&self) -> Subject<'_> {
+        Subject { namespace: &self.namespace, owner: &self.identity, uid: &self.reference.uid }
+    }
+
+    /// Whether `object` is this owner's child that lost its controller reference (removed by
+    /// hand, or by an orphaning delete of a namesake): no controller at all, and balancer's labels
+    /// naming this owner. Such a child is taken back, as the ReplicaSet controller adopts the
+    /// orphans its selector matches; an object holding the name under another controller, or
+    /// without balancer's labels, never is.
+    pub fn adopts(&self, object: &impl Resource) -> bool {
+        let labels = object.meta().labels.as_ref();
+        let label = |name: &str| labels.and_then(|l| l.get(name)).map(String::as_str);
+        let references = object.meta().owner_references.iter().flatten();
+        !references.into_iter().any(|r| r.controller == Some(true))
+            && label(MANAGED_BY_LABEL) == Some(MANAGED_BY)
+            && label(BALANCER_NAME_LABEL) == Some(self.name.as_str())
     }
 }
 

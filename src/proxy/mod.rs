@@ -147,7 +147,7 @@ pub fn proxy(owner: &Owner, spec: &Admitted, settings: &ProxySettings, backends:
         }
     };
     Proxy {
-        config_map: proxy_config_map(owner, &nginx_conf, &model, settings.signer.as_ref()),
+        config_map: proxy_config_map(owner, &nginx_conf, &model),
         deployment: proxy_deployment(owner, spec, settings, &nginx::config_hash(&nginx_conf)),
         front_service: front_service(owner, spec),
         nginx_conf,

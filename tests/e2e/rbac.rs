@@ -236,6 +236,34 @@ pub(crate) async fn the_admission_policy_holds_the_operators_workloads(world: &m
         let (ok, out) = as_operator(object);
         assert!(!ok && out.contains("balancer-proxy-workloads"), "{what} was not refused by the policy: {out}");
     }
+    // A child whose ownerReference was removed, still carrying balancer's labels, may be adopted
+    // back (the operator does, see docs/security.md); a ConfigMap without them may not be taken.
+    let config_map = value(serde_json::to_value(&live.config_map));
+    let mut orphan = config_map.clone();
+    orphan["metadata"].as_object_mut().expect("metadata").remove("ownerReferences");
+    let mut users = orphan.clone();
+    users["metadata"]["name"] = json!("dry-run-users-own");
+    users["metadata"].as_object_mut().expect("metadata").remove("labels");
+    let admin = world.plane.kubectl("admin");
+    for object in [&orphan, &users] {
+        admin.ok_with(&["create", "-f", "-"], &object.to_string());
+    }
+    let adopted = |orphan: &Value| {
+        let mut object = config_map.clone();
+        object["metadata"]["name"] = orphan["metadata"]["name"].clone();
+        let args =
+            ["apply", "--server-side", "--force-conflicts", "--field-manager=balancer", "--dry-run=server", "-f", "-"];
+        let (ok, out, err) = world.plane.kubectl("operator").run(&args, Some(&object.to_string()));
+        (ok, format!("{out}{err}"))
+    };
+    let (ok, out) = adopted(&orphan);
+    assert!(ok, "the operator could not adopt its own orphaned ConfigMap back: {out}");
+    let (ok, out) = adopted(&users);
+    assert!(!ok && out.contains("balancer-proxy-workloads"), "a user's ConfigMap was taken: {out}");
+    for object in [&orphan, &users] {
+        let name = object["metadata"]["name"].as_str().expect("a name");
+        admin.ok(&["-n", NS, "delete", "configmap", name]);
+    }
     remove_admission_policies(world);
     balancers(world).delete("workloads", &DeleteParams::default()).await.expect("delete the Balancer");
 }

@@ -85,7 +85,7 @@ use sidecar::{
 };
 use starvation::the_webhooks_answer_the_api_server_under_slow_clients;
 use takeover::a_go_operator_balancer_is_taken_over_without_a_failed_request;
-use tenancy::a_configmap_writer_cannot_steer_the_proxy;
+use tenancy::{a_configmap_writer_cannot_steer_the_proxy, an_earlier_signed_configuration_never_comes_back};
 use toolkit::cluster::{ControlPlane, PlaneOptions, commands_first_on_path};
 use toolkit::kubectl::Kubectl;
 use toolkit::repo::repo;
@@ -276,6 +276,7 @@ async fn run_suite(assets: &Path, images: &Path, tools: [&Path; 3], state: &Path
         a_udp_canary_is_judged_on_the_signals_udp_has,
         a_canary_is_promoted_aborted_and_retried_by_a_person_and_a_reapply_undoes_nothing,
         a_configmap_writer_cannot_steer_the_proxy,
+        an_earlier_signed_configuration_never_comes_back,
         a_tenant_whose_sidecars_never_answer_does_not_slow_another_tenant,
         the_webhooks_answer_the_api_server_under_slow_clients,
         scaling_the_balancer_brings_up_proxy_pods,

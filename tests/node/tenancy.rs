@@ -9,7 +9,7 @@ use kube::Api;
 use serde_json::{Value, json};
 use tokio::io::AsyncWriteExt;
 
-use crate::fixtures::{Sample, front_ip, pod_ips, wait_ready_balancer};
+use crate::fixtures::{Sample, change_backends, front_ip, pod_ips, set_weights, wait_ready_balancer};
 use crate::nodes::proxy_pods;
 use crate::sidecar::{served_config, sidecar_counts};
 use crate::toolkit::load::Load;
@@ -51,7 +51,7 @@ pub async fn a_configmap_writer_cannot_steer_the_proxy(world: &mut World) {
         let back = eventually(&format!("the operator's file back after {what}"), Duration::from_secs(5), || {
             let configmaps = configmaps.clone();
             let (name, files) = (name.clone(), files.clone());
-            async move { (configmaps.get(&name).await.ok()?.data? == files).then(Instant::now) }
+            async move { same_files(&configmaps.get(&name).await.ok()?.data?, &files).then(Instant::now) }
         })
         .await;
         println!("node: {what}: the operator's file back {:.2} s after the write", (back - replaced).as_secs_f64());
@@ -73,26 +73,21 @@ pub async fn a_configmap_writer_cannot_steer_the_proxy(world: &mut World) {
     eventually("the operator's file back", Duration::from_secs(5), || {
         let configmaps = configmaps.clone();
         let (name, files) = (name.clone(), files.clone());
-        async move { (configmaps.get(&name).await.ok()?.data? == files).then_some(()) }
+        async move { same_files(&configmaps.get(&name).await.ok()?.data?, &files).then_some(()) }
     })
     .await;
 
-    // Without the ownerReference the operator never adopts the ConfigMap back, and the proxies
-    // go on refusing what it holds. The change still reaches the Balancer's reconcile (children
-    // are watched by label), which reports the conflict.
+    // Without the ownerReference the ConfigMap still carries balancer's labels: the change
+    // reaches the Balancer's reconcile (children are watched by label), which adopts it back,
+    // its ownerReference and the operator's file.
     let refused = unsigned_refusals(&sidecars).await;
     let (what, forged) = &forgeries[0];
     let disowned = Instant::now();
     replace_as_writer(world, &original, forged, false);
-    let conflict = eventually("the Balancer's Ready=False/Conflict", Duration::from_secs(5), || async {
-        let sample = crate::fixtures::balancers(world).get(SAMPLE).await.ok()?;
-        let ready = sample.status?.conditions.into_iter().find(|c| c.type_ == "Ready")?;
-        (ready.reason == "Conflict").then(Instant::now)
-    })
-    .await;
+    let adopted = written_back(&configmaps, &name, &files, "without the ownerReference").await;
     println!(
-        "node: without the ownerReference, the Balancer reported the conflict {:.2} s after the write",
-        (conflict - disowned).as_secs_f64()
+        "node: without the ownerReference, the operator adopted the ConfigMap back {:.2} s after the write",
+        (adopted - disowned).as_secs_f64()
     );
     every_sidecar_refused_one_more(&sidecars, &refused, &format!("{what}, without the ownerReference")).await;
     tokio::time::sleep(Duration::from_secs(2)).await;
@@ -106,18 +101,123 @@ pub async fn a_configmap_writer_cannot_steer_the_proxy(world: &mut World) {
     assert!(strangers.is_empty(), "answers from outside the spec's backends: {strangers:?}");
     assert_eq!(decoy.connections(), 0, "the decoy was never reached");
 
-    // Put things back: the administrator writes the operator's ConfigMap back, ownerReference
-    // included.
-    let mut object: Value = serde_json::to_value(&original).expect("serializes");
-    object["metadata"].as_object_mut().expect("metadata").remove("resourceVersion");
-    world.kubectl.ok_with(&["-n", NS, "replace", "-f", "-"], &object.to_string());
-    eventually("the ConfigMap restored", Duration::from_secs(30), || {
-        let configmaps = configmaps.clone();
-        let (name, files) = (name.clone(), files.clone());
-        async move { (configmaps.get(&name).await.ok()?.data? == files).then_some(()) }
-    })
-    .await;
     wait_ready_balancer(world, SAMPLE, Duration::from_secs(60)).await;
+}
+
+/// The ConfigMap writer puts back configurations the operator signed earlier: the sample's as
+/// shipped (backend v3 among them) and one with other weights, after v3 was removed. Under
+/// continuous load through the Balancer: written back with the ownerReference kept and removed,
+/// then the two alternated every 500 ms for 10 s, no request fails and none reaches v3; each
+/// sidecar counts every one it saw (`reason="replayed"`) and nginx reloads for none of them (so
+/// no long-lived connection is cut); the operator's file and ownerReference are back within 5 s.
+pub async fn an_earlier_signed_configuration_never_comes_back(world: &mut World) {
+    world.ensure_sample(Sample::AS_SHIPPED).await;
+    grant_configmap_writes(world);
+    let configmaps: Api<ConfigMap> = Api::namespaced(world.admin.clone(), NS);
+    let name = balancer::api::proxy_configmap_name(SAMPLE);
+    let sidecars: Vec<String> =
+        pod_ips(world, NS, &proxy_pods()).await.into_iter().map(|ip| format!("{ip}:9113")).collect();
+    let shipped = served_files(world, &configmaps, &name, &sidecars).await;
+    set_weights(world, 70, 30).await;
+    let reweighted = served_files(world, &configmaps, &name, &sidecars).await;
+    change_backends(world, SAMPLE, &[], &["v3"]).await;
+    let current = served_files(world, &configmaps, &name, &sidecars).await;
+    assert!(!current.data.as_ref().expect("files")["proxy.json"].contains("\"v3\""), "v3 removed");
+    let served = served_by(&sidecars).await;
+    let reloads = counts(&sidecars, "balancer_proxy_config_reloads_total", "").await;
+    let files = current.data.clone().expect("the ConfigMap's files");
+    let load = Load::start(format!("{}:80", front_ip(world, SAMPLE).await), 4);
+    let earlier = [("the shipped configuration", &shipped), ("a reweighted one", &reweighted)];
+    for ((what, earlier), keep_owner) in earlier.iter().zip([true, false]) {
+        let replayed = counts(&sidecars, "balancer_proxy_config_refused_total", "reason=\"replayed\"").await;
+        let written = Instant::now();
+        replace_as_writer(world, &current, earlier.data.as_ref().expect("files"), keep_owner);
+        let back = written_back(&configmaps, &name, &files, what).await;
+        println!(
+            "node: {what} written back (ownerReference {}): the operator's file back {:.2} s after",
+            if keep_owner { "kept" } else { "removed" },
+            (back - written).as_secs_f64()
+        );
+        eventually(&format!("every sidecar counting {what} as replayed"), Duration::from_secs(5), || async {
+            let now = counts(&sidecars, "balancer_proxy_config_refused_total", "reason=\"replayed\"").await;
+            now.iter().zip(&replayed).all(|(now, before)| now > before).then_some(())
+        })
+        .await;
+    }
+    let alternating = Instant::now() + Duration::from_secs(10);
+    let mut turns = 0;
+    while Instant::now() < alternating {
+        let (_, earlier) = earlier[turns % 2];
+        replace_as_writer(world, &current, earlier.data.as_ref().expect("files"), true);
+        turns += 1;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    written_back(&configmaps, &name, &files, "after the alternation").await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(served_by(&sidecars).await, served, "nginx serves the operator's configuration throughout");
+    let after = counts(&sidecars, "balancer_proxy_config_reloads_total", "").await;
+    assert_eq!(after, reloads, "no reload for any of the {turns} configurations written back in turn");
+    let stopped = load.stop().await;
+    crate::toolkit::load::assert_no_failures(
+        "while earlier configurations were written back",
+        stopped.sent,
+        &stopped.failures,
+    );
+    let strangers: BTreeMap<&String, &usize> = stopped
+        .answers
+        .iter()
+        .filter(|(answer, _)| !["hello world v1", "hello world v2"].contains(&answer.as_str()))
+        .collect();
+    assert!(strangers.is_empty(), "answers from the replayed configurations' backends: {strangers:?}");
+    println!(
+        "node: {} requests, none failed, none to v3; {turns} earlier configurations written back in turn, no reload",
+        stopped.sent
+    );
+    wait_ready_balancer(world, SAMPLE, Duration::from_secs(60)).await;
+}
+
+/// The proxy's ConfigMap once every sidecar serves what it holds.
+async fn served_files(world: &World, configmaps: &Api<ConfigMap>, name: &str, sidecars: &[String]) -> ConfigMap {
+    wait_ready_balancer(world, SAMPLE, Duration::from_secs(60)).await;
+    eventually("every proxy pod serving the ConfigMap's configuration", Duration::from_secs(60), || async {
+        let config_map = configmaps.get(name).await.ok()?;
+        let id = balancer::proxy::nginx::config_hash(config_map.data.as_ref()?.get("nginx.conf")?);
+        let id = balancer::proxy::reload::short_id(&id).to_string();
+        served_by(sidecars).await.iter().all(|served| served.as_deref() == Some(id.as_str())).then_some(config_map)
+    })
+    .await
+}
+
+/// A counter of each sidecar (summed over the series that have `label`).
+async fn counts(sidecars: &[String], metric: &str, label: &str) -> Vec<f64> {
+    let mut counts = Vec::new();
+    for sidecar in sidecars {
+        let count = sidecar_counts(sidecar, metric, label).await;
+        counts.push(count.map(|c| c.values().sum()).unwrap_or_default());
+    }
+    counts
+}
+
+/// Waits (5 s at most) until the ConfigMap `name` holds `files` again under its Balancer's
+/// ownerReference; returns when.
+async fn written_back(
+    configmaps: &Api<ConfigMap>,
+    name: &str,
+    files: &BTreeMap<String, String>,
+    what: &str,
+) -> Instant {
+    eventually(&format!("the operator's file and ownerReference back ({what})"), Duration::from_secs(5), || async {
+        let current = configmaps.get(name).await.ok()?;
+        let owned = current.metadata.owner_references.iter().flatten().any(|r| r.controller == Some(true));
+        (owned && same_files(&current.data?, files)).then(Instant::now)
+    })
+    .await
+}
+
+/// Whether two ConfigMaps' data hold the same `nginx.conf` and model (a configuration written
+/// back gets a new sequence, and so a new signature).
+fn same_files(data: &BTreeMap<String, String>, files: &BTreeMap<String, String>) -> bool {
+    ["nginx.conf", "proxy.json"].iter().all(|name| data.get(*name) == files.get(*name))
 }
 
 /// The three forgeries: each a ConfigMap's files.
@@ -209,12 +309,7 @@ async fn served_by(sidecars: &[String]) -> Vec<Option<String>> {
 
 /// Each sidecar's count of configurations refused as unsigned.
 async fn unsigned_refusals(sidecars: &[String]) -> Vec<f64> {
-    let mut counts = Vec::new();
-    for sidecar in sidecars {
-        let count = sidecar_counts(sidecar, "balancer_proxy_config_refused_total", "reason=\"unsigned\"").await;
-        counts.push(count.and_then(|c| c.values().next().copied()).unwrap_or_default());
-    }
-    counts
+    counts(sidecars, "balancer_proxy_config_refused_total", "reason=\"unsigned\"").await
 }
 
 async fn every_sidecar_refused_one_more(sidecars: &[String], before: &[f64], what: &str) {

@@ -17,7 +17,7 @@ use tracing::Instrument;
 use super::report::{GatewayOutcome, write_gateway_status, write_route_statuses};
 use super::watches::GatewayCaches;
 use crate::api::UpstreamKind;
-use crate::controller::apply::{delete_proxy, ensure};
+use crate::controller::apply::{delete_proxy, ensure, ensure_proxy_config};
 use crate::controller::context::{Context, backoff};
 use crate::controller::exposure::Exposure;
 use crate::controller::probing::{PodProbe, Want};
@@ -148,7 +148,7 @@ async fn converge(gateway: &Gateway, gctx: &GatewayContext) -> Result<Action, Er
         };
         proxy = proxy_of(assembly.listeners.clone());
     }
-    let (deployment, front) = match apply_proxy(ctx, &owner, &proxy).await {
+    let (deployment, front) = match apply_proxy(ctx, &owner, gateway, &proxy, now).await {
         Ok(applied) => applied,
         Err(Error::Conflict { kind, name }) => {
             // Its name is held (by a Balancer's proxy, say): said in the status, tried again
@@ -279,7 +279,9 @@ fn grants_in(caches: &GatewayCaches, namespace: &str) -> Vec<ReferenceGrant> {
 async fn apply_proxy(
     ctx: &Context,
     owner: &Owner,
+    gateway: &Gateway,
     proxy: &GatewayProxy,
+    now: Timestamp,
 ) -> Result<(Deployment, k8s_openapi::api::core::v1::Service), Error> {
     let caches = &ctx.children;
     let mut written = Written::default();
@@ -289,7 +291,7 @@ async fn apply_proxy(
         ensure(ctx, owner, &caches.identity.roles, role, &mut written).await?;
         ensure(ctx, owner, &caches.identity.bindings, binding, &mut written).await?;
     }
-    ensure(ctx, owner, &caches.config_maps, &proxy.config_map, &mut written).await?;
+    ensure_proxy_config(ctx, owner, gateway, &proxy.config_map, now, &mut written).await?;
     let deployment = ensure(ctx, owner, &caches.deployments, &proxy.deployment, &mut written).await?;
     let front = ensure(ctx, owner, &caches.services, &proxy.front_service, &mut written).await?;
     Ok((deployment, front))

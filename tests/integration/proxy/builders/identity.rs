@@ -99,3 +99,33 @@ fn children_carry_managed_by_balancer_name_and_component_labels() {
     assert_eq!(pod_labels(&desired.deployment), &common("proxy"));
     assert_eq!(desired.front_service.metadata.labels.as_ref(), Some(&common("frontend")));
 }
+
+/// A child that lost its ownerReference and still carries balancer's labels naming its owner is
+/// the owner's to take back; a namesake under another controller, one labelled for another
+/// owner, and one without balancer's labels are not.
+#[test]
+fn an_orphan_with_balancers_labels_is_adopted_and_nothing_else() {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+    let balancer = sample();
+    let owner = owner(&balancer);
+    let child = desired_for(&balancer).config_map;
+    assert!(!owner.adopts(&child), "still controlled: its own, not an orphan");
+    let mut orphan = child.clone();
+    orphan.metadata.owner_references = None;
+    assert!(owner.adopts(&orphan), "its ownerReference removed");
+    let mut held = orphan.clone();
+    let another = OwnerReference { controller: Some(true), uid: "another".into(), ..OwnerReference::default() };
+    held.metadata.owner_references = Some(vec![another.clone()]);
+    assert!(!owner.adopts(&held), "held by another controller");
+    let mut referenced = orphan.clone();
+    referenced.metadata.owner_references = Some(vec![OwnerReference { controller: None, ..another }]);
+    assert!(owner.adopts(&referenced), "referenced, but not controlled, by another object");
+    let mut elsewhere = orphan.clone();
+    elsewhere.metadata.labels.get_or_insert_default().insert(BALANCER_NAME_LABEL.into(), "another".into());
+    assert!(!owner.adopts(&elsewhere), "labelled for another owner");
+    for label in [MANAGED_BY_LABEL, BALANCER_NAME_LABEL] {
+        let mut unlabelled = orphan.clone();
+        unlabelled.metadata.labels.get_or_insert_default().remove(label);
+        assert!(!owner.adopts(&unlabelled), "without {label}");
+    }
+}

@@ -53,6 +53,7 @@ fn the_metrics_sidecar_runs_balancers_image_as_strictly_as_the_proxy() {
             "--configmap=example-balancer-proxy-configmap",
             "--live-dir=/run/balancer",
             "--owner=example-balancer",
+            "--owner-uid=6a1c3b3e-1f0e-4d2a-9b7c-0123456789ab",
             "--listen=[::]:9113",
             "--log-file=/var/log/balancer/access.log",
             "--drain=10s"
@@ -214,44 +215,43 @@ fn with_the_sidecar_a_new_configuration_changes_no_pod_and_only_the_sidecar_hold
     assert_eq!(account.automount_service_account_token, Some(false));
 }
 
-/// With the operator's key, every configuration is signed for its Balancer, and the live
-/// sidecar, which checks it, is given the public key.
+/// The builders sign nothing (the write path seals each configuration against the ConfigMap as
+/// it then is); the live sidecar is given the operator's public key, and the owner's UID that
+/// the signature binds.
 #[test]
-fn the_operator_signs_each_configuration_and_gives_the_live_sidecar_its_public_key() {
+fn the_live_sidecar_is_given_the_operators_public_key_and_the_owners_uid() {
     use balancer::proxy::signature::{CONFIG_KEY_ENV, ConfigSigner, SIGNATURE_FILE};
     let signer = ConfigSigner::from_pkcs8(&ConfigSigner::generate().expect("a key")).expect("a signer");
     let balancer = sample();
     let owner = owner(&balancer);
-    let sidecar_env = |settings: &ProxySettings| {
+    let sidecar = |settings: &ProxySettings| {
         let desired = desired(&owner, &admitted(&balancer, settings), settings);
         let pod = pod_spec(&desired.deployment);
         let sidecar = pod.init_containers.iter().flatten().find(|c| c.name == proxy::METRICS_CONTAINER).cloned();
-        (desired.config_map, sidecar.and_then(|c| c.env).unwrap_or_default())
+        (desired.config_map, sidecar.expect("a sidecar"))
     };
     let live = ProxySettings { signer: Some(signer.clone()), ..with_sidecar() };
-    let (config_map, env) = sidecar_env(&live);
-    let data = config_map.data.expect("data");
-    let (conf, model) = (&data[nginx::CONFIG_FILE], &data[MODEL_FILE]);
-    let key = signer.public_key();
-    assert!(key.verifies(&owner.namespace, &owner.name, conf, model, &data[SIGNATURE_FILE]), "signed for it");
-    assert!(!key.verifies(&owner.namespace, "another", conf, model, &data[SIGNATURE_FILE]));
+    let (config_map, container) = sidecar(&live);
+    assert!(!config_map.data.expect("data").contains_key(SIGNATURE_FILE), "signed on its way out, not here");
+    let env = container.env.unwrap_or_default();
     let given: Vec<_> = env.iter().filter(|e| e.name == CONFIG_KEY_ENV).map(|e| e.value.clone()).collect();
-    assert_eq!(given, [Some(key.to_string())], "the public key, and nothing of the private one");
-    let (unsigned, _) = sidecar_env(&with_sidecar());
-    assert!(!unsigned.data.expect("data").contains_key(SIGNATURE_FILE), "`balancer render` signs nothing");
+    assert_eq!(given, [Some(signer.public_key().to_string())], "the public key, and nothing of the private one");
+    let uid = format!("--owner-uid={}", owner.reference.uid);
+    assert!(container.args.unwrap_or_default().contains(&uid), "the owner's UID");
 }
 
 /// The controller tells a ConfigMap someone else wrote from its own: the one it wants, an older
-/// one it signed for the Balancer, or the unsigned one an earlier release wrote are its own.
+/// one it signed for this owner, or the unsigned one an earlier release wrote are its own.
 #[test]
-fn a_configuration_balancer_did_not_sign_for_the_balancer_is_written_by_another() {
-    use balancer::proxy::signature::{ConfigSigner, SIGNATURE_FILE};
+fn a_configuration_balancer_did_not_sign_for_the_owner_is_written_by_another() {
+    use balancer::proxy::signature::{ConfigSigner, SEQUENCE_FILE, SIGNATURE_FILE, Subject};
     let signer = ConfigSigner::from_pkcs8(&ConfigSigner::generate().expect("a key")).expect("a signer");
     let key = signer.public_key();
     let balancer = sample();
     let owner = owner(&balancer);
     let settings = ProxySettings { signer: Some(signer.clone()), ..with_sidecar() };
-    let desired = desired(&owner, &admitted(&balancer, &settings), &settings).config_map;
+    let mut desired = desired(&owner, &admitted(&balancer, &settings), &settings).config_map;
+    signer.seal(desired.data.get_or_insert_default(), &owner.subject(), None, 1_000);
     let data = desired.data.clone().expect("data");
     let with = |changes: &[(&str, Option<String>)]| {
         let mut current = desired.clone();
@@ -269,11 +269,22 @@ fn a_configuration_balancer_did_not_sign_for_the_balancer_is_written_by_another(
     let older = (conf.replace("weight=", "weight=1"), model.clone());
     assert!(forged_conf != *conf && older.0 != *conf, "both differ from the wanted file");
     assert!(!with(&[]), "its own");
-    assert!(!with(&[(SIGNATURE_FILE, None)]), "its own, as an earlier release wrote it");
-    let older_signature = signer.sign(&owner.namespace, &owner.name, &older.0, &older.1);
-    assert!(!with(&[(nginx::CONFIG_FILE, Some(older.0.clone())), (SIGNATURE_FILE, Some(older_signature))]), "older");
+    assert!(!with(&[(SIGNATURE_FILE, None), (SEQUENCE_FILE, None)]), "its own, as an earlier release wrote it");
+    let older_signature = signer.sign(&owner.subject(), 900, &older.0, &older.1);
+    let older_files = [
+        (nginx::CONFIG_FILE, Some(older.0.clone())),
+        (SEQUENCE_FILE, Some("900".to_string())),
+        (SIGNATURE_FILE, Some(older_signature)),
+    ];
+    assert!(!with(&older_files), "older, and signed: written back, but not by another");
     assert!(with(&[(nginx::CONFIG_FILE, Some(forged_conf.clone()))]), "a forged file under its signature");
     assert!(with(&[(nginx::CONFIG_FILE, Some(forged_conf)), (SIGNATURE_FILE, None)]), "a forged unsigned file");
-    let elsewhere = signer.sign("another-namespace", &owner.name, &older.0, &older.1);
-    assert!(with(&[(nginx::CONFIG_FILE, Some(older.0)), (SIGNATURE_FILE, Some(elsewhere))]), "signed for a namesake");
+    let namesake = Subject { uid: "a-deleted-namesake", ..owner.subject() };
+    let namesakes = signer.sign(&namesake, 900, &older.0, &older.1);
+    let namesake_files = [
+        (nginx::CONFIG_FILE, Some(older.0)),
+        (SEQUENCE_FILE, Some("900".to_string())),
+        (SIGNATURE_FILE, Some(namesakes)),
+    ];
+    assert!(with(&namesake_files), "signed for a deleted namesake");
 }
