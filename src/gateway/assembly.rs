@@ -138,11 +138,12 @@ where
 }
 
 /// [`assemble`], with only as many routes as `fits` the proxy's listeners: when all of them
-/// do not, the oldest that do (by Gateway API's precedence: the oldest first, then by
-/// namespace and name) are served and every newer one is refused, `Accepted=False`
-/// [`NotAccepted::GatewayFull`] through each parent it attached through. A tenant that floods
-/// a shared Gateway with routes therefore refuses only its own newest ones, and every older
-/// route is still served and updated. `fits` is asked about `log2` of the routes' count times.
+/// do not, the first that do in [`fair_order`] are served and every other one is refused,
+/// `Accepted=False` [`NotAccepted::GatewayFull`] through each parent it attached through. A
+/// tenant that floods a shared Gateway with routes therefore refuses only its own newest ones:
+/// every other namespace's routes, older or newer than the flood, are still served and updated
+/// up to the flooding namespace's share. `fits` is asked about `log2` of the routes' count
+/// times.
 pub fn assemble_to_fit<N, S, G, P, R>(
     gateway: &Gateway,
     routes: &[RouteView],
@@ -160,8 +161,7 @@ where
     if fits(&all.listeners) {
         return all;
     }
-    let mut oldest_first: Vec<usize> = (0..routes.len()).collect();
-    oldest_first.sort_by_key(|&i| precedence_key(routes[i].created.as_ref(), &routes[i].namespace, &routes[i].name));
+    let oldest_first = fair_order(routes);
     let oldest =
         |count: usize| -> Vec<RouteView> { oldest_first[..count].iter().map(|&i| routes[i].clone()).collect() };
     // The most routes that fit, between none (assumed to fit: a proxy of no route) and all
@@ -191,6 +191,27 @@ where
         }
     }
     Assembly { findings, ..kept }
+}
+
+/// The order in which routes get room on a Gateway that cannot serve them all: each namespace
+/// (a tenant) takes its turn, its oldest route first (by Gateway API's precedence: the oldest,
+/// then by namespace and name), so the `n`th route of any namespace comes before the `n + 1`th
+/// of every other. Indexes into `routes`.
+pub fn fair_order(routes: &[RouteView]) -> Vec<usize> {
+    let key = |i: usize| precedence_key(routes[i].created.as_ref(), &routes[i].namespace, &routes[i].name);
+    let mut oldest_first: Vec<usize> = (0..routes.len()).collect();
+    oldest_first.sort_by_key(|&i| key(i));
+    let mut turns: BTreeMap<&str, usize> = BTreeMap::new();
+    let mut ranked: Vec<(usize, usize)> = oldest_first
+        .into_iter()
+        .map(|i| {
+            let turn = turns.entry(routes[i].namespace.as_str()).or_default();
+            *turn += 1;
+            (*turn, i)
+        })
+        .collect();
+    ranked.sort_by_key(|&(turn, i)| (turn, key(i)));
+    ranked.into_iter().map(|(_, i)| i).collect()
 }
 
 /// A route's backends, each weighed, and whether all resolve (else the first one's reason and
@@ -336,10 +357,14 @@ mod tests {
 
     /// A TLSRoute `name` created at `second`, for `hostnames`, to Service `v1`.
     fn tls_route(name: &str, second: i64, hostnames: &[&str]) -> RouteView {
+        tls_route_in("apps", name, second, hostnames)
+    }
+
+    fn tls_route_in(namespace: &str, name: &str, second: i64, hostnames: &[&str]) -> RouteView {
         let created = Timestamp::from_second(second).expect("a time").to_string();
         let route: crate::gateway::api::tlsroutes::TlsRoute = serde_json::from_value(json!({
-            "metadata": {"namespace": "apps", "name": name, "creationTimestamp": created},
-            "spec": {"parentRefs": [{"name": "gw"}], "hostnames": hostnames,
+            "metadata": {"namespace": namespace, "name": name, "creationTimestamp": created},
+            "spec": {"parentRefs": [{"name": "gw", "namespace": "apps"}], "hostnames": hostnames,
                      "rules": [{"backendRefs": [{"name": "v1", "port": 5432}]}]}
         }))
         .expect("a TLSRoute");
@@ -376,6 +401,45 @@ mod tests {
         assert_eq!(assembly.attached, [3], "the refused are not counted as attached");
         let everything = assemble_to_fit(&gateway, &routes, &lookups, |_| true);
         assert_eq!(everything, assemble(&gateway, &routes, &lookups), "all fit: the plain assembly");
+    }
+
+    /// One tenant's flood of routes on a shared listener, older and newer than another tenant's
+    /// routes, takes only its share of a full Gateway: the other tenant's routes, one created
+    /// after the flood included, are served, and the flood's newest are refused.
+    #[test]
+    fn a_tenants_flood_takes_only_its_share_of_a_full_gateway() {
+        let gateway: Gateway = serde_json::from_value(json!({
+            "metadata": {"namespace": "apps", "name": "gw"},
+            "spec": {"gatewayClassName": "balancer", "listeners": [{"name": "tls", "port": 443, "protocol": "TLS",
+                     "allowedRoutes": {"namespaces": {"from": "All"}}}]}
+        }))
+        .expect("a Gateway");
+        let services = [service("v1", "10.96.0.11")];
+        let lookups = Lookups {
+            namespace_labels: |_: &str| BTreeMap::new(),
+            service: |_: &str, name: &str| services.iter().find(|s| s.metadata.name.as_deref() == Some(name)),
+            grants: |_: &str| Vec::new(),
+            ready_pods: |_: &str, _: &str| None,
+        };
+        // The flood (team-a, 6 routes at 10 to 15 s), team-b's two routes at 5 s and 20 s.
+        let mut routes: Vec<RouteView> =
+            (0..6).map(|i| tls_route_in("team-a", &format!("f{i}"), 10 + i, &[&format!("f{i}.example.com")])).collect();
+        routes.push(tls_route_in("team-b", "old", 5, &["old.example.com"]));
+        routes.push(tls_route_in("team-b", "new", 20, &["new.example.com"]));
+        let names = |order: Vec<usize>| order.into_iter().map(|i| routes[i].name.clone()).collect::<Vec<_>>();
+        assert_eq!(names(fair_order(&routes)), ["old", "f0", "f1", "new", "f2", "f3", "f4", "f5"]);
+        let at_most_four = |listeners: &[Listener]| listeners.iter().map(|l| l.sni_routes.len()).sum::<usize>() <= 4;
+        let assembly = assemble_to_fit(&gateway, &routes, &lookups, at_most_four);
+        let mut served: Vec<&str> = assembly.listeners[0].sni_routes.iter().map(|r| r.hostnames[0].as_str()).collect();
+        served.sort_unstable();
+        assert_eq!(served, ["f0.example.com", "f1.example.com", "new.example.com", "old.example.com"]);
+        let full: Vec<&str> = routes
+            .iter()
+            .zip(&assembly.findings)
+            .filter(|(_, f)| f[0].1.attached == Err(NotAccepted::GatewayFull))
+            .map(|(r, _)| r.name.as_str())
+            .collect();
+        assert_eq!(full, ["f2", "f3", "f4", "f5"], "only the flood's newest are refused");
     }
 
     #[test]
