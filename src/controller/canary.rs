@@ -15,6 +15,7 @@ use serde_json::json;
 use super::Error;
 use super::context::Context;
 use super::measuring::{Reading, SignalsProbe, SignalsWant};
+use super::probing;
 use super::report::{publish, written_form};
 use super::stored::StoredBalancer;
 use crate::api::canary::{CanaryPhase, CanaryStatus};
@@ -145,8 +146,10 @@ fn signals_want(
     applied: bool,
 ) -> SignalsWant {
     let ours = format!("{}-", api::proxy_deployment_name(&owner.name));
+    let mut pods = ctx.children.endpoint_slices.live_addresses(&owner.namespace, &owner.name, &ours);
+    pods.truncate(probing::most_asked(spec.replicas()));
     SignalsWant {
-        pods: ctx.children.endpoint_slices.live_addresses(&owner.namespace, &owner.name, &ours),
+        pods,
         port: proxy::access_log::metrics_port(spec.ports.iter().map(|p| p.port)),
         window: progress::window(status),
         pair: (plan.stable.clone(), plan.canary.clone()),

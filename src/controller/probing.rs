@@ -26,12 +26,36 @@ pub(super) const PER_NAMESPACE: usize = 4;
 /// What a reconcile wants known of a Balancer's proxy pods.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) struct Want {
-    /// The pods' addresses.
+    /// The addresses of the pods asked.
     pub pods: Vec<IpAddr>,
+    /// How many more pods the proxy's Service selects than a probe asks ([`Want::new`]):
+    /// never asked, so never counted as serving.
+    pub unasked: usize,
     /// Their sidecars' port.
     pub port: u16,
     /// The id of the configuration they should serve (see [`programmed::config_id`]).
     pub id: String,
+}
+
+/// The most pods of a proxy of `replicas` that one probe asks: twice `replicas` (a rollout's
+/// surge and the pods still stopping fit), so that pods someone labelled into the proxy's
+/// Service cannot make a probe long: each costs it up to a second, [`ASKED_PER_BALANCER`] at a
+/// time, while it holds one of the prober's [`AT_ONCE`] slots.
+///
+/// [`ASKED_PER_BALANCER`]: super::sidecar::ASKED_PER_BALANCER
+pub(super) fn most_asked(replicas: i32) -> usize {
+    usize::try_from(replicas).unwrap_or_default().max(1).saturating_mul(2)
+}
+
+impl Want {
+    /// The pods at `pods` to serve `id`, for a proxy of `replicas`: at most [`most_asked`] are
+    /// asked, and any more count as not serving.
+    pub(super) fn new(mut pods: Vec<IpAddr>, replicas: i32, port: u16, id: String) -> Want {
+        let most = most_asked(replicas);
+        let unasked = pods.len().saturating_sub(most);
+        pods.truncate(most);
+        Want { pods, unasked, port, id }
+    }
 }
 
 /// Whose proxy pods a probe asks about: a Balancer's or a Gateway's. A new count wakes its
@@ -121,7 +145,7 @@ impl PodProbe {
     /// How many of the wanted pods last said they serve the wanted configuration.
     fn count(&self) -> Programmed {
         let serving = self.want.pods.iter().filter(|pod| self.answers.get(pod) == Some(&self.want.id)).count();
-        Programmed { serving, pods: self.want.pods.len() }
+        Programmed { serving, pods: self.want.pods.len() + self.want.unasked }
     }
 
     /// Whether the pods are due to be asked at `now` (and are not being asked).
@@ -211,7 +235,8 @@ mod tests {
     }
 
     fn want(pods: &[u8], id: &str) -> Want {
-        Want { pods: pods.iter().map(|last| IpAddr::from([10, 0, 0, *last])).collect(), port: 9113, id: id.into() }
+        let pods = pods.iter().map(|last| IpAddr::from([10, 0, 0, *last])).collect();
+        Want { pods, unasked: 0, port: 9113, id: id.into() }
     }
 
     fn pod(last: u8) -> IpAddr {
@@ -248,6 +273,23 @@ mod tests {
         PodProbe::observe(&mut slot, balancer("a", "x"), want(&[1, 2], "one"), now, clock);
         let probe = slot.as_mut().expect("a probe");
         assert_eq!(probe.answered(&asked, vec![], now, clock), None, "the same count wakes nobody");
+    }
+
+    #[test]
+    fn pods_past_twice_the_replicas_are_not_asked_and_never_count_as_serving() {
+        let pods: Vec<IpAddr> = (1..=7).map(|last| IpAddr::from([10, 0, 0, last])).collect();
+        let want = Want::new(pods, 2, 9113, "a".into());
+        assert_eq!((want.pods.len(), want.unasked), (4, 3), "four asked, three never");
+        let mut slot = None;
+        let (now, clock) = (Instant::now(), Timestamp::now());
+        PodProbe::observe(&mut slot, balancer("a", "x"), want.clone(), now, clock);
+        let probe = slot.as_mut().expect("a probe");
+        let asked = probe.start();
+        assert_eq!(asked.pods, want.pods, "only the first four are asked");
+        let answers = asked.pods.iter().map(|pod| (*pod, Some("a".to_string()))).collect();
+        probe.answered(&asked, answers, now, clock);
+        assert_eq!(probe.count(), Programmed { serving: 4, pods: 7 }, "not all: three were never asked");
+        assert_eq!(most_asked(0), 2, "a proxy scaled to nothing still asks its stopping pods");
     }
 
     #[test]

@@ -211,11 +211,12 @@ fn learnt_serving(
     // This operator's proxy pods (`<name>-proxy-…`), not the Go operator's (`<name>proxy-…`),
     // which the front Service also selects while it takes over.
     let ours = format!("{}-", api::proxy_deployment_name(&owner.name));
-    let want = Want {
-        pods: ctx.children.endpoint_slices.live_addresses(&owner.namespace, &owner.name, &ours),
-        port: proxy::access_log::metrics_port(spec.ports.iter().map(|p| p.port)),
-        id: programmed::config_id(nginx_conf),
-    };
+    let want = Want::new(
+        ctx.children.endpoint_slices.live_addresses(&owner.namespace, &owner.name, &ours),
+        spec.replicas(),
+        proxy::access_log::metrics_port(spec.ports.iter().map(|p| p.port)),
+        programmed::config_id(nginx_conf),
+    );
     let balancer_ref = ObjectRef::from_obj(balancer);
     let programmed = ctx.records.with(&balancer.uid().unwrap_or_default(), |record| {
         PodProbe::observe(&mut record.probe, balancer_ref, want, Instant::now(), now)

@@ -115,9 +115,15 @@ const POLICIES: &str = "balancer-proxy-identity,balancer-proxy-workloads";
 
 /// Applies `deploy/admission-policy.yaml`, naming the e2e operator's user in place of the
 /// installed operator's ServiceAccount.
+/// Whom the shipped policies hold: every ServiceAccount named `balancer`, in any namespace.
+const OPERATOR_CONDITION: &str =
+    "request.userInfo.username.startsWith('system:serviceaccount:') && request.userInfo.username.endsWith(':balancer')";
+
 fn install_admission_policies(world: &World) {
-    let policy = repo_file("deploy/admission-policy.yaml")
-        .replace("system:serviceaccount:balancer-system:balancer", OPERATOR.name);
+    // The e2e operator is a token user, not a ServiceAccount: the policy is held to its name.
+    let operator = format!("request.userInfo.username == '{}'", OPERATOR.name);
+    let policy = repo_file("deploy/admission-policy.yaml").replace(OPERATOR_CONDITION, &operator);
+    assert_eq!(policy.matches(&operator).count(), 2, "both policies name the operator as {OPERATOR_CONDITION}");
     let (ok, out) = apply(world, "admin", &policy);
     assert!(ok, "applying deploy/admission-policy.yaml failed: {out}");
 }

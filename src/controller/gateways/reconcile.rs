@@ -314,11 +314,12 @@ fn serves(
     // Every pod of the front Service is this proxy's (the Balancers' filter by name, which keeps
     // out the Go operator's pods, has no such case here, and would miss pods whose name the
     // ReplicaSet controller cut short for a long proxy name).
-    let want = Want {
-        pods: ctx.children.endpoint_slices.live_addresses(&owner.namespace, &owner.name, ""),
-        port: proxy::access_log::metrics_port(proxy.workload.port_numbers()),
-        id: programmed::config_id(&proxy.nginx_conf),
-    };
+    let want = Want::new(
+        ctx.children.endpoint_slices.live_addresses(&owner.namespace, &owner.name, ""),
+        proxy.workload.replicas,
+        proxy::access_log::metrics_port(proxy.workload.port_numbers()),
+        programmed::config_id(&proxy.nginx_conf),
+    );
     let programmed: Programmed = ctx.records.with(&gateway.uid().unwrap_or_default(), |record| {
         PodProbe::observe(&mut record.probe, ObjectRef::from_obj(gateway), want, Instant::now(), now)
     });

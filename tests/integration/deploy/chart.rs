@@ -269,6 +269,31 @@ fn another_release_namespace_is_followed_everywhere() {
     assert_eq!(crd["spec"]["conversion"]["webhook"]["clientConfig"]["service"]["namespace"], "elsewhere");
 }
 
+/// The admission policies hold the operator's ServiceAccount wherever it is installed: deploy/
+/// under an overlay that moves it to another namespace (kustomize's `namespace` never reaches
+/// into a CEL expression), and the chart in another release namespace.
+#[test]
+fn the_admission_policies_follow_the_operator_into_another_namespace() {
+    const CONDITION: &str = "request.userInfo.username.startsWith('system:serviceaccount:') && \
+                             request.userInfo.username.endsWith(':balancer')";
+    if !have_tools(true) {
+        return;
+    }
+    let overlay = support::kustomize_overlay("policies-elsewhere", "namespace: elsewhere\nresources: [@deploy@]\n");
+    let chart: Vec<Value> = template_in("elsewhere", &[]).into_values().collect();
+    for (what, docs) in [("deploy/ under an overlay", overlay), ("the chart", chart)] {
+        let account = support::find(&docs, "ServiceAccount", "balancer");
+        assert_eq!(account["metadata"]["namespace"], "elsewhere", "{what}");
+        let username = "system:serviceaccount:elsewhere:balancer";
+        assert!(username.starts_with("system:serviceaccount:") && username.ends_with(":balancer"));
+        for name in ["balancer-proxy-identity", "balancer-proxy-workloads"] {
+            let policy = support::find(&docs, "ValidatingAdmissionPolicy", name);
+            let condition = &policy["spec"]["matchConditions"][0]["expression"];
+            assert_eq!(condition, CONDITION, "{what}: {name} holds {username} by this condition alone");
+        }
+    }
+}
+
 /// The proxy defaults and the watched namespace become `balancer run`'s flags, and a watched
 /// namespace binds the operator's role in that namespace only.
 #[test]
