@@ -21,8 +21,12 @@ pub const PROXY_KEY: &str = "proxy";
 /// The largest `proxy` value read: more than any valid settings need.
 const MAX_PROXY_BYTES: usize = 64 << 10;
 
+/// The annotation of a Gateway's proxy Deployment that records, in JSON, the parameters it was
+/// made with: what stays in force while the parameters read are refused ([`in_force`]).
+pub const PARAMETERS_ANNOTATION: &str = "balancer.exposer.hliangzhao.io/parameters";
+
 /// The proxy settings a Gateway's parameters give; none set takes the operator's defaults.
-#[derive(Debug, Clone, Default, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct ProxyParameters {
     /// The proxy pods' count.
     pub replicas: Option<i32>,
@@ -121,12 +125,41 @@ pub fn read(config_map: &ConfigMap, policy: &SpecPolicy) -> Result<ProxyParamete
             })?
             .unwrap_or_default(),
     };
-    let report = validate_proxy_settings(replicas, &proxy, policy);
-    if !report.errors.is_empty() {
-        let errors: Vec<String> = report.errors.iter().take(5).map(ToString::to_string).collect();
-        return Err(format!("ConfigMap {name}: {}", errors.join("; ")));
+    let parameters = ProxyParameters { replicas, proxy };
+    checked(parameters, policy).map_err(|errors| format!("ConfigMap {name}: {errors}"))
+}
+
+/// `parameters`, when they pass the Balancer's rules under `policy`; else the first errors.
+fn checked(parameters: ProxyParameters, policy: &SpecPolicy) -> Result<ProxyParameters, String> {
+    let report = validate_proxy_settings(parameters.replicas, &parameters.proxy, policy);
+    if report.errors.is_empty() {
+        return Ok(parameters);
     }
-    Ok(ProxyParameters { replicas, proxy })
+    let errors: Vec<String> = report.errors.iter().take(5).map(ToString::to_string).collect();
+    Err(errors.join("; "))
+}
+
+/// The parameters in force, and why the ones read are refused if they are. Parameters that
+/// read and pass are in force. Refused ones (invalid, missing, a reference balancer cannot
+/// follow) leave the last accepted in force, as the proxy's Deployment records them (`last`,
+/// its [`PARAMETERS_ANNOTATION`]), when they still pass `policy`: so that a mistake in a shared
+/// parameters ConfigMap keeps every tenant's route changes applying, as Envoy Gateway and NGINX
+/// Gateway Fabric keep serving on invalid proxy settings. With nothing accepted before, the
+/// refusal stands.
+pub fn in_force(
+    read: Result<ProxyParameters, String>,
+    last: Option<&str>,
+    policy: &SpecPolicy,
+) -> Result<(ProxyParameters, Option<String>), String> {
+    let refusal = match read {
+        Ok(parameters) => return Ok((parameters, None)),
+        Err(refusal) => refusal,
+    };
+    let last = last.and_then(|text| serde_json::from_str::<ProxyParameters>(text).ok());
+    match last.map(|last| checked(last, policy)) {
+        Some(Ok(last)) => Ok((last, Some(refusal))),
+        _ => Err(refusal),
+    }
 }
 
 fn first_line(text: &str) -> &str {
@@ -158,6 +191,25 @@ mod tests {
     fn config_map(data: serde_json::Value) -> ConfigMap {
         serde_json::from_value(json!({"metadata": {"namespace": "apps", "name": "proxy"}, "data": data}))
             .expect("a ConfigMap")
+    }
+
+    #[test]
+    fn refused_parameters_leave_the_last_accepted_in_force_while_they_still_pass() {
+        let policy = SpecPolicy::default();
+        let accepted = ProxyParameters { replicas: Some(3), ..ProxyParameters::default() };
+        let last = serde_json::to_string(&accepted).expect("serializes");
+        let refused = || Err::<ProxyParameters, String>("ConfigMap proxy: replicas must be a whole number".into());
+        assert_eq!(in_force(Ok(accepted.clone()), None, &policy), Ok((accepted.clone(), None)), "read and valid");
+        let kept = in_force(refused(), Some(&last), &policy).expect("the last accepted");
+        assert_eq!(kept, (accepted, Some("ConfigMap proxy: replicas must be a whole number".into())));
+        assert!(in_force(refused(), None, &policy).is_err(), "nothing accepted before: refused");
+        assert!(in_force(refused(), Some("{not json"), &policy).is_err(), "a record that does not read");
+        let image = ProxyParameters {
+            proxy: ProxySpec { image: Some("evil.example.com/nginx".into()), ..ProxySpec::default() },
+            ..ProxyParameters::default()
+        };
+        let no_longer = serde_json::to_string(&image).expect("serializes");
+        assert!(in_force(refused(), Some(&no_longer), &policy).is_err(), "no longer allowed by the policy");
     }
 
     #[test]

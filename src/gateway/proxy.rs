@@ -14,7 +14,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Resource;
 
 use super::api::gateways::Gateway;
-use super::parameters::ProxyParameters;
+use super::parameters::{PARAMETERS_ANNOTATION, ProxyParameters};
 use crate::api::{DEFAULT_DRAIN_TIMEOUT, ServiceType, gateway_proxy_name};
 use crate::proxy::model::{self, Listener, OwnerKind, ProxyConfig};
 use crate::proxy::{
@@ -140,6 +140,9 @@ pub fn gateway_proxy(
     ] {
         carry(meta, &carried);
     }
+    // After what `spec.infrastructure` carries: the record is the operator's alone.
+    let record = serde_json::to_string(parameters).unwrap_or_default();
+    proxy.deployment.metadata.annotations.get_or_insert_default().insert(PARAMETERS_ANNOTATION.to_string(), record);
     proxy
 }
 

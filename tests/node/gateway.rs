@@ -304,6 +304,51 @@ pub async fn a_tlsroute_sends_each_server_name_to_its_own_backend(world: &mut Wo
         (proxy_pod_uids(world, TLS_PROXY).await.len() == 2).then_some(())
     })
     .await;
+    invalid_parameters_keep_route_changes_applying(world, &address, &db_cert, &web_cert).await;
+}
+
+/// Invalid parameters (`replicas: many`) leave the last accepted in force: the Gateway says
+/// `Accepted=False InvalidParameters`, a route removed meanwhile is off the wire within 10 s,
+/// the proxy keeps its two pods; valid parameters and the route again put it all back.
+async fn invalid_parameters_keep_route_changes_applying(
+    world: &World,
+    address: &str,
+    db_cert: &CertificateDer<'static>,
+    web_cert: &CertificateDer<'static>,
+) {
+    let pods = || async {
+        let mut uids = proxy_pod_uids(world, TLS_PROXY).await;
+        uids.sort_unstable();
+        uids
+    };
+    let before = pods().await;
+    let invalid = r#"{"data": {"replicas": "many"}}"#;
+    world.kubectl.ok(&["-n", NS, "patch", "configmap", "tls-edge-proxy", "--type=merge", "-p", invalid]);
+    let gateways: Api<Gateway> = Api::namespaced(world.admin.clone(), NS);
+    let message = eventually("the Gateway's Accepted=False InvalidParameters", Duration::from_secs(30), || async {
+        let conditions = gateways.get(TLS_GATEWAY).await.ok()?.status?.conditions?;
+        let accepted = conditions.into_iter().find(|c| c.type_ == "Accepted")?;
+        (accepted.reason == "InvalidParameters").then_some(accepted.message)
+    })
+    .await;
+    assert!(message.contains("stay in force"), "{message}");
+    let removed = Instant::now();
+    world.kubectl.ok(&["-n", NS, "delete", "tlsroute", "web"]);
+    eventually("web.example.com off the wire", Duration::from_secs(10), || async {
+        tls_ask(address, "web.example.com", web_cert).await.is_err().then_some(())
+    })
+    .await;
+    println!(
+        "node: with invalid parameters, a removed TLSRoute was off the wire {:.2} s after the delete",
+        removed.elapsed().as_secs_f64()
+    );
+    assert_eq!(tls_ask(address, "db.example.com", db_cert).await.as_deref(), Ok("tls db"), "the other route");
+    assert_eq!(pods().await, before, "the same two pods: the last parameters in force");
+    world.kubectl.apply(&tls_gateway(&[("db", "db.example.com"), ("web", "web.example.com")]));
+    eventually("web.example.com back, with valid parameters", Duration::from_secs(30), || async {
+        tls_ask(address, "web.example.com", web_cert).await.ok().filter(|a| a == "tls web")
+    })
+    .await;
 }
 
 /// A Balancer beside the Gateway, in the same namespace: port 80 to the v2 echo pods.

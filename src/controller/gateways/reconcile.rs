@@ -102,10 +102,11 @@ async fn converge(gateway: &Gateway, gctx: &GatewayContext) -> Result<Action, Er
     // that changes later wakes this Gateway; one that changed earlier is read as it is now.
     let proxy_key = (owner.namespace.clone(), owner.name.clone());
     caches.index.record(&gateway_ref, proxy_key, &referenced_services(&routes), source.config_map());
-    let parameters = parameters_of(&source, ctx).await?;
+    let read = parameters_of(&source, ctx).await?;
+    let parameters = parameters::in_force(read, recorded_parameters(ctx, &owner).as_deref(), &ctx.settings.policy);
     // The backends' pods, as a Balancer's (the default).
-    let pods =
-        ctx.settings.metrics_image.is_some() && parameters.as_ref().is_ok_and(|p| p.upstreams() == UpstreamKind::Pods);
+    let pods = ctx.settings.metrics_image.is_some()
+        && parameters.as_ref().is_ok_and(|(p, _)| p.upstreams() == UpstreamKind::Pods);
     let lookups = Lookups {
         namespace_labels: |namespace: &str| namespace_labels(caches, namespace),
         service: |namespace: &str, name: &str| caches.services.get(&ObjectRef::new(name).within(namespace)),
@@ -133,7 +134,7 @@ async fn converge(gateway: &Gateway, gctx: &GatewayContext) -> Result<Action, Er
         return Ok(Action::requeue(RESYNC));
     }
     // The proxy first: a route's change is on its way to the wire before any status is written.
-    let parameters = parameters.unwrap_or_default();
+    let (parameters, stale_parameters) = parameters.unwrap_or_default();
     let proxy_of = |listeners: Vec<Listener>| gateway_proxy(&owner, gateway, listeners, &ctx.settings, &parameters);
     let mut proxy = proxy_of(assembly.listeners.clone());
     if !proxy.fits() {
@@ -154,8 +155,8 @@ async fn converge(gateway: &Gateway, gctx: &GatewayContext) -> Result<Action, Er
             // Its name is held (by a Balancer's proxy, say): said in the status, tried again
             // when that object goes (its change wakes this Gateway) or at the resync.
             let conflict = Some(format!("{kind} {name}"));
-            report(ctx, gateway, &routes, &assembly, now, GatewayOutcome { conflict, ..GatewayOutcome::default() })
-                .await?;
+            let outcome = GatewayOutcome { conflict, stale_parameters, ..GatewayOutcome::default() };
+            report(ctx, gateway, &routes, &assembly, now, outcome).await?;
             return Ok(Action::requeue(RESYNC));
         }
         Err(other) => return Err(other),
@@ -167,8 +168,8 @@ async fn converge(gateway: &Gateway, gctx: &GatewayContext) -> Result<Action, Er
         delete_stale_proxies(ctx, gateway, Some(&owner.name)).await?;
     }
     let addresses = Exposure::of(&front).addresses;
-    report(ctx, gateway, &routes, &assembly, now, GatewayOutcome { served, addresses, ..GatewayOutcome::default() })
-        .await?;
+    let outcome = GatewayOutcome { served, addresses, stale_parameters, ..GatewayOutcome::default() };
+    report(ctx, gateway, &routes, &assembly, now, outcome).await?;
     Ok(Action::requeue(RESYNC))
 }
 
@@ -261,6 +262,15 @@ async fn parameters_of(source: &ParametersSource, ctx: &Context) -> Result<Resul
             })
         }
     }
+}
+
+/// The parameters the Gateway's proxy Deployment was last made with, as cached (see
+/// [`parameters::in_force`]).
+fn recorded_parameters(ctx: &Context, owner: &Owner) -> Option<String> {
+    let name = crate::api::proxy_deployment_name(&owner.name);
+    let cached = ctx.children.deployments.get(&ObjectRef::new(&name).within(&owner.namespace))?;
+    let deployment = cached.object().ok()?;
+    deployment.metadata.annotations?.remove(parameters::PARAMETERS_ANNOTATION)
 }
 
 /// The labels of `namespace`, as cached.

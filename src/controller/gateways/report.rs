@@ -34,6 +34,8 @@ pub(crate) const SUPPORTED_FEATURES: [&str; 5] = ["Gateway", "ReferenceGrant", "
 pub(crate) struct GatewayOutcome {
     /// Why the Gateway is refused (its `spec.infrastructure` against the operator's policy).
     pub refused: Option<String>,
+    /// Why the parameters read are refused while the last accepted stay in force.
+    pub stale_parameters: Option<String>,
     /// Whether every proxy pod serves its current configuration.
     pub served: bool,
     /// Where it is reached.
@@ -78,6 +80,11 @@ fn gateway_status(gateway: &Gateway, assembly: &Assembly, outcome: &GatewayOutco
     let unsupported_type = asked.iter().find_map(|a| a.r#type.as_deref().filter(|t| *t != "IPAddress"));
     let accepted = match (&outcome.refused, served_listeners) {
         (Some(refusal), _) => condition(&at, "Accepted", false, "InvalidParameters", refusal),
+        _ if outcome.stale_parameters.is_some() => {
+            let why = outcome.stale_parameters.as_deref().unwrap_or_default();
+            let message = format!("{why}; the parameters last accepted stay in force, and routes are still applied");
+            condition(&at, "Accepted", false, "InvalidParameters", &message)
+        }
         _ if unsupported_type.is_some() => condition(
             &at,
             "Accepted",
