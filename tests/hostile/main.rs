@@ -102,7 +102,7 @@ impl Server {
         let [webhook, probe] = support::ports::listen_ports().map(|port| SocketAddr::from(([127, 0, 0, 1], port)));
         let log_path = dir.path().join("balancer.log");
         let log = std::fs::File::create(&log_path).expect("log file");
-        let child = Command::new(binary())
+        let child = support::without_a_cluster(&mut Command::new(binary()))
             .args(["run", "--webhook-addr", &webhook.to_string(), "--probe-addr", &probe.to_string()])
             .args(["--disable-controller", "--insecure-metrics", "--log-level", "warn", "--dev-cert-dir"])
             .arg(dir.path().join("certs"))

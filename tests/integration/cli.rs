@@ -12,7 +12,9 @@ use crate::support;
 use crate::support::repo::repo;
 
 fn balancer() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_balancer"))
+    let mut command = Command::new(env!("CARGO_BIN_EXE_balancer"));
+    crate::support::without_a_cluster(&mut command);
+    command
 }
 
 /// Like `verify-codegen`: the committed CRD must be exactly what the binary prints.
@@ -198,7 +200,12 @@ fn certs_writes_a_ca_signed_pair_and_prints_the_ca_bundle() {
 
 /// Starts `balancer run` in `dir` on ephemeral ports; returns the child and the webhook and probe ports.
 fn start_run(dir: &Path) -> (std::process::Child, u16, u16) {
-    let mut child = balancer()
+    start_run_with(dir, balancer())
+}
+
+/// [`start_run`] of `command`.
+fn start_run_with(dir: &Path, mut command: Command) -> (std::process::Child, u16, u16) {
+    let mut child = command
         .args(["run", "--webhook-addr", "127.0.0.1:0", "--probe-addr", "127.0.0.1:0", "--log-format", "json"])
         .args(["--shutdown-delay", "1s", "--metrics-addr", "127.0.0.1:0"])
         .current_dir(dir)
@@ -618,4 +625,32 @@ fn the_policy_flags_read_the_environment_in_render_but_not_in_check() {
     assert_eq!(checked.status.code(), Some(1), "check ignores the operator's environment");
     let flagged = with_stdin(&["check", "--allowed-proxy-images", "registry.example.com/nginx/"], &[], &own_image);
     assert_eq!(flagged.status.code(), Some(0), "{}", String::from_utf8_lossy(&flagged.stdout));
+}
+
+/// A `balancer run` a test starts (its controller on) finds no cluster to reach, even with a
+/// `KUBECONFIG` naming one: here a listener that records every connection, which gets none
+/// while the run serves its webhooks.
+#[test]
+fn a_test_run_never_reaches_a_cluster_it_did_not_start() {
+    let recorder = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    recorder.set_nonblocking(true).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    let server = format!("https://{}", recorder.local_addr().unwrap());
+    let config = format!(
+        "apiVersion: v1\nkind: Config\ncurrent-context: dev\nclusters: [{{name: dev, cluster: {{server: \"{server}\"}}}}]\n\
+         users: [{{name: dev, user: {{token: dev}}}}]\ncontexts: [{{name: dev, context: {{cluster: dev, user: dev}}}}]\n"
+    );
+    std::fs::write(&kubeconfig, config).unwrap();
+    // The developer's shell, as the test inherits it, then what every spawned `balancer` gets.
+    let mut command = Command::new(env!("CARGO_BIN_EXE_balancer"));
+    command.env("KUBECONFIG", &kubeconfig);
+    crate::support::without_a_cluster(&mut command);
+    let (mut child, webhook, _) = start_run_with(dir.path(), command);
+    std::thread::sleep(std::time::Duration::from_secs(2));
+    let reached = recorder.accept().is_ok();
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(webhook > 0);
+    assert!(!reached, "balancer run connected to the KUBECONFIG's cluster");
 }

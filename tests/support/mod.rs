@@ -28,6 +28,20 @@ use tempfile::TempDir;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+/// `command` with nothing to find a cluster by: no `KUBECONFIG`, no in-cluster variables, and a
+/// `HOME` of its own (where `~/.kube/config` would be), so that a test's `balancer` never reaches
+/// the developer's own cluster, whatever their shell holds. Every suite that spawns `balancer`
+/// outside a cluster it started goes through here.
+pub fn without_a_cluster(command: &mut std::process::Command) -> &mut std::process::Command {
+    let home = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("home-without-a-cluster");
+    let _ = std::fs::create_dir_all(&home);
+    command
+        .env_remove("KUBECONFIG")
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .env_remove("KUBERNETES_SERVICE_PORT")
+        .env("HOME", home)
+}
+
 /// Certificate reload interval used by test servers, so rotation tests stay fast.
 pub const RELOAD_INTERVAL: Duration = Duration::from_millis(100);
 
