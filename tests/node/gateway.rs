@@ -304,7 +304,44 @@ pub async fn a_tlsroute_sends_each_server_name_to_its_own_backend(world: &mut Wo
         (proxy_pod_uids(world, TLS_PROXY).await.len() == 2).then_some(())
     })
     .await;
+    keywords_in_a_route_freeze_nothing(world, &address, &db_cert).await;
     invalid_parameters_keep_route_changes_applying(world, &address, &db_cert, &web_cert).await;
+}
+
+/// A tenant's TLSRoute whose hostnames are the words nginx gives meaning to inside a `map`
+/// (`default`, `include`, `hostnames`, `volatile`) is served like any name: the other routes
+/// keep answering, and a proxy pod deleted meanwhile is replaced by one that becomes Ready
+/// (before, `nginx -t` refused every configuration of the Gateway, and a new pod never was).
+/// The next step's route change, with this route in place, reaches the wire within 10 s.
+async fn keywords_in_a_route_freeze_nothing(world: &World, address: &str, db_cert: &CertificateDer<'static>) {
+    let route = format!(
+        "apiVersion: gateway.networking.k8s.io/v1\nkind: TLSRoute\nmetadata: {{name: keywords, namespace: {NS}}}\n\
+         spec:\n  parentRefs: [{{name: {TLS_GATEWAY}}}]\n  hostnames: [default, include, hostnames, volatile]\n  \
+         rules: [{{backendRefs: [{{name: tls-db, port: 8443}}]}}]\n"
+    );
+    world.kubectl.apply(&route);
+    eventually("the keyword route served: default reaches tls-db", Duration::from_secs(30), || async {
+        // tls-db's certificate is for db.example.com: reaching it fails on the certificate.
+        tls_ask(address, "default", db_cert).await.err().filter(|e| e.contains("certificate")).map(drop)
+    })
+    .await;
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(world.admin.clone(), NS);
+    let selector = balancer::proxy::proxy_selector_string(TLS_PROXY);
+    let listed = pods.list(&kube::api::ListParams::default().labels(&selector)).await.expect("the proxy pods");
+    let victim = listed.items.first().expect("a proxy pod").clone();
+    let (name, victim) = (victim.metadata.name.unwrap_or_default(), victim.metadata.uid.unwrap_or_default());
+    world.kubectl.ok(&["-n", NS, "delete", "pod", &name, "--wait=false"]);
+    eventually("a replacement proxy pod Ready beside the keyword route", Duration::from_secs(90), || async {
+        let now = proxy_pod_uids(world, TLS_PROXY).await;
+        (now.len() == 2 && !now.contains(&victim)).then_some(())
+    })
+    .await;
+    let deployment = balancer::api::proxy_deployment_name(TLS_PROXY);
+    crate::fixtures::wait_available(world, NS, &deployment, 2).await;
+    assert_eq!(tls_ask(address, "db.example.com", db_cert).await.as_deref(), Ok("tls db"), "the other route");
+    println!(
+        "node: a TLSRoute for default, include, hostnames and volatile is served; a replaced proxy pod became Ready"
+    );
 }
 
 /// Invalid parameters (`replicas: many`) leave the last accepted in force: the Gateway says
@@ -345,6 +382,7 @@ async fn invalid_parameters_keep_route_changes_applying(
     assert_eq!(tls_ask(address, "db.example.com", db_cert).await.as_deref(), Ok("tls db"), "the other route");
     assert_eq!(pods().await, before, "the same two pods: the last parameters in force");
     world.kubectl.apply(&tls_gateway(&[("db", "db.example.com"), ("web", "web.example.com")]));
+    world.kubectl.ok(&["-n", NS, "delete", "tlsroute", "keywords"]);
     eventually("web.example.com back, with valid parameters", Duration::from_secs(30), || async {
         tls_ask(address, "web.example.com", web_cert).await.ok().filter(|a| a == "tls web")
     })
