@@ -62,10 +62,53 @@ fn layer_of(file: &Path) -> Option<String> {
     (!matches!(name, "lib" | "main")).then(|| name.to_string())
 }
 
-/// The code of a file without its comments and tests, which may reach anywhere.
+/// The code of a file without its comments and tests, which may reach anywhere: each item under
+/// `#[cfg(test)]` (a test module, or a helper only tests call, anywhere in the file) is left
+/// out, and only that item: the production code after it is read.
 fn code(text: &str) -> String {
-    let text = text.split("#[cfg(test)]").next().unwrap_or_default();
-    text.lines().map(|line| line.split("//").next().unwrap_or_default()).collect::<Vec<_>>().join("\n")
+    let text: String =
+        text.lines().map(|line| line.split("//").next().unwrap_or_default()).collect::<Vec<_>>().join("\n");
+    let mut code = String::new();
+    let mut rest = text.as_str();
+    while let Some(at) = rest.find("#[cfg(test)]") {
+        code.push_str(&rest[..at]);
+        let item = &rest[at + "#[cfg(test)]".len()..];
+        rest = &item[item_end(item)..];
+    }
+    code.push_str(rest);
+    code
+}
+
+/// Where the item at the start of `text` ends: after its `;`, or after the brace that closes
+/// its first `{`; string and character literals are skipped, so a brace inside one does not
+/// count.
+fn item_end(text: &str) -> usize {
+    let bytes = text.as_bytes();
+    let (mut depth, mut i) = (0usize, 0);
+    while i < bytes.len() {
+        match bytes[i] {
+            b'"' => {
+                i += 1;
+                while i < bytes.len() && bytes[i] != b'"' {
+                    i += if bytes[i] == b'\\' { 2 } else { 1 };
+                }
+            }
+            // A character literal ('{', '\''), not a lifetime ('a).
+            b'\'' if bytes.get(i + 2) == Some(&b'\'') => i += 2,
+            b'\'' if bytes.get(i + 1) == Some(&b'\\') => i += 3,
+            b';' if depth == 0 => return i + 1,
+            b'{' => depth += 1,
+            b'}' => {
+                depth = depth.saturating_sub(1);
+                if depth == 0 {
+                    return i + 1;
+                }
+            }
+            _ => {}
+        }
+        i += 1;
+    }
+    text.len()
 }
 
 /// The top-level modules a file's code names through `crate::`, braced groups included.
@@ -416,4 +459,15 @@ fn the_cycle_search_finds_a_loop_of_three_once_and_nothing_else() {
     let edges = [uses("a", &["b"]), uses("b", &["c", "d"]), uses("c", &["a"]), uses("d", &[])];
     assert_eq!(cycles(&edges), [vec!["a".to_string(), "b".to_string(), "c".to_string()]]);
     assert!(cycles(&[uses("a", &["b"]), uses("b", &[])]).is_empty());
+}
+
+/// The guard reads the production code after a test-only item, not only what comes before the
+/// first `#[cfg(test)]` (webhook/budget.rs has two test-only helpers before its production code
+/// ends).
+#[test]
+fn the_guard_reads_production_code_after_a_test_only_item() {
+    let text = "use crate::api;\n#[cfg(test)]\nfn free() -> usize { let c = '{'; \"}\".len() }\n\
+                use crate::proxy::{self, x};\n#[cfg(test)]\nuse crate::manager;\n#[cfg(test)]\nmod tests {\n    use crate::cli;\n}\n";
+    let read = code(text);
+    assert_eq!(imports(&read), BTreeSet::from(["api".to_string(), "proxy".to_string()]), "{read}");
 }
