@@ -90,13 +90,50 @@ pub(super) struct SharedFiles {
     served: PathBuf,
     /// The id line of the last configuration nginx refused, then why.
     rejected: PathBuf,
+    /// The sidecar's own: the sequence of the newest configuration it took, which outlives a
+    /// restart of the sidecar alone (nginx, still running, must not be handed an older one).
+    floor: PathBuf,
 }
 
 impl SharedFiles {
     /// The files in `dir`, named as [`LIVE_POD_FILES`](crate::proxy::reload::LIVE_POD_FILES) has them.
     pub(super) fn in_dir(dir: &Path) -> SharedFiles {
-        SharedFiles { desired: dir.join("nginx.conf"), served: dir.join("served"), rejected: dir.join("rejected") }
+        SharedFiles {
+            desired: dir.join("nginx.conf"),
+            served: dir.join("served"),
+            rejected: dir.join("rejected"),
+            floor: dir.join("sequence"),
+        }
     }
+
+    /// The sequence a sidecar of this pod took last (0 when none did).
+    pub(super) async fn floor(&self) -> u64 {
+        let text = read_answer(&self.floor).await.unwrap_or_default();
+        text.trim().parse().unwrap_or_default()
+    }
+
+    /// Keeps `floor` for a restarted sidecar; one that cannot be written is logged, and costs
+    /// only the restart's check.
+    async fn keep_floor(&self, floor: u64) {
+        if let Err(e) = tokio::fs::write(&self.floor, floor.to_string()).await {
+            tracing::warn!(error = %e, path = %self.floor.display(), "cannot keep the configuration's sequence");
+        }
+    }
+}
+
+/// The first configuration a sidecar takes: [`candidate`], and not below `floor`, the sequence
+/// an earlier run of the sidecar in this pod took (its nginx still serves that one or newer).
+pub(super) fn first_candidate(
+    config_map: &ConfigMap,
+    owner: Option<&str>,
+    trust: &Trust,
+    floor: u64,
+) -> Result<Candidate, Refusal> {
+    let first = candidate(config_map, owner, trust)?;
+    if trust.key.is_some() && first.sequence < floor {
+        return Err(Refusal::Replayed);
+    }
+    Ok(first)
 }
 
 /// A configuration fit to hand to nginx: its text, id and upstreams.
@@ -209,6 +246,7 @@ pub(super) async fn start(
     let namespace = client.default_namespace().to_string();
     let trust = Trust { key: source.key, namespace, owner_uid: source.owner_uid.clone() };
     let mut changes: ConfigMapChanges = Box::pin(watch_config_map(client, &source.config_map));
+    let floor = SharedFiles::in_dir(&source.dir).floor().await;
     let mut told = false;
     loop {
         let next = tokio::select! {
@@ -216,7 +254,7 @@ pub(super) async fn start(
             () = stop.cancelled() => return Ok(None),
         };
         match next {
-            Some(Ok(config_map)) => match candidate(&config_map, source.owner.as_deref(), &trust) {
+            Some(Ok(config_map)) => match first_candidate(&config_map, source.owner.as_deref(), &trust, floor) {
                 Ok(first) => return Ok(Some((changes, first, trust))),
                 Err(reason) => {
                     tracing::warn!(reason = reason.as_str(), "the proxy's ConfigMap holds no configuration to serve")
@@ -262,6 +300,7 @@ pub(super) async fn follow(
     let mut handed_window = first.window.clone();
     // The sequence of the newest configuration taken: none below it is taken again.
     let mut floor = first.sequence;
+    files.keep_floor(floor).await;
     let mut pending = Some(Pending { candidate: first, written: false, first: true });
     let mut changes = std::pin::pin!(changes);
     let mut lost = false;
@@ -302,6 +341,7 @@ pub(super) async fn follow(
             }
             Ok(candidate) if candidate.id == handed => {
                 floor = candidate.sequence;
+                files.keep_floor(floor).await;
                 // The same nginx.conf for another canary step: its window opens once nginx
                 // serves it, which it may do already.
                 if candidate.window != handed_window {
@@ -318,6 +358,7 @@ pub(super) async fn follow(
             }
             Ok(candidate) => {
                 floor = candidate.sequence;
+                files.keep_floor(floor).await;
                 handed = candidate.id.clone();
                 handed_window = candidate.window.clone();
                 let first = pending.as_ref().is_some_and(|p| p.first);
@@ -546,6 +587,36 @@ mod tests {
         assert_eq!(refused.matches("balancer_proxy_config_info{").count(), 1, "one served configuration: {refused}");
         stop.cancel();
         let (_, _) = (nginx.await, following.await);
+    }
+
+    /// The newest sequence taken is kept in the pod's shared directory, and a restarted sidecar
+    /// takes no first configuration below it.
+    #[tokio::test]
+    async fn a_restarted_sidecar_takes_nothing_older_than_its_pod_took() {
+        let signer = signer();
+        let trust = trusting(&signer);
+        let dir = tempfile::tempdir().expect("a directory");
+        let files = SharedFiles::in_dir(dir.path());
+        assert_eq!(files.floor().await, 0, "a new pod has no floor");
+        let at = |weight: u32, sequence: u64| sealed(&signer, ("ns", UID), &rendered("lb", weight), sequence);
+        let first = candidate(&at(1, 100), Some("lb"), &trust).expect("the first");
+        let mut registry = Registry::default();
+        let metrics = Arc::new(ProxyMetrics::register(None, first.upstreams.clone(), &mut registry));
+        let stop = CancellationToken::new();
+        let (sender, changes) = futures::channel::mpsc::unbounded();
+        let following = tokio::spawn(follow(changes, files.clone(), first, trust.clone(), metrics, stop.clone()));
+        sender.unbounded_send(Ok(at(2, 200))).expect("sent");
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        while files.floor().await != 200 && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        stop.cancel();
+        let _ = following.await;
+        assert_eq!(files.floor().await, 200, "kept for a restart");
+        let refused = first_candidate(&at(1, 100), Some("lb"), &trust, files.floor().await).err();
+        assert_eq!(refused, Some(Refusal::Replayed), "the restarted sidecar refuses the older one");
+        assert!(first_candidate(&at(2, 200), Some("lb"), &trust, 200).is_ok(), "the one it took");
+        assert!(first_candidate(&at(1, 100), Some("lb"), &unsigned(), 200).is_ok(), "nothing to go by unsigned");
     }
 
     /// An earlier signed configuration written back is refused and counted, whether its

@@ -266,6 +266,15 @@ pub(crate) async fn the_admission_policy_holds_the_operators_workloads(world: &m
     assert!(ok, "the operator could not adopt its own orphaned ConfigMap back: {out}");
     let (ok, out) = adopted(&users);
     assert!(!ok && out.contains("balancer-proxy-workloads"), "a user's ConfigMap was taken: {out}");
+    // Adopting is an update: an orphan may not be deleted by the operator's token.
+    let mut orphaned_service = value(serde_json::to_value(&live.front_service));
+    orphaned_service["metadata"].as_object_mut().expect("metadata").remove("ownerReferences");
+    admin.ok_with(&["create", "-f", "-"], &orphaned_service.to_string());
+    let service = orphaned_service["metadata"]["name"].as_str().expect("a name");
+    let args = ["-n", NS, "delete", "service", service, "--dry-run=server"];
+    let (ok, out, err) = world.plane.kubectl("operator").run(&args, None);
+    assert!(!ok && err.contains("balancer-proxy-workloads"), "an orphan was deletable: {out}{err}");
+    admin.ok(&["-n", NS, "delete", "service", service]);
     for object in [&orphan, &users] {
         let name = object["metadata"]["name"].as_str().expect("a name");
         admin.ok(&["-n", NS, "delete", "configmap", name]);

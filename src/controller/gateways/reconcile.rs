@@ -265,11 +265,11 @@ async fn parameters_of(source: &ParametersSource, ctx: &Context) -> Result<Resul
 }
 
 /// The parameters the Gateway's proxy Deployment was last made with, as cached (see
-/// [`parameters::in_force`]).
+/// [`parameters::in_force`]); only from a Deployment the Gateway controls.
 fn recorded_parameters(ctx: &Context, owner: &Owner) -> Option<String> {
     let name = crate::api::proxy_deployment_name(&owner.name);
     let cached = ctx.children.deployments.get(&ObjectRef::new(&name).within(&owner.namespace))?;
-    let deployment = cached.object().ok()?;
+    let deployment = cached.object().ok().filter(|d| crate::controller::plan::controlled_by(d, owner))?;
     deployment.metadata.annotations?.remove(parameters::PARAMETERS_ANNOTATION)
 }
 
