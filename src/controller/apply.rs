@@ -86,8 +86,9 @@ where
     Ok(written.add(ctx, Verb::Updated, applied))
 }
 
-/// Applies the proxy's ConfigMap, signed against the one cached ([`ConfigSigner::seal`]: an
-/// unchanged configuration keeps its sequence, a new one gets a later one). One the cache shows
+/// Applies the proxy's ConfigMap, signed against the one cached and the newest sequence this
+/// operator signed for the owner, which its record keeps ([`ConfigSigner::seal`]: an unchanged
+/// configuration keeps its sequence, a new one gets a later one). One the cache shows
 /// holding a configuration balancer did not sign for this owner is told on `reported` (a
 /// `ForeignConfiguration` event) before balancer's is written back.
 ///
@@ -105,17 +106,22 @@ pub(super) async fn ensure_proxy_config<K: Resource<DynamicType = ()>>(
     let current = cached
         .and_then(|cached| cached.object().ok())
         .filter(|current| controlled_by(current, owner) || owner.adopts(current));
-    let mut desired = desired.clone();
-    if let Some(signer) = &ctx.settings.signer {
-        let key = signer.public_key();
-        if current.as_ref().is_some_and(|current| proxy::written_by_another(current, &desired, owner, &key)) {
-            tell_foreign_configuration(ctx, reported, &name).await;
-        }
-        let now_ms = u64::try_from(now.as_millisecond()).unwrap_or_default();
-        let data = desired.data.get_or_insert_default();
-        signer.seal(data, &owner.subject(), current.as_ref().and_then(|c| c.data.as_ref()), now_ms);
+    let Some(signer) = &ctx.settings.signer else {
+        return ensure(ctx, owner, &ctx.children.config_maps, desired, written).await;
+    };
+    let key = signer.public_key();
+    if current.as_ref().is_some_and(|current| proxy::written_by_another(current, desired, owner, &key)) {
+        tell_foreign_configuration(ctx, reported, &name).await;
     }
-    ensure(ctx, owner, &ctx.children.config_maps, &desired, written).await
+    let uid = &owner.reference.uid;
+    let signed = ctx.records.with(uid, |record| record.signed_sequence);
+    let now_ms = u64::try_from(now.as_millisecond()).unwrap_or_default();
+    let mut desired = desired.clone();
+    let data = desired.data.get_or_insert_default();
+    let sequence = signer.seal(data, &owner.subject(), current.as_ref().and_then(|c| c.data.as_ref()), signed, now_ms);
+    let applied = ensure(ctx, owner, &ctx.children.config_maps, &desired, written).await?;
+    ctx.records.with(uid, |record| record.signed_sequence = record.signed_sequence.max(sequence));
+    Ok(applied)
 }
 
 /// Tells on `reported` that its proxy's ConfigMap `name` held a configuration balancer did not

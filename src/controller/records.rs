@@ -21,6 +21,9 @@ pub(super) struct BalancerRecord {
     pub probe: Option<PodProbe>,
     /// What its proxy pods measured for a running canary, as the prober learns it.
     pub signals: Option<SignalsProbe>,
+    /// The newest sequence this operator signed for its proxy's configuration: the next is
+    /// later, whatever a cache that has not seen that write, or a ConfigMap written back, says.
+    pub signed_sequence: u64,
 }
 
 /// Every Balancer's record.

@@ -474,7 +474,7 @@ mod tests {
         let mut config_map = config_map(Some(&(conf.clone(), model.clone())));
         let subject = Subject { namespace, owner: "lb", uid };
         let data = config_map.data.get_or_insert_default();
-        signer.seal(data, &subject, None, sequence);
+        signer.seal(data, &subject, None, 0, sequence);
         config_map
     }
 

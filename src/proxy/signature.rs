@@ -113,28 +113,35 @@ impl ConfigSigner {
     }
 
     /// Signs the configuration in a proxy ConfigMap's `data` for `subject`: adds its
-    /// [`SEQUENCE_FILE`] and [`SIGNATURE_FILE`]. `current` is the ConfigMap's data as it is: when
-    /// it holds the same files under a signature that holds, its sequence is kept, so that an
-    /// unchanged configuration is not written again; otherwise the sequence is `now_ms`, or one
-    /// past the current one's should the clock be behind it.
+    /// [`SEQUENCE_FILE`] and [`SIGNATURE_FILE`]; returns the sequence. `current` is the
+    /// ConfigMap's data as it is, and `signed` the newest sequence this operator signed for the
+    /// subject (0 when it knows none). When `current` holds the same files under a signature
+    /// that holds, at `signed` or later, its sequence is kept, so that an unchanged
+    /// configuration is not written again; otherwise the sequence is `now_ms`, or one past the
+    /// current one's and `signed` should the clock be behind them (a cache that has not seen the
+    /// last write, an earlier configuration written back).
     pub fn seal(
         &self,
         data: &mut BTreeMap<String, String>,
         subject: &Subject<'_>,
         current: Option<&BTreeMap<String, String>>,
+        signed: u64,
         now_ms: u64,
-    ) {
+    ) -> u64 {
         let key = self.public_key();
         let sealed = current.and_then(|current| Some((current, key.sealed_sequence(current, subject)?)));
+        let next = |after: u64| now_ms.max(after.max(signed).saturating_add(1));
         let sequence = match sealed {
-            Some((current, sequence)) if same_files(current, data) => sequence,
-            Some((_, sequence)) => now_ms.max(sequence.saturating_add(1)),
+            Some((current, sequence)) if same_files(current, data) && sequence >= signed => sequence,
+            Some((_, sequence)) => next(sequence),
+            None if signed > 0 => next(signed),
             None => now_ms,
         };
         let file = |name: &str| data.get(name).map(String::as_str).unwrap_or_default();
         let signature = self.sign(subject, sequence, file(CONFIG_FILE), file(MODEL_FILE));
         data.insert(SEQUENCE_FILE.to_string(), sequence.to_string());
         data.insert(SIGNATURE_FILE.to_string(), signature);
+        sequence
     }
 }
 
@@ -246,24 +253,30 @@ mod tests {
         let signer = new_signer();
         let key = signer.public_key();
         let mut first = files("one");
-        signer.seal(&mut first, &SUBJECT, None, 1_000);
+        signer.seal(&mut first, &SUBJECT, None, 0, 1_000);
         assert_eq!(key.sealed_sequence(&first, &SUBJECT), Some(1_000));
         let mut again = files("one");
-        signer.seal(&mut again, &SUBJECT, Some(&first), 5_000);
+        signer.seal(&mut again, &SUBJECT, Some(&first), 1_000, 5_000);
         assert_eq!(again, first, "unchanged: the same sequence and signature, nothing to write");
         let mut changed = files("two");
-        signer.seal(&mut changed, &SUBJECT, Some(&first), 5_000);
+        signer.seal(&mut changed, &SUBJECT, Some(&first), 1_000, 5_000);
         assert_eq!(key.sealed_sequence(&changed, &SUBJECT), Some(5_000), "the clock's");
         let mut behind = files("three");
-        signer.seal(&mut behind, &SUBJECT, Some(&changed), 10);
+        signer.seal(&mut behind, &SUBJECT, Some(&changed), 5_000, 10);
         assert_eq!(key.sealed_sequence(&behind, &SUBJECT), Some(5_001), "a clock behind: one past the current");
         // A sequence nobody signed (or signed for another owner) is no floor.
         let mut forged = changed.clone();
         forged.insert(SEQUENCE_FILE.into(), u64::MAX.to_string());
         assert_eq!(key.sealed_sequence(&forged, &SUBJECT), None);
         let mut after_forged = files("four");
-        signer.seal(&mut after_forged, &SUBJECT, Some(&forged), 6_000);
+        signer.seal(&mut after_forged, &SUBJECT, Some(&forged), 5_001, 6_000);
         assert_eq!(key.sealed_sequence(&after_forged, &SUBJECT), Some(6_000));
+        // What this operator signed last is a floor too: a cache that has not seen that write,
+        // or an earlier configuration with the wanted files written back, is signed past it.
+        let mut stale = files("one");
+        assert_eq!(signer.seal(&mut stale, &SUBJECT, Some(&first), 6_000, 10), 6_001, "the same files, re-signed");
+        let mut unknown = files("five");
+        assert_eq!(signer.seal(&mut unknown, &SUBJECT, None, 6_001, 10), 6_002, "no ConfigMap cached");
         let namesake = Subject { uid: "uid-2", ..SUBJECT };
         assert_eq!(key.sealed_sequence(&after_forged, &namesake), None, "a namesake's");
         for missing in [CONFIG_FILE, MODEL_FILE, SEQUENCE_FILE, SIGNATURE_FILE] {

@@ -251,7 +251,7 @@ fn a_configuration_balancer_did_not_sign_for_the_owner_is_written_by_another() {
     let owner = owner(&balancer);
     let settings = ProxySettings { signer: Some(signer.clone()), ..with_sidecar() };
     let mut desired = desired(&owner, &admitted(&balancer, &settings), &settings).config_map;
-    signer.seal(desired.data.get_or_insert_default(), &owner.subject(), None, 1_000);
+    signer.seal(desired.data.get_or_insert_default(), &owner.subject(), None, 0, 1_000);
     let data = desired.data.clone().expect("data");
     let with = |changes: &[(&str, Option<String>)]| {
         let mut current = desired.clone();
