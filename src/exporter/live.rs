@@ -538,55 +538,84 @@ mod tests {
         }
     }
 
+    /// A sidecar following the ConfigMaps sent to it, from `first`, under `trust`, writing for
+    /// nginx in `files`; its metrics, as `/metrics` would give them.
+    struct Following {
+        sender: futures::channel::mpsc::UnboundedSender<Result<ConfigMap, watcher::Error>>,
+        registry: Registry,
+        metrics: Arc<ProxyMetrics>,
+        stop: CancellationToken,
+        task: tokio::task::JoinHandle<()>,
+    }
+
+    impl Following {
+        fn start(files: &SharedFiles, first: Candidate, trust: Trust) -> Following {
+            let mut registry = Registry::default();
+            let metrics = Arc::new(ProxyMetrics::register(None, first.upstreams.clone(), &mut registry));
+            let stop = CancellationToken::new();
+            let (sender, changes) = futures::channel::mpsc::unbounded();
+            let task = tokio::spawn(follow(changes, files.clone(), first, trust, metrics.clone(), stop.clone()));
+            Following { sender, registry, metrics, stop, task }
+        }
+
+        fn send(&self, config_map: ConfigMap) {
+            self.sender.unbounded_send(Ok(config_map)).expect("sent");
+        }
+
+        fn text(&self) -> String {
+            let mut text = String::new();
+            prometheus_client::encoding::text::encode(&mut text, &self.registry).expect("encodes");
+            text
+        }
+
+        /// The metrics once they hold `wanted` (5 s at most).
+        async fn until(&self, wanted: &str) -> String {
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+            while !self.text().contains(wanted) && tokio::time::Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            let text = self.text();
+            assert!(text.contains(wanted), "no {wanted}: {text}");
+            text
+        }
+
+        /// Stops it, and waits until it has.
+        async fn stop(self) {
+            self.stop.cancel();
+            let _ = self.task.await;
+        }
+    }
+
     #[tokio::test]
     async fn each_new_configuration_is_handed_to_nginx_and_counted_once_served_or_refused() {
         let dir = tempfile::tempdir().expect("a directory");
         let files = SharedFiles::in_dir(dir.path());
         let first = candidate(&config_map(Some(&rendered("lb", 1))), None, &unsigned()).expect("the first");
-        let mut registry = Registry::default();
-        let metrics = Arc::new(ProxyMetrics::register(None, first.upstreams.clone(), &mut registry));
-        let stop = CancellationToken::new();
-        let (sender, changes) = futures::channel::mpsc::unbounded();
-        let following =
-            tokio::spawn(follow(changes, files.clone(), first.clone(), unsigned(), metrics.clone(), stop.clone()));
+        let following = Following::start(&files, first.clone(), unsigned());
         // Handed over, and not yet said to be served: nginx has not started on it.
         tokio::time::sleep(Duration::from_millis(300)).await;
         let handed = std::fs::read_to_string(&files.desired).expect("the desired file");
         assert_eq!(handed, crate::proxy::reload::desired_file(&conf("lb", 1)));
-        assert_eq!(metrics.served_id(), "", "nothing served before nginx says so");
-        let nginx = tokio::spawn(play_nginx(files.clone(), "weight=66", stop.clone()));
-        let text = || {
-            let mut text = String::new();
-            prometheus_client::encoding::text::encode(&mut text, &registry).expect("encodes");
-            text
-        };
-        let until = |wanted: &'static str| async move {
-            let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-            while !text().contains(wanted) && tokio::time::Instant::now() < deadline {
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-            let text = text();
-            assert!(text.contains(wanted), "no {wanted}: {text}");
-            text
-        };
-        let send = |data: Option<(String, String)>| sender.unbounded_send(Ok(config_map(data.as_ref()))).expect("sent");
-        let started = until("balancer_proxy_config_info{").await;
+        assert_eq!(following.metrics.served_id(), "", "nothing served before nginx says so");
+        let nginx = tokio::spawn(play_nginx(files.clone(), "weight=66", following.stop.clone()));
+        let send = |data: Option<(String, String)>| following.send(config_map(data.as_ref()));
+        let started = following.until("balancer_proxy_config_info{").await;
         assert!(started.contains(&format!("id=\"{}\"}} 1", short_id(&first.id))), "{started}");
         assert!(started.contains("config_reloads_total{balancer=\"lb\"} 0"), "a start is no reload: {started}");
         send(Some(rendered("lb", 1)));
         send(None);
-        until("reason=\"not_rendered\"} 1").await;
+        following.until("reason=\"not_rendered\"} 1").await;
         send(Some(rendered("lb", 2)));
-        let served = until("config_reloads_total{balancer=\"lb\"} 1").await;
+        let served = following.until("config_reloads_total{balancer=\"lb\"} 1").await;
         let id = short_id(&config_hash(&conf("lb", 2))).to_string();
         assert!(served.contains(&format!("balancer_proxy_config_info{{balancer=\"lb\",id=\"{id}\"}} 1")), "{served}");
         assert!(served.contains("backend=\"v1\"} 2"), "the new weight: {served}");
         send(Some(rendered("lb", 66)));
-        let refused = until("reason=\"nginx\"} 1").await;
+        let refused = following.until("reason=\"nginx\"} 1").await;
         assert!(refused.contains("config_reloads_total{balancer=\"lb\"} 1"), "the same configuration once: {refused}");
         assert_eq!(refused.matches("balancer_proxy_config_info{").count(), 1, "one served configuration: {refused}");
-        stop.cancel();
-        let (_, _) = (nginx.await, following.await);
+        following.stop().await;
+        let _ = nginx.await;
     }
 
     /// The newest sequence taken is kept in the pod's shared directory, and a restarted sidecar
@@ -600,18 +629,13 @@ mod tests {
         assert_eq!(files.floor().await, 0, "a new pod has no floor");
         let at = |weight: u32, sequence: u64| sealed(&signer, ("ns", UID), &rendered("lb", weight), sequence);
         let first = candidate(&at(1, 100), Some("lb"), &trust).expect("the first");
-        let mut registry = Registry::default();
-        let metrics = Arc::new(ProxyMetrics::register(None, first.upstreams.clone(), &mut registry));
-        let stop = CancellationToken::new();
-        let (sender, changes) = futures::channel::mpsc::unbounded();
-        let following = tokio::spawn(follow(changes, files.clone(), first, trust.clone(), metrics, stop.clone()));
-        sender.unbounded_send(Ok(at(2, 200))).expect("sent");
+        let following = Following::start(&files, first, trust.clone());
+        following.send(at(2, 200));
         let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
         while files.floor().await != 200 && tokio::time::Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        stop.cancel();
-        let _ = following.await;
+        following.stop().await;
         assert_eq!(files.floor().await, 200, "kept for a restart");
         let refused = first_candidate(&at(1, 100), Some("lb"), &trust, files.floor().await).err();
         assert_eq!(refused, Some(Refusal::Replayed), "the restarted sidecar refuses the older one");
@@ -629,47 +653,25 @@ mod tests {
         let files = SharedFiles::in_dir(dir.path());
         let at = |weight: u32, sequence: u64| sealed(&signer, ("ns", UID), &rendered("lb", weight), sequence);
         let first = candidate(&at(1, 100), Some("lb"), &trust).expect("the first");
-        let mut registry = Registry::default();
-        let metrics = Arc::new(ProxyMetrics::register(None, first.upstreams.clone(), &mut registry));
-        let stop = CancellationToken::new();
-        let (sender, changes) = futures::channel::mpsc::unbounded();
-        let following = tokio::spawn(follow(changes, files.clone(), first, trust, metrics.clone(), stop.clone()));
-        let nginx = tokio::spawn(play_nginx(files.clone(), "weight=66", stop.clone()));
-        let text = || {
-            let mut text = String::new();
-            prometheus_client::encoding::text::encode(&mut text, &registry).expect("encodes");
-            text
-        };
-        let until = |wanted: String| {
-            let text = &text;
-            async move {
-                let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-                while !text().contains(&wanted) && tokio::time::Instant::now() < deadline {
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                }
-                let text = text();
-                assert!(text.contains(&wanted), "no {wanted}: {text}");
-                text
-            }
-        };
-        let send = |config_map: ConfigMap| sender.unbounded_send(Ok(config_map)).expect("sent");
-        until("balancer_proxy_config_info{".into()).await;
-        send(at(2, 200));
-        until("config_reloads_total{balancer=\"lb\"} 1".into()).await;
+        let following = Following::start(&files, first, trust);
+        let nginx = tokio::spawn(play_nginx(files.clone(), "weight=66", following.stop.clone()));
+        following.until("balancer_proxy_config_info{").await;
+        following.send(at(2, 200));
+        following.until("config_reloads_total{balancer=\"lb\"} 1").await;
         // Written back: the first, with its own sequence; the same sequence with other files.
-        send(at(1, 100));
-        until("reason=\"replayed\"} 1".into()).await;
-        send(at(3, 200));
-        let refused = until("reason=\"replayed\"} 2".into()).await;
+        following.send(at(1, 100));
+        following.until("reason=\"replayed\"} 1").await;
+        following.send(at(3, 200));
+        let refused = following.until("reason=\"replayed\"} 2").await;
         assert!(refused.contains("config_reloads_total{balancer=\"lb\"} 1"), "no reload: {refused}");
         let id = short_id(&config_hash(&conf("lb", 2))).to_string();
         assert!(refused.contains(&format!("id=\"{id}\"}} 1")), "the newer one serves: {refused}");
         // The same file again at its own sequence (a relist) is nothing; a newer one is taken.
-        send(at(2, 200));
-        send(at(3, 300));
-        let served = until("config_reloads_total{balancer=\"lb\"} 2".into()).await;
+        following.send(at(2, 200));
+        following.send(at(3, 300));
+        let served = following.until("config_reloads_total{balancer=\"lb\"} 2").await;
         assert!(served.contains("reason=\"replayed\"} 2"), "{served}");
-        stop.cancel();
-        let (_, _) = (nginx.await, following.await);
+        following.stop().await;
+        let _ = nginx.await;
     }
 }

@@ -309,6 +309,22 @@ mod tests {
         .expect("a Service")
     }
 
+    type NoLabels = fn(&str) -> BTreeMap<String, String>;
+    type NoGrants = fn(&str) -> Vec<ReferenceGrant>;
+
+    /// Lookups that find one of `services` by name alone, and nothing else: no namespace labels,
+    /// no grants, and the Services' cluster IPs rather than their pods.
+    fn by_name<'a>(
+        services: &'a [Service],
+    ) -> Lookups<NoLabels, impl Fn(&str, &str) -> Option<&'a Service> + 'a, NoGrants, NoPods> {
+        Lookups {
+            namespace_labels: |_: &str| BTreeMap::new(),
+            service: move |_: &str, name: &str| services.iter().find(|s| s.metadata.name.as_deref() == Some(name)),
+            grants: |_: &str| Vec::new(),
+            ready_pods: |_: &str, _: &str| None,
+        }
+    }
+
     #[test]
     fn routes_attach_resolve_and_weigh() {
         let services = [service("v1", "10.96.0.11"), service("v2", "10.96.0.12")];
@@ -381,12 +397,7 @@ mod tests {
         }))
         .expect("a Gateway");
         let services = [service("v1", "10.96.0.11")];
-        let lookups = Lookups {
-            namespace_labels: |_: &str| BTreeMap::new(),
-            service: |_: &str, name: &str| services.iter().find(|s| s.metadata.name.as_deref() == Some(name)),
-            grants: |_: &str| Vec::new(),
-            ready_pods: |_: &str, _: &str| None,
-        };
+        let lookups = by_name(&services);
         // Listed newest first; the fourth and fifth by age are the flood.
         let routes: Vec<RouteView> =
             (0..5).rev().map(|i| tls_route(&format!("r{i}"), 10 + i, &[&format!("h{i}.example.com")])).collect();
@@ -415,12 +426,7 @@ mod tests {
         }))
         .expect("a Gateway");
         let services = [service("v1", "10.96.0.11")];
-        let lookups = Lookups {
-            namespace_labels: |_: &str| BTreeMap::new(),
-            service: |_: &str, name: &str| services.iter().find(|s| s.metadata.name.as_deref() == Some(name)),
-            grants: |_: &str| Vec::new(),
-            ready_pods: |_: &str, _: &str| None,
-        };
+        let lookups = by_name(&services);
         // The flood (team-a, 6 routes at 10 to 15 s), team-b's two routes at 5 s and 20 s.
         let mut routes: Vec<RouteView> =
             (0..6).map(|i| tls_route_in("team-a", &format!("f{i}"), 10 + i, &[&format!("f{i}.example.com")])).collect();

@@ -23,7 +23,7 @@ use super::nginx::{
     running_readiness_command,
 };
 use super::reload::{LIVE_DIR, LIVE_ENTRYPOINT, LIVE_POD_FILES, RELOAD_POLICY, live_environment};
-use super::signature::{CONFIG_KEY_ENV, ConfigKey, ConfigSigner};
+use super::signature::{CONFIG_KEY_ENV, ConfigKey, ConfigSigner, same_files};
 use super::stop::{SIDECAR_DRAIN, TERMINATION_GRACE_SECONDS, graceful_stop};
 use super::workload::Workload;
 use crate::api::{self, Protocol};
@@ -67,12 +67,9 @@ pub fn proxy_config_map(owner: &Owner, nginx_conf: &str, model_json: &str) -> Co
 /// neither the files balancer wants (`desired`, signed or not: a ConfigMap written before
 /// configurations were signed is not someone else's) nor files it signed for this owner.
 pub fn written_by_another(current: &ConfigMap, desired: &ConfigMap, owner: &Owner, key: &ConfigKey) -> bool {
-    let file = |config_map: &ConfigMap, name: &str| config_map.data.as_ref().and_then(|d| d.get(name)).cloned();
-    let files = |config_map: &ConfigMap| (file(config_map, CONFIG_FILE), file(config_map, MODEL_FILE));
-    if files(current) == files(desired) {
-        return false;
-    }
-    current.data.as_ref().and_then(|data| key.sealed_sequence(data, &owner.subject())).is_none()
+    let empty = BTreeMap::new();
+    let (current, desired) = (current.data.as_ref().unwrap_or(&empty), desired.data.as_ref().unwrap_or(&empty));
+    !same_files(current, desired) && key.sealed_sequence(current, &owner.subject()).is_none()
 }
 
 /// A Balancer's proxy Deployment: [`workload_deployment`] of its spec's [`Workload`].

@@ -203,7 +203,7 @@ impl FromStr for ConfigKey {
 }
 
 /// Whether two ConfigMaps' data hold the same `nginx.conf` and model.
-fn same_files(one: &BTreeMap<String, String>, other: &BTreeMap<String, String>) -> bool {
+pub fn same_files(one: &BTreeMap<String, String>, other: &BTreeMap<String, String>) -> bool {
     [CONFIG_FILE, MODEL_FILE].iter().all(|name| one.get(*name) == other.get(*name))
 }
 
